@@ -1,0 +1,8 @@
+package main
+
+import "context"
+
+// runSim implements "kvrouter sim".
+func runSim(ctx context.Context, args []string, sio stdio) error {
+	return errNotBuilt
+}

@@ -1,0 +1,20 @@
+// Package vllm holds kvrouter's side of the vLLM engine contract: decoding and
+// encoding the KV events an engine publishes over ZeroMQ, a subscriber that
+// tracks sequence numbers and replays gaps, vLLM's four prefix-cache
+// block-hash algorithms, and the Prometheus metrics an engine exposes.
+//
+// Facts are from vLLM main at 5ac2684976ee (2026-08-07),
+// vllm/distributed/kv_events.py and vllm/v1/core/kv_cache_utils.py, and from
+// release tags v0.9.0 to v0.25.1 for older layouts.
+//
+// Frames: a PUB message is [topic, seq, payload]; seq is 8 bytes big-endian,
+// starting at 0 per engine process and rank, +1 per batch; a restart resets it
+// to 0 with no clear event. Replay (DEALER to the engine's ROUTER): send
+// ["", seq8]; receive ["", topic, seq8, payload] per buffered batch with seq >=
+// requested (older engines: ["", seq8, payload]), then the end marker with seq
+// ff..ff and an empty payload.
+//
+// Payload: msgpack [ts float64, events, data_parallel_rank]. Events are maps
+// with "type" first (vLLM >= 0.24) or positional arrays [tag, fields...]
+// (older; trailing fields vary by version). See Event for the fields.
+package vllm
