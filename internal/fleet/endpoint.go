@@ -1,0 +1,131 @@
+package fleet
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Outcome classes one forwarded request's result, as the proxy saw it, for
+// passive health checking.
+type Outcome uint8
+
+// Outcomes reported to Fleet.Report.
+const (
+	// OutcomeOK is any answer that says the engine works: 2xx, 3xx, and 4xx
+	// other than 429 (a bad request is the client's fault).
+	OutcomeOK Outcome = iota
+	// OutcomeConnError is a failure to connect, or a connection broken before
+	// or during the response. It takes the endpoint down at once.
+	OutcomeConnError
+	// OutcomeServerError is a 5xx answer other than 503.
+	OutcomeServerError
+	// OutcomeBackpressure is a 429 or 503 answer: the engine is busy.
+	OutcomeBackpressure
+)
+
+// String returns a lower-case name used as a metric label.
+func (o Outcome) String() string {
+	switch o {
+	case OutcomeOK:
+		return "ok"
+	case OutcomeConnError:
+		return "conn_error"
+	case OutcomeServerError:
+		return "server_error"
+	case OutcomeBackpressure:
+		return "backpressure"
+	}
+	return "unknown"
+}
+
+// OutcomeOf classes an HTTP status code.
+func OutcomeOf(status int) Outcome {
+	switch {
+	case status == 429 || status == 503:
+		return OutcomeBackpressure
+	case status >= 500:
+		return OutcomeServerError
+	}
+	return OutcomeOK
+}
+
+// Endpoint is one engine. Its identity is immutable; its health state is
+// guarded by a mutex. Safe for concurrent use.
+type Endpoint struct {
+	name   string
+	base   string
+	models []string
+	apiKey string
+
+	inFlight atomic.Int64
+
+	mu          sync.Mutex
+	down        bool
+	downUntil   time.Time
+	backoff     time.Duration
+	serverErrs  int
+	backpress   int
+	probed      bool // a probe has succeeded (or probes are off)
+	lastMetrics time.Time
+}
+
+// Name is the endpoint's label (metrics, logs, x-kvrouter-replica).
+func (e *Endpoint) Name() string { return e.name }
+
+// URL is the engine's base URL without a trailing slash.
+func (e *Endpoint) URL() string { return e.base }
+
+// Models are the configured model names. Do not modify the slice.
+func (e *Endpoint) Models() []string { return e.models }
+
+// APIKey is the bearer token to send to the engine, or "".
+func (e *Endpoint) APIKey() string { return e.apiKey }
+
+// InFlight is the number of requests the proxy has open on the endpoint.
+func (e *Endpoint) InFlight() int64 { return e.inFlight.Load() }
+
+// AddInFlight adds d (+1 at the start of a request, -1 at its end) and
+// returns the new count.
+func (e *Endpoint) AddInFlight(d int64) int64 { return e.inFlight.Add(d) }
+
+// usable reports whether the endpoint may take traffic at now and, if not,
+// when it may be re-admitted. Without probes (noProbe), a down endpoint
+// comes back once its backoff has passed.
+func (e *Endpoint) usable(now time.Time, noProbe bool) (bool, time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.down {
+		return true, time.Time{}
+	}
+	if noProbe && !now.Before(e.downUntil) {
+		e.down = false
+		return true, time.Time{}
+	}
+	return false, e.downUntil
+}
+
+// Up reports whether the endpoint is up (not ejected), as of the last
+// report or probe.
+func (e *Endpoint) Up() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return !e.down
+}
+
+func (e *Endpoint) wasProbed() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.probed
+}
+
+// eject takes the endpoint down until now+backoff and doubles the backoff.
+// It reports whether the endpoint was up before.
+func (e *Endpoint) ejectLocked(now time.Time, max time.Duration) bool {
+	was := !e.down
+	e.down = true
+	e.downUntil = now.Add(e.backoff)
+	e.backoff = min(2*e.backoff, max)
+	e.serverErrs, e.backpress = 0, 0
+	return was
+}

@@ -1,0 +1,259 @@
+package fleet
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// ErrNoEndpoint means no endpoint of the requested model may receive traffic
+// now: none is configured, or all are down.
+var ErrNoEndpoint = errors.New("no healthy endpoint")
+
+// EndpointConfig is one engine as configured.
+type EndpointConfig struct {
+	// Name labels the endpoint in metrics, logs and the x-kvrouter-replica
+	// header. Default: the URL's host:port.
+	Name string
+	// URL is the engine's HTTP base URL, e.g. "http://10.0.0.1:8000"
+	// (without the /v1 suffix).
+	URL string
+	// Models are the model names the engine serves (its served-model-name and
+	// LoRA adapters). At least one.
+	Models []string
+	// APIKey, when set, is sent to the engine as "Authorization: Bearer ...".
+	APIKey string
+}
+
+// Config configures a Fleet. A zero field means the default in its comment,
+// filled in by DefaultConfig.
+type Config struct {
+	Endpoints []EndpointConfig
+	// ProbeInterval is the period of GET /health probes per endpoint (default
+	// 5s; negative disables probes: down endpoints return after their backoff).
+	ProbeInterval time.Duration
+	// ProbeTimeout bounds one probe or scrape (default 2s).
+	ProbeTimeout time.Duration
+	// ScrapeInterval is the period of GET /metrics scrapes per endpoint
+	// (default 1s; negative disables scraping).
+	ScrapeInterval time.Duration
+	// EjectAfterServerErrors is how many 5xx answers (other than 503) in a
+	// row take an endpoint down (default 3).
+	EjectAfterServerErrors int
+	// EjectAfterBackpressure is how many 429/503 answers in a row take an
+	// endpoint down (default 10): an isolated one is backpressure, not death.
+	EjectAfterBackpressure int
+	// BackoffBase is how long an endpoint stays down after its first
+	// ejection (default 1s); it doubles per ejection without a healthy probe
+	// in between, up to BackoffMax (default 30s).
+	BackoffBase, BackoffMax time.Duration
+	// Client sends probes, scrapes and model listings (default: a client
+	// with its own transport).
+	Client *http.Client
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// DefaultConfig returns the defaults of every Config field.
+func DefaultConfig() Config {
+	return Config{
+		ProbeInterval:          5 * time.Second,
+		ProbeTimeout:           2 * time.Second,
+		ScrapeInterval:         time.Second,
+		EjectAfterServerErrors: 3,
+		EjectAfterBackpressure: 10,
+		BackoffBase:            time.Second,
+		BackoffMax:             30 * time.Second,
+		Now:                    time.Now,
+	}
+}
+
+func (c *Config) fillDefaults() {
+	d := DefaultConfig()
+	if c.ProbeInterval == 0 {
+		c.ProbeInterval = d.ProbeInterval
+	}
+	if c.ProbeTimeout == 0 {
+		c.ProbeTimeout = d.ProbeTimeout
+	}
+	if c.ScrapeInterval == 0 {
+		c.ScrapeInterval = d.ScrapeInterval
+	}
+	if c.EjectAfterServerErrors == 0 {
+		c.EjectAfterServerErrors = d.EjectAfterServerErrors
+	}
+	if c.EjectAfterBackpressure == 0 {
+		c.EjectAfterBackpressure = d.EjectAfterBackpressure
+	}
+	if c.BackoffBase == 0 {
+		c.BackoffBase = d.BackoffBase
+	}
+	if c.BackoffMax == 0 {
+		c.BackoffMax = d.BackoffMax
+	}
+	if c.Now == nil {
+		c.Now = d.Now
+	}
+	if c.Client == nil {
+		c.Client = &http.Client{Transport: &http.Transport{
+			MaxIdleConnsPerHost: 4,
+			IdleConnTimeout:     90 * time.Second,
+		}}
+	}
+}
+
+// Fleet is the set of endpoints. It is safe for concurrent use.
+type Fleet struct {
+	cfg     Config
+	log     *slog.Logger
+	m       *metrics
+	all     []*Endpoint
+	byModel map[string][]*Endpoint
+}
+
+// New checks cfg and builds a Fleet; it starts no goroutines (see Run). All
+// configuration problems are returned at once. A nil log discards; reg may
+// be nil.
+func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Fleet, error) {
+	cfg.fillDefaults()
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	var errs []error
+	if len(cfg.Endpoints) == 0 {
+		errs = append(errs, errors.New("no endpoints"))
+	}
+	if cfg.BackoffMax < cfg.BackoffBase {
+		errs = append(errs, fmt.Errorf("backoff max %v < base %v", cfg.BackoffMax, cfg.BackoffBase))
+	}
+	f := &Fleet{cfg: cfg, log: log, byModel: map[string][]*Endpoint{}}
+	names := map[string]bool{}
+	for i, ec := range cfg.Endpoints {
+		u, err := url.Parse(ec.URL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("endpoints[%d].url %q: want http(s)://host:port", i, ec.URL))
+			continue
+		}
+		if len(ec.Models) == 0 {
+			errs = append(errs, fmt.Errorf("endpoints[%d] (%s): no models", i, ec.URL))
+		}
+		name := ec.Name
+		if name == "" {
+			name = u.Host
+		}
+		if names[name] {
+			errs = append(errs, fmt.Errorf("endpoints[%d]: duplicate name %q", i, name))
+			continue
+		}
+		names[name] = true
+		ep := &Endpoint{
+			name:    name,
+			base:    strings.TrimRight(ec.URL, "/"),
+			models:  slices.Clone(ec.Models),
+			apiKey:  ec.APIKey,
+			backoff: cfg.BackoffBase,
+			probed:  cfg.ProbeInterval < 0,
+		}
+		f.all = append(f.all, ep)
+		for _, m := range ec.Models {
+			f.byModel[m] = append(f.byModel[m], ep)
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	f.m = m
+	for _, ep := range f.all {
+		f.m.up.WithLabelValues(ep.name).Set(1)
+	}
+	return f, nil
+}
+
+// Models returns the configured model names, sorted.
+func (f *Fleet) Models() []string {
+	out := make([]string, 0, len(f.byModel))
+	for m := range f.byModel {
+		out = append(out, m)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Endpoints returns every endpoint of model, up or down, in configuration
+// order; nil for an unknown model. The slice is shared: do not modify it.
+func (f *Fleet) Endpoints(model string) []*Endpoint { return f.byModel[model] }
+
+// All returns every endpoint in configuration order. The slice is shared: do
+// not modify it.
+func (f *Fleet) All() []*Endpoint { return f.all }
+
+// Endpoint returns the endpoint with that name, or nil.
+func (f *Fleet) Endpoint(name string) *Endpoint {
+	for _, ep := range f.all {
+		if ep.name == name {
+			return ep
+		}
+	}
+	return nil
+}
+
+// Healthy appends to dst the endpoints of model that may receive traffic
+// now, in configuration order, and returns it. It returns ErrNoEndpoint
+// (wrapped with the model) and how long until the first down endpoint may
+// return when there are none.
+func (f *Fleet) Healthy(dst []*Endpoint, model string) ([]*Endpoint, time.Duration, error) {
+	eps, ok := f.byModel[model]
+	if !ok {
+		return dst, 0, fmt.Errorf("model %q: %w", model, ErrNoEndpoint)
+	}
+	now := f.cfg.Now()
+	n := len(dst)
+	var retry time.Duration = -1
+	for _, ep := range eps {
+		up, until := ep.usable(now, f.cfg.ProbeInterval < 0)
+		if up {
+			dst = append(dst, ep)
+			continue
+		}
+		if d := until.Sub(now); retry < 0 || d < retry {
+			retry = d
+		}
+	}
+	if len(dst) == n {
+		if retry <= 0 {
+			retry = f.cfg.BackoffBase
+		}
+		return dst, retry, fmt.Errorf("model %q: %w", model, ErrNoEndpoint)
+	}
+	return dst, 0, nil
+}
+
+// Ready reports whether every model has at least one endpoint that is up and
+// (when probes are on) has passed a probe.
+func (f *Fleet) Ready() bool {
+	now := f.cfg.Now()
+	for _, eps := range f.byModel {
+		ok := false
+		for _, ep := range eps {
+			if up, _ := ep.usable(now, f.cfg.ProbeInterval < 0); up && ep.wasProbed() {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	return true
+}

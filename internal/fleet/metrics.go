@@ -1,0 +1,46 @@
+package fleet
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the fleet's collectors, registered by newMetrics.
+type metrics struct {
+	up        *prometheus.GaugeVec
+	ejections *prometheus.CounterVec
+	probes    *prometheus.CounterVec
+	scrapes   *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		up: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kvrouter_fleet_endpoint_up",
+			Help: "1 when the endpoint may receive traffic, 0 when it is ejected.",
+		}, []string{"endpoint"}),
+		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_fleet_ejections_total",
+			Help: "Endpoints taken down, by reason (conn_error, server_error, backpressure, probe).",
+		}, []string{"endpoint", "reason"}),
+		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_fleet_probes_total",
+			Help: "GET /health probes by result (ok, error).",
+		}, []string{"endpoint", "result"}),
+		scrapes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_fleet_scrapes_total",
+			Help: "GET /metrics scrapes by result (ok, error).",
+		}, []string{"endpoint", "result"}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	var errs []error
+	for _, c := range []prometheus.Collector{m.up, m.ejections, m.probes, m.scrapes} {
+		if err := reg.Register(c); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return m, errors.Join(errs...)
+}
