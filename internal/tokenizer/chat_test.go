@@ -1,0 +1,332 @@
+package tokenizer
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+const qwen3Dir = "../../testdata/tokenizer/qwen3"
+
+// chatCase is one line of testdata/tokenizer/qwen3/chat.jsonl.
+type chatCase struct {
+	Messages            json.RawMessage `json:"messages"`
+	Tools               json.RawMessage `json:"tools"`
+	AddGenerationPrompt bool            `json:"add_generation_prompt"`
+	ChatTemplateKwargs  json.RawMessage `json:"chat_template_kwargs"`
+	Text                string          `json:"text"`
+	IDs                 []uint32        `json:"ids"`
+}
+
+func (c chatCase) request() ChatRequest {
+	return ChatRequest{
+		Messages:            c.Messages,
+		Tools:               c.Tools,
+		AddGenerationPrompt: c.AddGenerationPrompt,
+		ChatTemplateKwargs:  c.ChatTemplateKwargs,
+	}
+}
+
+func loadChatCases(t testing.TB) []chatCase {
+	t.Helper()
+	f, err := os.Open(qwen3Dir + "/chat.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var cases []chatCase
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<24)
+	for sc.Scan() {
+		var c chatCase
+		if err := json.Unmarshal(sc.Bytes(), &c); err != nil {
+			t.Fatalf("chat.jsonl line %d: %v", len(cases)+1, err)
+		}
+		cases = append(cases, c)
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return cases
+}
+
+// qwen3TemplateConfig reads tokenizer_config.json directly, so the template
+// tests need nothing but that file.
+func qwen3TemplateConfig(t testing.TB) ChatTemplateConfig {
+	t.Helper()
+	raw, err := os.ReadFile(qwen3Dir + "/tokenizer_config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		ChatTemplate json.RawMessage `json:"chat_template"`
+		EOS          string          `json:"eos_token"`
+	}
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	return ChatTemplateConfig{Source: cfg.ChatTemplate, EOSToken: cfg.EOS}
+}
+
+func TestChatTemplateQwen3Golden(t *testing.T) {
+	tmpl, err := NewChatTemplate(qwen3TemplateConfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := tmpl.ContentFormat(); got != ContentString {
+		t.Errorf("content format = %q, want string", got)
+	}
+	cases := loadChatCases(t)
+	if len(cases) != 40 {
+		t.Fatalf("chat.jsonl has %d cases, want 40", len(cases))
+	}
+	for i, c := range cases {
+		got, err := tmpl.Render(c.request())
+		if err != nil {
+			t.Errorf("case %d: %v", i, err)
+			continue
+		}
+		if got != c.Text {
+			t.Errorf("case %d: text differs at byte %d\n got: %q\nwant: %q", i, firstDiff(got, c.Text), got, c.Text)
+		}
+	}
+}
+
+func firstDiff(a, b string) int {
+	n := min(len(a), len(b))
+	for i := range n {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return n
+}
+
+func mustTemplate(t *testing.T, src string) *ChatTemplate {
+	t.Helper()
+	raw, _ := json.Marshal(src)
+	tmpl, err := NewChatTemplate(ChatTemplateConfig{
+		Source: raw, BOSToken: "<s>", EOSToken: "</s>",
+		Now: func() time.Time { return time.Date(2026, 3, 5, 14, 7, 9, 0, time.UTC) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tmpl
+}
+
+func TestChatTemplateBehaviour(t *testing.T) {
+	tests := []struct {
+		name, template string
+		req            string
+		want           string
+		wantErr        error
+	}{
+		{
+			name:     "tojson keeps key order and python separators",
+			template: `{{ messages[0].tool_calls[0].function.arguments | tojson }}`,
+			req:      `{"messages":[{"role":"assistant","content":"","tool_calls":[{"function":{"name":"f","arguments":"{\"z\": 1, \"a\": [1.0, 2.5e-07, \"é<>&\"]}"}}]}]}`,
+			want:     `{"z": 1, "a": [1.0, 2.5e-07, "é<>&"]}`,
+		},
+		{
+			name:     "tojson indent",
+			template: `{{ tools[0] | tojson(indent=2) }}`,
+			req:      `{"messages":[],"tools":[{"b":1,"a":{"c":[]}}]}`,
+			want:     "{\n  \"b\": 1,\n  \"a\": {\n    \"c\": []\n  }\n}",
+		},
+		{
+			name:     "empty and null arguments become {}",
+			template: `{% for c in messages[0].tool_calls %}{{ c.function.arguments | tojson }};{% endfor %}`,
+			req:      `{"messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":""}},{"function":{"name":"g","arguments":null}},{"function":{"name":"h"}}]}]}`,
+			want:     `{};{};{};`,
+		},
+		{
+			name:     "empty tool_calls dropped",
+			template: `{{ messages[0].tool_calls is defined }}`,
+			req:      `{"messages":[{"role":"assistant","content":"x","tool_calls":[]}]}`,
+			want:     `False`,
+		},
+		{
+			name:     "bad arguments JSON",
+			template: `x`,
+			req:      `{"messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{oops"}}]}]}`,
+			wantErr:  ErrBadChat,
+		},
+		{
+			name:     "content parts joined, null content is empty",
+			template: `{% for m in messages %}[{{ m.content }}]{% endfor %}`,
+			req:      `{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},{"role":"assistant","content":null}]}`,
+			want:     "[a\nb][]",
+		},
+		{
+			name:     "image part unsupported",
+			template: `x`,
+			req:      `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:"}}]}]}`,
+			wantErr:  ErrUnsupported,
+		},
+		{
+			name:     "reasoning mirrored to reasoning_content",
+			template: `{{ messages[0].reasoning_content }}`,
+			req:      `{"messages":[{"role":"assistant","content":"a","reasoning":"because"}]}`,
+			want:     `because`,
+		},
+		{
+			name:     "special tokens, generation prompt default true, kwargs merged",
+			template: "{{ bos_token }}{% if add_generation_prompt %}G{% endif %}{{ flavour }}{{ eos_token }}",
+			req:      `{"messages":[],"chat_template_kwargs":{"flavour":"mint"}}`,
+			want:     `<s>Gmint</s>`,
+		},
+		{
+			name:     "kwargs override add_generation_prompt like vLLM",
+			template: "{{ add_generation_prompt }}",
+			req:      `{"messages":[],"add_generation_prompt":true,"chat_template_kwargs":{"add_generation_prompt":false}}`,
+			want:     `False`,
+		},
+		{
+			name:     "kwargs may not set messages",
+			template: "x",
+			req:      `{"messages":[],"chat_template_kwargs":{"messages":[]}}`,
+			wantErr:  ErrBadChat,
+		},
+		{
+			name:     "raise_exception",
+			template: "{{ raise_exception('no system role') }}",
+			req:      `{"messages":[]}`,
+			wantErr:  errAny,
+		},
+		{
+			name:     "strftime_now",
+			template: `{{ strftime_now("%d %b %Y") }}|{{ strftime_now("%-d %B %y %H:%M:%S %A %j %%") }}`,
+			req:      `{"messages":[]}`,
+			want:     `05 Mar 2026|5 March 26 14:07:09 Thursday 064 %`,
+		},
+		{
+			name:     "trim_blocks and lstrip_blocks",
+			template: "{% for m in messages %}\n    {% if m.role %}\n{{ m.role }}\n    {% endif %}\n{% endfor %}",
+			req:      `{"messages":[{"role":"user","content":"x"},{"role":"assistant","content":"y"}]}`,
+			want:     "user\nassistant\n",
+		},
+		{
+			name:     "loopcontrols",
+			template: "{% for m in messages %}{% if loop.index0 == 1 %}{% continue %}{% endif %}{% if loop.index0 == 2 %}{% break %}{% endif %}{{ m.content }}{% endfor %}",
+			req:      `{"messages":[{"role":"user","content":"a"},{"role":"user","content":"b"},{"role":"user","content":"c"}]}`,
+			want:     "a",
+		},
+		{
+			name:     "big integer left to the engine",
+			template: `x`,
+			req:      `{"messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":{"n":123456789012345678901234567890}}}]}]}`,
+			wantErr:  ErrUnsupported,
+		},
+		{
+			name:     "messages not a list",
+			template: `x`,
+			req:      `{"messages":{"role":"user"}}`,
+			wantErr:  ErrBadChat,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var req ChatRequest
+			if err := json.Unmarshal([]byte(tt.req), &req); err != nil {
+				t.Fatal(err)
+			}
+			got, err := mustTemplate(t, tt.template).Render(req)
+			switch {
+			case tt.wantErr == errAny && err == nil:
+				t.Fatalf("Render = %q, want an error", got)
+			case tt.wantErr == errAny:
+			case tt.wantErr != nil && !errors.Is(err, tt.wantErr):
+				t.Fatalf("Render error = %v, want %v", err, tt.wantErr)
+			case tt.wantErr == nil && err != nil:
+				t.Fatalf("Render: %v", err)
+			case got != tt.want:
+				t.Fatalf("Render = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+var errAny = errors.New("any error")
+
+func TestChatTemplateNamed(t *testing.T) {
+	src := `[{"name":"default","template":"D{{ messages|length }}"},{"name":"tool_use","template":"T{{ tools|length }}"}]`
+	tmpl, err := NewChatTemplate(ChatTemplateConfig{Source: json.RawMessage(src)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ req, want string }{
+		{`{"messages":[{"role":"user","content":"x"}]}`, "D1"},
+		{`{"messages":[],"tools":[{"type":"function"}]}`, "T1"},
+		{`{"messages":[],"tools":[]}`, "D0"},
+	} {
+		var req ChatRequest
+		if err := json.Unmarshal([]byte(tc.req), &req); err != nil {
+			t.Fatal(err)
+		}
+		got, err := tmpl.Render(req)
+		if err != nil || got != tc.want {
+			t.Errorf("Render(%s) = %q, %v; want %q", tc.req, got, err, tc.want)
+		}
+	}
+	_, err = NewChatTemplate(ChatTemplateConfig{Source: json.RawMessage(`[{"name":"tool_use","template":"x"}]`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{``, `null`} {
+		if _, err := NewChatTemplate(ChatTemplateConfig{Source: json.RawMessage(bad)}); !errors.Is(err, ErrNoChatTemplate) {
+			t.Errorf("NewChatTemplate(%q) error = %v, want ErrNoChatTemplate", bad, err)
+		}
+	}
+	if _, err := NewChatTemplate(ChatTemplateConfig{Source: json.RawMessage(`"{% if %}"`)}); err == nil {
+		t.Error("NewChatTemplate of a broken template: no error")
+	}
+}
+
+func TestContentFormatOpenAI(t *testing.T) {
+	src, _ := json.Marshal(`{% for m in messages %}{% for p in m['content'] %}<{{ p.type }}:{{ p.text }}>{% endfor %}{% endfor %}`)
+	tmpl, err := NewChatTemplate(ChatTemplateConfig{Source: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tmpl.ContentFormat() != ContentOpenAI {
+		t.Fatalf("content format = %q, want openai", tmpl.ContentFormat())
+	}
+	var req ChatRequest
+	if err := json.Unmarshal([]byte(`{"messages":[{"role":"user","content":"hi"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":null}]}]}`), &req); err != nil {
+		t.Fatal(err)
+	}
+	got, err := tmpl.Render(req)
+	if want := "<text:hi><text:a>"; err != nil || got != want {
+		t.Fatalf("Render = %q, %v; want %q", got, err, want)
+	}
+}
+
+// FuzzChatRequest feeds arbitrary bytes through the chat request decoding
+// and rendering path: it must return an error or a render, never panic.
+func FuzzChatRequest(f *testing.F) {
+	raw, err := os.ReadFile(qwen3Dir + "/chat.jsonl")
+	if err != nil {
+		f.Fatal(err)
+	}
+	for line := range strings.Lines(string(raw)) {
+		f.Add([]byte(line))
+	}
+	f.Add([]byte(`{"messages":[{"role":"assistant","tool_calls":[{"function":{"arguments":"[[[["}}]}]}`))
+	f.Add([]byte(`{"messages":[{"role":"user","content":[{"type":"text","text":1}]}],"chat_template_kwargs":[]}`))
+	tmpl, err := NewChatTemplate(qwen3TemplateConfig(f))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var req ChatRequest
+		if err := json.Unmarshal(data, &req); err != nil {
+			return
+		}
+		_, _ = tmpl.Render(req)
+	})
+}
