@@ -1,0 +1,315 @@
+package vllm
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"golang.org/x/sync/errgroup"
+)
+
+// rank is the state of one (engine, rank) stream. Its connection goroutines
+// (dialLoop, or acceptLoop and one goroutine per accepted connection) only
+// move raw messages to process; process alone owns seq, pending and the
+// replayer, and is the only writer of this rank's Updates.
+type rank struct {
+	s      *Subscriber
+	idx    int
+	ep     zmtpEndpoint
+	replay *replayer
+	log    *slog.Logger
+	m      *rankMetrics
+
+	seq     seqTracker
+	pending ResetReason // reset to attach to the next Update that reaches the queue
+	full    bool        // the queue was full on the last attempt (logs once per episode)
+
+	conns     atomic.Int32 // live connections (bind mode may briefly have several)
+	connected atomic.Bool  // a connection was up before: the next one is a reconnect
+}
+
+func (s *Subscriber) newRank(i int) *rank {
+	return &rank{
+		s: s, idx: i, ep: s.live[i], replay: s.replay[i],
+		log: s.log.With("rank", i, "endpoint", rankEndpoint(s.cfg.Endpoint, i)),
+		m:   s.m.forRank(s.cfg.Engine, i),
+	}
+}
+
+// dialLoop connects to the engine's PUB (connect mode), reads until the
+// connection breaks, and redials with exponential backoff until ctx ends.
+func (r *rank) dialLoop(ctx context.Context, in chan<- [][]byte) error {
+	cfg := r.s.cfg
+	backoff, failing := cfg.ReconnectMin, false
+	for ctx.Err() == nil {
+		dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
+		c, err := dialZMTP(dctx, r.ep, zmq4.Sub)
+		cancel()
+		if err == nil {
+			if err = c.subscribe(cfg.Topic); err != nil {
+				c.close()
+			}
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			if !failing {
+				r.log.Warn("cannot connect to engine, retrying", "err", err)
+				failing = true
+			}
+			t := time.NewTimer(backoff)
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+			backoff = min(2*backoff, cfg.ReconnectMax)
+			continue
+		}
+		backoff, failing = cfg.ReconnectMin, false
+		err = r.serve(ctx, c, in)
+		if ctx.Err() == nil {
+			r.log.Warn("connection to engine lost, reconnecting", "err", err)
+		}
+	}
+	return nil
+}
+
+// acceptLoop accepts engines dialling in (bind mode) and serves each
+// connection in its own goroutine until ctx ends.
+func (r *rank) acceptLoop(ctx context.Context, ln net.Listener, in chan<- [][]byte) error {
+	g, gctx := errgroup.WithContext(ctx)
+	stop := context.AfterFunc(gctx, func() { ln.Close() })
+	defer stop()
+	r.log.Info("listening for engine", "addr", ln.Addr().String())
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if gctx.Err() != nil {
+				break
+			}
+			r.log.Warn("accept failed", "err", err)
+			t := time.NewTimer(r.s.cfg.ReconnectMin)
+			select {
+			case <-gctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+			continue
+		}
+		g.Go(guard("conn", func() error {
+			hctx, cancel := context.WithTimeout(gctx, r.s.cfg.DialTimeout)
+			c, err := openZMTP(hctx, nc, zmq4.Sub, true)
+			cancel()
+			if err == nil {
+				if err = c.subscribe(r.s.cfg.Topic); err != nil {
+					c.close()
+				}
+			}
+			if err != nil {
+				if gctx.Err() == nil {
+					r.log.Warn("engine handshake failed", "remote", nc.RemoteAddr().String(), "err", err)
+				}
+				return nil
+			}
+			err = r.serve(gctx, c, in)
+			if gctx.Err() == nil {
+				r.log.Info("engine disconnected", "remote", nc.RemoteAddr().String(), "err", err)
+			}
+			return nil
+		}))
+	}
+	ln.Close()
+	return g.Wait()
+}
+
+// serve reads live messages from one connection into in until the
+// connection breaks or ctx ends, then closes it. It returns the read error.
+func (r *rank) serve(ctx context.Context, c *zmtpConn, in chan<- [][]byte) error {
+	defer c.close()
+	stop := context.AfterFunc(ctx, func() { c.close() })
+	defer stop()
+	if r.connected.Swap(true) {
+		r.m.reconnects.Inc()
+		r.s.stats.reconnects.Add(1)
+	}
+	r.conns.Add(1)
+	r.m.connected.Set(1)
+	r.log.Info("connected to engine")
+	defer func() {
+		if r.conns.Add(-1) == 0 {
+			r.m.connected.Set(0)
+		}
+	}()
+	for {
+		frames, err := c.recv()
+		if err != nil {
+			return err
+		}
+		select {
+		case in <- frames:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// process handles this rank's live messages in order until ctx ends.
+func (r *rank) process(ctx context.Context, in <-chan [][]byte) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case frames := <-in:
+			r.onLive(ctx, frames)
+		}
+	}
+}
+
+// onLive handles one live message: restart and gap detection, replay, then
+// the batch itself.
+func (r *rank) onLive(ctx context.Context, frames [][]byte) {
+	seq, payload, err := parseLive(frames, r.s.cfg.Topic)
+	if err != nil {
+		r.count(&r.s.stats.malformed, r.m.malformed)
+		r.log.Warn("malformed live message skipped", "err", err)
+		return
+	}
+	st := r.seq.live(seq)
+	if st.restart {
+		r.count(&r.s.stats.restarts, r.m.restarts)
+		r.setPending(ResetRestart)
+		r.log.Warn("engine restart detected: sequence went backwards, dropping its state", "seq", seq)
+	}
+	if st.dup {
+		r.count(&r.s.stats.duplicates, r.m.duplicates)
+		return
+	}
+	if st.missing {
+		if !st.fresh {
+			r.count(&r.s.stats.gaps, r.m.gaps)
+			r.log.Warn("sequence gap", "missing_from", st.missFrom, "missing_to", seq-1)
+		}
+		r.fill(ctx, st.missFrom, seq, st.fresh)
+	}
+	r.handle(seq, payload, false)
+}
+
+// fill asks the replay endpoint for the batches from `from` on and handles
+// them. Whatever it cannot fill is found by handle as a hole.
+func (r *rank) fill(ctx context.Context, from, liveSeq uint64, fresh bool) {
+	if r.replay == nil {
+		return
+	}
+	r.count(&r.s.stats.replays, r.m.replays)
+	res, err := r.replay.replay(ctx, from, func(seq uint64, payload []byte) error {
+		r.handle(seq, payload, true)
+		return nil
+	})
+	switch {
+	case err != nil:
+		if ctx.Err() != nil {
+			return
+		}
+		r.count(&r.s.stats.replayErrors, r.m.replayErrors)
+		r.log.Warn("replay failed", "from", from, "replayed", res.batches, "err", err)
+	case res.batches == 0 || res.first > from:
+		lvl := slog.LevelWarn
+		if fresh {
+			lvl = slog.LevelDebug // catch-up of an epoch's prefix: nothing indexed is lost
+		}
+		r.log.Log(ctx, lvl, "replay could not start at the requested seq (no longer buffered)",
+			"from", from, "first", res.first, "replayed", res.batches, "live_seq", liveSeq)
+	default:
+		r.log.Info("replay done", "from", from, "to", res.last, "replayed", res.batches)
+	}
+}
+
+// handle applies one batch (live or replayed) in sequence order: skips
+// duplicates, turns holes into a pending reset, decodes, counts, and
+// queues the Update.
+func (r *rank) handle(seq uint64, payload []byte, replayed bool) {
+	want := r.seq.next()
+	isNew, hole := r.seq.accept(seq)
+	if !isNew {
+		if !replayed {
+			r.count(&r.s.stats.duplicates, r.m.duplicates)
+		}
+		return
+	}
+	if hole {
+		r.count(&r.s.stats.unrecoverable, r.m.unrecoverable)
+		r.setPending(ResetGapLost)
+		r.log.Warn("unrecoverable gap: batches lost, dropping this rank's state",
+			"missing_from", want, "missing_to", seq-1)
+	}
+	b, err := DecodeBatch(payload)
+	if err != nil {
+		r.count(&r.s.stats.malformed, r.m.malformed)
+		r.setPending(ResetGapLost)
+		r.log.Warn("undecodable batch, dropping this rank's state", "seq", seq, "err", err)
+		return
+	}
+	r.count(&r.s.stats.batches, r.m.batches)
+	var stored, removed uint64
+	for i := range b.Events {
+		switch b.Events[i].Type {
+		case BlockStored:
+			stored += uint64(len(b.Events[i].BlockHashes))
+			r.m.stored.Inc()
+		case BlockRemoved:
+			removed += uint64(len(b.Events[i].BlockHashes))
+			r.m.removed.Inc()
+		case AllBlocksCleared:
+			r.m.cleared.Inc()
+		}
+	}
+	r.s.stats.events.Add(uint64(len(b.Events)))
+	r.s.stats.blocksStored.Add(stored)
+	r.s.stats.blocksRemoved.Add(removed)
+	r.m.blocksStored.Add(float64(stored))
+	r.m.blocksRemoved.Add(float64(removed))
+	if !replayed {
+		lag := float64(r.s.cfg.Now().UnixNano())/1e9 - b.TS
+		r.m.lag.Observe(max(lag, 0))
+	}
+	r.deliver(Update{Engine: r.s.cfg.Engine, Rank: r.idx, Seq: seq, Replayed: replayed, Batch: b})
+}
+
+// deliver queues u without blocking. On a full queue the batch is dropped
+// and the rank's next queued Update carries ResetOverflow (unless another
+// reset is already pending): the consumer drops the rank's state rather than
+// the subscriber re-fetching the batch, because a consumer that cannot keep
+// up would fall further behind with replays on top.
+func (r *rank) deliver(u Update) {
+	u.Reset = r.pending
+	select {
+	case r.s.queue <- u:
+		r.pending = ResetNone
+		r.full = false
+	default:
+		r.count(&r.s.stats.queueDrops, r.m.queueDrops)
+		r.setPending(ResetOverflow)
+		if !r.full {
+			r.log.Warn("consumer queue full, dropping batches and this rank's state", "seq", u.Seq)
+			r.full = true
+		}
+	}
+}
+
+// setPending records a reset for the next Update; the first reason wins
+// (they all mean the same to the consumer).
+func (r *rank) setPending(why ResetReason) {
+	if r.pending == ResetNone {
+		r.pending = why
+	}
+}
+
+func (r *rank) count(a *atomic.Uint64, c interface{ Inc() }) {
+	a.Add(1)
+	c.Inc()
+}

@@ -1,0 +1,302 @@
+package vllm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"runtime/debug"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+)
+
+// ResetReason tells the consumer why it must forget what it knows about an
+// engine rank before applying an Update's batch.
+type ResetReason uint8
+
+// Reset reasons. Any value other than ResetNone means: drop every entry of
+// this (engine, rank), then apply the Update's batch as the first of a new
+// state.
+const (
+	// ResetNone: apply the batch on top of the existing state.
+	ResetNone ResetReason = iota
+	// ResetRestart: a live seq went backwards, the engine process restarted
+	// and its cache is empty (vLLM sends no AllBlocksCleared on restart).
+	ResetRestart
+	// ResetGapLost: batches were lost for good: missed and not replayable
+	// (no replay endpoint, replay failed or timed out, or the engine no
+	// longer buffers them), or a batch could not be decoded.
+	ResetGapLost
+	// ResetOverflow: the consumer queue was full and batches were dropped.
+	ResetOverflow
+)
+
+// String returns "none", "restart", "gap_lost" or "overflow".
+func (r ResetReason) String() string {
+	switch r {
+	case ResetNone:
+		return "none"
+	case ResetRestart:
+		return "restart"
+	case ResetGapLost:
+		return "gap_lost"
+	case ResetOverflow:
+		return "overflow"
+	}
+	return fmt.Sprintf("ResetReason(%d)", uint8(r))
+}
+
+// Update is one decoded batch handed to the consumer, in sequence order per
+// (Engine, Rank). Updates of different ranks interleave.
+type Update struct {
+	// Engine is SubscriberConfig.Engine.
+	Engine string
+	// Rank is the data-parallel rank of the subscription (port offset) the
+	// batch came from. Batch.DataParallelRank is what the engine wrote.
+	Rank int
+	// Seq is the engine's sequence number of the batch within its process.
+	Seq uint64
+	// Replayed is true when the batch came from the replay endpoint rather
+	// than the live stream.
+	Replayed bool
+	// Reset, when not ResetNone, tells the consumer to drop all state of
+	// (Engine, Rank) before applying Batch.
+	Reset ResetReason
+	// Batch is the decoded payload; its Events may be empty (heartbeats).
+	Batch Batch
+}
+
+// SubscriberConfig configures one Subscriber (one engine, all its
+// data-parallel ranks). A zero field means the default in its comment.
+type SubscriberConfig struct {
+	// Engine names the engine in Updates, logs and metric labels. Default:
+	// Endpoint.
+	Engine string `yaml:"engine"`
+	// Endpoint is the engine's KV event PUB endpoint, "tcp://HOST:PORT"
+	// (or "ipc://PATH"). In connect mode (the default, vLLM binds
+	// "tcp://*:5557") HOST is the engine's host. In bind mode it is the
+	// local address to bind, e.g. "tcp://*:5557". Required.
+	Endpoint string `yaml:"endpoint"`
+	// ReplayEndpoint is the engine's replay ROUTER, "tcp://HOST:PORT",
+	// always dialled. Empty: replay off, every gap is unrecoverable.
+	ReplayEndpoint string `yaml:"replay_endpoint"`
+	// Topic is the SUB prefix filter (vLLM's "topic", default "": all).
+	Topic string `yaml:"topic"`
+	// DPSize is the number of data-parallel ranks; rank r is subscribed at
+	// Endpoint's port + r and replayed at ReplayEndpoint's port + r.
+	// Default 1.
+	DPSize int `yaml:"dp_size"`
+	// Bind makes the router bind the SUB endpoints and the engines dial in
+	// (vLLM connects when its endpoint names a host, not "*").
+	Bind bool `yaml:"bind"`
+	// QueueSize bounds the Updates waiting for the consumer. Default 1024.
+	QueueSize int `yaml:"queue_size"`
+	// ReplayTimeout bounds one replay request, connection included.
+	// Default 5s.
+	ReplayTimeout time.Duration `yaml:"replay_timeout"`
+	// DialTimeout bounds one connection attempt (TCP connect and ZMTP
+	// handshake) to an engine. Default 5s.
+	DialTimeout time.Duration `yaml:"dial_timeout"`
+	// ReconnectMin and ReconnectMax bound the exponential backoff between
+	// connection attempts in connect mode. Defaults 100ms and 2s.
+	ReconnectMin time.Duration `yaml:"reconnect_min"`
+	ReconnectMax time.Duration `yaml:"reconnect_max"`
+	// Now is the clock for lag measurement. Default time.Now.
+	Now func() time.Time `yaml:"-"`
+}
+
+func (c SubscriberConfig) withDefaults() SubscriberConfig {
+	if c.Engine == "" {
+		c.Engine = c.Endpoint
+	}
+	if c.DPSize == 0 {
+		c.DPSize = 1
+	}
+	if c.QueueSize == 0 {
+		c.QueueSize = 1024
+	}
+	if c.ReplayTimeout == 0 {
+		c.ReplayTimeout = 5 * time.Second
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = 5 * time.Second
+	}
+	if c.ReconnectMin == 0 {
+		c.ReconnectMin = 100 * time.Millisecond
+	}
+	if c.ReconnectMax == 0 {
+		c.ReconnectMax = 2 * time.Second
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// SubscriberStats are a Subscriber's totals over all ranks since it was
+// made; the same quantities as its metrics.
+type SubscriberStats struct {
+	Batches           uint64 `json:"batches"`
+	Events            uint64 `json:"events"`
+	BlocksStored      uint64 `json:"blocks_stored"`
+	BlocksRemoved     uint64 `json:"blocks_removed"`
+	Gaps              uint64 `json:"gaps"`
+	Replays           uint64 `json:"replays"`
+	ReplayErrors      uint64 `json:"replay_errors"`
+	UnrecoverableGaps uint64 `json:"unrecoverable_gaps"`
+	Restarts          uint64 `json:"restarts"`
+	QueueDrops        uint64 `json:"queue_drops"`
+	Malformed         uint64 `json:"malformed"`
+	Duplicates        uint64 `json:"duplicates"`
+	Reconnects        uint64 `json:"reconnects"`
+}
+
+// stats mirrors SubscriberStats with atomics.
+type stats struct {
+	batches, events, blocksStored, blocksRemoved, gaps, replays, replayErrors,
+	unrecoverable, restarts, queueDrops, malformed, duplicates, reconnects atomic.Uint64
+}
+
+// Subscriber follows one vLLM engine's KV events: one live subscription per
+// data-parallel rank, sequence tracking, replay of gaps, restart detection,
+// and a bounded queue to the consumer. Make it with NewSubscriber and start
+// it with Run, once. Stats is safe to call concurrently with Run.
+type Subscriber struct {
+	cfg     SubscriberConfig
+	log     *slog.Logger
+	m       *SubscriberMetrics
+	live    []zmtpEndpoint // per rank
+	replay  []*replayer    // per rank; nil when replay is off
+	queue   chan Update
+	started atomic.Bool
+	stats   stats
+}
+
+// NewSubscriber checks cfg and returns a Subscriber; it binds and dials
+// nothing and starts no goroutine (Run does). log nil discards logs. m is
+// shared by all subscribers of a registry (see NewSubscriberMetrics); nil
+// uses unregistered collectors. All configuration problems are returned at
+// once.
+func NewSubscriber(cfg SubscriberConfig, log *slog.Logger, m *SubscriberMetrics) (*Subscriber, error) {
+	cfg = cfg.withDefaults()
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if m == nil {
+		m, _ = NewSubscriberMetrics(nil)
+	}
+	var errs []error
+	if cfg.Endpoint == "" {
+		errs = append(errs, errors.New("endpoint is required"))
+	}
+	if cfg.DPSize < 1 || cfg.DPSize > 1024 {
+		errs = append(errs, fmt.Errorf("dp_size %d: want 1..1024", cfg.DPSize))
+	}
+	if cfg.QueueSize < 1 {
+		errs = append(errs, fmt.Errorf("queue_size %d: want >= 1", cfg.QueueSize))
+	}
+	if cfg.ReplayTimeout < 0 || cfg.DialTimeout < 0 || cfg.ReconnectMin < 0 || cfg.ReconnectMax < cfg.ReconnectMin {
+		errs = append(errs, errors.New("timeouts must be positive and reconnect_max >= reconnect_min"))
+	}
+	s := &Subscriber{cfg: cfg, log: log.With("engine", cfg.Engine), m: m, queue: make(chan Update, max(cfg.QueueSize, 1))}
+	for r := 0; cfg.Endpoint != "" && r < cfg.DPSize && r < 1024; r++ {
+		ep, err := parseEndpoint(cfg.Endpoint, r, cfg.Bind)
+		if err != nil {
+			errs = append(errs, err)
+			break
+		}
+		s.live = append(s.live, ep)
+		if cfg.ReplayEndpoint == "" {
+			s.replay = append(s.replay, nil)
+			continue
+		}
+		rep, err := parseEndpoint(cfg.ReplayEndpoint, r, false)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("replay %w", err))
+			break
+		}
+		s.replay = append(s.replay, &replayer{ep: rep, timeout: cfg.ReplayTimeout})
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("vllm subscriber %q: %w", cfg.Engine, err)
+	}
+	return s, nil
+}
+
+// Run subscribes to every rank and calls apply for each Update, from one
+// goroutine, in sequence order per rank, until ctx ends. It returns nil when
+// ctx ends, or an error when a bind fails or a goroutine panics (apply
+// included); in every case only after all its goroutines have returned and
+// its connections are closed, and after deleting its metric label values.
+// apply must not block for long: while it runs, Updates queue up to
+// QueueSize and then are dropped (the next Update of that rank carries
+// ResetOverflow). Run may be called once.
+func (s *Subscriber) Run(ctx context.Context, apply func(Update)) error {
+	if !s.started.CompareAndSwap(false, true) {
+		return fmt.Errorf("vllm subscriber %q: Run called twice", s.cfg.Engine)
+	}
+	defer s.m.deleteEngine(s.cfg.Engine)
+	lns := make([]net.Listener, len(s.live))
+	for r := range s.live {
+		if !s.cfg.Bind {
+			break
+		}
+		ln, err := listen(s.live[r])
+		if err != nil {
+			for _, l := range lns[:r] {
+				l.Close()
+			}
+			return fmt.Errorf("vllm subscriber %q rank %d: %w", s.cfg.Engine, r, err)
+		}
+		lns[r] = ln
+	}
+	g, ctx := errgroup.WithContext(ctx)
+	for r := range s.live {
+		rs := s.newRank(r)
+		in := make(chan [][]byte, 64)
+		if ln := lns[r]; ln != nil {
+			g.Go(guard("accept", func() error { return rs.acceptLoop(ctx, ln, in) }))
+		} else {
+			g.Go(guard("dial", func() error { return rs.dialLoop(ctx, in) }))
+		}
+		g.Go(guard("process", func() error { return rs.process(ctx, in) }))
+	}
+	g.Go(guard("apply", func() error {
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case u := <-s.queue:
+				apply(u)
+			}
+		}
+	}))
+	return g.Wait()
+}
+
+// Stats returns totals over all ranks since NewSubscriber.
+func (s *Subscriber) Stats() SubscriberStats {
+	t := &s.stats
+	return SubscriberStats{
+		Batches: t.batches.Load(), Events: t.events.Load(), BlocksStored: t.blocksStored.Load(),
+		BlocksRemoved: t.blocksRemoved.Load(), Gaps: t.gaps.Load(), Replays: t.replays.Load(),
+		ReplayErrors: t.replayErrors.Load(), UnrecoverableGaps: t.unrecoverable.Load(),
+		Restarts: t.restarts.Load(), QueueDrops: t.queueDrops.Load(), Malformed: t.malformed.Load(),
+		Duplicates: t.duplicates.Load(), Reconnects: t.reconnects.Load(),
+	}
+}
+
+// guard turns a panic in f into an error carrying the stack.
+func guard(name string, f func() error) func() error {
+	return func() (err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				err = fmt.Errorf("vllm subscriber %s goroutine panicked: %v\n%s", name, p, debug.Stack())
+			}
+		}()
+		return f()
+	}
+}
