@@ -1,0 +1,87 @@
+package report
+
+import (
+	"encoding/json"
+	"fmt"
+	"html"
+	"io"
+	"strings"
+)
+
+// plotBins is the number of time bins of the over-time plots.
+const plotBins = 120
+
+// HTML writes one self-contained page: the comparison table, a TTFT CDF per
+// policy, hit rate over time per policy, in-flight requests per replica over
+// time for each policy, and the report's JSON in a
+// <script type="application/json" id="report-data"> element. The page loads
+// nothing from the network and runs no scripts.
+func (r *Report) HTML(w io.Writer) error {
+	var b strings.Builder
+	title := html.EscapeString(r.Title)
+	fmt.Fprintf(&b, "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n<title>%s</title>\n", title)
+	b.WriteString(`<style>
+body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}
+table{border-collapse:collapse;font-size:13px}th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}
+th:first-child,td:first-child{text-align:left}
+svg{display:block;margin:12px 0;background:#fff}
+.title{font-size:14px;font-weight:600}.axis{font-size:11px;fill:#444}.legend{font-size:12px}
+.frame{fill:none;stroke:#999}.grid{stroke:#e4e4e4}
+</style>
+</head>
+<body>
+`)
+	fmt.Fprintf(&b, "<h1>%s</h1>\n", title)
+	fmt.Fprintf(&b, "<p>Workload <b>%s</b>: %d requests, %d input and %d output tokens, arrivals over %.1f s. Goodput SLO: TTFT ≤ %s ms and TPOT ≤ %s ms.</p>\n",
+		html.EscapeString(r.Workload.Name), r.Workload.Requests, r.Workload.InputTokens, r.Workload.OutputTokens,
+		r.Workload.DurationS, num(r.SLO.TTFTMs), num(r.SLO.ITLMs))
+	r.htmlTable(&b)
+
+	lo, hi := span(r.runs)
+	cdf := chart{title: "TTFT, cumulative distribution", xlabel: "TTFT (ms, log scale)", ylabel: "share of requests",
+		xlog: true, yFixed: true, ymin: 0, ymax: 1, legend: true}
+	hit := chart{title: "Prefix-cache hit rate over time", xlabel: "time (s)", ylabel: "hit rate",
+		yFixed: true, ymin: 0, ymax: 1, legend: true}
+	for i, run := range r.runs {
+		cdf.series = append(cdf.series, series{name: run.Policy, color: color(i), pts: ttftCDF(run, 200)})
+		hit.series = append(hit.series, series{name: run.Policy, color: color(i), pts: hitRateOverTime(run, lo, hi, plotBins/2)})
+	}
+	cdf.svg(&b)
+	hit.svg(&b)
+	for _, run := range r.runs {
+		names, load := loadOverTime(run, lo, hi, plotBins)
+		c := chart{title: "In-flight requests per replica: " + run.Policy, xlabel: "time (s)", ylabel: "requests (time-averaged)",
+			legend: len(names) <= 8}
+		for j, n := range names {
+			if j < len(load) {
+				c.series = append(c.series, series{name: n, color: color(j), width: 1.2, pts: load[j]})
+			}
+		}
+		c.svg(&b)
+	}
+	data, err := json.Marshal(r)
+	if err != nil {
+		return fmt.Errorf("write html report: %w", err)
+	}
+	// JSON inside <script>: escape "<" so no "</script>" can end it early.
+	fmt.Fprintf(&b, "<script type=\"application/json\" id=\"report-data\">%s</script>\n</body>\n</html>\n",
+		strings.ReplaceAll(string(data), "<", `\u003c`))
+	if _, err := io.WriteString(w, b.String()); err != nil {
+		return fmt.Errorf("write html report: %w", err)
+	}
+	return nil
+}
+
+func (r *Report) htmlTable(b *strings.Builder) {
+	b.WriteString("<table>\n<thead><tr><th>policy</th><th>requests</th><th>errors</th><th>hit rate</th><th>TTFT p50</th><th>TTFT p90</th><th>TTFT p99</th><th>ITL p50</th><th>ITL p99</th><th>e2e p50</th><th>e2e p99</th><th>throughput (tok/s)</th><th>goodput (req/s)</th><th>max/mean load</th><th>preemptions</th></tr></thead>\n<tbody>\n")
+	for _, p := range r.Policies {
+		hit := pct(p.HitRate)
+		if p.EngineHitRate != nil {
+			hit += " (engine " + pct(*p.EngineHitRate) + ")"
+		}
+		fmt.Fprintf(b, "<tr><td>%s</td><td>%d</td><td>%d</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%.0f</td><td>%.2f</td><td>%.2f</td><td>%d</td></tr>\n",
+			html.EscapeString(p.Name), p.Requests, p.Errors, hit, num(p.TTFT.P50), num(p.TTFT.P90), num(p.TTFT.P99),
+			num(p.ITL.P50), num(p.ITL.P99), num(p.E2E.P50), num(p.E2E.P99), p.ThroughputTokS, p.GoodputRPS, p.MaxMeanLoad, p.Preemptions)
+	}
+	b.WriteString("</tbody>\n</table>\n<p>Times in milliseconds.</p>\n")
+}
