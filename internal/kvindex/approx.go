@@ -1,0 +1,201 @@
+package kvindex
+
+import (
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Approx is the decision-fed index for engines that publish no KV events:
+// Routed inserts the request's keys for the chosen replica, kept for
+// Config.ApproxTTL and at most the replica's capacity in blocks, evicting the
+// least recently routed first (deep blocks before their prefixes). Its blocks
+// count as GPU in Lookup. Safe for concurrent use (one RWMutex).
+type Approx struct {
+	cfg  Config
+	root Key
+	log  *slog.Logger
+	c    counters
+
+	mu    sync.RWMutex
+	st    store
+	reps  replicas
+	srcOf []uint32 // ReplicaID -> source id + 1
+	capOf []int    // ReplicaID -> capacity in blocks
+}
+
+// NewApprox returns an empty approximate index. cfg zero fields take their
+// defaults (DefaultConfig); log nil discards; reg nil registers no metrics.
+func NewApprox(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Approx, error) {
+	cfg = DefaultConfig(cfg)
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("kvindex: %w", err)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	a := &Approx{
+		cfg:  cfg,
+		root: Root(cfg.Model, cfg.Pool),
+		log:  log.With("model", cfg.Model, "pool", cfg.Pool),
+		st:   newStore(true, false),
+		reps: newReplicas(),
+	}
+	if err := newMetrics(reg, "approx", cfg, a.Stats); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// Root returns the key space's root: Extras.Root for the router's Keys.
+func (a *Approx) Root() Key { return a.root }
+
+// BlockSize returns the block size in tokens the index assumes.
+func (a *Approx) BlockSize() int { return a.cfg.BlockSize }
+
+// AddReplica registers name (idempotent) and returns its ID. Its capacity is
+// Config.ApproxCapacity until SetCapacity.
+func (a *Approx) AddReplica(name string) ReplicaID {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.add(name)
+}
+
+func (a *Approx) add(name string) ReplicaID {
+	id, added := a.reps.add(name)
+	if added {
+		for int(id) >= len(a.srcOf) {
+			a.srcOf = append(a.srcOf, 0)
+			a.capOf = append(a.capOf, 0)
+		}
+		a.srcOf[id] = a.st.addSource(id, 0, 0) + 1
+		a.capOf[id] = a.cfg.ApproxCapacity
+		a.c.replicas.Store(int64(len(a.reps.byName)))
+	}
+	return id
+}
+
+// ReplicaID returns name's ID, or false when it is not registered.
+func (a *Approx) ReplicaID(name string) (ReplicaID, bool) {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	id, ok := a.reps.byName[name]
+	return id, ok
+}
+
+// NumReplicas returns the length Lookup gives its output.
+func (a *Approx) NumReplicas() int {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	return len(a.reps.names)
+}
+
+// SetCapacity sets name's capacity in blocks (vLLM's num_gpu_blocks from
+// vllm:cache_config_info), registering name if needed, and evicts down to it.
+func (a *Approx) SetCapacity(name string, blocks int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	id := a.add(name)
+	a.capOf[id] = max(blocks, 1)
+	a.evict(id, 0)
+	a.publish()
+}
+
+// RemoveReplica drops name's entries and frees its ID. It reports whether
+// name was registered.
+func (a *Approx) RemoveReplica(name string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	id, ok := a.reps.remove(name)
+	if !ok {
+		return false
+	}
+	src := a.srcOf[id] - 1
+	a.c.cleared.Add(int64(a.st.clearSource(src)))
+	a.st.srcs[src].live = false
+	a.srcOf[id] = 0
+	a.c.replicas.Store(int64(len(a.reps.byName)))
+	a.publish()
+	return true
+}
+
+// Routed records that a request with keys was sent to replica id: each key
+// is held by id for Config.ApproxTTL from now, within its capacity.
+func (a *Approx) Routed(id ReplicaID, keys []Key) {
+	if len(keys) == 0 {
+		return
+	}
+	now := a.cfg.Now().UnixNano()
+	exp := uint64(now + int64(a.cfg.ApproxTTL))
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if int(id) >= len(a.srcOf) || a.srcOf[id] == 0 {
+		return
+	}
+	src := a.srcOf[id] - 1
+	a.evict(id, now)
+	for i := len(keys) - 1; i >= 0; i-- {
+		k := keys[i]
+		if idx := a.st.find(src, uint64(k)); idx != 0 {
+			a.st.ents[idx].aux = exp
+			a.st.touch(idx)
+			continue
+		}
+		idx := a.st.insert(src, k, exp)
+		a.st.ents[idx].refs[0] = 1
+		a.c.stored.Add(1)
+	}
+	a.evict(id, now)
+	for a.st.n > a.cfg.MaxEntries {
+		a.st.remove(a.st.oldest(src))
+		a.c.evicted.Add(1)
+	}
+	a.publish()
+}
+
+// evict drops id's expired entries (now > 0) and its least recent ones
+// beyond capacity. Caller holds a.mu.
+func (a *Approx) evict(id ReplicaID, now int64) {
+	src := a.srcOf[id] - 1
+	for {
+		idx := a.st.oldest(src)
+		if idx == 0 {
+			return
+		}
+		if a.st.srcs[src].tab.n <= a.capOf[id] && (now == 0 || a.st.ents[idx].aux >= uint64(now)) {
+			return
+		}
+		a.st.remove(idx)
+		a.c.evicted.Add(1)
+	}
+}
+
+func (a *Approx) publish() {
+	a.c.entries.Store(int64(a.st.n))
+	a.c.keys.Store(int64(a.st.keys.n))
+	a.c.bytes.Store(a.st.bytes())
+}
+
+// Lookup fills out[r] with replica r's Match for keys and returns out resized
+// to NumReplicas; expired entries are ignored. It allocates only when out is
+// too short.
+func (a *Approx) Lookup(keys []Key, out []Match) []Match {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	out = resize(out, len(a.reps.names))
+	if len(out) == 0 || len(keys) == 0 {
+		return out
+	}
+	now := uint64(a.cfg.Now().UnixNano())
+	for i, k := range keys {
+		if walk(&a.st, k, int32(i), out, tierGPU, now) == 0 {
+			break
+		}
+	}
+	return out
+}
+
+// Stats returns the index's counters; it takes no lock.
+func (a *Approx) Stats() Stats { return a.c.stats() }

@@ -1,0 +1,72 @@
+// Package kvindex answers, for a request's prompt, how many of its leading
+// KV-cache blocks each replica of a model already holds, per storage tier.
+//
+// # Keys
+//
+// A prompt of n tokens is cut into n/BlockSize full blocks (a partial last
+// block is never cached by vLLM, so it has no key). Block i gets the router's
+// own 64-bit Key: XXH3 over the previous block's Key, the block's token ids and
+// the block's extra keys (LoRA adapter name on every block, one (identifier,
+// offset-from-block-start) pair per multimodal item overlapping the block,
+// cache_salt on block 0: the same tuple vLLM hashes, see Extras). The chain
+// starts at Root(model, pool), so a Key identifies a block together with
+// everything before it, and two models or two pools (prefill and decode) never
+// share keys. Keys are process-local: they are not vLLM's block hashes (those
+// depend on a per-engine seed) and are never sent anywhere.
+//
+// # Indexes
+//
+// Replicas are named by the caller (engine name or URL) and numbered densely by
+// the index (ReplicaID, from 0; an ID is reused after RemoveReplica). Lookup
+// fills one Match per ReplicaID, so callers size the output with NumReplicas.
+//
+// Exact is fed by vLLM KV events (Apply, one vllm.Batch at a time per engine
+// and data-parallel rank). BlockStored re-hashes the event's token_ids into
+// Keys, chained from the parent's Key: the engine's parent hash is resolved
+// through a per-(engine, rank, KV group) table of the engine hashes it stored
+// earlier; a nil parent chains from the root; an unknown parent is counted
+// (Stats.UnknownParent) and the event skipped. Each stored engine block is one
+// entry (Key, engine, rank, group) with a copy count per medium (GPU, CPU,
+// STORAGE). A BlockStored whose parent is nil and whose first block is already
+// held (a kv_cache_report_mode "full" hit report) refreshes recency and adds
+// no copies. BlockRemoved drops one copy through the engine-hash table;
+// AllBlocksCleared and Reset drop only that engine and rank's entries. Only
+// full-attention groups are indexed (vllm.Event.IsFullAttention). The number
+// of entries is capped (Config.MaxEntries), evicting the least recently stored
+// or reported entry.
+//
+// Exact also keeps predicted blocks: Routed(replica, keys) records the keys of
+// a request just sent to replica; they count for it (Match.Predicted) until a
+// BlockStored of that key by that replica confirms them or Config.PredictTTL
+// passes. Stats.Confirmed/Stats.Predicted is the confirmation rate: a low rate
+// means the router's tokens differ from the engine's.
+//
+// Approx is for engines without events: Routed inserts the request's keys for
+// the chosen replica, kept for Config.ApproxTTL and at most the replica's
+// capacity in blocks (SetCapacity, e.g. vLLM's num_gpu_blocks), evicting the
+// least recently routed, so the model evicts as the engine does instead of
+// growing. Its blocks are reported as GPU.
+//
+// # Lookup
+//
+// Lookup(keys, out) walks the keys in order and, per replica, counts the
+// leading run of blocks the replica holds on some tier or has predicted: a
+// block counts once, on its best tier (GPU, then predicted, then CPU, then
+// STORAGE). The run of a replica ends at its first missing block. The cost is
+// O(len(keys) + entries visited + NumReplicas) and Lookup does not allocate
+// when out has capacity for NumReplicas.
+//
+// # Concurrency and time
+//
+// Exact and Approx are safe for concurrent use: one sync.RWMutex per index
+// guards the entries (Apply, Reset and Approx.Routed write; Lookup reads) and a
+// second one guards predictions (Exact.Routed writes). Lookups therefore run
+// in parallel with each other and wait only for the batch being applied.
+// Neither type starts goroutines; expiry is lazy (checked on lookup, swept on
+// insert). Time comes from Config.Now (time.Now when nil), so a simulator can
+// run the index on a virtual clock.
+//
+// Memory: an entry costs about 40 bytes plus its share of two open-addressing
+// tables (measured bytes per entry are in docs/routing.md); Stats.Bytes
+// reports the index's own allocation.
+package kvindex

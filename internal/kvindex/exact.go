@@ -1,0 +1,417 @@
+package kvindex
+
+import (
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"kvrouter/internal/vllm"
+)
+
+// Exact is the event-fed index of one key space (model and pool), with
+// predicted blocks for just-routed requests. See the package doc for the
+// model. It is safe for concurrent use; it expects one writer (Apply and
+// Reset, called by the event subscriber) and any number of readers.
+type Exact struct {
+	cfg  Config
+	root Key
+	log  *slog.Logger
+	c    counters
+	pred *predictor // nil when prediction is off
+
+	mu    sync.RWMutex
+	st    store
+	reps  replicas
+	srcOf map[srcKey]uint32
+	// writer scratch
+	keyBuf  []Key
+	encBuf  []byte
+	confirm []confirmation
+	warned  bool
+}
+
+type srcKey struct {
+	r           ReplicaID
+	rank, group int32
+}
+
+type confirmation struct {
+	r ReplicaID
+	k Key
+}
+
+// NewExact returns an empty exact index. cfg zero fields take their defaults
+// (DefaultConfig); log nil discards; reg nil registers no metrics.
+func NewExact(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Exact, error) {
+	cfg = DefaultConfig(cfg)
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("kvindex: %w", err)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	x := &Exact{
+		cfg:    cfg,
+		root:   Root(cfg.Model, cfg.Pool),
+		log:    log.With("model", cfg.Model, "pool", cfg.Pool),
+		st:     newStore(false, true),
+		reps:   newReplicas(),
+		srcOf:  make(map[srcKey]uint32),
+		encBuf: make([]byte, 0, 256),
+	}
+	if cfg.PredictTTL > 0 {
+		x.pred = newPredictor(cfg.PredictTTL, cfg.MaxPredicted, &x.c)
+	}
+	if err := newMetrics(reg, "exact", cfg, x.Stats); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// Root returns the key space's root: Extras.Root for the router's Keys.
+func (x *Exact) Root() Key { return x.root }
+
+// BlockSize returns the block size in tokens the index hashes with.
+func (x *Exact) BlockSize() int { return x.cfg.BlockSize }
+
+// AddReplica registers name (idempotent) and returns its ID.
+func (x *Exact) AddReplica(name string) ReplicaID {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	id, _ := x.reps.add(name)
+	x.c.replicas.Store(int64(len(x.reps.byName)))
+	return id
+}
+
+// ReplicaID returns name's ID, or false when it is not registered.
+func (x *Exact) ReplicaID(name string) (ReplicaID, bool) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	id, ok := x.reps.byName[name]
+	return id, ok
+}
+
+// NumReplicas returns the length Lookup gives its output: the highest
+// ReplicaID in use plus one.
+func (x *Exact) NumReplicas() int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return len(x.reps.names)
+}
+
+// RemoveReplica drops every entry and prediction of name and frees its ID.
+// It reports whether name was registered.
+func (x *Exact) RemoveReplica(name string) bool {
+	x.mu.Lock()
+	id, ok := x.reps.remove(name)
+	if ok {
+		x.clear(func(k srcKey) bool { return k.r == id })
+		x.publish()
+	}
+	x.c.replicas.Store(int64(len(x.reps.byName)))
+	x.mu.Unlock()
+	if ok && x.pred != nil {
+		x.pred.mu.Lock()
+		x.pred.dropReplica(id)
+		x.pred.mu.Unlock()
+	}
+	return ok
+}
+
+// Reset drops the entries of engine's data-parallel rank: call it when the
+// subscriber detects a restart (sequence going backwards) or a gap it cannot
+// replay. The engine stays registered.
+func (x *Exact) Reset(engine string, rank int) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	id, ok := x.reps.byName[engine]
+	if !ok {
+		return
+	}
+	x.clear(func(k srcKey) bool { return k.r == id && k.rank == int32(rank) })
+	x.publish()
+}
+
+// clear drops the sources matching f. Caller holds x.mu.
+func (x *Exact) clear(f func(srcKey) bool) {
+	for k, s := range x.srcOf {
+		if !f(k) {
+			continue
+		}
+		x.c.cleared.Add(int64(x.st.clearSource(s)))
+		x.st.srcs[s].live = false
+		delete(x.srcOf, k)
+	}
+}
+
+// Apply applies one batch of engine's KV events (engine is the replica name;
+// the rank is b.DataParallelRank). Malformed or inconsistent events are
+// counted in Stats and skipped; Apply never fails.
+func (x *Exact) Apply(engine string, b *vllm.Batch) {
+	x.mu.Lock()
+	id, added := x.reps.add(engine)
+	if added {
+		x.c.replicas.Store(int64(len(x.reps.byName)))
+	}
+	x.confirm = x.confirm[:0]
+	for i := range b.Events {
+		ev := &b.Events[i]
+		switch ev.Type {
+		case vllm.BlockStored:
+			x.stored(id, int32(b.DataParallelRank), ev)
+		case vllm.BlockRemoved:
+			x.removed(id, int32(b.DataParallelRank), ev)
+		case vllm.AllBlocksCleared:
+			rank := int32(b.DataParallelRank)
+			x.clear(func(k srcKey) bool { return k.r == id && k.rank == rank })
+		}
+	}
+	for x.st.n > x.cfg.MaxEntries {
+		x.st.remove(x.st.oldest(0))
+		x.c.evicted.Add(1)
+	}
+	x.c.batches.Add(1)
+	x.publish()
+	x.mu.Unlock()
+
+	if x.pred != nil && len(x.confirm) > 0 && x.c.predictedLive.Load() > 0 {
+		x.pred.mu.Lock()
+		for _, c := range x.confirm {
+			x.pred.confirm(c.r, c.k)
+		}
+		x.c.predictedLive.Store(int64(x.pred.st.n))
+		x.pred.mu.Unlock()
+	}
+}
+
+// publish updates the size gauges. Caller holds x.mu.
+func (x *Exact) publish() {
+	x.c.entries.Store(int64(x.st.n))
+	x.c.keys.Store(int64(x.st.keys.n))
+	x.c.bytes.Store(x.st.bytes())
+}
+
+func (x *Exact) source(id ReplicaID, rank, group int32, create bool) (uint32, bool) {
+	k := srcKey{id, rank, group}
+	if s, ok := x.srcOf[k]; ok {
+		return s, true
+	}
+	if !create {
+		return 0, false
+	}
+	s := x.st.addSource(id, rank, group)
+	x.srcOf[k] = s
+	return s, true
+}
+
+func (x *Exact) stored(id ReplicaID, rank int32, ev *vllm.Event) {
+	if !ev.IsFullAttention() {
+		x.c.skipped.Add(1)
+		return
+	}
+	n := len(ev.BlockHashes)
+	if n == 0 {
+		return
+	}
+	m := ev.Tier()
+	src, _ := x.source(id, rank, int32(ev.Group()), true)
+	if len(ev.TokenIDs) == 0 {
+		// A tokenless store (offload placeholder): only blocks the engine
+		// stored before on another medium can be placed.
+		for _, h := range ev.BlockHashes {
+			if idx := x.st.find(src, uint64(h)); idx != 0 {
+				e := &x.st.ents[idx]
+				e.refs[m] = satInc(e.refs[m])
+				x.st.touch(idx)
+				x.c.duplicates.Add(1)
+			} else {
+				x.c.unknownParent.Add(1)
+			}
+		}
+		return
+	}
+	bs := x.cfg.BlockSize
+	if (ev.BlockSize != 0 && ev.BlockSize != bs) || len(ev.TokenIDs) != n*bs ||
+		(ev.ExtraKeys != nil && len(ev.ExtraKeys) != n) {
+		x.c.mismatched.Add(1)
+		if !x.warned {
+			x.warned = true
+			x.log.Warn("kv event does not match the index block size; skipping such events",
+				"block_size", bs, "event_block_size", ev.BlockSize, "blocks", n, "tokens", len(ev.TokenIDs))
+		}
+		return
+	}
+	parent := x.root
+	if ev.ParentBlockHash != nil {
+		pidx := x.st.find(src, uint64(*ev.ParentBlockHash))
+		if pidx == 0 {
+			x.c.unknownParent.Add(1)
+			return
+		}
+		parent = x.st.ents[pidx].key
+	}
+	lora := ""
+	if ev.LoRAName != nil {
+		lora = *ev.LoRAName
+	}
+	keys := x.keyBuf[:0]
+	for i := range n {
+		var extra []any
+		if ev.ExtraKeys != nil {
+			extra = ev.ExtraKeys[i]
+		}
+		seed, ok := eventSeed(parent, extra, lora, ev.ExtraKeys != nil, x.encBuf)
+		if !ok {
+			x.c.mismatched.Add(1)
+			x.keyBuf = keys
+			return
+		}
+		parent = Key(hashTokens(ev.TokenIDs[i*bs:(i+1)*bs], seed))
+		keys = append(keys, parent)
+	}
+	x.keyBuf = keys
+	hit := false
+	if ev.ParentBlockHash == nil {
+		if idx := x.st.find(src, uint64(ev.BlockHashes[0])); idx != 0 && x.st.ents[idx].refs[m] > 0 {
+			hit = true
+		}
+	}
+	// Reverse order so the event's first block ends most recent: eviction
+	// then takes deep blocks before the prefixes they depend on.
+	for i := n - 1; i >= 0; i-- {
+		h, k := ev.BlockHashes[i], keys[i]
+		idx := x.st.find(src, uint64(h))
+		if idx != 0 && x.st.ents[idx].key != k {
+			// The engine reused a hash for other content: we missed its
+			// removal. The new content wins.
+			x.st.remove(idx)
+			idx = 0
+		}
+		switch {
+		case idx == 0:
+			idx = x.st.insert(src, k, uint64(h))
+			x.st.ents[idx].refs[m] = 1
+			x.c.stored.Add(1)
+		case hit:
+			e := &x.st.ents[idx]
+			if e.refs[m] == 0 {
+				e.refs[m] = 1
+			}
+			x.st.touch(idx)
+			x.c.hitReports.Add(1)
+		default:
+			e := &x.st.ents[idx]
+			e.refs[m] = satInc(e.refs[m])
+			x.st.touch(idx)
+			x.c.duplicates.Add(1)
+		}
+		if x.pred != nil {
+			x.confirm = append(x.confirm, confirmation{id, k})
+		}
+	}
+}
+
+func (x *Exact) removed(id ReplicaID, rank int32, ev *vllm.Event) {
+	m := ev.Tier()
+	src, ok := x.source(id, rank, int32(ev.Group()), false)
+	if !ok {
+		x.c.unknownRemoved.Add(int64(len(ev.BlockHashes)))
+		return
+	}
+	for _, h := range ev.BlockHashes {
+		idx := x.st.find(src, uint64(h))
+		if idx == 0 || x.st.ents[idx].refs[m] == 0 {
+			x.c.unknownRemoved.Add(1)
+			continue
+		}
+		e := &x.st.ents[idx]
+		e.refs[m]--
+		if e.refs == [3]uint16{} {
+			x.st.remove(idx)
+			x.c.removed.Add(1)
+		}
+	}
+}
+
+func satInc(v uint16) uint16 {
+	if v == ^uint16(0) {
+		return v
+	}
+	return v + 1
+}
+
+// Lookup fills out[r] with replica r's Match for keys (a request's Keys, in
+// order) and returns out resized to NumReplicas. It allocates only when out
+// is too short.
+func (x *Exact) Lookup(keys []Key, out []Match) []Match {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	out = resize(out, len(x.reps.names))
+	if len(out) == 0 {
+		return out
+	}
+	var now uint64
+	predict := x.pred != nil && x.c.predictedLive.Load() > 0
+	if predict {
+		x.pred.mu.RLock()
+		defer x.pred.mu.RUnlock()
+		now = uint64(x.cfg.Now().UnixNano())
+	}
+	for i, k := range keys {
+		grew := walk(&x.st, k, int32(i), out, tierGPU, 0)
+		if predict {
+			grew += walk(&x.pred.st, k, int32(i), out, tierPredicted, now)
+		}
+		if grew == 0 {
+			break
+		}
+	}
+	return out
+}
+
+// Routed records that a request with keys was just sent to replica id: the
+// blocks id does not hold yet are predicted for it (Match.Predicted) until
+// confirmed by a BlockStored or Config.PredictTTL passes. No-op when
+// prediction is off.
+func (x *Exact) Routed(id ReplicaID, keys []Key) {
+	if x.pred == nil || len(keys) == 0 {
+		return
+	}
+	x.mu.RLock()
+	held := 0
+	if int(id) < len(x.reps.names) && x.reps.names[id] != "" {
+		held = x.heldPrefix(id, keys)
+	}
+	x.mu.RUnlock()
+	if held == len(keys) {
+		return
+	}
+	now := x.cfg.Now().UnixNano()
+	x.pred.mu.Lock()
+	x.pred.add(id, keys[held:], now)
+	x.pred.mu.Unlock()
+}
+
+// heldPrefix returns how many leading keys id holds on any medium. Caller
+// holds x.mu.
+func (x *Exact) heldPrefix(id ReplicaID, keys []Key) int {
+	for i, k := range keys {
+		found := false
+		for idx := x.st.head(k); idx != 0; idx = x.st.ents[idx].next {
+			e := &x.st.ents[idx]
+			if x.st.srcs[e.src].replica == id && e.refs != [3]uint16{} {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return i
+		}
+	}
+	return len(keys)
+}
+
+// Stats returns the index's counters; it takes no lock.
+func (x *Exact) Stats() Stats { return x.c.stats() }

@@ -1,0 +1,247 @@
+package kvindex
+
+import "unsafe"
+
+// entry is one (key, source) pair: a block a source (an engine's rank and KV
+// group, or a replica) holds. Entries live in a slab indexed by uint32; index
+// 0 is a sentinel meaning "none".
+type entry struct {
+	key Key
+	// aux is the engine's block hash (exact index) or the expiry time in
+	// nanoseconds of Config.Now (approximate and predicted entries).
+	aux uint64
+	// next links the entries of the same key (all holders of a block).
+	next uint32
+	// prev and lnext link the entry into its LRU list (prev is more recent).
+	prev, lnext uint32
+	src         uint32
+	// refs counts copies per medium (vllm.MediumGPU, CPU, Storage).
+	refs [3]uint16
+}
+
+const entrySize = int64(unsafe.Sizeof(entry{}))
+
+// source is one producer of entries: an (engine, rank, group) for the exact
+// index, a replica for the approximate and predicted ones.
+type source struct {
+	tab     table // aux (exact) or key -> entry
+	replica ReplicaID
+	rank    int32
+	group   int32
+	live    bool
+}
+
+// lru is a doubly linked list of entries, head most recent.
+type lru struct{ head, tail uint32 }
+
+// store is the slab, the key table, per-source tables and LRU lists shared by
+// the three indexes. It is not safe for concurrent use; its owner locks.
+type store struct {
+	ents  []entry
+	free  uint32
+	keys  table // key -> first holder
+	srcs  []source
+	lists []lru
+	// perSrcLRU keeps one LRU list per source (approximate index: capacity
+	// per replica); otherwise list 0 is global.
+	perSrcLRU bool
+	auxKeyed  bool // source tables keyed by aux (exact) rather than key
+	n         int  // live entries
+}
+
+func newStore(perSrcLRU, auxKeyed bool) store {
+	s := store{perSrcLRU: perSrcLRU, auxKeyed: auxKeyed}
+	s.ents = make([]entry, 1, 1024)
+	s.lists = make([]lru, 1)
+	return s
+}
+
+func (s *store) listOf(src uint32) *lru {
+	if !s.perSrcLRU {
+		return &s.lists[0]
+	}
+	for int(src) >= len(s.lists) {
+		s.lists = append(s.lists, lru{})
+	}
+	return &s.lists[src]
+}
+
+// addSource registers a source and returns its id, reusing a dead one.
+func (s *store) addSource(r ReplicaID, rank, group int32) uint32 {
+	for i := range s.srcs {
+		if !s.srcs[i].live && s.srcs[i].tab.n == 0 {
+			s.srcs[i] = source{tab: table{slots: s.srcs[i].tab.slots, byAux: s.auxKeyed}, replica: r, rank: rank, group: group, live: true}
+			return uint32(i)
+		}
+	}
+	s.srcs = append(s.srcs, source{tab: table{byAux: s.auxKeyed}, replica: r, rank: rank, group: group, live: true})
+	return uint32(len(s.srcs) - 1)
+}
+
+// find returns the entry of src under h (engine hash or key), or 0.
+func (s *store) find(src uint32, h uint64) uint32 {
+	return s.srcs[src].tab.find(s.ents, h)
+}
+
+// head returns the first holder of key, or 0.
+func (s *store) head(k Key) uint32 { return s.keys.find(s.ents, uint64(k)) }
+
+// insert adds a new entry and makes it the most recent of its list.
+func (s *store) insert(src uint32, k Key, aux uint64) uint32 {
+	idx := s.free
+	if idx != 0 {
+		s.free = s.ents[idx].next
+	} else {
+		s.ents = append(s.ents, entry{})
+		idx = uint32(len(s.ents) - 1)
+	}
+	s.ents[idx] = entry{key: k, aux: aux, src: src}
+	e := &s.ents[idx]
+	if i := s.keys.slot(s.ents, uint64(k)); i >= 0 {
+		e.next = s.keys.slots[i]
+		s.keys.slots[i] = idx
+	} else {
+		s.keys.insert(s.ents, uint64(k), idx)
+	}
+	h := uint64(k)
+	if s.auxKeyed {
+		h = aux
+	}
+	s.srcs[src].tab.insert(s.ents, h, idx)
+	s.pushFront(s.listOf(src), idx)
+	s.n++
+	return idx
+}
+
+func (s *store) pushFront(l *lru, idx uint32) {
+	e := &s.ents[idx]
+	e.prev, e.lnext = 0, l.head
+	if l.head != 0 {
+		s.ents[l.head].prev = idx
+	}
+	l.head = idx
+	if l.tail == 0 {
+		l.tail = idx
+	}
+}
+
+func (s *store) unlinkLRU(l *lru, idx uint32) {
+	e := &s.ents[idx]
+	if e.prev != 0 {
+		s.ents[e.prev].lnext = e.lnext
+	} else {
+		l.head = e.lnext
+	}
+	if e.lnext != 0 {
+		s.ents[e.lnext].prev = e.prev
+	} else {
+		l.tail = e.prev
+	}
+	e.prev, e.lnext = 0, 0
+}
+
+// touch makes idx the most recent entry of its list.
+func (s *store) touch(idx uint32) {
+	l := s.listOf(s.ents[idx].src)
+	if l.head == idx {
+		return
+	}
+	s.unlinkLRU(l, idx)
+	s.pushFront(l, idx)
+}
+
+// unlinkKey removes idx from its key's holder chain.
+func (s *store) unlinkKey(idx uint32) {
+	e := &s.ents[idx]
+	i := s.keys.slot(s.ents, uint64(e.key))
+	if i < 0 {
+		return
+	}
+	if s.keys.slots[i] == idx {
+		if e.next != 0 {
+			s.keys.slots[i] = e.next
+		} else {
+			s.keys.deleteSlot(s.ents, i)
+		}
+		return
+	}
+	for p := s.keys.slots[i]; p != 0; p = s.ents[p].next {
+		if s.ents[p].next == idx {
+			s.ents[p].next = e.next
+			return
+		}
+	}
+}
+
+// remove deletes entry idx everywhere.
+func (s *store) remove(idx uint32) {
+	e := &s.ents[idx]
+	src := &s.srcs[e.src]
+	h := uint64(e.key)
+	if s.auxKeyed {
+		h = e.aux
+	}
+	if i := src.tab.slot(s.ents, h); i >= 0 {
+		src.tab.deleteSlot(s.ents, i)
+	}
+	s.drop(idx)
+}
+
+// drop unlinks idx from its key chain and LRU list and frees it, leaving the
+// source table to the caller.
+func (s *store) drop(idx uint32) {
+	s.unlinkKey(idx)
+	s.unlinkLRU(s.listOf(s.ents[idx].src), idx)
+	s.ents[idx] = entry{next: s.free}
+	s.free = idx
+	s.n--
+}
+
+// clearSource drops every entry of src and returns how many there were.
+func (s *store) clearSource(src uint32) int {
+	t := &s.srcs[src].tab
+	n := 0
+	for _, idx := range t.slots {
+		if idx != 0 {
+			s.drop(idx)
+			n++
+		}
+	}
+	t.reset()
+	return n
+}
+
+// oldest returns the least recent entry of the list of src (or the global
+// list), or 0.
+func (s *store) oldest(src uint32) uint32 { return s.listOf(src).tail }
+
+// bytes estimates the memory the store holds.
+func (s *store) bytes() int64 {
+	b := int64(cap(s.ents))*entrySize + s.keys.bytes()
+	for i := range s.srcs {
+		b += s.srcs[i].tab.bytes()
+	}
+	return b + int64(cap(s.srcs))*int64(unsafe.Sizeof(source{})) + int64(cap(s.lists))*8
+}
+
+// bestTier returns the best medium holding a copy: 0 GPU, 2 CPU, 3 STORAGE
+// (1 is reserved for predicted blocks), or 4 when no copy is left.
+func bestTier(r *[3]uint16) uint8 {
+	switch {
+	case r[0] > 0:
+		return tierGPU
+	case r[1] > 0:
+		return tierCPU
+	case r[2] > 0:
+		return tierStorage
+	}
+	return tierNone
+}
+
+const (
+	tierGPU uint8 = iota
+	tierPredicted
+	tierCPU
+	tierStorage
+	tierNone
+)
