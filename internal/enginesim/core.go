@@ -1,0 +1,337 @@
+package enginesim
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"kvrouter/internal/vllm"
+)
+
+// Errors Submit returns; callers branch on them to pick an HTTP status.
+var (
+	// ErrInvalidRequest: empty prompt, MaxTokens < 1, or a prompt plus
+	// MaxTokens longer than MaxModelLen.
+	ErrInvalidRequest = errors.New("invalid request")
+	// ErrDuplicateID: a request with this ID is already in the engine.
+	ErrDuplicateID = errors.New("duplicate request id")
+)
+
+// Request is one generation request as the engine core sees it.
+type Request struct {
+	// ID is unique among the requests in the engine.
+	ID string
+	// Tokens is the prompt. The Core copies it; the caller may reuse it.
+	Tokens []uint32
+	// MaxTokens is the exact number of tokens generated (the simulator never
+	// stops early, as if ignore_eos were set). At least 1.
+	MaxTokens int
+	// LoRAName is the adapter name, part of every block's extra keys.
+	LoRAName string
+	// CacheSalt is the cache_salt request field, part of block 0's extra keys.
+	CacheSalt string
+	// ReportHits asks for vllm_xargs.kv_cache_report_mode "full": every
+	// admission that reuses cached GPU blocks emits a BlockStored with a nil
+	// parent for those blocks.
+	ReportHits bool
+}
+
+// Output is one token a request produced in a step.
+type Output struct {
+	// ID is the request's ID.
+	ID string
+	// Token is the generated token id; Index its position in the output
+	// (0 for the first token).
+	Token uint32
+	Index int
+	// Finished is set on the last token; FinishReason is then "length".
+	Finished     bool
+	FinishReason string
+	// PromptTokens is the prompt length; CachedTokens the prompt tokens
+	// found in the cache (GPU or CPU tier) at the request's first
+	// admission, vLLM's num_cached_tokens and usage cached_tokens.
+	PromptTokens int
+	CachedTokens int
+}
+
+// StepResult is what one Step did. Outputs and Events are owned by the Core
+// and valid until the next Step; the slices inside Events are never reused
+// and may be kept, read-only.
+type StepResult struct {
+	// Duration is how long the step takes under the timing model; zero when
+	// nothing was scheduled.
+	Duration time.Duration
+	// Outputs are the tokens produced, in scheduling order.
+	Outputs []Output
+	// Events are the KV events of this step plus any produced between the
+	// previous Step and this one (ResetPrefixCache), in order; vLLM
+	// publishes them as one batch at the end of the step.
+	Events []vllm.Event
+	// Scheduled, PrefillTokens, DecodeSeqs and LoadedTokens are the step's
+	// batch: sequences scheduled, uncached prompt tokens computed, decoding
+	// sequences, tokens reloaded from the CPU tier.
+	Scheduled, PrefillTokens, DecodeSeqs, LoadedTokens int
+	// Preempted is the number of sequences preempted in this step.
+	Preempted int
+}
+
+// Stats are a Core's cumulative counters since NewCore.
+type Stats struct {
+	// PrefixQueries and PrefixHits are vLLM's prefix_cache_queries and
+	// prefix_cache_hits in tokens (GPU cache only), counted at every
+	// admission, including re-admissions after preemption.
+	PrefixQueries, PrefixHits int64
+	// ExternalQueries and ExternalHits count the CPU tier the same way:
+	// queried tokens beyond the GPU hit, and tokens reloaded.
+	ExternalQueries, ExternalHits int64
+	// Preemptions counts sequences preempted by recompute.
+	Preemptions int64
+	// PromptTokens and GenerationTokens count tokens of admitted prompts
+	// (first admission only) and generated tokens.
+	PromptTokens, GenerationTokens int64
+	// Finished and Aborted count requests.
+	Finished, Aborted int64
+	// Steps counts steps that scheduled anything.
+	Steps int64
+}
+
+// seqStatus is where a sequence is.
+type seqStatus uint8
+
+const (
+	statusWaiting seqStatus = iota
+	statusRunning
+)
+
+// seq is a request inside the core (vLLM's Request).
+type seq struct {
+	id         string
+	tokens     []uint32 // prompt then generated tokens
+	promptLen  int
+	maxTokens  int
+	lora       *string
+	loraKeys   []any // []any{lora} shared by blocks > 0
+	salt       string
+	reportHits bool
+	seed       uint64
+
+	status   seqStatus
+	computed int // num_computed_tokens
+	blocks   []int32
+	// numCached is how many of blocks are registered in the cache.
+	numCached int
+	hashes    []vllm.BlockHash
+	lastHash  []byte // digest of hashes[len-1]
+	// cachedTokens is num_cached_tokens, set at the first admission (-1 before).
+	cachedTokens int
+}
+
+func (s *seq) numTokens() int { return len(s.tokens) }
+func (s *seq) generated() int { return len(s.tokens) - s.promptLen }
+
+// Core is a simulated vLLM engine core: prefix cache, scheduler and timing
+// model, advanced one step at a time by its owner. It starts no goroutines
+// and reads no clock. It is not safe for concurrent use.
+type Core struct {
+	cfg     CoreConfig
+	hasher  BlockHasher
+	pool    *blockPool
+	cpu     *cpuTier
+	waiting deque
+	running []*seq
+	byID    map[string]*seq
+	loraIDs map[string]int64
+	stats   Stats
+
+	group0 *int
+	kind   *string
+
+	// per-step scratch
+	outs      []Output
+	pending   []vllm.Event
+	spare     []vllm.Event
+	scheduled []scheduledSeq
+	hits      []int32
+}
+
+type scheduledSeq struct {
+	s      *seq
+	n      int
+	decode bool
+}
+
+// NewCore checks cfg (every problem at once), fills in defaults and returns
+// an idle Core.
+func NewCore(cfg CoreConfig) (*Core, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("enginesim: core config: %w", err)
+	}
+	c := &Core{
+		cfg:     cfg,
+		hasher:  cfg.Hasher,
+		pool:    newBlockPool(cfg.NumGPUBlocks),
+		byID:    make(map[string]*seq),
+		loraIDs: make(map[string]int64),
+		group0:  new(int),
+		kind:    new(string),
+	}
+	*c.kind = vllm.FullAttention
+	if c.hasher == nil {
+		c.hasher = NewFastHasher(cfg.HashSeed)
+	}
+	if cfg.NumCPUBlocks > 0 {
+		c.cpu = newCPUTier(cfg.NumCPUBlocks)
+	}
+	c.pool.onEvict = c.evicted
+	return c, nil
+}
+
+// Config returns the effective configuration (defaults filled in).
+func (c *Core) Config() CoreConfig { return c.cfg }
+
+// Submit queues r at the back of the waiting queue. It returns
+// ErrInvalidRequest or ErrDuplicateID (wrapped) and leaves the Core
+// unchanged on error.
+func (c *Core) Submit(r *Request) error {
+	switch {
+	case len(r.Tokens) == 0:
+		return fmt.Errorf("%w: empty prompt", ErrInvalidRequest)
+	case r.MaxTokens < 1:
+		return fmt.Errorf("%w: max_tokens must be at least 1, got %d", ErrInvalidRequest, r.MaxTokens)
+	case len(r.Tokens)+r.MaxTokens > c.cfg.MaxModelLen:
+		return fmt.Errorf("%w: %d prompt tokens + %d max_tokens > max_model_len %d",
+			ErrInvalidRequest, len(r.Tokens), r.MaxTokens, c.cfg.MaxModelLen)
+	}
+	if _, dup := c.byID[r.ID]; dup {
+		return fmt.Errorf("%w: %q", ErrDuplicateID, r.ID)
+	}
+	s := &seq{
+		id:           r.ID,
+		promptLen:    len(r.Tokens),
+		maxTokens:    r.MaxTokens,
+		salt:         r.CacheSalt,
+		reportHits:   r.ReportHits,
+		cachedTokens: -1,
+	}
+	s.tokens = make([]uint32, len(r.Tokens), len(r.Tokens)+min(r.MaxTokens, 4096))
+	copy(s.tokens, r.Tokens)
+	s.seed = promptSeed(s.tokens)
+	if r.LoRAName != "" {
+		name := r.LoRAName
+		s.lora = &name
+		s.loraKeys = []any{name}
+		if _, ok := c.loraIDs[name]; !ok {
+			c.loraIDs[name] = int64(len(c.loraIDs) + 1)
+		}
+	}
+	c.byID[r.ID] = s
+	c.waiting.pushBack(s)
+	return nil
+}
+
+// Abort removes a waiting or running request and frees its blocks (kept in
+// the cache, as vLLM frees a finished request's blocks). It reports whether
+// the request was in the engine.
+func (c *Core) Abort(id string) bool {
+	s, ok := c.byID[id]
+	if !ok {
+		return false
+	}
+	delete(c.byID, id)
+	c.stats.Aborted++
+	if s.status == statusWaiting {
+		c.waiting.remove(s)
+		return true
+	}
+	for i, r := range c.running {
+		if r == s {
+			c.running = append(c.running[:i], c.running[i+1:]...)
+			break
+		}
+	}
+	c.release(s)
+	return true
+}
+
+// ResetPrefixCache drops every cached hash (GPU and CPU tier) and queues one
+// AllBlocksCleared event for the next Step, as vLLM's reset_prefix_cache.
+// Like vLLM it refuses, returning false, while any request holds blocks.
+func (c *Core) ResetPrefixCache() bool {
+	if !c.pool.reset() {
+		return false
+	}
+	if c.cpu != nil {
+		c.cpu.reset()
+	}
+	if !c.cfg.NoEvents {
+		c.pending = append(c.pending, vllm.Event{Type: vllm.AllBlocksCleared})
+	}
+	return true
+}
+
+// Idle reports whether no request is waiting or running.
+func (c *Core) Idle() bool { return len(c.running) == 0 && c.waiting.len() == 0 }
+
+// Waiting is the number of waiting requests (vllm:num_requests_waiting).
+func (c *Core) Waiting() int { return c.waiting.len() }
+
+// Running is the number of running requests (vllm:num_requests_running).
+func (c *Core) Running() int { return len(c.running) }
+
+// KVUsage is the fraction of usable GPU blocks held by requests, 0..1
+// (vllm:kv_cache_usage_perc); cached but unreferenced blocks count as free.
+func (c *Core) KVUsage() float64 { return c.pool.usage() }
+
+// CachedBlocks is the number of GPU blocks holding a hash.
+func (c *Core) CachedBlocks() int {
+	n := 0
+	for i := range c.pool.blocks {
+		if c.pool.blocks[i].hashed {
+			n++
+		}
+	}
+	return n
+}
+
+// CPUBlocks is the number of blocks held by the CPU tier.
+func (c *Core) CPUBlocks() int {
+	if c.cpu == nil {
+		return 0
+	}
+	return c.cpu.len()
+}
+
+// Stats returns the cumulative counters.
+func (c *Core) Stats() Stats { return c.stats }
+
+// release frees s's blocks, last block first.
+func (c *Core) release(s *seq) {
+	c.pool.freeReversed(s.blocks)
+	s.blocks = s.blocks[:0]
+	s.numCached = 0
+}
+
+// promptSeed derives the output-token seed from the prompt: equal prompts
+// give equal outputs.
+func promptSeed(toks []uint32) uint64 {
+	h := uint64(14695981039346656037)
+	for _, t := range toks {
+		h ^= uint64(t)
+		h *= 1099511628211
+	}
+	return h
+}
+
+// splitmix64 is a fast integer mixer for pseudo-random output tokens.
+func splitmix64(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
+
+// nextToken is the deterministic output token at position i of s.
+func (c *Core) nextToken(s *seq, i int) uint32 {
+	return uint32(splitmix64(s.seed+uint64(i)) % uint64(c.cfg.VocabSize))
+}

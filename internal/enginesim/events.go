@@ -1,0 +1,106 @@
+package enginesim
+
+import "kvrouter/internal/vllm"
+
+// blockMeta records what an offload event for block i of s needs.
+func (c *Core) blockMeta(s *seq, i int) blockMeta {
+	bs := c.cfg.BlockSize
+	m := blockMeta{
+		tokens: s.tokens[i*bs : (i+1)*bs : (i+1)*bs],
+		extra:  c.extraKeys(s, i),
+		lora:   s.lora,
+	}
+	if i > 0 {
+		m.parent, m.hasParent = s.hashes[i-1], true
+	}
+	return m
+}
+
+// storedEvent builds the BlockStored for blocks [from, to) of s as vLLM's
+// BlockPool.cache_full_blocks does: the parent is the hash of block from-1
+// (nil from block 0, and always nil for a hit report, withParent false),
+// token_ids are all tokens of those blocks, extra_keys has one entry per
+// block (nil for plain text).
+func (c *Core) storedEvent(s *seq, from, to int, medium vllm.Medium, withParent bool) vllm.Event {
+	bs := c.cfg.BlockSize
+	e := vllm.Event{
+		Type:            vllm.BlockStored,
+		BlockHashes:     s.hashes[from:to:to],
+		TokenIDs:        s.tokens[from*bs : to*bs : to*bs],
+		BlockSize:       bs,
+		Medium:          medium.String(),
+		LoRAName:        s.lora,
+		ExtraKeys:       make([][]any, to-from),
+		GroupIdx:        c.group0,
+		KVCacheSpecKind: vllm.FullAttention,
+	}
+	if withParent && from > 0 {
+		p := s.hashes[from-1]
+		e.ParentBlockHash = &p
+	}
+	if s.lora != nil {
+		id := c.loraIDs[*s.lora]
+		e.LoRAID = &id
+	}
+	for i := from; i < to; i++ {
+		e.ExtraKeys[i-from] = c.extraKeys(s, i)
+	}
+	return e
+}
+
+// metaEvent builds a one-block BlockStored from a block's recorded meta.
+func (c *Core) metaEvent(h vllm.BlockHash, m *blockMeta, medium vllm.Medium) vllm.Event {
+	e := vllm.Event{
+		Type:            vllm.BlockStored,
+		BlockHashes:     []vllm.BlockHash{h},
+		TokenIDs:        m.tokens,
+		BlockSize:       c.cfg.BlockSize,
+		Medium:          medium.String(),
+		LoRAName:        m.lora,
+		ExtraKeys:       [][]any{m.extra},
+		GroupIdx:        c.group0,
+		KVCacheSpecKind: vllm.FullAttention,
+	}
+	if m.hasParent {
+		p := m.parent
+		e.ParentBlockHash = &p
+	}
+	if m.lora != nil {
+		id := c.loraIDs[*m.lora]
+		e.LoRAID = &id
+	}
+	return e
+}
+
+func (c *Core) removedEvent(h vllm.BlockHash, medium vllm.Medium) vllm.Event {
+	return vllm.Event{
+		Type:        vllm.BlockRemoved,
+		BlockHashes: []vllm.BlockHash{h},
+		Medium:      medium.String(),
+		GroupIdx:    c.group0,
+	}
+}
+
+// evicted handles a cached GPU block evicted for reuse: a BlockRemoved
+// (vLLM _maybe_evict_cached_block, one per physical copy), then, with a CPU
+// tier, the offload: the block is stored on CPU (BlockStored, medium CPU),
+// evicting the tier's least recently used block (BlockRemoved, medium CPU).
+func (c *Core) evicted(_ int32, b *gpuBlock) {
+	ev := !c.cfg.NoEvents
+	if ev {
+		c.pending = append(c.pending, c.removedEvent(b.hash, vllm.MediumGPU))
+	}
+	if c.cpu == nil {
+		return
+	}
+	stored, old, didEvict := c.cpu.put(b.hash, b.meta)
+	if !ev {
+		return
+	}
+	if didEvict {
+		c.pending = append(c.pending, c.removedEvent(old, vllm.MediumCPU))
+	}
+	if stored {
+		c.pending = append(c.pending, c.metaEvent(b.hash, &b.meta, vllm.MediumCPU))
+	}
+}
