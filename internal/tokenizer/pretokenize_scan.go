@@ -1,0 +1,246 @@
+package tokenizer
+
+import (
+	"unicode"
+	"unicode/utf8"
+)
+
+// Hand-written equivalents of the pre-tokenizer regexes real byte-level
+// models use. regexp2 is a backtracking engine on []rune and dominates the
+// encoding cost; these scanners run the same alternation by hand in one
+// pass. Each must give exactly the splits of Hugging Face's Oniguruma: the
+// differential fuzz test FuzzScanVsRegexp2 compares them with regexp2 and
+// the golden tests compare ids with Hugging Face.
+
+// Patterns with a hand-written scanner.
+const (
+	// qwenPattern is Qwen2/2.5/3's Split regex (one digit per piece).
+	qwenPattern = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+	// llama3Pattern is Llama-3.x's Split regex (up to three digits).
+	llama3Pattern = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+)
+
+// scannerFor returns the hand-written scanner for pattern, or nil.
+func scannerFor(pattern string) func(s string, i int) int {
+	switch pattern {
+	case qwenPattern:
+		return func(s string, i int) int { return scanCL100K(s, i, 1) }
+	case llama3Pattern:
+		return func(s string, i int) int { return scanCL100K(s, i, 3) }
+	case gpt2Pattern:
+		return scanGPT2
+	}
+	return nil
+}
+
+// Character classes as Oniguruma sees them.
+const (
+	clsOther  = iota // [^\s\p{L}\p{N}]
+	clsLetter        // \p{L}
+	clsNumber        // \p{N}
+	clsSpace         // \s (Unicode White_Space)
+)
+
+var asciiClass = func() (t [utf8.RuneSelf]uint8) {
+	for c := range t {
+		r := rune(c)
+		switch {
+		case unicode.IsLetter(r):
+			t[c] = clsLetter
+		case unicode.IsNumber(r):
+			t[c] = clsNumber
+		case unicode.IsSpace(r):
+			t[c] = clsSpace
+		}
+	}
+	return t
+}()
+
+func class(r rune) uint8 {
+	if r < utf8.RuneSelf {
+		return asciiClass[r]
+	}
+	switch {
+	case unicode.IsLetter(r):
+		return clsLetter
+	case unicode.IsNumber(r):
+		return clsNumber
+	case unicode.IsSpace(r):
+		return clsSpace
+	}
+	return clsOther
+}
+
+// at decodes the rune at byte offset i of s (valid UTF-8, i < len(s)).
+func at(s string, i int) (rune, int) {
+	if c := s[i]; c < utf8.RuneSelf {
+		return rune(c), 1
+	}
+	return utf8.DecodeRuneInString(s[i:])
+}
+
+// classAt is class of the rune at i, and its width; (clsNone, 0) at the end.
+func classAt(s string, i int) (uint8, int) {
+	if i >= len(s) {
+		return clsEnd, 0
+	}
+	if c := s[i]; c < utf8.RuneSelf {
+		return asciiClass[c], 1
+	}
+	r, n := utf8.DecodeRuneInString(s[i:])
+	return class(r), n
+}
+
+const clsEnd = 255
+
+// skipClass returns the end of the run of class c starting at i.
+func skipClass(s string, i int, c uint8) int {
+	for i < len(s) {
+		k, n := classAt(s, i)
+		if k != c {
+			break
+		}
+		i += n
+	}
+	return i
+}
+
+// contraction reports the length of a contraction suffix ('s 't 're 've
+// 'm 'll 'd without the apostrophe) at s[i:], or 0. With fold, matching
+// is case-insensitive the way Oniguruma folds: 's' also matches U+017F
+// LATIN SMALL LETTER LONG S.
+func contraction(s string, i int, fold bool) int {
+	if i >= len(s) {
+		return 0
+	}
+	lower := func(c byte) byte {
+		if fold && 'A' <= c && c <= 'Z' {
+			return c + 'a' - 'A'
+		}
+		return c
+	}
+	c := lower(s[i])
+	switch c {
+	case 's', 't', 'm', 'd':
+		return 1
+	case 'r', 'v':
+		if i+1 < len(s) && lower(s[i+1]) == 'e' {
+			return 2
+		}
+	case 'l':
+		if i+1 < len(s) && lower(s[i+1]) == 'l' {
+			return 2
+		}
+	case 0xC5: // U+017F is C5 BF
+		if fold && i+1 < len(s) && s[i+1] == 0xBF {
+			return 2
+		}
+	}
+	return 0
+}
+
+// scanCL100K returns the end of the match starting at i (< len(s)) of
+// `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,maxDigits}|
+// ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`, trying alternatives
+// in order as a backtracking engine does.
+func scanCL100K(s string, i, maxDigits int) int {
+	r, n := at(s, i)
+	c := class(r)
+	// (?i:'s|'t|'re|'ve|'m|'ll|'d)
+	if r == '\'' {
+		if k := contraction(s, i+1, true); k > 0 {
+			return i + 1 + k
+		}
+	}
+	// [^\r\n\p{L}\p{N}]?\p{L}+
+	if c == clsLetter {
+		return skipClass(s, i+n, clsLetter)
+	}
+	if c != clsNumber && r != '\r' && r != '\n' {
+		if k, m := classAt(s, i+n); k == clsLetter {
+			return skipClass(s, i+n+m, clsLetter)
+		}
+	}
+	// \p{N}{1,maxDigits}
+	if c == clsNumber {
+		j := i + n
+		for d := 1; d < maxDigits; d++ {
+			k, m := classAt(s, j)
+			if k != clsNumber {
+				break
+			}
+			j += m
+		}
+		return j
+	}
+	// ' ?[^\s\p{L}\p{N}]+[\r\n]*'
+	j := i
+	if r == ' ' {
+		if k, _ := classAt(s, i+1); k == clsOther {
+			j = i + 1
+		}
+	}
+	if k, _ := classAt(s, j); k == clsOther {
+		j = skipClass(s, j, clsOther)
+		for j < len(s) && (s[j] == '\r' || s[j] == '\n') {
+			j++
+		}
+		return j
+	}
+	// Here c is clsSpace. \s*[\r\n]+ matches up to the last \r or \n of
+	// the whitespace run; otherwise \s+(?!\S) takes the run, minus its
+	// last character when a non-space follows; otherwise \s+.
+	end, lastNL, lastStart := i, -1, i
+	for end < len(s) {
+		k, m := classAt(s, end)
+		if k != clsSpace {
+			break
+		}
+		if s[end] == '\r' || s[end] == '\n' {
+			lastNL = end
+		}
+		lastStart = end
+		end += m
+	}
+	if lastNL >= 0 {
+		return lastNL + 1
+	}
+	if end == len(s) || lastStart == i {
+		return end
+	}
+	return lastStart
+}
+
+// scanGPT2 returns the end of the match starting at i (< len(s)) of
+// gpt2Pattern: `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+|
+// ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`.
+func scanGPT2(s string, i int) int {
+	r, n := at(s, i)
+	if r == '\'' {
+		if k := contraction(s, i+1, false); k > 0 {
+			return i + 1 + k
+		}
+	}
+	j := i
+	if r == ' ' {
+		j = i + 1
+	}
+	if k, _ := classAt(s, j); k != clsSpace && k != clsEnd {
+		return skipClass(s, j, k)
+	}
+	// whitespace run
+	end, lastStart := i, i
+	for end < len(s) {
+		k, m := classAt(s, end)
+		if k != clsSpace {
+			break
+		}
+		lastStart = end
+		end += m
+	}
+	if end == len(s) || lastStart == i {
+		return end
+	}
+	_ = n
+	return lastStart
+}

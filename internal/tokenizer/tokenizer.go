@@ -1,0 +1,120 @@
+package tokenizer
+
+import (
+	"sync"
+	"unicode/utf8"
+)
+
+// Tokenizer encodes and decodes text exactly like the Hugging Face
+// tokenizer it was loaded from. It is safe for concurrent use.
+type Tokenizer struct {
+	cfg   Config
+	norm  normalizer // nil: none
+	pre   pipeline
+	model *bpe
+	added *addedVocab
+	post  post
+	// dec[id] is what Decode emits for id (see buildDecodeTable).
+	dec  [][]byte
+	pool sync.Pool // *scratch
+}
+
+// Config returns the tokenizer_config.json facts (zero if the file was
+// absent).
+func (t *Tokenizer) Config() Config { return t.cfg }
+
+// Encode returns the token ids of text. addSpecialTokens applies the
+// post-processor's special tokens (e.g. Llama-3's <|begin_of_text|>), as
+// Hugging Face's encode(text, add_special_tokens) does. Added tokens
+// written literally in text (such as "<|im_start|>") always encode as
+// their own id. Invalid UTF-8 bytes are replaced by U+FFFD first, one per
+// byte. Encode never fails.
+func (t *Tokenizer) Encode(text string, addSpecialTokens bool) []uint32 {
+	text = validUTF8(text)
+	sc, _ := t.pool.Get().(*scratch)
+	if sc == nil {
+		sc = &scratch{}
+	}
+	ids := make([]uint32, 0, len(text)/4+8)
+	if addSpecialTokens {
+		ids = append(ids, t.post.prefix...)
+	}
+	var outer []segment
+	outer = t.added.raw.split(outer, text)
+	for _, seg := range outer {
+		if seg.id >= 0 {
+			ids = append(ids, uint32(seg.id))
+			continue
+		}
+		piece := text[seg.start:seg.end]
+		if t.norm != nil {
+			piece = t.norm.normalize(piece)
+		}
+		if t.added.normalized.empty() {
+			ids = t.encodePiece(ids, piece, sc)
+			continue
+		}
+		for _, inner := range t.added.normalized.split(nil, piece) {
+			if inner.id >= 0 {
+				ids = append(ids, uint32(inner.id))
+				continue
+			}
+			ids = t.encodePiece(ids, piece[inner.start:inner.end], sc)
+		}
+	}
+	if addSpecialTokens {
+		ids = append(ids, t.post.suffix...)
+	}
+	t.pool.Put(sc)
+	return ids
+}
+
+// encodePiece pre-tokenizes normalized text free of added tokens and
+// appends the BPE ids of every pre-token.
+func (t *Tokenizer) encodePiece(ids []uint32, s string, sc *scratch) []uint32 {
+	sc.pieces = t.pre.split(sc.pieces[:0], s)
+	for _, w := range sc.pieces {
+		ids = t.model.encodeWord(ids, w, sc)
+	}
+	clear(sc.pieces) // drop references into the caller's text
+	return ids
+}
+
+// tokenID returns the id of an added token or vocabulary entry, written as
+// in tokenizer.json.
+func (t *Tokenizer) tokenID(tok string) (uint32, bool) {
+	for id, a := range t.added.byID {
+		if a.Content == tok {
+			return id, true
+		}
+	}
+	if raw, ok := byteLevelDecode(tok); ok {
+		if id, ok := t.model.vocab[raw]; ok {
+			return id, true
+		}
+	}
+	for id, s := range t.model.tokens {
+		if s == tok {
+			return uint32(id), true
+		}
+	}
+	return 0, false
+}
+
+// validUTF8 replaces each byte of an invalid UTF-8 sequence with U+FFFD.
+func validUTF8(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	b := make([]byte, 0, len(s)+8)
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && n == 1 {
+			b = utf8.AppendRune(b, utf8.RuneError)
+		} else {
+			b = append(b, s[i:i+n]...)
+		}
+		i += n
+	}
+	return string(b)
+}
