@@ -17,7 +17,7 @@ type addedVocab struct {
 
 // tokenSet is one matching set: a byte trie over token contents.
 type tokenSet struct {
-	first [256]bool       // bytes some token starts with
+	first [256]bool        // bytes some token starts with
 	edges map[uint32]int32 // node<<8 | byte -> child node
 	term  []int32          // node -> index into toks, or -1
 	toks  []addedTokenJSON // matched token (content is the pattern)
