@@ -1,0 +1,296 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+)
+
+// Config is the router's configuration: the schema of router.yaml. A zero
+// field means the default in its comment, filled in by DefaultConfig and
+// FillDefaults.
+type Config struct {
+	// Listen is the HTTP listen address (default ":8080").
+	Listen string `yaml:"listen"`
+	// APIKey, when set, is required from clients as "Authorization: Bearer
+	// ..." on /v1/*. The environment variable KVROUTER_API_KEY overrides it.
+	APIKey string `yaml:"api_key"`
+	// BodyLimit is the largest request body accepted, in bytes (default 32
+	// MiB); larger bodies are answered 413.
+	BodyLimit int64 `yaml:"body_limit"`
+	// DrainTimeout bounds graceful shutdown: after the listener closes,
+	// requests in flight get this long to finish (default 30s).
+	DrainTimeout time.Duration `yaml:"drain_timeout"`
+	// Health configures active probes, scraping and passive ejection of
+	// engines (package fleet).
+	Health HealthConfig `yaml:"health"`
+	// Models are the model groups served; at least one.
+	Models []ModelConfig `yaml:"models"`
+}
+
+// HealthConfig mirrors fleet.Config's health fields; zero means fleet's
+// default.
+type HealthConfig struct {
+	// ProbeInterval between GET /health probes per engine (default 5s;
+	// negative disables probes).
+	ProbeInterval time.Duration `yaml:"probe_interval"`
+	// ProbeTimeout bounds a probe, a scrape or a model listing (default 2s).
+	ProbeTimeout time.Duration `yaml:"probe_timeout"`
+	// ScrapeInterval between GET /metrics scrapes per engine (default 1s;
+	// negative disables scraping).
+	ScrapeInterval time.Duration `yaml:"scrape_interval"`
+	// EjectAfterServerErrors: 5xx answers in a row that eject (default 3).
+	EjectAfterServerErrors int `yaml:"eject_after_server_errors"`
+	// EjectAfterBackpressure: 429/503 answers in a row that eject (default 10).
+	EjectAfterBackpressure int `yaml:"eject_after_backpressure"`
+	// BackoffBase and BackoffMax bound how long an ejected engine stays out
+	// (default 1s doubling to 30s).
+	BackoffBase time.Duration `yaml:"backoff_base"`
+	BackoffMax  time.Duration `yaml:"backoff_max"`
+}
+
+// ModelConfig is one model group: the engines that serve it and how to
+// route among them.
+type ModelConfig struct {
+	// Name is the model name clients send (the engines' served model name).
+	Name string `yaml:"name"`
+	// Engines are the replicas; at least one.
+	Engines []EngineConfig `yaml:"engines"`
+	// Tokenizer is how prompts become token ids: a path to a tokenizer.json
+	// (or its directory), "render" to ask an engine (POST
+	// /v1/*/render), or "none" (token-id prompts only; text is routed by
+	// load). Default "render".
+	Tokenizer string `yaml:"tokenizer"`
+	// Policy is the routing policy: kv (default), round_robin, random,
+	// least_load, session, prefix_chars, ..., or shadow (serve with
+	// ShadowServe, compute and export what kv would have done).
+	Policy string `yaml:"policy"`
+	// ShadowServe is the policy that serves traffic in shadow mode
+	// (default round_robin).
+	ShadowServe string `yaml:"shadow_serve"`
+	// Weights are the routing cost weights, passed to the routing package
+	// by name (see docs/routing.md); absent names keep their defaults.
+	Weights map[string]float64 `yaml:"weights"`
+	// SessionHeaders are request headers whose first non-empty value is
+	// the session key for the session policy and ties (default
+	// [x-session-id]).
+	SessionHeaders []string `yaml:"session_headers"`
+	// Retries is how many other replicas to try after a retryable failure
+	// before the first byte (default 1; -1 for none).
+	Retries int `yaml:"retries"`
+	// Timeouts of each engine request.
+	Timeouts TimeoutsConfig `yaml:"timeouts"`
+	// DisableHitReport stops merging vllm_xargs.kv_cache_report_mode =
+	// "full" into forwarded requests (for engines older than 2026-07 that
+	// reject unknown xargs).
+	DisableHitReport bool `yaml:"disable_hit_report"`
+}
+
+// TimeoutsConfig bounds one engine request.
+type TimeoutsConfig struct {
+	// Connect bounds the TCP (and TLS) connect (default 5s).
+	Connect time.Duration `yaml:"connect"`
+	// FirstByte bounds the wait from sending the request to the first body
+	// byte (default 5m). vLLM sends a non-streaming answer whole, so for
+	// those this bounds the whole generation.
+	FirstByte time.Duration `yaml:"first_byte"`
+	// Idle bounds the wait between two body chunks (default 60s).
+	Idle time.Duration `yaml:"idle"`
+}
+
+// EngineConfig is one engine (replica).
+type EngineConfig struct {
+	// Name labels the engine in metrics, logs and x-kvrouter-replica
+	// (default: the URL's host:port).
+	Name string `yaml:"name"`
+	// URL is the engine's HTTP base URL, e.g. http://10.0.0.1:8000.
+	URL string `yaml:"url"`
+	// Events is the engine's KV event PUB endpoint, e.g. tcp://10.0.0.1:5557
+	// (vLLM --kv-events-config endpoint); empty: no events (the router uses
+	// its approximate index for this model).
+	Events string `yaml:"events"`
+	// Replay is the engine's replay ROUTER endpoint, e.g.
+	// tcp://10.0.0.1:5558; empty: gaps cannot be replayed.
+	Replay string `yaml:"replay"`
+	// DPSize is the engine's data-parallel size: rank r publishes on the
+	// events and replay ports + r (default 1).
+	DPSize int `yaml:"dp_size"`
+	// APIKey is sent to the engine as a bearer token.
+	APIKey string `yaml:"api_key"`
+	// APIKeyEnv names an environment variable that, when set, overrides
+	// APIKey (keeps secrets out of the file).
+	APIKeyEnv string `yaml:"api_key_env"`
+}
+
+// Tokenizer modes besides a path.
+const (
+	TokenizerRender = "render"
+	TokenizerNone   = "none"
+)
+
+// PolicyShadow is the policy name of shadow mode.
+const PolicyShadow = "shadow"
+
+// DefaultConfig returns the top-level defaults (no models).
+func DefaultConfig() Config {
+	return Config{
+		Listen:       ":8080",
+		BodyLimit:    32 << 20,
+		DrainTimeout: 30 * time.Second,
+	}
+}
+
+// defaultModel returns a model's defaults.
+func defaultModel() ModelConfig {
+	return ModelConfig{
+		Tokenizer:      TokenizerRender,
+		Policy:         "kv",
+		ShadowServe:    "round_robin",
+		SessionHeaders: []string{"x-session-id"},
+		Retries:        1,
+		Timeouts: TimeoutsConfig{
+			Connect:   5 * time.Second,
+			FirstByte: 5 * time.Minute,
+			Idle:      60 * time.Second,
+		},
+	}
+}
+
+// FillDefaults replaces zero fields with defaults and applies environment
+// overrides (getenv is os.Getenv when nil).
+func (c *Config) FillDefaults(getenv func(string) string) {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	d := DefaultConfig()
+	if c.Listen == "" {
+		c.Listen = d.Listen
+	}
+	if c.BodyLimit == 0 {
+		c.BodyLimit = d.BodyLimit
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = d.DrainTimeout
+	}
+	if k := getenv("KVROUTER_API_KEY"); k != "" {
+		c.APIKey = k
+	}
+	dm := defaultModel()
+	for i := range c.Models {
+		m := &c.Models[i]
+		if m.Tokenizer == "" {
+			m.Tokenizer = dm.Tokenizer
+		}
+		if m.Policy == "" {
+			m.Policy = dm.Policy
+		}
+		if m.ShadowServe == "" {
+			m.ShadowServe = dm.ShadowServe
+		}
+		if len(m.SessionHeaders) == 0 {
+			m.SessionHeaders = dm.SessionHeaders
+		}
+		switch {
+		case m.Retries == 0:
+			m.Retries = dm.Retries
+		case m.Retries < 0:
+			m.Retries = 0
+		}
+		if m.Timeouts.Connect == 0 {
+			m.Timeouts.Connect = dm.Timeouts.Connect
+		}
+		if m.Timeouts.FirstByte == 0 {
+			m.Timeouts.FirstByte = dm.Timeouts.FirstByte
+		}
+		if m.Timeouts.Idle == 0 {
+			m.Timeouts.Idle = dm.Timeouts.Idle
+		}
+		for j := range m.Engines {
+			e := &m.Engines[j]
+			if e.DPSize == 0 {
+				e.DPSize = 1
+			}
+			if e.APIKeyEnv != "" {
+				if k := getenv(e.APIKeyEnv); k != "" {
+					e.APIKey = k
+				}
+			}
+		}
+	}
+}
+
+// fieldError is a validation error naming the field by its YAML path.
+type fieldError struct {
+	path []any // field names (string) and indexes (int)
+	msg  string
+}
+
+func (e *fieldError) Error() string { return pathString(e.path) + ": " + e.msg }
+
+func pathString(path []any) string {
+	var b strings.Builder
+	for _, p := range path {
+		switch p := p.(type) {
+		case int:
+			fmt.Fprintf(&b, "[%d]", p)
+		case string:
+			if b.Len() > 0 {
+				b.WriteByte('.')
+			}
+			b.WriteString(p)
+		}
+	}
+	return b.String()
+}
+
+func ferr(msg string, path ...any) error { return &fieldError{path: path, msg: msg} }
+
+// Validate returns every problem of a defaults-filled Config at once, each
+// naming its field (e.g. "models[0].engines[1].url: ...").
+func (c *Config) Validate() error {
+	var errs []error
+	if c.BodyLimit < 0 {
+		errs = append(errs, ferr("must be positive", "body_limit"))
+	}
+	if len(c.Models) == 0 {
+		errs = append(errs, ferr("at least one model is required", "models"))
+	}
+	models := map[string]bool{}
+	for i, m := range c.Models {
+		if m.Name == "" {
+			errs = append(errs, ferr("required", "models", i, "name"))
+		} else if models[m.Name] {
+			errs = append(errs, ferr(fmt.Sprintf("duplicate model %q", m.Name), "models", i, "name"))
+		}
+		models[m.Name] = true
+		if len(m.Engines) == 0 {
+			errs = append(errs, ferr("at least one engine is required", "models", i, "engines"))
+		}
+		if m.Policy == PolicyShadow && m.ShadowServe == PolicyShadow {
+			errs = append(errs, ferr("cannot be shadow", "models", i, "shadow_serve"))
+		}
+		for _, h := range m.SessionHeaders {
+			if h == "" {
+				errs = append(errs, ferr("empty header name", "models", i, "session_headers"))
+			}
+		}
+		for j, e := range m.Engines {
+			u, err := url.Parse(e.URL)
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				errs = append(errs, ferr(fmt.Sprintf("%q: want http(s)://host:port", e.URL), "models", i, "engines", j, "url"))
+			}
+			for _, f := range []struct{ name, v string }{{"events", e.Events}, {"replay", e.Replay}} {
+				if f.v != "" && !strings.Contains(f.v, "://") {
+					errs = append(errs, ferr(fmt.Sprintf("%q: want a ZeroMQ address such as tcp://host:port", f.v), "models", i, "engines", j, f.name))
+				}
+			}
+			if e.DPSize < 1 {
+				errs = append(errs, ferr("must be >= 1", "models", i, "engines", j, "dp_size"))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,39 @@
+// Package proxy is kvrouter's HTTP front: an OpenAI-compatible server that
+// parses each request, asks a Router which replica should serve it, and
+// streams the engine's answer back untouched.
+//
+// Endpoints: POST /v1/completions and /v1/chat/completions (streaming and
+// not, token-id prompts accepted), POST /v1/route (the routing decision
+// without forwarding; also any inference request with the header
+// x-kvrouter-route-only: 1), GET /v1/models (union of up engines' models),
+// GET /health (alive), GET /ready (every model has a probed engine and the
+// Ready hook agrees), GET /metrics (the registry given to Deps).
+//
+// Forwarding: the body is forwarded as received, except that
+// vllm_xargs.kv_cache_report_mode = "full" is merged in (Config
+// DisableHitReport turns it off) so the engine reports the prefix blocks it
+// reused. Responses are copied as they arrive: server-sent events are
+// written and flushed one complete event at a time, other bodies are copied
+// through a fixed buffer; nothing is held whole. Hop-by-hop headers are
+// stripped both ways; x-request-id is taken from the client (or generated)
+// and sent to the engine and back; x-kvrouter-replica and
+// x-kvrouter-cached-tokens (the predicted prefix-cache hit, in tokens) are
+// added.
+//
+// Reliability: a request is retried on another replica (Config Retries,
+// default 1) only before any byte has reached the client, and only after a
+// connection error or a 429/502/503 answer. After the first byte, an
+// engine failure ends a stream with an OpenAI error event and aborts other
+// bodies (the client sees a truncated response), so output is never
+// duplicated. Each attempt's load lease is released on every exit path.
+// A client that disconnects cancels the engine request at once (logged as
+// 499). Timeouts: connect, first byte (from sending the request to the
+// first body byte), and idle between body chunks. Errors before the first
+// byte are answered in OpenAI's error JSON: 400 for malformed requests, 404
+// for an unknown model, 413 over the body limit, 503 with Retry-After when
+// no replica is up, 502/504 for upstream failures.
+//
+// Times are seconds; token counts are tokens. A Server is safe for
+// concurrent use; it starts goroutines only in Run (the listener and
+// net/http's per-connection goroutines), which returns after draining.
+package proxy

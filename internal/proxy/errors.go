@@ -1,0 +1,69 @@
+package proxy
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// apiError is an error answered to the client in OpenAI's error shape:
+// {"error": {"message", "type", "param", "code"}}.
+type apiError struct {
+	status  int
+	typ     string // invalid_request_error, not_found_error, ...
+	param   string // the offending request field, or ""
+	message string
+	// retryAfter, when positive, is sent as Retry-After (whole seconds,
+	// rounded up).
+	retryAfter time.Duration
+}
+
+func (e *apiError) Error() string { return e.message }
+
+func badRequest(param, msg string) *apiError {
+	return &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", param: param, message: msg}
+}
+
+// errorBody is OpenAI's error JSON.
+type errorBody struct {
+	Error errorDetail `json:"error"`
+}
+
+type errorDetail struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    int     `json:"code"`
+}
+
+func (e *apiError) body() []byte {
+	d := errorDetail{Message: e.message, Type: e.typ, Code: e.status}
+	if e.param != "" {
+		d.Param = &e.param
+	}
+	b, _ := json.Marshal(errorBody{Error: d}) // cannot fail: strings and ints
+	return b
+}
+
+// write answers e. Only callable before the response headers are written.
+func (e *apiError) write(w http.ResponseWriter) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	if e.retryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(int((e.retryAfter+time.Second-1)/time.Second)))
+	}
+	w.WriteHeader(e.status)
+	_, _ = w.Write(e.body())
+}
+
+// sseError is the event that ends a stream broken after its first byte:
+// OpenAI clients raise an API error when an event's data has an "error" key.
+func sseError(msg string, code int) []byte {
+	d := errorDetail{Message: msg, Type: "upstream_error", Code: code}
+	b, _ := json.Marshal(errorBody{Error: d})
+	out := make([]byte, 0, len(b)+8)
+	out = append(out, "data: "...)
+	out = append(out, b...)
+	return append(out, "\n\n"...)
+}

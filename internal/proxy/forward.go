@@ -1,0 +1,182 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"kvrouter/internal/fleet"
+)
+
+// Causes of an upstream request's cancellation.
+var (
+	errFirstByteTimeout = errors.New("first-byte timeout")
+	errIdleTimeout      = errors.New("idle timeout")
+	errClientGone       = errors.New("client disconnected")
+)
+
+// forward routes x and relays the engine's answer, retrying on another
+// replica while nothing has reached the client.
+func (s *Server) forward(x *exchange) {
+	var tried []string
+	var buf []*fleet.Endpoint
+	for attempt := 0; ; attempt++ {
+		var retry time.Duration
+		var err error
+		buf, retry, err = s.deps.Fleet.Healthy(buf[:0], x.req.model)
+		cands := make([]string, 0, len(buf))
+		for _, ep := range buf {
+			if !slices.Contains(tried, ep.Name()) {
+				cands = append(cands, ep.Name())
+			}
+		}
+		if len(cands) == 0 {
+			if err == nil {
+				err = fmt.Errorf("every healthy replica tried: %w", fleet.ErrNoEndpoint)
+			}
+			s.noReplica(x, retry, err)
+			return
+		}
+		d, err := s.decide(x, s.routeInput(x, cands, false))
+		if err != nil {
+			s.fail(x, &apiError{status: http.StatusInternalServerError, typ: "internal_error", message: "routing: " + err.Error()}, outcomeUpstream)
+			return
+		}
+		ep := s.deps.Fleet.Endpoint(d.Replica)
+		if ep == nil || !slices.Contains(cands, d.Replica) {
+			if d.Release != nil {
+				d.Release()
+			}
+			s.fail(x, &apiError{status: http.StatusInternalServerError, typ: "internal_error", message: fmt.Sprintf("router chose unknown replica %q", d.Replica)}, outcomeUpstream)
+			return
+		}
+		s.observeDecision(x, d)
+		tried = append(tried, d.Replica)
+		canRetry := attempt < x.m.cfg.Retries
+		if !s.try(x, ep, d, canRetry) {
+			return
+		}
+		x.retries++
+	}
+}
+
+// observeDecision records the decision's predictions.
+func (s *Server) observeDecision(x *exchange, d Decision) {
+	x.replica, x.cached = d.Replica, d.CachedTokens
+	model := x.req.model
+	if x.tokens != nil {
+		s.m.promptTokens.WithLabelValues(model).Observe(float64(len(x.tokens)))
+		s.m.cachedTokens.WithLabelValues(model).Observe(float64(d.CachedTokens))
+	}
+	if d.Shadow != nil {
+		agree := strconv.FormatBool(d.Shadow.Replica == d.Replica)
+		s.m.shadowDecisions.WithLabelValues(model, agree).Inc()
+		s.m.shadowCachedTokens.WithLabelValues(model).Observe(float64(d.Shadow.CachedTokens))
+	}
+}
+
+// try sends one attempt to ep. It returns true when the caller should retry
+// on another replica (only when canRetry and nothing was written to the
+// client); otherwise the exchange is answered, one way or another.
+func (s *Server) try(x *exchange, ep *fleet.Endpoint, d Decision, canRetry bool) (retry bool) {
+	if d.Release != nil {
+		defer d.Release()
+	}
+	inflight := s.m.inFlight.WithLabelValues(ep.Name())
+	inflight.Inc()
+	ep.AddInFlight(1)
+	defer func() {
+		ep.AddInFlight(-1)
+		inflight.Dec()
+	}()
+
+	ctx, cancel := context.WithCancelCause(x.r.Context())
+	defer cancel(nil)
+	wd := newWatchdog(cancel, x.m.cfg.Timeouts.FirstByte, x.m.cfg.Timeouts.Idle)
+	defer wd.stop()
+
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.URL()+x.req.kind.path(), bytes.NewReader(x.fwd))
+	if err != nil {
+		s.fail(x, &apiError{status: http.StatusInternalServerError, typ: "internal_error", message: err.Error()}, outcomeUpstream)
+		return false
+	}
+	outHeaders(req.Header, x.r.Header, x.id, ep.APIKey())
+	req.ContentLength = int64(len(x.fwd))
+
+	resp, err := x.m.transport.RoundTrip(req)
+	if err != nil {
+		return s.upstreamFailed(x, ep, ctx, err, canRetry)
+	}
+	status := resp.StatusCode
+	s.deps.Fleet.Report(ep, fleet.OutcomeOf(status))
+	if canRetry && (status == http.StatusTooManyRequests || status == http.StatusBadGateway || status == http.StatusServiceUnavailable) {
+		// Backpressure or a gateway's failure: nothing was written, try
+		// another replica. Drain a little so the connection may be reused.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+		resp.Body.Close()
+		s.m.retries.WithLabelValues(x.req.model, "status_"+strconv.Itoa(status)).Inc()
+		return true
+	}
+	defer resp.Body.Close()
+	s.relay(x, ep, ctx, wd, resp)
+	return false
+}
+
+// upstreamFailed handles a RoundTrip error (nothing received from the
+// engine, nothing written to the client).
+func (s *Server) upstreamFailed(x *exchange, ep *fleet.Endpoint, ctx context.Context, err error, canRetry bool) bool {
+	x.err = err
+	switch cause := context.Cause(ctx); {
+	case x.r.Context().Err() != nil:
+		x.status, x.outcome = 499, outcomeClientClosed
+		return false
+	case errors.Is(cause, errFirstByteTimeout):
+		s.fail(x, &apiError{status: http.StatusGatewayTimeout, typ: "timeout_error",
+			message: fmt.Sprintf("replica %s sent nothing within %v", ep.Name(), x.m.cfg.Timeouts.FirstByte)}, outcomeTimeout)
+		return false
+	}
+	s.deps.Fleet.Report(ep, fleet.OutcomeConnError)
+	if canRetry {
+		s.m.retries.WithLabelValues(x.req.model, "conn_error").Inc()
+		return true
+	}
+	s.fail(x, &apiError{status: http.StatusBadGateway, typ: "upstream_error",
+		message: fmt.Sprintf("replica %s: %v", ep.Name(), err)}, outcomeUpstream)
+	x.err = err
+	return false
+}
+
+// watchdog cancels an upstream request that stays silent too long: until
+// the first body byte for firstByte, then between chunks for idle.
+type watchdog struct {
+	t     *time.Timer
+	idle  time.Duration
+	first atomic.Bool
+}
+
+func newWatchdog(cancel context.CancelCauseFunc, firstByte, idle time.Duration) *watchdog {
+	w := &watchdog{idle: idle}
+	w.t = time.AfterFunc(firstByte, func() {
+		if w.first.Load() {
+			cancel(errIdleTimeout)
+		} else {
+			cancel(errFirstByteTimeout)
+		}
+	})
+	return w
+}
+
+// progress notes that body bytes arrived and restarts the idle clock.
+func (w *watchdog) progress() {
+	w.first.Store(true)
+	w.t.Reset(w.idle)
+}
+
+func (w *watchdog) stop() { w.t.Stop() }

@@ -1,0 +1,288 @@
+package proxy
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"kvrouter/internal/fleet"
+)
+
+// exchange is one client request's state, shared by its attempts, for the
+// final log line and metrics.
+type exchange struct {
+	w       http.ResponseWriter
+	r       *http.Request
+	id      string
+	start   time.Time
+	req     *request
+	m       *model
+	fwd     []byte   // the body sent upstream
+	tokens  []uint32 // nil when unknown
+	replica string   // last replica tried
+	cached  int
+	status  int    // status answered to the client
+	outcome string // requests_total outcome label
+	retries int
+	// abort: the response is broken after its first byte and is not an
+	// event stream; the handler ends the connection (http.ErrAbortHandler).
+	abort bool
+	err   error
+}
+
+// Outcome labels of kvrouter_proxy_requests_total.
+const (
+	outcomeOK           = "ok"            // engine answered 2xx/3xx, relayed whole
+	outcomeEngineError  = "engine_error"  // engine answered 4xx/5xx, relayed
+	outcomeBadRequest   = "bad_request"   // rejected by the router (400, 401, 404, 413)
+	outcomeNoReplica    = "no_replica"    // 503: no replica up
+	outcomeUpstream     = "upstream_error" // connect failed or engine broke (502, or a broken stream)
+	outcomeTimeout      = "timeout"       // first-byte or idle timeout
+	outcomeClientClosed = "client_closed" // client left (logged as 499)
+	outcomeRouteOnly    = "route_only"    // decision explained, not forwarded
+)
+
+// serveInference handles POST /v1/completions and /v1/chat/completions.
+func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, k kind) {
+	x := &exchange{w: w, r: r, id: requestID(r), start: s.deps.Now()}
+	w.Header().Set("X-Request-Id", x.id)
+	defer s.finish(x)
+	if !s.prepare(x, k) {
+		return
+	}
+	if v := r.Header.Get("X-Kvrouter-Route-Only"); v != "" && v != "0" && v != "false" {
+		s.explain(x)
+		return
+	}
+	s.forward(x)
+}
+
+// serveRoute handles POST /v1/route: a completion or chat body (told apart by
+// "messages"), answered with the decision instead of forwarded.
+func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request) {
+	x := &exchange{w: w, r: r, id: requestID(r), start: s.deps.Now()}
+	w.Header().Set("X-Request-Id", x.id)
+	defer s.finish(x)
+	body, ok := s.readBody(x)
+	if !ok {
+		return
+	}
+	var probe struct {
+		Messages json.RawMessage `json:"messages"`
+	}
+	k := kindCompletion
+	if json.Unmarshal(body, &probe) == nil && !isNull(probe.Messages) {
+		k = kindChat
+	}
+	if !s.parse(x, k, body) {
+		return
+	}
+	s.explain(x)
+}
+
+// prepare reads, parses and tokenizes the request; false when it has
+// answered an error.
+func (s *Server) prepare(x *exchange, k kind) bool {
+	body, ok := s.readBody(x)
+	return ok && s.parse(x, k, body)
+}
+
+func (s *Server) readBody(x *exchange) ([]byte, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(x.w, x.r.Body, s.cfg.BodyLimit))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			s.fail(x, &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error",
+				message: fmt.Sprintf("request body larger than %d bytes", s.cfg.BodyLimit)}, outcomeBadRequest)
+			return nil, false
+		}
+		if x.r.Context().Err() != nil {
+			x.outcome, x.status = outcomeClientClosed, 499
+			return nil, false
+		}
+		s.fail(x, badRequest("", "reading request body: "+err.Error()), outcomeBadRequest)
+		return nil, false
+	}
+	return body, true
+}
+
+func (s *Server) parse(x *exchange, k kind, body []byte) bool {
+	req, aerr := parseRequest(k, body)
+	if aerr != nil {
+		s.fail(x, aerr, outcomeBadRequest)
+		return false
+	}
+	x.req = req
+	m, ok := s.models[req.model]
+	if !ok {
+		s.fail(x, &apiError{status: http.StatusNotFound, typ: "NotFoundError", param: "model",
+			message: fmt.Sprintf("The model `%s` does not exist.", req.model)}, outcomeBadRequest)
+		return false
+	}
+	x.m = m
+	fwd, err := req.forwardBody(!m.cfg.DisableHitReport)
+	if err != nil {
+		s.fail(x, badRequest("", err.Error()), outcomeBadRequest)
+		return false
+	}
+	x.fwd = fwd
+	x.tokens = s.tokenize(x)
+	return true
+}
+
+// tokenize returns the prompt's token ids, or nil (route by load) when the
+// tokenizer is "none" or fails: a tokenizer problem never fails a request.
+func (s *Server) tokenize(x *exchange) []uint32 {
+	req := x.req
+	if req.promptTokens != nil {
+		return req.promptTokens
+	}
+	if x.m.tok == nil {
+		return nil
+	}
+	t0 := time.Now()
+	ids, err := x.m.tok.Tokens(x.r.Context(), req.kind == kindChat, req.body, req.promptText)
+	s.m.tokenize.WithLabelValues(req.model).Observe(time.Since(t0).Seconds())
+	if err != nil {
+		s.m.tokenizeErrors.WithLabelValues(req.model).Inc()
+		if s.log.Enabled(x.r.Context(), slog.LevelDebug) {
+			s.log.Debug("tokenize failed, routing by load", "request_id", x.id, "model", req.model, "err", err)
+		}
+		return nil
+	}
+	return ids
+}
+
+// fail answers an error before any byte of a response was written.
+func (s *Server) fail(x *exchange, e *apiError, outcome string) {
+	e.write(x.w)
+	x.status, x.outcome = e.status, outcome
+	if x.err == nil {
+		x.err = e
+	}
+}
+
+// routeInput builds the router's input for x, excluding tried replicas.
+func (s *Server) routeInput(x *exchange, cands []string, dry bool) *RouteInput {
+	in := &RouteInput{
+		Model:      x.req.model,
+		Tokens:     x.tokens,
+		Text:       x.req.promptText,
+		CacheSalt:  x.req.cacheSalt,
+		Candidates: cands,
+		DryRun:     dry,
+	}
+	for _, h := range x.m.cfg.SessionHeaders {
+		if v := x.r.Header.Get(h); v != "" {
+			in.Session = v
+			break
+		}
+	}
+	return in
+}
+
+// decide asks the model's router, timing the decision.
+func (s *Server) decide(x *exchange, in *RouteInput) (Decision, error) {
+	t0 := time.Now()
+	d, err := x.m.router.Route(in)
+	s.m.decision.WithLabelValues(x.req.model).Observe(time.Since(t0).Seconds())
+	return d, err
+}
+
+// explain answers the routing decision as JSON without forwarding.
+func (s *Server) explain(x *exchange) {
+	eps, retry, err := s.deps.Fleet.Healthy(nil, x.req.model)
+	if err != nil {
+		s.noReplica(x, retry, err)
+		return
+	}
+	d, err := s.decide(x, s.routeInput(x, names(eps), true))
+	if err != nil {
+		s.fail(x, &apiError{status: http.StatusInternalServerError, typ: "internal_error", message: "routing: " + err.Error()}, outcomeUpstream)
+		return
+	}
+	if d.Release != nil {
+		d.Release()
+	}
+	x.replica, x.cached = d.Replica, d.CachedTokens
+	out := struct {
+		Model        string          `json:"model"`
+		Replica      string          `json:"replica"`
+		URL          string          `json:"url,omitempty"`
+		CachedTokens int             `json:"cached_tokens"`
+		PromptTokens int             `json:"prompt_tokens"`
+		Tokenized    bool            `json:"tokenized"`
+		Shadow       *ShadowDecision `json:"shadow,omitempty"`
+		Explain      any             `json:"explain,omitempty"`
+	}{x.req.model, d.Replica, "", d.CachedTokens, len(x.tokens), x.tokens != nil, d.Shadow, d.Explain}
+	if ep := s.deps.Fleet.Endpoint(d.Replica); ep != nil {
+		out.URL = ep.URL()
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		s.fail(x, &apiError{status: http.StatusInternalServerError, typ: "internal_error", message: "encoding decision: " + err.Error()}, outcomeUpstream)
+		return
+	}
+	h := x.w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Kvrouter-Replica", d.Replica)
+	h.Set("X-Kvrouter-Cached-Tokens", strconv.Itoa(d.CachedTokens))
+	x.w.WriteHeader(http.StatusOK)
+	_, _ = x.w.Write(b)
+	x.status, x.outcome = http.StatusOK, outcomeRouteOnly
+}
+
+func (s *Server) noReplica(x *exchange, retry time.Duration, err error) {
+	s.fail(x, &apiError{status: http.StatusServiceUnavailable, typ: "service_unavailable",
+		message: fmt.Sprintf("no healthy replica for model %q", x.req.model), retryAfter: max(retry, time.Second)}, outcomeNoReplica)
+	x.err = err
+}
+
+func names(eps []*fleet.Endpoint) []string {
+	out := make([]string, len(eps))
+	for i, e := range eps {
+		out[i] = e.Name()
+	}
+	return out
+}
+
+// finish records the request's metrics and its one log line, then aborts
+// the connection if the response broke after its first byte.
+func (s *Server) finish(x *exchange) {
+	modelName := ""
+	if x.req != nil {
+		modelName = x.req.model
+	}
+	if _, ok := s.models[modelName]; !ok {
+		modelName = "" // bound the label's cardinality to configured models
+	}
+	if x.outcome == "" {
+		x.outcome = outcomeOK
+	}
+	s.m.requests.WithLabelValues(modelName, x.replica, x.outcome).Inc()
+	lvl := slog.LevelInfo
+	if x.status >= 500 || x.outcome == outcomeUpstream || x.outcome == outcomeTimeout {
+		lvl = slog.LevelWarn
+	}
+	if s.log.Enabled(x.r.Context(), lvl) {
+		attrs := []slog.Attr{
+			slog.String("request_id", x.id), slog.String("model", modelName),
+			slog.String("replica", x.replica), slog.Int("status", x.status),
+			slog.String("outcome", x.outcome), slog.Int("cached_tokens", x.cached),
+			slog.Int("prompt_tokens", len(x.tokens)), slog.Int("retries", x.retries),
+			slog.Float64("duration_ms", float64(s.deps.Now().Sub(x.start).Microseconds())/1000),
+		}
+		if x.err != nil {
+			attrs = append(attrs, slog.String("err", x.err.Error()))
+		}
+		s.log.LogAttrs(x.r.Context(), lvl, "request", attrs...)
+	}
+	if x.abort {
+		panic(http.ErrAbortHandler) // net/http's documented way to cut a response short
+	}
+}

@@ -1,0 +1,213 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"kvrouter/internal/fleet"
+)
+
+// hopHeaders are hop-by-hop headers (RFC 9110 7.6.1), never relayed.
+var hopHeaders = []string{
+	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
+}
+
+// copyHeaders copies src to dst without hop-by-hop headers, including those
+// named in src's Connection header, and without the names in skip.
+func copyHeaders(dst, src http.Header, skip ...string) {
+	var conn []string
+	for _, v := range src["Connection"] {
+		for f := range strings.SplitSeq(v, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				conn = append(conn, http.CanonicalHeaderKey(f))
+			}
+		}
+	}
+next:
+	for k, vv := range src {
+		for _, h := range hopHeaders {
+			if k == h {
+				continue next
+			}
+		}
+		for _, h := range conn {
+			if k == h {
+				continue next
+			}
+		}
+		for _, h := range skip {
+			if k == h {
+				continue next
+			}
+		}
+		dst[k] = append(dst[k][:0:0], vv...)
+	}
+}
+
+// outHeaders fills the engine request's headers from the client's: no
+// hop-by-hop headers, no client credentials (the engine's own key instead),
+// no Accept-Encoding (bytes are relayed as they are), the request id.
+func outHeaders(dst, client http.Header, id, apiKey string) {
+	copyHeaders(dst, client, "Authorization", "Accept-Encoding", "Content-Length", "Cookie",
+		"X-Kvrouter-Route-Only", "X-Request-Id")
+	dst.Set("Content-Type", "application/json")
+	dst.Set("X-Request-Id", id)
+	if apiKey != "" {
+		dst.Set("Authorization", "Bearer "+apiKey)
+	}
+}
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// relay writes the engine's response to the client as it arrives.
+func (s *Server) relay(x *exchange, ep *fleet.Endpoint, ctx context.Context, wd *watchdog, resp *http.Response) {
+	h := x.w.Header()
+	copyHeaders(h, resp.Header, "X-Request-Id")
+	h.Set("X-Kvrouter-Replica", ep.Name())
+	h.Set("X-Kvrouter-Cached-Tokens", strconv.Itoa(x.cached))
+	x.status = resp.StatusCode
+	x.outcome = outcomeOK
+	if resp.StatusCode >= 400 {
+		x.outcome = outcomeEngineError
+	}
+	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	sse := mt == "text/event-stream"
+	x.w.WriteHeader(resp.StatusCode)
+
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	var err error
+	if sse {
+		err = s.copyEvents(x, wd, resp.Body, *bp)
+	} else {
+		err = copyBody(x.w, wd, resp.Body, *bp)
+	}
+	if err == nil {
+		return
+	}
+	var werr *writeError
+	switch cause := context.Cause(ctx); {
+	case errors.As(err, &werr) || x.r.Context().Err() != nil:
+		// The client left: the deferred cancel closes the engine request.
+		x.status, x.outcome, x.err = 499, outcomeClientClosed, err
+		return
+	case errors.Is(cause, errFirstByteTimeout) || errors.Is(cause, errIdleTimeout):
+		x.outcome, x.err = outcomeTimeout, fmt.Errorf("replica %s: %w", ep.Name(), cause)
+	default:
+		x.outcome, x.err = outcomeUpstream, fmt.Errorf("replica %s: reading: %w", ep.Name(), err)
+		s.deps.Fleet.Report(ep, fleet.OutcomeConnError)
+	}
+	if !sse {
+		x.abort = true
+		return
+	}
+	_, _ = x.w.Write(sseError(x.err.Error(), http.StatusBadGateway))
+	_ = http.NewResponseController(x.w).Flush()
+}
+
+// writeError marks a failure to write to the client.
+type writeError struct{ err error }
+
+func (e *writeError) Error() string { return "writing: " + e.err.Error() }
+func (e *writeError) Unwrap() error { return e.err }
+
+// copyBody copies a non-event body through buf. It returns nil at EOF, a
+// *writeError when the client fails, else the read error.
+func copyBody(w http.ResponseWriter, wd *watchdog, body io.Reader, buf []byte) error {
+	for {
+		n, err := body.Read(buf)
+		if n > 0 {
+			wd.progress()
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return &writeError{werr}
+			}
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// maxPendingEvent bounds the bytes of one incomplete event held back; a
+// longer event is written through unflushed boundaries.
+const maxPendingEvent = 1 << 20
+
+// copyEvents relays a server-sent event stream, writing and flushing only
+// whole events (ended by a blank line), so that a stream cut short never
+// leaves half an event before the error event. It observes time to first
+// token and inter-token latency per flushed write.
+func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byte) error {
+	rc := http.NewResponseController(x.w)
+	var pending []byte
+	var last time.Time
+	model := x.req.model
+	for {
+		n, err := body.Read(buf)
+		if n > 0 {
+			wd.progress()
+			chunk := buf[:n]
+			if len(pending) > 0 {
+				pending = append(pending, chunk...)
+				chunk = pending
+			}
+			end := lastEventEnd(chunk)
+			if end == 0 && len(chunk) > maxPendingEvent {
+				end = len(chunk)
+			}
+			if end > 0 {
+				if _, werr := x.w.Write(chunk[:end]); werr != nil {
+					return &writeError{werr}
+				}
+				if ferr := rc.Flush(); ferr != nil {
+					return &writeError{ferr}
+				}
+				now := time.Now()
+				if last.IsZero() {
+					s.m.ttft.WithLabelValues(model).Observe(now.Sub(x.start).Seconds())
+				} else {
+					s.m.itl.WithLabelValues(model).Observe(now.Sub(last).Seconds())
+				}
+				last = now
+			}
+			pending = append(pending[:0], chunk[end:]...)
+		}
+		if err == io.EOF {
+			if len(pending) > 0 { // a final event without its blank line
+				if _, werr := x.w.Write(pending); werr != nil {
+					return &writeError{werr}
+				}
+			}
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// lastEventEnd returns the index just past the last event terminator
+// ("\n\n" or "\r\n\r\n") in b, or 0.
+func lastEventEnd(b []byte) int {
+	i := bytes.LastIndex(b, []byte("\n\n"))
+	j := bytes.LastIndex(b, []byte("\r\n\r\n"))
+	if j >= 0 && j+4 > i+2 {
+		return j + 4
+	}
+	if i >= 0 {
+		return i + 2
+	}
+	return 0
+}

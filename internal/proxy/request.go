@@ -1,0 +1,268 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+)
+
+// kind is which OpenAI endpoint a request body is for.
+type kind uint8
+
+const (
+	kindCompletion kind = iota // POST /v1/completions: "prompt"
+	kindChat                   // POST /v1/chat/completions: "messages"
+)
+
+func (k kind) path() string {
+	if k == kindChat {
+		return "/v1/chat/completions"
+	}
+	return "/v1/completions"
+}
+
+// request is the part of an OpenAI request body the router reads; the body
+// itself is forwarded unchanged but for the vllm_xargs merge.
+type request struct {
+	kind   kind
+	body   []byte
+	model  string
+	stream bool
+	// messages are the chat messages, validated: objects with a string role.
+	messages []json.RawMessage
+	// promptText is a completion's string prompt (the first one of a batch).
+	promptText string
+	// promptTokens are a completion's token-id prompt (the first one of a
+	// batch); nil for text prompts.
+	promptTokens []uint32
+	hasPrompt    bool
+	// cacheSalt is vLLM's cache_salt, "" when absent.
+	cacheSalt string
+	// xargs is the raw vllm_xargs object, nil when absent.
+	xargs json.RawMessage
+}
+
+// wire is the decoding target: every field the router checks, kept raw so
+// that wrong types are reported as 400s naming the field.
+type wire struct {
+	Model     json.RawMessage `json:"model"`
+	Stream    json.RawMessage `json:"stream"`
+	Messages  json.RawMessage `json:"messages"`
+	Prompt    json.RawMessage `json:"prompt"`
+	CacheSalt json.RawMessage `json:"cache_salt"`
+	VLLMXArgs json.RawMessage `json:"vllm_xargs"`
+}
+
+// parseRequest decodes and validates an OpenAI request body. Errors are
+// *apiError 400s in OpenAI's shape, naming the field.
+func parseRequest(k kind, body []byte) (*request, *apiError) {
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		return nil, badRequest("", "request body must be a JSON object")
+	}
+	var w wire
+	if err := json.Unmarshal(trimmed, &w); err != nil {
+		return nil, badRequest("", fmt.Sprintf("malformed JSON: %v", err))
+	}
+	r := &request{kind: k, body: body}
+	if isNull(w.Model) {
+		return nil, badRequest("model", "model is required")
+	}
+	if err := json.Unmarshal(w.Model, &r.model); err != nil || r.model == "" {
+		return nil, badRequest("model", "model must be a non-empty string")
+	}
+	if !isNull(w.Stream) {
+		if err := json.Unmarshal(w.Stream, &r.stream); err != nil {
+			return nil, badRequest("stream", "stream must be a boolean")
+		}
+	}
+	if !isNull(w.CacheSalt) {
+		if err := json.Unmarshal(w.CacheSalt, &r.cacheSalt); err != nil {
+			return nil, badRequest("cache_salt", "cache_salt must be a string")
+		}
+	}
+	if !isNull(w.VLLMXArgs) {
+		if bytes.TrimSpace(w.VLLMXArgs)[0] != '{' {
+			return nil, badRequest("vllm_xargs", "vllm_xargs must be an object")
+		}
+		r.xargs = w.VLLMXArgs
+	}
+	switch k {
+	case kindChat:
+		if e := r.parseMessages(w.Messages); e != nil {
+			return nil, e
+		}
+	case kindCompletion:
+		if e := r.parsePrompt(w.Prompt); e != nil {
+			return nil, e
+		}
+	}
+	return r, nil
+}
+
+func isNull(raw json.RawMessage) bool {
+	return len(raw) == 0 || string(bytes.TrimSpace(raw)) == "null"
+}
+
+// parseMessages checks that messages is a non-empty array of objects with a
+// string role and a content that is a string, null, or an array of typed
+// parts (text, image_url, ...).
+func (r *request) parseMessages(raw json.RawMessage) *apiError {
+	if isNull(raw) {
+		return badRequest("messages", "messages is required")
+	}
+	if err := json.Unmarshal(raw, &r.messages); err != nil {
+		return badRequest("messages", "messages must be an array of message objects")
+	}
+	if len(r.messages) == 0 {
+		return badRequest("messages", "messages must not be empty")
+	}
+	for i, m := range r.messages {
+		var msg struct {
+			Role    json.RawMessage `json:"role"`
+			Content json.RawMessage `json:"content"`
+		}
+		param := fmt.Sprintf("messages[%d]", i)
+		if bytes.TrimSpace(m)[0] != '{' || json.Unmarshal(m, &msg) != nil {
+			return badRequest(param, param+" must be an object")
+		}
+		var role string
+		if json.Unmarshal(msg.Role, &role) != nil || role == "" {
+			return badRequest(param+".role", param+".role must be a non-empty string")
+		}
+		if isNull(msg.Content) {
+			continue
+		}
+		switch bytes.TrimSpace(msg.Content)[0] {
+		case '"':
+		case '[':
+			var parts []struct {
+				Type *string `json:"type"`
+			}
+			if json.Unmarshal(msg.Content, &parts) != nil {
+				return badRequest(param+".content", param+".content must be a string or an array of content parts")
+			}
+			for j, p := range parts {
+				if p.Type == nil {
+					return badRequest(fmt.Sprintf("%s.content[%d].type", param, j), "content part type is required")
+				}
+			}
+		default:
+			return badRequest(param+".content", param+".content must be a string or an array of content parts")
+		}
+	}
+	return nil
+}
+
+// parsePrompt accepts vLLM's prompt shapes: a string, an array of strings,
+// an array of token ids, or an array of token-id arrays. The router routes a
+// batch by its first prompt.
+func (r *request) parsePrompt(raw json.RawMessage) *apiError {
+	const msg = "prompt must be a string, an array of strings, an array of token ids or an array of token-id arrays"
+	if isNull(raw) {
+		return badRequest("prompt", "prompt is required")
+	}
+	raw = bytes.TrimSpace(raw)
+	r.hasPrompt = true
+	switch raw[0] {
+	case '"':
+		if json.Unmarshal(raw, &r.promptText) != nil {
+			return badRequest("prompt", msg)
+		}
+		return nil
+	case '[':
+	default:
+		return badRequest("prompt", msg)
+	}
+	var items []json.RawMessage
+	if json.Unmarshal(raw, &items) != nil || len(items) == 0 {
+		return badRequest("prompt", "prompt must not be empty")
+	}
+	switch items[0][0] {
+	case '"':
+		var ss []string
+		if json.Unmarshal(raw, &ss) != nil {
+			return badRequest("prompt", msg)
+		}
+		r.promptText = ss[0]
+	case '[':
+		var tt [][]float64
+		if json.Unmarshal(raw, &tt) != nil {
+			return badRequest("prompt", msg)
+		}
+		for i, t := range tt {
+			ids, ok := tokenIDs(t)
+			if !ok || len(ids) == 0 {
+				return badRequest(fmt.Sprintf("prompt[%d]", i), "token ids must be non-negative integers < 2^32, at least one")
+			}
+			if i == 0 {
+				r.promptTokens = ids
+			}
+		}
+	default:
+		var t []float64
+		if json.Unmarshal(raw, &t) != nil {
+			return badRequest("prompt", msg)
+		}
+		ids, ok := tokenIDs(t)
+		if !ok {
+			return badRequest("prompt", "token ids must be non-negative integers < 2^32")
+		}
+		r.promptTokens = ids
+	}
+	return nil
+}
+
+func tokenIDs(fs []float64) ([]uint32, bool) {
+	ids := make([]uint32, len(fs))
+	for i, f := range fs {
+		if f < 0 || f > math.MaxUint32 || f != math.Trunc(f) {
+			return nil, false
+		}
+		ids[i] = uint32(f)
+	}
+	return ids, true
+}
+
+// hitReportXArgs is merged into vllm_xargs so that the engine reports the
+// prefix blocks it reused as KV events (vLLM >= 2026-07).
+const hitReportKey = "kv_cache_report_mode"
+
+// forwardBody returns the body to send upstream: with
+// vllm_xargs.kv_cache_report_mode = "full" merged in when inject is set and
+// the client did not choose a mode itself, else the body unchanged.
+func (r *request) forwardBody(inject bool) ([]byte, error) {
+	if !inject {
+		return r.body, nil
+	}
+	if r.xargs == nil {
+		// Common case: splice before the closing brace, no re-encoding.
+		b := bytes.TrimRight(r.body, " \t\r\n")
+		if len(b) == 0 || b[len(b)-1] != '}' {
+			return nil, fmt.Errorf("body does not end with '}'")
+		}
+		out := make([]byte, 0, len(b)+64)
+		out = append(out, b[:len(b)-1]...)
+		out = append(out, `,"vllm_xargs":{"`+hitReportKey+`":"full"}}`...)
+		return out, nil
+	}
+	var xargs map[string]json.RawMessage
+	if err := json.Unmarshal(r.xargs, &xargs); err != nil {
+		return nil, fmt.Errorf("vllm_xargs: %w", err)
+	}
+	if _, ok := xargs[hitReportKey]; ok {
+		return r.body, nil
+	}
+	xargs[hitReportKey] = json.RawMessage(`"full"`)
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(r.body, &top); err != nil {
+		return nil, fmt.Errorf("body: %w", err)
+	}
+	nx, err := json.Marshal(xargs)
+	if err != nil {
+		return nil, fmt.Errorf("vllm_xargs: %w", err)
+	}
+	top["vllm_xargs"] = nx
+	return json.Marshal(top)
+}

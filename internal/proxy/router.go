@@ -1,0 +1,69 @@
+package proxy
+
+import (
+	"context"
+)
+
+// Router chooses the replica of one request among candidates. The proxy
+// calls it once per attempt (a retry excludes the replicas already tried).
+// Implementations must be safe for concurrent use and fast (no I/O).
+type Router interface {
+	Route(in *RouteInput) (Decision, error)
+}
+
+// RouteInput is what the proxy knows of a request when routing it.
+type RouteInput struct {
+	// Model is the request's model name.
+	Model string
+	// Tokens are the prompt's token ids as the engine will see them; nil
+	// when unknown (tokenizer "none" with a text prompt, or a tokenizer
+	// error): route by load.
+	Tokens []uint32
+	// Text is the prompt text when the request had one (a completion's
+	// string prompt), for character-based baselines; "" otherwise.
+	Text string
+	// Session is the first non-empty session header value, or "".
+	Session string
+	// CacheSalt is the request's cache_salt, or "".
+	CacheSalt string
+	// Candidates are the names of the replicas that may serve the request,
+	// in configuration order; never empty.
+	Candidates []string
+	// DryRun asks for the decision without recording it (no load lease, no
+	// predicted blocks): POST /v1/route.
+	DryRun bool
+}
+
+// Decision is a Router's answer.
+type Decision struct {
+	// Replica is the chosen candidate's name.
+	Replica string
+	// CachedTokens is the predicted prefix-cache hit on Replica, in tokens.
+	CachedTokens int
+	// Release ends the request's load lease; the proxy calls it exactly
+	// once when the attempt ends (done, error, cancel or retry). Nil when
+	// nothing was recorded.
+	Release func()
+	// Shadow, when not nil, is what the shadow policy would have chosen
+	// (policy shadow): exported as metrics, never acted on.
+	Shadow *ShadowDecision
+	// Explain is the record of why, marshalled as JSON by POST /v1/route:
+	// per-candidate cached blocks and cost.
+	Explain any
+}
+
+// ShadowDecision is the compared policy's choice in shadow mode.
+type ShadowDecision struct {
+	// Replica the shadow policy would have chosen.
+	Replica string
+	// CachedTokens it would have found cached there.
+	CachedTokens int
+}
+
+// Tokenizer turns a request into the token ids the engine will compute.
+// chat tells a /v1/chat/completions body from a /v1/completions body; text
+// is a completion's (first) string prompt. It may do I/O (an engine's
+// render endpoint), bounded by ctx.
+type Tokenizer interface {
+	Tokens(ctx context.Context, chat bool, body []byte, text string) ([]uint32, error)
+}

@@ -1,0 +1,194 @@
+package proxy
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"kvrouter/internal/fleet"
+)
+
+// Deps are a Server's collaborators.
+type Deps struct {
+	// Fleet holds the engines of every configured model. Required.
+	Fleet *fleet.Fleet
+	// Routers choose replicas, one per model name. Required for every model.
+	Routers map[string]Router
+	// Tokenizers turn requests into token ids, per model name; a missing or
+	// nil entry means tokenizer "none".
+	Tokenizers map[string]Tokenizer
+	// Ready, when not nil, must also report true for GET /ready (e.g. every
+	// event subscriber connected).
+	Ready func() bool
+	// Gatherer serves GET /metrics; nil: 404.
+	Gatherer prometheus.Gatherer
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// Server is the HTTP front. Safe for concurrent use.
+type Server struct {
+	cfg     Config
+	deps    Deps
+	log     *slog.Logger
+	m       *metrics
+	models  map[string]*model
+	handler http.Handler
+}
+
+// model is one configured model group.
+type model struct {
+	cfg       ModelConfig
+	router    Router
+	tok       Tokenizer
+	transport *http.Transport
+}
+
+// New builds a Server from a defaults-filled, validated cfg. It starts no
+// goroutines. All problems are returned at once.
+func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*Server, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if deps.Now == nil {
+		deps.Now = time.Now
+	}
+	var errs []error
+	if deps.Fleet == nil {
+		errs = append(errs, errors.New("no fleet"))
+	}
+	s := &Server{cfg: cfg, deps: deps, log: log, models: map[string]*model{}}
+	for i, mc := range cfg.Models {
+		r := deps.Routers[mc.Name]
+		if r == nil {
+			errs = append(errs, fmt.Errorf("models[%d] %q: no router", i, mc.Name))
+		}
+		if deps.Fleet != nil && len(deps.Fleet.Endpoints(mc.Name)) == 0 {
+			errs = append(errs, fmt.Errorf("models[%d] %q: no engines in the fleet", i, mc.Name))
+		}
+		s.models[mc.Name] = &model{cfg: mc, router: r, tok: deps.Tokenizers[mc.Name], transport: newTransport(mc.Timeouts)}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	s.m = m
+	s.handler = s.routes()
+	return s, nil
+}
+
+// newTransport returns the engine transport of one model: its own
+// connection pool, connect timeout, no compression (bytes are relayed as
+// they come), many idle connections (thousands of concurrent streams).
+func newTransport(t TimeoutsConfig) *http.Transport {
+	return &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: t.Connect, KeepAlive: 30 * time.Second}).DialContext,
+		TLSHandshakeTimeout: t.Connect,
+		DisableCompression:  true,
+		MaxIdleConns:        0,
+		MaxIdleConnsPerHost: 2048,
+		IdleConnTimeout:     90 * time.Second,
+	}
+}
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/completions", s.auth(func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, kindCompletion) }))
+	mux.HandleFunc("POST /v1/chat/completions", s.auth(func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, kindChat) }))
+	mux.HandleFunc("POST /v1/route", s.auth(s.serveRoute))
+	mux.HandleFunc("GET /v1/models", s.auth(s.serveModels))
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.HandleFunc("GET /ready", s.serveReady)
+	if s.deps.Gatherer != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(s.deps.Gatherer, promhttp.HandlerOpts{}))
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		(&apiError{status: http.StatusNotFound, typ: "not_found_error", message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)}).write(w)
+	})
+	return mux
+}
+
+// Handler returns the server's HTTP handler (for tests and embedding).
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// auth checks the client's bearer token when Config.APIKey is set.
+func (s *Server) auth(h http.HandlerFunc) http.HandlerFunc {
+	if s.cfg.APIKey == "" {
+		return h
+	}
+	want := "Bearer " + s.cfg.APIKey
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != want {
+			(&apiError{status: http.StatusUnauthorized, typ: "authentication_error", message: "invalid API key"}).write(w)
+			return
+		}
+		h(w, r)
+	}
+}
+
+func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
+	if !s.deps.Fleet.Ready() || (s.deps.Ready != nil && !s.deps.Ready()) {
+		http.Error(w, "not ready", http.StatusServiceUnavailable)
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+// Run serves on ln until ctx is done, then stops accepting, lets requests
+// in flight finish for up to Config.DrainTimeout, closes what is left and
+// returns. It returns nil after a drain, or the listener's error.
+func (s *Server) Run(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: 30 * time.Second,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		s.closeIdle()
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	s.log.Info("draining", "timeout", s.cfg.DrainTimeout)
+	dctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
+	defer cancel()
+	err := srv.Shutdown(dctx)
+	if err != nil {
+		s.log.Warn("drain deadline passed, closing connections", "err", err)
+		_ = srv.Close()
+	}
+	<-errc
+	s.closeIdle()
+	return nil
+}
+
+func (s *Server) closeIdle() {
+	for _, m := range s.models {
+		m.transport.CloseIdleConnections()
+	}
+}
+
+// requestID returns the client's x-request-id, or a new random one.
+func requestID(r *http.Request) string {
+	if id := r.Header.Get("X-Request-Id"); id != "" && len(id) <= 256 {
+		return id
+	}
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	return hex.EncodeToString(b[:])
+}
