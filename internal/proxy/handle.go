@@ -37,14 +37,14 @@ type exchange struct {
 
 // Outcome labels of kvrouter_proxy_requests_total.
 const (
-	outcomeOK           = "ok"            // engine answered 2xx/3xx, relayed whole
-	outcomeEngineError  = "engine_error"  // engine answered 4xx/5xx, relayed
-	outcomeBadRequest   = "bad_request"   // rejected by the router (400, 401, 404, 413)
-	outcomeNoReplica    = "no_replica"    // 503: no replica up
+	outcomeOK           = "ok"             // engine answered 2xx/3xx, relayed whole
+	outcomeEngineError  = "engine_error"   // engine answered 4xx/5xx, relayed
+	outcomeBadRequest   = "bad_request"    // rejected by the router (400, 401, 404, 413)
+	outcomeNoReplica    = "no_replica"     // 503: no replica up
 	outcomeUpstream     = "upstream_error" // connect failed or engine broke (502, or a broken stream)
-	outcomeTimeout      = "timeout"       // first-byte or idle timeout
-	outcomeClientClosed = "client_closed" // client left (logged as 499)
-	outcomeRouteOnly    = "route_only"    // decision explained, not forwarded
+	outcomeTimeout      = "timeout"        // first-byte or idle timeout
+	outcomeClientClosed = "client_closed"  // client left (logged as 499)
+	outcomeRouteOnly    = "route_only"     // decision explained, not forwarded
 )
 
 // serveInference handles POST /v1/completions and /v1/chat/completions.
