@@ -280,6 +280,50 @@ func (c *ChatTemplate) vars(req ChatRequest) (map[string]jinja.Value, error) {
 	return vars, nil
 }
 
+// Local renders chats with a model's compiled template and encodes them
+// with its tokenizer: the exact, in-process way to get the ids vLLM will
+// compute. It is immutable and safe for concurrent use.
+type Local struct {
+	tok     *Tokenizer
+	tmpl    *ChatTemplate // nil when the model has no chat template
+	tmplErr error         // why tmpl is nil
+}
+
+// NewLocal compiles tok's chat template (from tokenizer_config.json) once.
+// A model without a chat template is not an error: EncodeChat then returns
+// ErrNoChatTemplate. A template that does not compile is.
+func NewLocal(tok *Tokenizer, format ContentFormat) (*Local, error) {
+	cfg := tok.Config()
+	tmpl, err := NewChatTemplate(ChatTemplateConfig{
+		Source: cfg.ChatTemplate, BOSToken: cfg.BOSToken, EOSToken: cfg.EOSToken, ContentFormat: format,
+	})
+	if err != nil && !errors.Is(err, ErrNoChatTemplate) {
+		return nil, err
+	}
+	return &Local{tok: tok, tmpl: tmpl, tmplErr: err}, nil
+}
+
+// Encode returns the ids of a plain prompt (see Tokenizer.Encode).
+func (l *Local) Encode(text string, addSpecialTokens bool) []uint32 {
+	return l.tok.Encode(text, addSpecialTokens)
+}
+
+// Decode returns the text of ids (see Tokenizer.Decode).
+func (l *Local) Decode(ids []uint32) string { return l.tok.Decode(ids) }
+
+// EncodeChat renders req and encodes the text with add_special_tokens=false,
+// as vLLM does for chat requests (the template writes the special tokens).
+// Errors are Render's.
+func (l *Local) EncodeChat(req ChatRequest) (text string, ids []uint32, err error) {
+	if l.tmpl == nil {
+		return "", nil, l.tmplErr
+	}
+	if text, err = l.tmpl.Render(req); err != nil {
+		return "", nil, err
+	}
+	return text, l.tok.Encode(text, false), nil
+}
+
 // strftimeNow implements transformers' strftime_now(format): the current
 // local time formatted with Python's (glibc's) strftime directives,
 // including the glibc "-" flag that drops padding (%-d).

@@ -330,3 +330,35 @@ func FuzzChatRequest(f *testing.F) {
 		_, _ = tmpl.Render(req)
 	})
 }
+
+func loadQwen3Local(t testing.TB) *Local {
+	t.Helper()
+	tok, err := Load(qwen3Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := NewLocal(tok, ContentAuto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// TestEncodeChatQwen3Golden checks text and ids of every chat.jsonl case
+// through Load + NewLocal, the path the router uses.
+func TestEncodeChatQwen3Golden(t *testing.T) {
+	l := loadQwen3Local(t)
+	for i, c := range loadChatCases(t) {
+		text, ids, err := l.EncodeChat(c.request())
+		if err != nil {
+			t.Errorf("case %d: %v", i, err)
+			continue
+		}
+		if text != c.Text {
+			t.Errorf("case %d: text differs at byte %d", i, firstDiff(text, c.Text))
+		}
+		if !equalIDs(ids, c.IDs) {
+			t.Errorf("case %d: ids differ\n got: %v\nwant: %v", i, ids, c.IDs)
+		}
+	}
+}
