@@ -310,4 +310,3 @@ func (s *Source) Completion(ctx context.Context, prompt string, addSpecialTokens
 	}
 	return s.remote.Completion(ctx, prompt, addSpecialTokens)
 }
-
