@@ -199,3 +199,10 @@ func (a *Approx) Lookup(keys []Key, out []Match) []Match {
 
 // Stats returns the index's counters; it takes no lock.
 func (a *Approx) Stats() Stats { return a.c.stats() }
+
+// ReplicaBlocks returns how many entries replica id holds (its "tree size").
+func (a *Approx) ReplicaBlocks(id ReplicaID) int {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	return a.st.replicaEntries(id)
+}

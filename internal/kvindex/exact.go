@@ -415,3 +415,10 @@ func (x *Exact) heldPrefix(id ReplicaID, keys []Key) int {
 
 // Stats returns the index's counters; it takes no lock.
 func (x *Exact) Stats() Stats { return x.c.stats() }
+
+// ReplicaBlocks returns how many entries replica id holds (its "tree size").
+func (x *Exact) ReplicaBlocks(id ReplicaID) int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.st.replicaEntries(id)
+}

@@ -45,8 +45,9 @@ type store struct {
 	// perSrcLRU keeps one LRU list per source (approximate index: capacity
 	// per replica); otherwise list 0 is global.
 	perSrcLRU bool
-	auxKeyed  bool // source tables keyed by aux (exact) rather than key
-	n         int  // live entries
+	auxKeyed  bool    // source tables keyed by aux (exact) rather than key
+	n         int     // live entries
+	held      []int32 // live entries by ReplicaID
 }
 
 func newStore(perSrcLRU, auxKeyed bool) store {
@@ -110,6 +111,11 @@ func (s *store) insert(src uint32, k Key, aux uint64) uint32 {
 	s.srcs[src].tab.insert(s.ents, h, idx)
 	s.pushFront(s.listOf(src), idx)
 	s.n++
+	r := s.srcs[src].replica
+	for int(r) >= len(s.held) {
+		s.held = append(s.held, 0)
+	}
+	s.held[r]++
 	return idx
 }
 
@@ -192,6 +198,7 @@ func (s *store) remove(idx uint32) {
 func (s *store) drop(idx uint32) {
 	s.unlinkKey(idx)
 	s.unlinkLRU(s.listOf(s.ents[idx].src), idx)
+	s.held[s.srcs[s.ents[idx].src].replica]--
 	s.ents[idx] = entry{next: s.free}
 	s.free = idx
 	s.n--
@@ -245,3 +252,11 @@ const (
 	tierStorage
 	tierNone
 )
+
+// replicaEntries returns the live entries of replica r.
+func (s *store) replicaEntries(r ReplicaID) int {
+	if r < 0 || int(r) >= len(s.held) {
+		return 0
+	}
+	return int(s.held[r])
+}

@@ -1,0 +1,217 @@
+package routing
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// Config configures a Router and its policy. A zero field means the default
+// named in its comment; DefaultConfig fills them in.
+type Config struct {
+	// Policy is the policy name (see NewPolicy). Default "kv".
+	Policy string `yaml:"policy"`
+	// BlockSize is used when the index does not tell its block size, in
+	// tokens. Default 16.
+	BlockSize int `yaml:"block_size"`
+	// PrefillRate and DecodeRate are each replica's throughput in tokens/s
+	// until SetRates. Defaults 10,000 and 2,000.
+	PrefillRate float64 `yaml:"prefill_rate"`
+	DecodeRate  float64 `yaml:"decode_rate"`
+	// DefaultMaxTokens is the expected output length when a request gives
+	// none, in tokens. Default 256.
+	DefaultMaxTokens int `yaml:"default_max_tokens"`
+	// GaugeMaxAge is how long scraped engine gauges stay valid. Default 10s.
+	GaugeMaxAge time.Duration `yaml:"gauge_max_age"`
+
+	KV          KVConfig          `yaml:"kv"`
+	Dynamo      DynamoConfig      `yaml:"dynamo"`
+	LLMD        LLMDConfig        `yaml:"llmd"`
+	SGLang      SGLangConfig      `yaml:"sglang"`
+	PrefixChars PrefixCharsConfig `yaml:"prefix_chars"`
+	// SessionFallback is the policy for requests without a session key
+	// under the session policy. Default "kv".
+	SessionFallback string `yaml:"session_fallback"`
+
+	// Now is the clock (time.Now when nil).
+	Now func() time.Time `yaml:"-"`
+	// Rand is the random source for random choices and tie-breaks (seeded
+	// from the clock when nil).
+	Rand *rand.Rand `yaml:"-"`
+}
+
+// KVConfig weighs the kv policy's cost (see the package doc).
+type KVConfig struct {
+	// GPUWeight, CPUWeight, StorageWeight and PredictedWeight weigh leading
+	// blocks by tier. Defaults 1, 0.75, 0.25, 1. A weight below 0 means 0.
+	GPUWeight       float64 `yaml:"gpu_weight"`
+	CPUWeight       float64 `yaml:"cpu_weight"`
+	StorageWeight   float64 `yaml:"storage_weight"`
+	PredictedWeight float64 `yaml:"predicted_weight"`
+	// CreditDecay is the backlog difference, in seconds, over which a
+	// busier replica's cache credit falls by a factor e. Default 2s;
+	// negative disables decay (full credit, as Dynamo).
+	CreditDecay time.Duration `yaml:"credit_decay"`
+	// DecodeWeight weighs running decode tokens / decode rate. Default 0.1;
+	// negative means 0.
+	DecodeWeight float64 `yaml:"decode_weight"`
+	// WaitingPenalty is seconds added per request waiting in the engine
+	// (fresh gauges only). Default 0.05s; negative means 0.
+	WaitingPenalty time.Duration `yaml:"waiting_penalty"`
+}
+
+// DynamoConfig is NVIDIA Dynamo's KV router cost.
+type DynamoConfig struct {
+	// OverlapWeight is Dynamo's --kv-overlap-score-weight. Default 1.
+	OverlapWeight float64 `yaml:"overlap_weight"`
+}
+
+// LLMDConfig is llm-d's default scorer weights.
+type LLMDConfig struct {
+	// QueueWeight, KVUsageWeight and PrefixWeight weigh the queue-scorer,
+	// kv-cache-utilization-scorer and prefix-cache-scorer. Defaults 2, 2, 3.
+	QueueWeight   float64 `yaml:"queue_weight"`
+	KVUsageWeight float64 `yaml:"kv_usage_weight"`
+	PrefixWeight  float64 `yaml:"prefix_weight"`
+}
+
+// SGLangConfig is sglang router's cache_aware policy.
+type SGLangConfig struct {
+	// CacheThreshold is the prefix match rate above which the best-matching
+	// worker is chosen. Default 0.3.
+	CacheThreshold float64 `yaml:"cache_threshold"`
+	// BalanceAbsThreshold and BalanceRelThreshold: the fleet is imbalanced
+	// when max-min load > abs and max > rel*min. Defaults 64 and 1.5.
+	BalanceAbsThreshold int     `yaml:"balance_abs_threshold"`
+	BalanceRelThreshold float64 `yaml:"balance_rel_threshold"`
+}
+
+// PrefixCharsConfig is production-stack's prefix-aware router.
+type PrefixCharsConfig struct {
+	// ChunkSize is the trie's chunk length in characters (bytes). Default 128.
+	ChunkSize int `yaml:"chunk_size"`
+	// MaxNodes bounds the trie; it is emptied when full. Default 1,000,000.
+	MaxNodes int `yaml:"max_nodes"`
+}
+
+// DefaultConfig returns cfg with every zero field set to its default.
+func DefaultConfig(cfg Config) Config {
+	def := func(p *float64, v float64) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	if cfg.Policy == "" {
+		cfg.Policy = "kv"
+	}
+	if cfg.BlockSize == 0 {
+		cfg.BlockSize = 16
+	}
+	def(&cfg.PrefillRate, 10000)
+	def(&cfg.DecodeRate, 2000)
+	if cfg.DefaultMaxTokens == 0 {
+		cfg.DefaultMaxTokens = 256
+	}
+	if cfg.GaugeMaxAge == 0 {
+		cfg.GaugeMaxAge = 10 * time.Second
+	}
+	def(&cfg.KV.GPUWeight, 1)
+	def(&cfg.KV.CPUWeight, 0.75)
+	def(&cfg.KV.StorageWeight, 0.25)
+	def(&cfg.KV.PredictedWeight, 1)
+	if cfg.KV.CreditDecay == 0 {
+		cfg.KV.CreditDecay = 2 * time.Second
+	}
+	def(&cfg.KV.DecodeWeight, 0.1)
+	if cfg.KV.WaitingPenalty == 0 {
+		cfg.KV.WaitingPenalty = 50 * time.Millisecond
+	}
+	def(&cfg.Dynamo.OverlapWeight, 1)
+	def(&cfg.LLMD.QueueWeight, 2)
+	def(&cfg.LLMD.KVUsageWeight, 2)
+	def(&cfg.LLMD.PrefixWeight, 3)
+	def(&cfg.SGLang.CacheThreshold, 0.3)
+	if cfg.SGLang.BalanceAbsThreshold == 0 {
+		cfg.SGLang.BalanceAbsThreshold = 64
+	}
+	def(&cfg.SGLang.BalanceRelThreshold, 1.5)
+	if cfg.PrefixChars.ChunkSize == 0 {
+		cfg.PrefixChars.ChunkSize = 128
+	}
+	if cfg.PrefixChars.MaxNodes == 0 {
+		cfg.PrefixChars.MaxNodes = 1_000_000
+	}
+	if cfg.SessionFallback == "" {
+		cfg.SessionFallback = "kv"
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Rand == nil {
+		seed := uint64(time.Now().UnixNano())
+		cfg.Rand = rand.New(rand.NewPCG(seed, seed>>1|1))
+	}
+	return cfg
+}
+
+func (cfg Config) validate() error {
+	var errs []error
+	if cfg.BlockSize < 0 {
+		errs = append(errs, fmt.Errorf("block_size %d: must be positive", cfg.BlockSize))
+	}
+	if cfg.PrefillRate < 0 || cfg.DecodeRate < 0 {
+		errs = append(errs, fmt.Errorf("prefill_rate %v, decode_rate %v: must be positive", cfg.PrefillRate, cfg.DecodeRate))
+	}
+	if cfg.GaugeMaxAge < 0 {
+		errs = append(errs, fmt.Errorf("gauge_max_age %v: must be positive", cfg.GaugeMaxAge))
+	}
+	if cfg.PrefixChars.ChunkSize < 0 {
+		errs = append(errs, fmt.Errorf("prefix_chars.chunk_size %d: must be positive", cfg.PrefixChars.ChunkSize))
+	}
+	if cfg.SessionFallback == "session" {
+		errs = append(errs, errors.New("session_fallback: must not be session"))
+	}
+	return errors.Join(errs...)
+}
+
+// ErrUnknownPolicy is returned by NewPolicy and New for a policy name not in
+// Policies.
+var ErrUnknownPolicy = errors.New("unknown routing policy")
+
+// Policies lists the policy names NewPolicy accepts.
+func Policies() []string {
+	return []string{"kv", "random", "round_robin", "least_load", "session", "prefix_chars", "dynamo", "llmd", "sglang"}
+}
+
+// NewPolicy returns the named policy configured by cfg (after
+// DefaultConfig). The error wraps ErrUnknownPolicy for an unknown name.
+func NewPolicy(name string, cfg Config) (Policy, error) {
+	cfg = DefaultConfig(cfg)
+	rng := &lockedRand{r: cfg.Rand}
+	switch name {
+	case "kv":
+		return &KV{cfg: cfg.KV, blockSize: cfg.BlockSize, rng: rng}, nil
+	case "random":
+		return &Random{rng: rng}, nil
+	case "round_robin":
+		return &RoundRobin{}, nil
+	case "least_load":
+		return &LeastLoad{rng: rng}, nil
+	case "session":
+		fb, err := NewPolicy(cfg.SessionFallback, cfg)
+		if err != nil {
+			return nil, fmt.Errorf("session fallback: %w", err)
+		}
+		return &Session{Fallback: fb}, nil
+	case "prefix_chars":
+		return newPrefixChars(cfg.PrefixChars, rng), nil
+	case "dynamo":
+		return &Dynamo{cfg: cfg.Dynamo, blockSize: cfg.BlockSize, rng: rng}, nil
+	case "llmd":
+		return &LLMD{cfg: cfg.LLMD, blockSize: cfg.BlockSize, rng: rng}, nil
+	case "sglang":
+		return &SGLang{cfg: cfg.SGLang, blockSize: cfg.BlockSize, rng: rng}, nil
+	}
+	return nil, fmt.Errorf("%w %q (known: %v)", ErrUnknownPolicy, name, Policies())
+}

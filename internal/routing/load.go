@@ -1,0 +1,121 @@
+package routing
+
+import (
+	"math"
+	"sync/atomic"
+	"time"
+
+	"kvrouter/internal/kvindex"
+)
+
+// Gauges are an engine's scraped load gauges.
+type Gauges struct {
+	// Waiting and Running are vllm:num_requests_waiting and
+	// vllm:num_requests_running.
+	Waiting, Running int
+	// KVUsage is vllm:kv_cache_usage_perc, 0..1.
+	KVUsage float64
+	// At is when they were scraped (Config.Now's clock).
+	At time.Time
+}
+
+// replica is one replica's routing state. Counters change only through
+// leases.
+type replica struct {
+	name    string
+	id      kvindex.ReplicaID
+	healthy atomic.Bool
+	gone    atomic.Bool
+
+	inFlight, queuedPrefill, runningDecode, activeTokens atomic.Int64
+
+	prefillRate, decodeRate atomic.Uint64 // float64 bits
+	gauges                  atomic.Pointer[Gauges]
+}
+
+func (r *replica) load(now time.Time, maxAge time.Duration) Load {
+	l := Load{
+		InFlight:      r.inFlight.Load(),
+		QueuedPrefill: r.queuedPrefill.Load(),
+		RunningDecode: r.runningDecode.Load(),
+		ActiveTokens:  r.activeTokens.Load(),
+		PrefillRate:   math.Float64frombits(r.prefillRate.Load()),
+		DecodeRate:    math.Float64frombits(r.decodeRate.Load()),
+	}
+	if g := r.gauges.Load(); g != nil && now.Sub(g.At) <= maxAge {
+		l.Waiting, l.Running, l.KVUsage, l.Fresh = g.Waiting, g.Running, g.KVUsage, true
+	}
+	return l
+}
+
+// Lease holds one routed request's load on its replica until Release. All
+// methods are idempotent and safe for concurrent use; call Release exactly
+// once on every exit path (`defer lease.Release()`), FirstToken when the
+// first output token arrives.
+type Lease struct {
+	r        *replica
+	m        *metrics
+	prefill  int64 // uncached prompt tokens, queued until the first token
+	decode   int64 // expected output tokens
+	active   int64 // prompt + output tokens
+	state    atomic.Uint32
+	decision Decision
+}
+
+const (
+	leaseQueued uint32 = iota
+	leaseDecoding
+	leaseReleased
+)
+
+func newLease(r *replica, m *metrics, prefill, decode, active int64) *Lease {
+	l := &Lease{r: r, m: m, prefill: prefill, decode: decode, active: active}
+	r.inFlight.Add(1)
+	r.queuedPrefill.Add(prefill)
+	r.activeTokens.Add(active)
+	return l
+}
+
+// Replica returns the name of the replica the lease is on.
+func (l *Lease) Replica() string { return l.r.name }
+
+// FirstToken moves the request from queued prefill to running decode. Calls
+// after the first, or after Release, do nothing.
+func (l *Lease) FirstToken() {
+	if l.state.CompareAndSwap(leaseQueued, leaseDecoding) {
+		l.sub(&l.r.queuedPrefill, l.prefill)
+		l.r.runningDecode.Add(l.decode)
+	}
+}
+
+// Release removes the request's load. Calls after the first do nothing.
+func (l *Lease) Release() {
+	for {
+		s := l.state.Load()
+		if s == leaseReleased {
+			return
+		}
+		if !l.state.CompareAndSwap(s, leaseReleased) {
+			continue
+		}
+		if s == leaseQueued {
+			l.sub(&l.r.queuedPrefill, l.prefill)
+		} else {
+			l.sub(&l.r.runningDecode, l.decode)
+		}
+		l.sub(&l.r.inFlight, 1)
+		l.sub(&l.r.activeTokens, l.active)
+		return
+	}
+}
+
+// sub subtracts v from c, counting and undoing an underflow (a bug in the
+// accounting, never expected).
+func (l *Lease) sub(c *atomic.Int64, v int64) {
+	if n := c.Add(-v); n < 0 {
+		c.Add(-n)
+		if l.m != nil {
+			l.m.underflow.Inc()
+		}
+	}
+}

@@ -1,0 +1,76 @@
+package routing
+
+import "math"
+
+// costEps is the cost difference below which two candidates tie (relative to
+// the cost's magnitude, with an absolute floor).
+const costEps = 1e-9
+
+func tied(a, b float64) bool {
+	return math.Abs(a-b) <= costEps*math.Max(1, math.Max(math.Abs(a), math.Abs(b)))
+}
+
+// lessLoaded orders candidates by load: fewer in-flight requests, then fewer
+// queued prefill tokens, then fewer running decode tokens.
+func lessLoaded(a, b *Load) int {
+	switch {
+	case a.InFlight != b.InFlight:
+		return cmp64(a.InFlight, b.InFlight)
+	case a.QueuedPrefill != b.QueuedPrefill:
+		return cmp64(a.QueuedPrefill, b.QueuedPrefill)
+	}
+	return cmp64(a.RunningDecode, b.RunningDecode)
+}
+
+func cmp64(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// pickMin chooses the candidate with the lowest d.Terms[i].Cost; ties go to
+// the lower load, then uniformly at random (reservoir sampling, so no
+// allocation). It fills d's choice and returns it.
+func pickMin(d *Decision, cands []Candidate, rng *lockedRand) Decision {
+	best := 0
+	for i := 1; i < len(cands); i++ {
+		if c := d.Terms[i].Cost; c < d.Terms[best].Cost && !tied(c, d.Terms[best].Cost) {
+			best = i
+		}
+	}
+	min := d.Terms[best].Cost
+	// Among ties, the least loaded; among those, uniformly at random.
+	chosen, n, ties := -1, 0, 0
+	for i := range cands {
+		if !tied(d.Terms[i].Cost, min) {
+			continue
+		}
+		ties++
+		switch {
+		case chosen < 0:
+			chosen, n = i, 1
+		default:
+			switch lessLoaded(&cands[i].Load, &cands[chosen].Load) {
+			case -1:
+				chosen, n = i, 1
+			case 0:
+				n++
+				if rng.IntN(n) == 0 {
+					chosen = i
+				}
+			}
+		}
+	}
+	reason := "min_cost"
+	switch {
+	case ties > 1 && n > 1:
+		reason = "tie_random"
+	case ties > 1:
+		reason = "tie_load"
+	}
+	return d.choose(chosen, cands, reason)
+}

@@ -1,0 +1,71 @@
+package routing
+
+import "math"
+
+// KV is kvrouter's default policy: it costs each candidate in seconds of time
+// to first token and picks the cheapest (design.md "Cost of a replica"):
+//
+//	overlap  = GPUWeight*gpu + PredictedWeight*predicted + CPUWeight*cpu + StorageWeight*storage
+//	backlog  = queued_prefill/prefill_rate + waiting_penalty*waiting
+//	credit   = decay * overlap * block_size,  decay = exp(-(backlog - min backlog)/CreditDecay)
+//	new      = max(0, prompt_tokens - credit)
+//	cost     = (queued_prefill + new)/prefill_rate
+//	         + DecodeWeight*running_decode/decode_rate + waiting_penalty*waiting
+//
+// The load terms make cache affinity yield once queueing costs more than
+// recomputing (no hot spot); the decay lets an idle or new replica win
+// requests whose cache sits on busier replicas (warm-up), while a request
+// whose best replica is the idlest keeps its full credit however hot other
+// replicas are. Prompts shorter than a block have no overlap and go by load.
+// Ties go to the lower load, then at random.
+type KV struct {
+	cfg       KVConfig
+	blockSize int
+	rng       *lockedRand
+}
+
+var _ Policy = (*KV)(nil)
+
+// Pick implements Policy. Cost is in seconds.
+func (p *KV) Pick(req *Request, cands []Candidate) Decision {
+	d := newDecision("kv", cands)
+	c := &p.cfg
+	wait := c.WaitingPenalty.Seconds()
+	if wait < 0 {
+		wait = 0
+	}
+	backlog := func(l *Load) float64 {
+		return float64(l.QueuedPrefill)/rate(l.PrefillRate) + wait*float64(l.Waiting)
+	}
+	minBacklog := math.Inf(1)
+	for i := range cands {
+		minBacklog = math.Min(minBacklog, backlog(&cands[i].Load))
+	}
+	prompt := float64(req.promptTokens())
+	tau := c.CreditDecay.Seconds()
+	for i := range cands {
+		m, l, t := &cands[i].Match, &cands[i].Load, &d.Terms[i]
+		t.Overlap = pos(c.GPUWeight)*float64(m.GPU) + pos(c.PredictedWeight)*float64(m.Predicted) +
+			pos(c.CPUWeight)*float64(m.CPU) + pos(c.StorageWeight)*float64(m.Storage)
+		decay := 1.0
+		if tau > 0 {
+			decay = math.Exp(-(backlog(l) - minBacklog) / tau)
+		}
+		t.Credit = decay * t.Overlap * float64(p.blockSize)
+		t.NewTokens = math.Max(0, prompt-t.Credit)
+		t.Cost = (float64(l.QueuedPrefill)+t.NewTokens)/rate(l.PrefillRate) +
+			pos(c.DecodeWeight)*float64(l.RunningDecode)/rate(l.DecodeRate) +
+			wait*float64(l.Waiting)
+	}
+	return pickMin(&d, cands, p.rng)
+}
+
+// rate guards a throughput used as a divisor.
+func rate(r float64) float64 {
+	if r <= 0 {
+		return 1
+	}
+	return r
+}
+
+func pos(w float64) float64 { return math.Max(0, w) }

@@ -1,0 +1,267 @@
+package routing
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"kvrouter/internal/kvindex"
+)
+
+// lookup is what a policy needs from an index: kvindex.Exact and
+// kvindex.Approx both implement it.
+type lookup interface {
+	Lookup(keys []kvindex.Key, out []kvindex.Match) []kvindex.Match
+}
+
+// Index is what a Router needs from a kvindex.Exact or kvindex.Approx: the
+// lookup, replica registration, and recording a decision (Exact: predicted
+// blocks; Approx: the routed keys). If the index also has Root() kvindex.Key
+// and BlockSize() int, the Router hashes with them.
+type Index interface {
+	lookup
+	AddReplica(name string) kvindex.ReplicaID
+	RemoveReplica(name string) bool
+	Routed(id kvindex.ReplicaID, keys []kvindex.Key)
+}
+
+// keySpace is the optional part of an Index that fixes how keys are made.
+type keySpace interface {
+	Root() kvindex.Key
+	BlockSize() int
+}
+
+// sizer is the optional part of an Index that reports per-replica sizes.
+type sizer interface {
+	ReplicaBlocks(id kvindex.ReplicaID) int
+}
+
+// ErrNoReplica is returned by Route when no healthy, non-excluded replica is
+// registered.
+var ErrNoReplica = errors.New("routing: no replica available")
+
+// Router routes requests among the replicas of one model and pool. See the
+// package doc. Safe for concurrent use.
+type Router struct {
+	cfg    Config
+	ix     Index
+	root   kvindex.Key
+	policy Policy
+	log    *slog.Logger
+	m      *metrics
+
+	mu   sync.RWMutex
+	reps map[string]*replica
+	list []*replica // sorted by name: candidates in a stable order
+
+	bufs sync.Pool // *scratch
+}
+
+type scratch struct {
+	keys    []kvindex.Key
+	matches []kvindex.Match
+	cands   []Candidate
+	reps    []*replica
+}
+
+// New returns a Router over ix (nil: no cache information, every Match is
+// zero) with cfg's policy. Zero cfg fields take their defaults; log nil
+// discards; reg nil registers no metrics. Errors from cfg are joined.
+func New(cfg Config, ix Index, log *slog.Logger, reg prometheus.Registerer) (*Router, error) {
+	var root kvindex.Key
+	if ks, ok := ix.(keySpace); ok && ix != nil {
+		root = ks.Root()
+		if cfg.BlockSize == 0 {
+			cfg.BlockSize = ks.BlockSize()
+		} else if cfg.BlockSize != ks.BlockSize() {
+			return nil, fmt.Errorf("routing: block_size %d differs from the index's %d", cfg.BlockSize, ks.BlockSize())
+		}
+	}
+	cfg = DefaultConfig(cfg)
+	errs := []error{cfg.validate()}
+	p, err := NewPolicy(cfg.Policy, cfg)
+	errs = append(errs, err)
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("routing: %w", err)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	r := &Router{cfg: cfg, ix: ix, root: root, policy: p, log: log.With("policy", cfg.Policy), m: m, reps: make(map[string]*replica)}
+	r.bufs.New = func() any { return new(scratch) }
+	return r, nil
+}
+
+// Policy returns the router's policy.
+func (r *Router) Policy() Policy { return r.policy }
+
+// AddReplica registers name (idempotent), healthy, with the configured
+// rates.
+func (r *Router) AddReplica(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.reps[name]; ok {
+		return
+	}
+	rep := &replica{name: name}
+	if r.ix != nil {
+		rep.id = r.ix.AddReplica(name)
+	}
+	rep.healthy.Store(true)
+	rep.prefillRate.Store(math.Float64bits(r.cfg.PrefillRate))
+	rep.decodeRate.Store(math.Float64bits(r.cfg.DecodeRate))
+	r.reps[name] = rep
+	r.list = append(r.list, rep)
+	slices.SortFunc(r.list, func(a, b *replica) int { return cmp.Compare(a.name, b.name) })
+}
+
+// RemoveReplica forgets name and its index entries. Leases still held on it
+// release harmlessly.
+func (r *Router) RemoveReplica(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rep, ok := r.reps[name]
+	if !ok {
+		return
+	}
+	rep.gone.Store(true)
+	delete(r.reps, name)
+	r.list = slices.DeleteFunc(r.list, func(x *replica) bool { return x == rep })
+	if r.ix != nil {
+		r.ix.RemoveReplica(name)
+	}
+	r.m.deleteReplica(name)
+}
+
+// SetHealthy marks name eligible (true) or not; unknown names are ignored.
+func (r *Router) SetHealthy(name string, ok bool) {
+	if rep := r.get(name); rep != nil {
+		rep.healthy.Store(ok)
+	}
+}
+
+// SetRates sets name's prefill and decode throughput in tokens/s (values
+// <= 0 keep the current ones).
+func (r *Router) SetRates(name string, prefill, decode float64) {
+	rep := r.get(name)
+	if rep == nil {
+		return
+	}
+	if prefill > 0 {
+		rep.prefillRate.Store(math.Float64bits(prefill))
+	}
+	if decode > 0 {
+		rep.decodeRate.Store(math.Float64bits(decode))
+	}
+}
+
+// ObserveGauges records name's scraped engine gauges; they count for
+// Config.GaugeMaxAge after g.At.
+func (r *Router) ObserveGauges(name string, g Gauges) {
+	if rep := r.get(name); rep != nil {
+		rep.gauges.Store(&g)
+	}
+}
+
+// Load returns name's current load, false when unknown.
+func (r *Router) Load(name string) (Load, bool) {
+	rep := r.get(name)
+	if rep == nil {
+		return Load{}, false
+	}
+	return rep.load(r.cfg.Now(), r.cfg.GaugeMaxAge), true
+}
+
+func (r *Router) get(name string) *replica {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.reps[name]
+}
+
+// Route chooses a replica for req and charges it: the returned Lease holds
+// the request's load until Release, and the index records the decision. It
+// returns ErrNoReplica when no healthy replica outside req.Exclude is
+// registered. Route sets req.Extras.Root and, when nil, computes req.Keys
+// into a buffer it reuses: req.Keys is reset to nil before returning.
+func (r *Router) Route(req *Request) (Decision, *Lease, error) {
+	start := time.Now()
+	s := r.bufs.Get().(*scratch)
+	defer r.bufs.Put(s)
+
+	now := r.cfg.Now()
+	r.mu.RLock()
+	cands := s.cands[:0]
+	reps := s.reps[:0]
+	for _, rep := range r.list {
+		if !rep.healthy.Load() || slices.Contains(req.Exclude, rep.name) {
+			continue
+		}
+		reps = append(reps, rep)
+		cands = append(cands, Candidate{Name: rep.name, ID: rep.id, Held: -1, Load: rep.load(now, r.cfg.GaugeMaxAge)})
+	}
+	r.mu.RUnlock()
+	s.cands, s.reps = cands, reps
+	if len(cands) == 0 {
+		r.m.noReplica.Inc()
+		return Decision{Policy: r.cfg.Policy, Index: -1}, nil, ErrNoReplica
+	}
+
+	keys := req.Keys
+	if keys == nil {
+		req.Extras.Root = r.root
+		s.keys = kvindex.Keys(s.keys, req.Tokens, r.cfg.BlockSize, req.Extras)
+		keys = s.keys
+	}
+	if r.ix != nil && len(keys) > 0 {
+		s.matches = r.ix.Lookup(keys, s.matches)
+		for i := range cands {
+			if int(cands[i].ID) < len(s.matches) {
+				cands[i].Match = s.matches[cands[i].ID]
+			}
+		}
+	}
+	if sz, ok := r.ix.(sizer); ok && r.ix != nil {
+		for i := range cands {
+			cands[i].Held = sz.ReplicaBlocks(cands[i].ID)
+		}
+	}
+
+	d := r.policy.Pick(req, cands)
+	if d.Index < 0 || d.Index >= len(cands) {
+		return d, nil, fmt.Errorf("routing: policy %s chose no candidate", r.cfg.Policy)
+	}
+	rep := reps[d.Index]
+	if r.ix != nil && len(keys) > 0 {
+		r.ix.Routed(rep.id, keys)
+	}
+	t := d.Chosen()
+	prompt := int64(req.promptTokens())
+	prefill := prompt - int64(min(float64(prompt), float64(t.CachedBlocks*r.cfg.BlockSize)))
+	if t.NewTokens > 0 || t.Credit > 0 {
+		prefill = int64(math.Ceil(t.NewTokens))
+	}
+	out := int64(req.MaxTokens)
+	if out <= 0 {
+		out = int64(r.cfg.DefaultMaxTokens)
+	}
+	lease := newLease(rep, r.m, prefill, out, prompt+out)
+	lease.decision = d
+	r.m.observe(&d, rep.name, t, prompt, r.cfg.BlockSize, time.Since(start))
+	if r.log.Enabled(context.Background(), slog.LevelDebug) {
+		r.log.Debug("routed", "request_id", req.ID, "replica", rep.name, "reason", d.Reason,
+			"cached_blocks", t.CachedBlocks, "cost", t.Cost, "prompt_tokens", prompt)
+	}
+	return d, lease, nil
+}
