@@ -9,7 +9,9 @@ import (
 // The synthetic generators below fix every length (tokens) so that a run's
 // cost is predictable; randomness (from the caller's *rand.Rand) only
 // decides order and, for HotPrefix, which requests share the hot prefix.
-// Arrival times are left at zero: pass the result to Poisson.
+// Arrival times are left at zero: pass the result to Poisson. A nil rng
+// keeps generation order (SharedPrefix: group by group; MultiTurn:
+// conversations taking turns); HotPrefix needs one.
 
 // SharedPrefix is Groups groups of Prompts requests each; a group's requests
 // share a SystemTokens-long system prompt and differ by a QuestionTokens-long
@@ -41,7 +43,9 @@ func (g SharedPrefix) Generate(rng *rand.Rand) (*Workload, error) {
 			})
 		}
 	}
-	rng.Shuffle(len(rs), func(i, j int) { rs[i], rs[j] = rs[j], rs[i] })
+	if rng != nil {
+		rng.Shuffle(len(rs), func(i, j int) { rs[i], rs[j] = rs[j], rs[i] })
+	}
 	return &Workload{Name: "shared_prefix", Params: params("groups", g.Groups, "prompts", g.Prompts,
 		"system_tokens", g.SystemTokens, "question_tokens", g.QuestionTokens, "output_tokens", g.OutputTokens), Requests: rs}, nil
 }
@@ -96,13 +100,25 @@ func (g MultiTurn) Generate(rng *rand.Rand) (*Workload, error) {
 
 // interleave merges the lists in a random order that keeps each list's own
 // order: at each step it takes the head of a list chosen with probability
-// proportional to what the list has left.
+// proportional to what the list has left. A nil rng takes the lists' heads
+// in turn.
 func interleave(lists [][]Request, rng *rand.Rand) []Request {
 	total := 0
 	for _, l := range lists {
 		total += len(l)
 	}
 	out := make([]Request, 0, total)
+	if rng == nil {
+		for len(out) < total {
+			for i := range lists {
+				if len(lists[i]) > 0 {
+					out = append(out, lists[i][0])
+					lists[i] = lists[i][1:]
+				}
+			}
+		}
+		return out
+	}
 	for left := total; left > 0; left-- {
 		pick := rng.IntN(left)
 		for i := range lists {
@@ -159,6 +175,9 @@ func (g HotPrefix) Generate(rng *rand.Rand) (*Workload, error) {
 	var errShare error
 	if !(g.HotShare >= 0 && g.HotShare <= 1) {
 		errShare = fmt.Errorf("hot_share %v not in 0..1", g.HotShare)
+	}
+	if rng == nil {
+		errShare = errors.Join(errShare, errors.New("needs a *rand.Rand"))
 	}
 	if err := errors.Join(
 		positive("requests", g.Requests, 1<<24), errShare,
