@@ -3,6 +3,7 @@ package vllm
 import (
 	"context"
 	"log/slog"
+	"math"
 	"net"
 	"sync/atomic"
 	"time"
@@ -274,8 +275,7 @@ func (r *rank) handle(seq uint64, payload []byte, replayed bool) {
 	r.m.blocksStored.Add(float64(stored))
 	r.m.blocksRemoved.Add(float64(removed))
 	if !replayed {
-		lag := float64(r.s.cfg.Now().UnixNano())/1e9 - b.TS
-		r.m.lag.Observe(max(lag, 0))
+		r.m.lag.Observe(max(lagSeconds(r.s.cfg.Now(), b.TS), 0))
 	}
 	r.deliver(Update{Engine: r.s.cfg.Engine, Rank: r.idx, Seq: seq, Replayed: replayed, Batch: b})
 }
@@ -312,4 +312,14 @@ func (r *rank) setPending(why ResetReason) {
 func (r *rank) count(a *atomic.Uint64, c interface{ Inc() }) {
 	a.Add(1)
 	c.Inc()
+}
+
+// lagSeconds returns now - ts (seconds since the Unix epoch), subtracting
+// whole seconds first so the float64 keeps sub-microsecond precision.
+func lagSeconds(now time.Time, ts float64) float64 {
+	if math.IsNaN(ts) || math.IsInf(ts, 0) || math.Abs(ts) > 1e15 {
+		return 0
+	}
+	sec := math.Floor(ts)
+	return float64(now.Unix()-int64(sec)) + float64(now.Nanosecond())/1e9 - (ts - sec)
 }
