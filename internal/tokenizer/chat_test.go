@@ -331,23 +331,10 @@ func FuzzChatRequest(f *testing.F) {
 	})
 }
 
-func loadQwen3Local(t testing.TB) *Local {
-	t.Helper()
-	tok, err := Load(qwen3Dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := NewLocal(tok, ContentAuto)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
-
 // TestEncodeChatQwen3Golden checks text and ids of every chat.jsonl case
 // through Load + NewLocal, the path the router uses.
 func TestEncodeChatQwen3Golden(t *testing.T) {
-	l := loadQwen3Local(t)
+	l := sharedQwen3(t)
 	for i, c := range loadChatCases(t) {
 		text, ids, err := l.EncodeChat(c.request())
 		if err != nil {

@@ -230,10 +230,7 @@ func (p *Probe) diff(probe string, local, remote []uint32) *MismatchError {
 // derived from the engine name, so engines do not all probe at once) until
 // ctx ends, then returns nil. Failures are logged; they never stop Run.
 func (p *Probe) Run(ctx context.Context) error {
-	h := fnv.New64a()
-	h.Write([]byte(p.cfg.Engine))
-	first := time.Duration(h.Sum64() % uint64(p.cfg.Interval))
-	t := time.NewTimer(first)
+	t := time.NewTimer(p.firstDelay())
 	defer t.Stop()
 	for {
 		select {
@@ -246,6 +243,14 @@ func (p *Probe) Run(ctx context.Context) error {
 		}
 		t.Reset(p.cfg.Interval)
 	}
+}
+
+// firstDelay is Run's offset before the first probe: a hash of the engine
+// name modulo Interval.
+func (p *Probe) firstDelay() time.Duration {
+	h := fnv.New64a()
+	h.Write([]byte(p.cfg.Engine))
+	return time.Duration(h.Sum64() % uint64(p.cfg.Interval))
 }
 
 // remoteTokens is the engine's render backend (met by *Remote).
