@@ -129,7 +129,7 @@ func appendMapEvent(dst []byte, e *Event) ([]byte, error) {
 		if e.ExtraKeys != nil {
 			var err error
 			dst = append(dst, keyExtraKeys...)
-			if dst, err = appendExtraKeys(dst, e.ExtraKeys); err != nil {
+			if dst, err = appendEventExtraKeys(dst, e.ExtraKeys); err != nil {
 				return dst, err
 			}
 		}
@@ -201,7 +201,7 @@ func appendArrayEvent(dst []byte, e *Event) ([]byte, error) {
 			dst = append(dst, 0xc0)
 		} else {
 			var err error
-			if dst, err = appendExtraKeys(dst, e.ExtraKeys); err != nil {
+			if dst, err = appendEventExtraKeys(dst, e.ExtraKeys); err != nil {
 				return dst, err
 			}
 		}
@@ -252,7 +252,7 @@ func appendTokens(dst []byte, ts []uint32) []byte {
 	return dst
 }
 
-func appendExtraKeys(dst []byte, keys [][]any) ([]byte, error) {
+func appendEventExtraKeys(dst []byte, keys [][]any) ([]byte, error) {
 	dst = appendArrayLen(dst, len(keys))
 	var err error
 	for i, k := range keys {
