@@ -1,0 +1,306 @@
+package vllm
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+)
+
+// Frames captured from vLLM's ZmqEventPublisher (testdata/vllm/frames.md §1, §3).
+const (
+	hexTopic     = "6b762d6576656e7473" // "kv-events"
+	hexRemoved1  = "93cb41da250122e000009184a474797065ac426c6f636b52656d6f766564ac626c6f636b5f686173686573910ba66d656469756da3475055a967726f75705f6964780000"
+	hexCleared2  = "93cb41da2501232000009181a474797065b0416c6c426c6f636b73436c656172656400"
+	hexClearedE0 = "93cb41da250123a000009181a474797065b0416c6c426c6f636b73436c656172656400" // empty-topic example
+	hexEnd       = "ffffffffffffffff"
+)
+
+// hexFrames turns frames.md notation (hex strings, "" for empty) into frames.
+func hexFrames(t testing.TB, hs ...string) [][]byte {
+	t.Helper()
+	out := make([][]byte, len(hs))
+	for i, h := range hs {
+		b, err := hex.DecodeString(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[i] = b
+	}
+	return out
+}
+
+func TestParseReplay(t *testing.T) {
+	tests := []struct {
+		name    string
+		frames  []string
+		seq     uint64
+		payload string
+		end     bool
+		err     bool
+	}{
+		{"new form data", []string{"", hexTopic, "0000000000000001", hexRemoved1}, 1, hexRemoved1, false, false},
+		{"new form end marker", []string{"", "", hexEnd, ""}, endSeq, "", true, false},
+		{"new form data with empty topic", []string{"", "", "0000000000000000", hexClearedE0}, 0, hexClearedE0, false, false},
+		{"old form data", []string{"", "0000000000000002", hexCleared2}, 2, hexCleared2, false, false},
+		{"old form end marker", []string{"", hexEnd, ""}, endSeq, "", true, false},
+		{"seq ff..ff with a payload is data", []string{"", hexEnd, hexCleared2}, endSeq, hexCleared2, false, false},
+		{"24-byte seq frame", []string{"", hexTopic, "0000000000000007" + strings.Repeat("ab", 16), hexCleared2}, 7, hexCleared2, false, false},
+		{"no delimiter", []string{hexTopic, "0000000000000001", hexRemoved1}, 0, "", false, true},
+		{"too few frames", []string{"", "0000000000000001"}, 0, "", false, true},
+		{"too many frames", []string{"", "", hexTopic, "0000000000000001", hexRemoved1}, 0, "", false, true},
+		{"short seq", []string{"", "00000001", hexRemoved1}, 0, "", false, true},
+		{"empty", nil, 0, "", false, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			seq, payload, end, err := parseReplay(hexFrames(t, tt.frames...))
+			if tt.err {
+				if err == nil || !errors.Is(err, errReplayProtocol) {
+					t.Fatalf("err = %v, want errReplayProtocol", err)
+				}
+				return
+			}
+			if err != nil || seq != tt.seq || end != tt.end || hex.EncodeToString(payload) != tt.payload {
+				t.Fatalf("= %d, %x, %v, %v; want %d, %s, %v", seq, payload, end, err, tt.seq, tt.payload, tt.end)
+			}
+		})
+	}
+}
+
+func TestParseLive(t *testing.T) {
+	tests := []struct {
+		name   string
+		frames []string
+		prefix string
+		seq    uint64
+		err    string
+	}{
+		{"captured seq 1", []string{hexTopic, "0000000000000001", hexRemoved1}, "kv", 1, ""},
+		{"empty topic, empty filter", []string{"", "0000000000000000", hexClearedE0}, "", 0, ""},
+		{"24-byte seq frame (PR #57789)", []string{hexTopic, "0000000000000009" + strings.Repeat("01", 16), hexCleared2}, "", 9, ""},
+		{"topic filter is a prefix match", []string{hexTopic, "0000000000000001", hexRemoved1}, "kv-x", 0, "does not match"},
+		{"short seq", []string{hexTopic, "0001", hexRemoved1}, "", 0, "seq frame of 2 bytes"},
+		{"two frames", []string{"0000000000000001", hexRemoved1}, "", 0, "2 frames"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			seq, _, err := parseLive(hexFrames(t, tt.frames...), tt.prefix)
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("err = %v, want %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil || seq != tt.seq {
+				t.Fatalf("= %d, %v; want %d", seq, err, tt.seq)
+			}
+		})
+	}
+}
+
+// FuzzParseReplay feeds arbitrary multipart messages (frames separated by
+// 0x00 0xff in the input) to both frame parsers: no panic, and an end
+// marker always has seq ff..ff and an empty payload.
+func FuzzParseReplay(f *testing.F) {
+	join := func(hs ...string) []byte { return bytes.Join(hexFrames(f, hs...), []byte{0, 0xff}) }
+	f.Add(join("", hexTopic, "0000000000000001", hexRemoved1))
+	f.Add(join("", "", hexEnd, ""))
+	f.Add(join("", "0000000000000002", hexCleared2))
+	f.Add(join("", hexEnd, ""))
+	f.Add(join(hexTopic, "0000000000000001", hexRemoved1))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		frames := bytes.Split(in, []byte{0, 0xff})
+		seq, payload, end, err := parseReplay(frames)
+		if err == nil && end && (seq != endSeq || len(payload) != 0) {
+			t.Fatalf("end marker with seq %x payload %x", seq, payload)
+		}
+		if err != nil && !errors.Is(err, errReplayProtocol) {
+			t.Fatalf("error %v does not wrap errReplayProtocol", err)
+		}
+		if _, _, err := parseLive(frames, "kv"); err == nil && (len(frames) != 3 || len(frames[1]) < 8) {
+			t.Fatalf("parseLive accepted %d frames", len(frames))
+		}
+	})
+}
+
+// goRouter is an in-process engine replay endpoint: a zmq4 ROUTER bound on
+// 127.0.0.1 whose replies to each request come from handle.
+type goRouter struct {
+	sock zmq4.Socket
+	ep   string
+	reqs chan [][]byte
+	wg   sync.WaitGroup
+}
+
+func newGoRouter(t *testing.T, port int, handle func(req [][]byte) [][][]byte) *goRouter {
+	t.Helper()
+	r := &goRouter{sock: zmq4.NewRouter(context.Background()), ep: fmt.Sprintf("tcp://127.0.0.1:%d", port), reqs: make(chan [][]byte, 16)}
+	if err := r.sock.Listen(r.ep); err != nil {
+		t.Fatal(err)
+	}
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		for {
+			msg, err := r.sock.Recv()
+			if err != nil {
+				return
+			}
+			id, req := msg.Frames[0], msg.Frames[1:]
+			select {
+			case r.reqs <- req:
+			default:
+			}
+			for _, reply := range handle(req) {
+				if err := r.sock.Send(zmq4.NewMsgFrom(append([][]byte{id}, reply...)...)); err != nil {
+					return
+				}
+			}
+		}
+	}()
+	t.Cleanup(func() { r.sock.Close(); r.wg.Wait() })
+	return r
+}
+
+// TestReplayCapturedReplies: the replay client sends ["", seq8] through a
+// DEALER (the ROUTER sees [id, "", seq8], the only shape vLLM accepts) and
+// reads the captured replies of both forms up to the end marker.
+func TestReplayCapturedReplies(t *testing.T) {
+	forms := map[string][][]string{
+		"new": {{"", hexTopic, "0000000000000001", hexRemoved1}, {"", hexTopic, "0000000000000002", hexCleared2}, {"", "", hexEnd, ""}},
+		"old": {{"", "0000000000000001", hexRemoved1}, {"", "0000000000000002", hexCleared2}, {"", hexEnd, ""}},
+	}
+	for name, replies := range forms {
+		t.Run(name, func(t *testing.T) {
+			port := freePorts(t, 1)
+			r := newGoRouter(t, port, func([][]byte) [][][]byte {
+				var out [][][]byte
+				for _, rep := range replies {
+					out = append(out, hexFrames(t, rep...))
+				}
+				return out
+			})
+			ep, _ := parseEndpoint(r.ep, 0, false)
+			rp := &replayer{ep: ep, timeout: 5 * time.Second}
+			var got []string
+			res, err := rp.replay(context.Background(), 0, func(seq uint64, payload []byte) error {
+				b, err := DecodeBatch(payload)
+				if err != nil {
+					return err
+				}
+				got = append(got, fmt.Sprintf("%d:%v", seq, b.Events[0].Type))
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.batches != 2 || res.first != 1 || res.last != 2 || strings.Join(got, ",") != "1:BlockRemoved,2:AllBlocksCleared" {
+				t.Fatalf("result %+v, batches %v", res, got)
+			}
+			req := <-r.reqs
+			if len(req) != 2 || len(req[0]) != 0 || hex.EncodeToString(req[1]) != "0000000000000000" {
+				t.Fatalf("ROUTER saw request %x, want [\"\", seq8]", req)
+			}
+		})
+	}
+}
+
+// TestReplayTimeout: an engine that never answers costs at most the replay
+// timeout; the gap is then unrecoverable and the live batch that revealed it
+// carries ResetGapLost.
+func TestReplayTimeout(t *testing.T) {
+	base := freePorts(t, 2)
+	newGoRouter(t, base+1, func([][]byte) [][][]byte { return nil }) // silent
+	g := newGoPub(t, "", base, 1, false)
+	rs := startSub(t, SubscriberConfig{
+		Engine: "e-silent", Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base),
+		ReplayEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base+1), ReplayTimeout: 200 * time.Millisecond,
+	})
+	g.waitSubscribed()
+	g.publish(0, false)
+	checkGoUpdate(t, rs.next(t), 0, 0, ResetNone)
+	g.publish(0, true)
+	start := time.Now()
+	g.publish(0, false)
+	checkGoUpdate(t, rs.next(t), 0, 2, ResetGapLost)
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("gap handling took %v with a 200ms replay timeout", d)
+	}
+	g.publish(0, false)
+	checkGoUpdate(t, rs.next(t), 0, 3, ResetNone)
+	if st := rs.s.Stats(); st.Gaps != 1 || st.Replays != 1 || st.ReplayErrors != 1 || st.UnrecoverableGaps != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestReplayBadReply: a reply of neither shape ends the replay with an
+// error; what came before it is kept, the rest of the gap is lost.
+func TestReplayBadReply(t *testing.T) {
+	base := freePorts(t, 2)
+	newGoRouter(t, base+1, func(req [][]byte) [][][]byte {
+		return [][][]byte{
+			{nil, []byte("kv"), seq8(1), testPayload(t, 0, 1)},
+			{nil, []byte("kv"), []byte("x"), seq8(2), nil}, // 5 frames
+		}
+	})
+	g := newGoPub(t, "", base, 1, false)
+	rs := startSub(t, SubscriberConfig{
+		Engine: "e-bad", Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base),
+		ReplayEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base+1),
+	})
+	g.waitSubscribed()
+	g.publish(0, false)
+	checkGoUpdate(t, rs.next(t), 0, 0, ResetNone)
+	g.publish(0, true)
+	g.publish(0, true)
+	g.publish(0, false)
+	u := rs.next(t)
+	checkGoUpdate(t, u, 0, 1, ResetNone)
+	if !u.Replayed {
+		t.Fatal("seq 1 not marked replayed")
+	}
+	checkGoUpdate(t, rs.next(t), 0, 3, ResetGapLost)
+	rs.none(t)
+	if st := rs.s.Stats(); st.ReplayErrors != 1 || st.UnrecoverableGaps != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestReplayCatchUpAtStart: the first live batch seen with seq > 0 triggers
+// a replay from 0; the consumer gets the engine's buffered history first,
+// with no reset (it had no state to lose).
+func TestReplayCatchUpAtStart(t *testing.T) {
+	base := freePorts(t, 2)
+	newGoRouter(t, base+1, func(req [][]byte) [][][]byte {
+		var out [][][]byte
+		for s := uint64(2); s <= 4; s++ { // the engine buffers seqs 2..4 only
+			out = append(out, [][]byte{nil, nil, seq8(s), testPayload(t, 0, s)})
+		}
+		return append(out, [][]byte{nil, nil, seq8(endSeq), nil})
+	})
+	g := newGoPub(t, "", base, 1, false)
+	g.seq[0] = 4
+	rs := startSub(t, SubscriberConfig{
+		Engine: "e-late", Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base),
+		ReplayEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base+1),
+	})
+	g.waitSubscribed()
+	g.publish(0, false) // 4
+	for s := uint64(2); s <= 4; s++ {
+		checkGoUpdate(t, rs.next(t), 0, s, ResetNone)
+	}
+	g.publish(0, false)
+	checkGoUpdate(t, rs.next(t), 0, 5, ResetNone)
+	rs.none(t)
+	if st := rs.s.Stats(); st.Gaps != 0 || st.UnrecoverableGaps != 0 || st.Replays != 1 || st.Duplicates != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
