@@ -194,7 +194,7 @@ func (a *Approx) Lookup(keys []Key, out []Match) []Match {
 			break
 		}
 	}
-	return out
+	return finish(out)
 }
 
 // Stats returns the index's counters; it takes no lock.

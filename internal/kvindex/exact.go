@@ -27,7 +27,6 @@ type Exact struct {
 	srcOf map[srcKey]uint32
 	// writer scratch
 	keyBuf  []Key
-	encBuf  []byte
 	confirm []confirmation
 	warned  bool
 }
@@ -53,13 +52,12 @@ func NewExact(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Exact, 
 		log = slog.New(slog.DiscardHandler)
 	}
 	x := &Exact{
-		cfg:    cfg,
-		root:   Root(cfg.Model, cfg.Pool),
-		log:    log.With("model", cfg.Model, "pool", cfg.Pool),
-		st:     newStore(false, true),
-		reps:   newReplicas(),
-		srcOf:  make(map[srcKey]uint32),
-		encBuf: make([]byte, 0, 256),
+		cfg:   cfg,
+		root:  Root(cfg.Model, cfg.Pool),
+		log:   log.With("model", cfg.Model, "pool", cfg.Pool),
+		st:    newStore(false, true),
+		reps:  newReplicas(),
+		srcOf: make(map[srcKey]uint32),
 	}
 	if cfg.PredictTTL > 0 {
 		x.pred = newPredictor(cfg.PredictTTL, cfg.MaxPredicted, &x.c)
@@ -262,7 +260,7 @@ func (x *Exact) stored(id ReplicaID, rank int32, ev *vllm.Event) {
 		if ev.ExtraKeys != nil {
 			extra = ev.ExtraKeys[i]
 		}
-		seed, ok := eventSeed(parent, extra, lora, ev.ExtraKeys != nil, x.encBuf)
+		seed, ok := eventSeed(parent, extra, lora, ev.ExtraKeys != nil)
 		if !ok {
 			x.c.mismatched.Add(1)
 			x.keyBuf = keys
@@ -368,7 +366,7 @@ func (x *Exact) Lookup(keys []Key, out []Match) []Match {
 			break
 		}
 	}
-	return out
+	return finish(out)
 }
 
 // Routed records that a request with keys was just sent to replica id: the

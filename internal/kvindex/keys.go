@@ -1,7 +1,6 @@
 package kvindex
 
 import (
-	"encoding/binary"
 	"unsafe"
 
 	"github.com/zeebo/xxh3"
@@ -68,7 +67,6 @@ func Keys(dst []Key, tokens []uint32, blockSize int, ex Extras) []Key {
 	}
 	plain := ex.LoRA == "" && ex.CacheSalt == "" && len(ex.MM) == 0
 	parent := ex.Root
-	var scratch [256]byte
 	mm := 0 // first MM item that may overlap the current block
 	for i := range n {
 		blk := tokens[i*blockSize : (i+1)*blockSize]
@@ -78,7 +76,7 @@ func Keys(dst []Key, tokens []uint32, blockSize int, ex Extras) []Key {
 			for mm < len(ex.MM) && ex.MM[mm].Offset+ex.MM[mm].Length <= start {
 				mm++
 			}
-			e := newExtraEnc(scratch[:0])
+			e := newExtraEnc()
 			if ex.LoRA != "" {
 				e.str(ex.LoRA)
 			}
@@ -111,30 +109,31 @@ func tokenBytes(t []uint32) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(&t[0])), len(t)*4)
 }
 
-// extraEnc serialises one block's extra keys canonically, so that the tuple
-// built from a request's Extras and the tuple read from a BlockStored event's
-// extra_keys hash the same.
+// extraEnc folds one block's extra keys into a running 64-bit hash, item by
+// item with a type tag, so that the tuple built from a request's Extras and
+// the tuple read from a BlockStored event's extra_keys hash the same without
+// a buffer.
 type extraEnc struct {
-	b []byte
+	h uint64
+	n int
 }
 
-func newExtraEnc(b []byte) extraEnc { return extraEnc{b: b} }
+func newExtraEnc() extraEnc { return extraEnc{h: 0x6b76726f75746572} }
 
 func (e *extraEnc) str(s string) {
-	e.b = append(e.b, 's')
-	e.b = binary.LittleEndian.AppendUint32(e.b, uint32(len(s)))
-	e.b = append(e.b, s...)
+	e.n++
+	e.h = xxh3.HashStringSeed(s, e.h^uint64(len(s))<<8^'s')
 }
 
 func (e *extraEnc) int(v int64) {
-	e.b = append(e.b, 'i')
-	e.b = binary.LittleEndian.AppendUint64(e.b, uint64(v))
+	e.n++
+	e.h = mix(e.h ^ mix(uint64(v)^'i'<<56))
 }
 
 // tuple opens a nested tuple of n items (which the caller then writes).
 func (e *extraEnc) tuple(n int) {
-	e.b = append(e.b, 't')
-	e.b = binary.LittleEndian.AppendUint32(e.b, uint32(n))
+	e.n++
+	e.h = mix(e.h ^ mix(uint64(n)^'t'<<56))
 }
 
 // any serialises a decoded msgpack value of an extra_keys tuple. It reports
@@ -167,18 +166,18 @@ func (e *extraEnc) any(v any) bool {
 // seed mixes the block's extras into the parent key; a block without extras
 // keeps the parent as seed.
 func (e *extraEnc) seed(parent uint64) uint64 {
-	if len(e.b) == 0 {
+	if e.n == 0 {
 		return parent
 	}
-	return xxh3.HashSeed(e.b, parent)
+	return mix(parent^e.h) ^ e.h
 }
 
 // eventSeed computes a stored block's hash seed from its parent key and the
 // event's extra keys for the block (nil = none). lora is the event's
 // lora_name, used when the engine sent no extra_keys at all (older engines).
 // ok is false when the tuple holds a value vLLM never writes.
-func eventSeed(parent Key, extra []any, lora string, haveExtra bool, scratch []byte) (seed uint64, ok bool) {
-	e := newExtraEnc(scratch[:0])
+func eventSeed(parent Key, extra []any, lora string, haveExtra bool) (seed uint64, ok bool) {
+	e := newExtraEnc()
 	if !haveExtra {
 		if lora != "" {
 			e.str(lora)

@@ -84,3 +84,11 @@ func walk(st *store, k Key, i int32, out []Match, tier uint8, expired uint64) in
 	}
 	return grew
 }
+
+// finish clears Lookup's scratch state so that Matches compare by value.
+func finish(out []Match) []Match {
+	for i := range out {
+		out[i].last = 0
+	}
+	return out
+}
