@@ -1,0 +1,164 @@
+package vllm
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// EngineMetrics is a snapshot of the load and cache figures a vLLM engine
+// exposes on GET /metrics (vllm/v1/metrics/loggers.py, main 2026-08-07).
+// A server running several engines (data parallelism) labels each series
+// with engine="0", "1", ...; counts are summed over engines and models.
+type EngineMetrics struct {
+	// Running and Waiting are requests (vllm:num_requests_running,
+	// vllm:num_requests_waiting), summed over engines.
+	Running, Waiting float64
+	// KVCacheUsage is the fraction 0..1 of KV cache blocks in use
+	// (vllm:kv_cache_usage_perc; vllm:gpu_cache_usage_perc on old
+	// engines), averaged over engines since a sum of fractions means
+	// nothing.
+	KVCacheUsage float64
+	// PrefixCacheQueries and PrefixCacheHits are counters in tokens
+	// (vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total; the
+	// vllm:gpu_prefix_cache_*_total names of older engines are accepted).
+	// Hit rate = rate(hits) / rate(queries); re-prefill after preemption
+	// counts as hits, so read it next to Preemptions.
+	PrefixCacheQueries, PrefixCacheHits float64
+	// Preemptions counts preempted requests (vllm:num_preemptions_total).
+	Preemptions float64
+	// BlockSize (tokens), NumGPUBlocks and HashAlgo come from the labels
+	// block_size, num_gpu_blocks and prefix_caching_hash_algo of
+	// vllm:cache_config_info (first engine's; 0 or "" when absent or not
+	// a number, e.g. "None" before the cache is sized). NumGPUBlocks is
+	// per engine.
+	BlockSize, NumGPUBlocks int
+	HashAlgo                string
+	// Engines is the number of distinct engine label values seen (1 when
+	// the label is absent but metrics are present, 0 when none are).
+	Engines int
+	// Missing lists the load and cache metrics above that were not found,
+	// by their current name, so a caller can tell 0 from absent.
+	Missing []string
+}
+
+// Metric names, as vLLM exposes them.
+const (
+	metricRunning        = "vllm:num_requests_running"
+	metricWaiting        = "vllm:num_requests_waiting"
+	metricKVUsage        = "vllm:kv_cache_usage_perc"
+	metricKVUsageOld     = "vllm:gpu_cache_usage_perc"
+	metricQueries        = "vllm:prefix_cache_queries_total"
+	metricQueriesOld     = "vllm:gpu_prefix_cache_queries_total"
+	metricHits           = "vllm:prefix_cache_hits_total"
+	metricHitsOld        = "vllm:gpu_prefix_cache_hits_total"
+	metricPreemptions    = "vllm:num_preemptions_total"
+	metricCacheConfig    = "vllm:cache_config_info"
+	labelEngine          = "engine"
+	labelBlockSize       = "block_size"
+	labelNumGPUBlocks    = "num_gpu_blocks"
+	labelPrefixCacheAlgo = "prefix_caching_hash_algo"
+)
+
+// ParseEngineMetrics reads a Prometheus text exposition (format 0.0.4, what
+// vLLM's prometheus_client writes for a plain GET /metrics) and extracts
+// EngineMetrics. Names containing colons are valid legacy Prometheus names;
+// the parser runs with model.LegacyValidation. Other metrics are ignored.
+// It fails only when the text is not a valid exposition.
+func ParseEngineMetrics(r io.Reader) (EngineMetrics, error) {
+	var m EngineMetrics
+	p := expfmt.NewTextParser(model.LegacyValidation)
+	families, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return m, fmt.Errorf("parse engine metrics: %w", err)
+	}
+	engines := map[string]struct{}{}
+	// sum adds up a family's samples and records engine label values. ok is
+	// false when the family is absent or has no samples.
+	sum := func(names ...string) (total float64, n int, ok bool) {
+		for _, name := range names {
+			mf := families[name]
+			if mf == nil || len(mf.GetMetric()) == 0 {
+				continue
+			}
+			for _, s := range mf.GetMetric() {
+				total += sampleValue(s)
+				engines[labelValue(s, labelEngine)] = struct{}{}
+				n++
+			}
+			return total, n, true
+		}
+		return 0, 0, false
+	}
+	var ok bool
+	if m.Running, _, ok = sum(metricRunning); !ok {
+		m.Missing = append(m.Missing, metricRunning)
+	}
+	if m.Waiting, _, ok = sum(metricWaiting); !ok {
+		m.Missing = append(m.Missing, metricWaiting)
+	}
+	usage, n, ok := sum(metricKVUsage, metricKVUsageOld)
+	if ok {
+		m.KVCacheUsage = usage / float64(n)
+	} else {
+		m.Missing = append(m.Missing, metricKVUsage)
+	}
+	if m.PrefixCacheQueries, _, ok = sum(metricQueries, metricQueriesOld); !ok {
+		m.Missing = append(m.Missing, metricQueries)
+	}
+	if m.PrefixCacheHits, _, ok = sum(metricHits, metricHitsOld); !ok {
+		m.Missing = append(m.Missing, metricHits)
+	}
+	if m.Preemptions, _, ok = sum(metricPreemptions); !ok {
+		m.Missing = append(m.Missing, metricPreemptions)
+	}
+	if mf := families[metricCacheConfig]; mf != nil && len(mf.GetMetric()) > 0 {
+		s := mf.GetMetric()[0]
+		m.BlockSize = atoiOrZero(labelValue(s, labelBlockSize))
+		m.NumGPUBlocks = atoiOrZero(labelValue(s, labelNumGPUBlocks))
+		m.HashAlgo = labelValue(s, labelPrefixCacheAlgo)
+	} else {
+		m.Missing = append(m.Missing, metricCacheConfig)
+	}
+	m.Engines = len(engines)
+	return m, nil
+}
+
+// sampleValue returns a gauge, counter or untyped sample's value.
+func sampleValue(s *dto.Metric) float64 {
+	switch {
+	case s.GetGauge() != nil:
+		return s.GetGauge().GetValue()
+	case s.GetCounter() != nil:
+		return s.GetCounter().GetValue()
+	case s.GetUntyped() != nil:
+		return s.GetUntyped().GetValue()
+	}
+	return 0
+}
+
+func labelValue(s *dto.Metric, name string) string {
+	for _, l := range s.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+// atoiOrZero parses a non-negative decimal int label ("16"), also in the
+// float form Python may print ("16.0"); anything else is 0.
+func atoiOrZero(s string) int {
+	if n, err := strconv.Atoi(s); err == nil && n >= 0 {
+		return n
+	}
+	if f, err := strconv.ParseFloat(s, 64); err == nil && f >= 0 && f <= math.MaxInt32 && f == math.Trunc(f) {
+		return int(f)
+	}
+	return 0
+}
