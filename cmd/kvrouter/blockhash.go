@@ -1,8 +1,72 @@
 package main
 
-import "context"
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strconv"
 
-// runBlockhash implements "kvrouter blockhash".
+	"kvrouter/internal/vllm"
+)
+
+const blockhashSynopsis = "--algo ALGO --seed SEED --block-size N [--lora NAME] [--cache-salt S] < tokens.json"
+
+// blockhashOutput is what "kvrouter blockhash" prints, one JSON line.
+type blockhashOutput struct {
+	NoneHash    string   `json:"none_hash"`
+	Digests     []string `json:"digests"`
+	EventValues []string `json:"event_values"`
+}
+
+// runBlockhash implements "kvrouter blockhash": it reads a JSON array of
+// token ids on stdin and prints vLLM's prefix-cache block hashes for them,
+//
+//	{"none_hash":"hex","digests":["hex",...],"event_values":["decimal",...]}
+//
+// one digest per full block (a trailing partial block has none), event
+// values as the decimal uint64 a KV event carries. With the engine's
+// --prefix-caching-hash-algo and PYTHONHASHSEED it reproduces the engine's
+// hashes; without --seed NONE_HASH is random, like an engine with
+// PYTHONHASHSEED unset.
 func runBlockhash(ctx context.Context, args []string, sio stdio) error {
-	return errNotBuilt
+	fs := newFlagSet("blockhash", blockhashSynopsis, sio.err)
+	algoFlag := fs.String("algo", string(vllm.HashSHA256), "hash algorithm, as vLLM's --prefix-caching-hash-algo: sha256, sha256_cbor, xxhash or xxhash_cbor")
+	seed := fs.String("seed", "", "the engine's PYTHONHASHSEED string; empty means unset (random NONE_HASH)")
+	blockSize := fs.Int("block-size", 16, "block size in tokens (the engine's, see vllm:cache_config_info)")
+	lora := fs.String("lora", "", "LoRA adapter name, if the request used one")
+	salt := fs.String("cache-salt", "", "the request's cache_salt")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	algo, err := vllm.ParseHashAlgo(*algoFlag)
+	if err != nil {
+		return fmt.Errorf("%w: --algo: %v", errUsage, err)
+	}
+	if *blockSize <= 0 {
+		return fmt.Errorf("%w: --block-size must be positive, got %d", errUsage, *blockSize)
+	}
+	var tokens []uint32
+	dec := json.NewDecoder(sio.in)
+	if err := dec.Decode(&tokens); err != nil {
+		return fmt.Errorf("read token ids (a JSON array of non-negative ints) from stdin: %w", err)
+	}
+	if dec.More() {
+		return fmt.Errorf("read token ids from stdin: unexpected data after the array")
+	}
+	h, err := vllm.NewBlockHasher(algo, *seed, nil)
+	if err != nil {
+		return err
+	}
+	digests := h.HashPrompt(tokens, *blockSize, vllm.RequestKeys{LoRAName: *lora, CacheSalt: *salt})
+	out := blockhashOutput{
+		NoneHash:    hex.EncodeToString(h.NoneHash()),
+		Digests:     make([]string, len(digests)),
+		EventValues: make([]string, len(digests)),
+	}
+	for i, d := range digests {
+		out.Digests[i] = hex.EncodeToString(d)
+		out.EventValues[i] = strconv.FormatUint(uint64(vllm.EventValue(d)), 10)
+	}
+	return json.NewEncoder(sio.out).Encode(out)
 }
