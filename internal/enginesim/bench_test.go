@@ -1,0 +1,86 @@
+package enginesim
+
+import (
+	"fmt"
+	"testing"
+)
+
+// Run: go test -run '^$' -bench Core -benchtime 1s -count 1 ./internal/enginesim/
+// Results and the fleet-simulator budget they imply: docs/engine-sim.md.
+
+// benchWorkload is n requests of promptLen tokens in groups sharing the
+// first half of their prompt, each generating outLen tokens.
+func benchWorkload(n, promptLen, outLen int) []*Request {
+	reqs := make([]*Request, n)
+	for i := range reqs {
+		p := make([]uint32, promptLen)
+		for j := range p {
+			if j < promptLen/2 {
+				p[j] = uint32(1 + (i%8)*promptLen + j) // 8 shared system prompts
+			} else {
+				p[j] = uint32(1_000_000 + i*promptLen + j)
+			}
+		}
+		reqs[i] = &Request{ID: fmt.Sprint(i), Tokens: p, MaxTokens: outLen}
+	}
+	return reqs
+}
+
+// BenchmarkCoreRequests simulates whole requests: 256 requests of 4,096
+// prompt tokens (half shared) and 128 output tokens per iteration, through
+// admission, chunked prefill, decode and completion on a fresh core.
+func BenchmarkCoreRequests(b *testing.B) {
+	for _, mode := range []struct {
+		name   string
+		events bool
+	}{{"events=off", false}, {"events=on", true}} {
+		b.Run(mode.name, func(b *testing.B) {
+			reqs := benchWorkload(256, 4096, 128)
+			var steps, done int
+			b.ReportAllocs()
+			for b.Loop() {
+				c, err := NewCore(CoreConfig{Profile: ProfileH100, NoEvents: !mode.events})
+				if err != nil {
+					b.Fatal(err)
+				}
+				for _, r := range reqs {
+					if err := c.Submit(r); err != nil {
+						b.Fatal(err)
+					}
+				}
+				for !c.Idle() {
+					c.Step()
+					steps++
+				}
+				done += len(reqs)
+			}
+			b.ReportMetric(float64(done)/b.Elapsed().Seconds(), "requests/s")
+			b.ReportMetric(float64(steps)/b.Elapsed().Seconds(), "steps/s")
+		})
+	}
+}
+
+// BenchmarkCoreDecodeStep is one steady-state decode step of 64 running
+// sequences (the common step in a fleet simulation).
+func BenchmarkCoreDecodeStep(b *testing.B) {
+	c, err := NewCore(CoreConfig{Profile: ProfileH100, NoEvents: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, r := range benchWorkload(64, 1024, 1<<20-1024) {
+		r.MaxTokens = 100000
+		if err := c.Submit(r); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for range 20 {
+		c.Step()
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if res := c.Step(); res.DecodeSeqs != 64 {
+			b.Fatalf("decode seqs %d", res.DecodeSeqs)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "steps/s")
+}

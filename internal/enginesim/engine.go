@@ -1,0 +1,321 @@
+package enginesim
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"kvrouter/internal/vllm"
+)
+
+// Errors that end a stream from the engine side.
+var (
+	errRestarted = errors.New("engine restarted")
+	errStopped   = errors.New("engine stopped")
+)
+
+// stream is one engine request's output, filled by the engine loop and
+// drained by its HTTP handler. notify (shared by all streams of one HTTP
+// request, capacity 1) is signalled after every change.
+type stream struct {
+	id     string
+	notify chan struct{}
+
+	mu           sync.Mutex
+	toks         []uint32
+	generated    int
+	promptTokens int
+	cachedTokens int
+	finished     bool
+	reason       string
+	err          error
+	submitted    time.Time
+}
+
+func newStream(id string, notify chan struct{}) *stream {
+	return &stream{id: id, notify: notify, cachedTokens: -1}
+}
+
+func (st *stream) signal() {
+	select {
+	case st.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (st *stream) push(o *Output) {
+	st.mu.Lock()
+	st.toks = append(st.toks, o.Token)
+	st.generated++
+	st.promptTokens, st.cachedTokens = o.PromptTokens, o.CachedTokens
+	if o.Finished {
+		st.finished, st.reason = true, o.FinishReason
+	}
+	st.mu.Unlock()
+	st.signal()
+}
+
+func (st *stream) fail(err error) {
+	st.mu.Lock()
+	if !st.finished && st.err == nil {
+		st.err = err
+	}
+	st.mu.Unlock()
+	st.signal()
+}
+
+// streamState is what a handler takes from a stream.
+type streamState struct {
+	toks     []uint32
+	finished bool
+	reason   string
+	err      error
+	cached   int
+}
+
+// take moves the new tokens into buf (reused) and reports the state.
+func (st *stream) take(buf []uint32) streamState {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	s := streamState{toks: append(buf[:0], st.toks...), finished: st.finished, reason: st.reason, err: st.err, cached: st.cachedTokens}
+	st.toks = st.toks[:0]
+	return s
+}
+
+// submission is one engine request and its stream.
+type submission struct {
+	req Request
+	st  *stream
+}
+
+// command is one message to the engine loop.
+type command struct {
+	submit  []submission
+	abort   []string
+	restart bool
+	reset   bool
+	reply   chan error
+}
+
+// engine owns a Core and the streams of its requests; only its loop
+// goroutine touches them. It steps the core in real time: a step of
+// duration d is delivered d after it started.
+type engine struct {
+	newCore func() (*Core, error)
+	clock   Clock
+	faults  Faults
+	pub     *publisher // nil without KV events
+	rank    int
+	m       *metrics
+	state   *atomic.Pointer[snapshot]
+
+	cmds chan command
+	done chan struct{} // closed when the loop returns
+
+	core      *Core
+	streams   map[string]*stream
+	startedAt time.Time
+	epoch     int
+	outs      []Output
+}
+
+// send delivers c to the loop; it fails when the loop is gone or ctx ends.
+func (e *engine) send(ctx context.Context, c command) error {
+	select {
+	case e.cmds <- c:
+	case <-e.done:
+		return errStopped
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if c.reply == nil {
+		return nil
+	}
+	select {
+	case err := <-c.reply:
+		return err
+	case <-e.done:
+		return errStopped
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// abort tells the loop to drop requests; it never blocks for long (the
+// loop drains commands during every step) and gives up when the loop ends.
+func (e *engine) abort(ids []string) {
+	if len(ids) > 0 {
+		_ = e.send(context.Background(), command{abort: ids})
+	}
+}
+
+func (e *engine) run(ctx context.Context) error {
+	defer close(e.done)
+	defer e.failAll(errStopped)
+	e.startedAt = e.clock.Now()
+	e.publishState()
+	for {
+		if e.core.Idle() {
+			select {
+			case <-ctx.Done():
+				return nil
+			case c := <-e.cmds:
+				e.apply(ctx, c)
+			}
+		}
+		if !e.drainCommands(ctx) {
+			return nil
+		}
+		res := e.core.Step()
+		start := e.clock.Now()
+		if res.Scheduled == 0 {
+			e.emit(res.Events, start)
+			e.publishState()
+			if !e.core.Idle() { // cannot happen (NewCore checks capacity); never spin
+				select {
+				case <-ctx.Done():
+					return nil
+				case c := <-e.cmds:
+					e.apply(ctx, c)
+				}
+			}
+			continue
+		}
+		f := e.faults.slowFactor(start.Sub(e.startedAt))
+		d := time.Duration(float64(res.Duration) * f)
+		e.outs = append(e.outs[:0], res.Outputs...)
+		events, epoch := res.Events, e.epoch
+		deadline := start.Add(d)
+		for {
+			rem := deadline.Sub(e.clock.Now())
+			if rem <= 0 {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case c := <-e.cmds:
+				e.apply(ctx, c)
+			case <-e.clock.After(rem):
+			}
+		}
+		if epoch != e.epoch { // restarted during the step: its results are gone
+			continue
+		}
+		e.deliver(deadline)
+		e.emit(events, deadline)
+		e.publishState()
+	}
+}
+
+// drainCommands applies queued commands without blocking; false when ctx
+// ended.
+func (e *engine) drainCommands(ctx context.Context) bool {
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case c := <-e.cmds:
+			e.apply(ctx, c)
+		default:
+			return true
+		}
+	}
+}
+
+func (e *engine) apply(ctx context.Context, c command) {
+	var err error
+	for i, s := range c.submit {
+		if err = e.core.Submit(&s.req); err != nil {
+			for _, prev := range c.submit[:i] {
+				e.core.Abort(prev.req.ID)
+				delete(e.streams, prev.req.ID)
+			}
+			break
+		}
+		s.st.submitted = e.clock.Now()
+		e.streams[s.req.ID] = s.st
+	}
+	for _, id := range c.abort {
+		e.core.Abort(id)
+		delete(e.streams, id)
+	}
+	if c.reset && !e.core.ResetPrefixCache() {
+		err = errors.New("prefix cache in use: requests hold blocks")
+	}
+	if c.restart {
+		err = e.restart(ctx)
+	}
+	e.publishState()
+	if c.reply != nil {
+		c.reply <- err
+	}
+}
+
+// restart models an engine process restart: in-flight requests die, the
+// cache is empty, counters and KV-event sequence numbers start again at 0
+// and no AllBlocksCleared is sent.
+func (e *engine) restart(ctx context.Context) error {
+	core, err := e.newCore()
+	if err != nil {
+		return err
+	}
+	e.failAll(errRestarted)
+	e.core = core
+	e.epoch++
+	e.startedAt = e.clock.Now()
+	if e.pub != nil {
+		return e.pub.control(ctx, pubMsg{restart: true})
+	}
+	return nil
+}
+
+func (e *engine) failAll(err error) {
+	for id, st := range e.streams {
+		st.fail(err)
+		delete(e.streams, id)
+	}
+}
+
+func (e *engine) deliver(now time.Time) {
+	for i := range e.outs {
+		o := &e.outs[i]
+		st := e.streams[o.ID]
+		if st == nil {
+			continue
+		}
+		if o.Index == 0 {
+			e.m.ttft.Observe(now.Sub(st.submitted).Seconds())
+		}
+		st.push(o)
+		if o.Finished {
+			e.m.e2e.Observe(now.Sub(st.submitted).Seconds())
+			e.m.success.WithLabelValues(o.FinishReason).Inc()
+			delete(e.streams, o.ID)
+		}
+	}
+}
+
+// emit hands a step's events to the publisher as one batch.
+func (e *engine) emit(events []vllm.Event, ts time.Time) {
+	if e.pub == nil || len(events) == 0 {
+		return
+	}
+	e.pub.publish(vllm.Batch{
+		TS:               float64(ts.UnixNano()) / 1e9,
+		Events:           slices.Clone(events),
+		DataParallelRank: e.rank,
+	})
+}
+
+func (e *engine) publishState() {
+	e.state.Store(&snapshot{
+		running: e.core.Running(),
+		waiting: e.core.Waiting(),
+		usage:   e.core.KVUsage(),
+		stats:   e.core.Stats(),
+	})
+}

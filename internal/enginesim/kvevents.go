@@ -1,0 +1,116 @@
+package enginesim
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+)
+
+// KVEventsConfig is vLLM's --kv-events-config, the same JSON
+// (vllm/config/kv_events.py). A zero field means the default in its
+// comment, filled in by ParseKVEventsConfig and Server.
+type KVEventsConfig struct {
+	// EnableKVCacheEvents turns publishing on (false).
+	EnableKVCacheEvents bool `json:"enable_kv_cache_events"`
+	// Publisher is "zmq" or "null"; "zmq" when events are enabled and this
+	// is empty or "null" (vLLM picks zmq the same way).
+	Publisher string `json:"publisher"`
+	// Endpoint is the PUB socket ("tcp://*:5557"). Bound when it contains
+	// "*" or "::" or is ipc:// or inproc://, otherwise connected (vLLM's
+	// rule), so a subscriber may bind and let engines dial in.
+	Endpoint string `json:"endpoint"`
+	// ReplayEndpoint is the ROUTER socket for replay, always bound; empty
+	// means no replay.
+	ReplayEndpoint string `json:"replay_endpoint"`
+	// BufferSteps is how many batches the replay buffer keeps (10000).
+	BufferSteps int `json:"buffer_steps"`
+	// HWM is the PUB send high-water mark in messages (100000); above it
+	// batches are dropped silently.
+	HWM int `json:"hwm"`
+	// MaxQueueSize bounds batches waiting for the publisher (100000); when
+	// full, new batches are dropped before they get a sequence number.
+	MaxQueueSize int `json:"max_queue_size"`
+	// Topic is the first frame of every PUB message ("").
+	Topic string `json:"topic"`
+}
+
+// ParseKVEventsConfig decodes --kv-events-config JSON strictly (unknown keys
+// are errors, as vLLM's config validation) and fills in defaults.
+func ParseKVEventsConfig(s string) (KVEventsConfig, error) {
+	var c KVEventsConfig
+	if strings.TrimSpace(s) != "" {
+		dec := json.NewDecoder(bytes.NewReader([]byte(s)))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&c); err != nil {
+			return c, fmt.Errorf("kv-events-config: %w", err)
+		}
+	}
+	return c.withDefaults()
+}
+
+func (c KVEventsConfig) withDefaults() (KVEventsConfig, error) {
+	if c.Endpoint == "" {
+		c.Endpoint = "tcp://*:5557"
+	}
+	if c.BufferSteps == 0 {
+		c.BufferSteps = 10000
+	}
+	if c.HWM == 0 {
+		c.HWM = 100000
+	}
+	if c.MaxQueueSize == 0 {
+		c.MaxQueueSize = 100000
+	}
+	if c.EnableKVCacheEvents && (c.Publisher == "" || c.Publisher == "null") {
+		c.Publisher = "zmq"
+	}
+	switch {
+	case c.Publisher != "" && c.Publisher != "zmq" && c.Publisher != "null":
+		return c, fmt.Errorf("kv-events-config: unknown publisher %q (zmq or null)", c.Publisher)
+	case c.BufferSteps < 0 || c.HWM < 0 || c.MaxQueueSize < 0:
+		return c, fmt.Errorf("kv-events-config: buffer_steps, hwm and max_queue_size must be positive")
+	}
+	return c, nil
+}
+
+// enabled reports whether a ZeroMQ publisher runs.
+func (c KVEventsConfig) enabled() bool { return c.EnableKVCacheEvents && c.Publisher == "zmq" }
+
+// shouldBind is vLLM's rule for the PUB socket.
+func shouldBind(endpoint string) bool {
+	return strings.Contains(endpoint, "*") || strings.Contains(endpoint, "::") ||
+		strings.HasPrefix(endpoint, "ipc://") || strings.HasPrefix(endpoint, "inproc://")
+}
+
+// offsetEndpoint is vLLM's offset_endpoint_port for data-parallel rank r:
+// the port of a tcp endpoint plus r; inproc gets a "_dp<r>" suffix; ipc
+// cannot be offset.
+func offsetEndpoint(endpoint string, r int) (string, error) {
+	if r == 0 || endpoint == "" {
+		return endpoint, nil
+	}
+	switch {
+	case strings.HasPrefix(endpoint, "inproc://"):
+		return fmt.Sprintf("%s_dp%d", endpoint, r), nil
+	case strings.HasPrefix(endpoint, "tcp://"):
+		host, port, err := net.SplitHostPort(strings.TrimPrefix(endpoint, "tcp://"))
+		if err != nil {
+			return "", fmt.Errorf("endpoint %q: %w", endpoint, err)
+		}
+		p, err := strconv.Atoi(port)
+		if err != nil {
+			return "", fmt.Errorf("endpoint %q: bad port", endpoint)
+		}
+		return "tcp://" + net.JoinHostPort(host, strconv.Itoa(p+r)), nil
+	}
+	return "", fmt.Errorf("endpoint %q cannot be offset for data-parallel rank %d", endpoint, r)
+}
+
+// goEndpoint rewrites a ZeroMQ wildcard address for Go's listener:
+// tcp://*:p becomes tcp://0.0.0.0:p and tcp://[::]:p stays.
+func goEndpoint(endpoint string) string {
+	return strings.Replace(endpoint, "tcp://*:", "tcp://0.0.0.0:", 1)
+}

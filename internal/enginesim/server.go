@@ -1,0 +1,265 @@
+package enginesim
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+)
+
+// Config configures a Server. A zero field means the default in its comment.
+type Config struct {
+	// Core is the engine core's configuration.
+	Core CoreConfig
+	// Addr is the HTTP listen address for Run ("0.0.0.0:8000", vLLM's).
+	Addr string
+	// ServedModelName is the model id clients send and /v1/models lists
+	// ("meta-llama/Llama-3.1-8B-Instruct").
+	ServedModelName string
+	// LoRAModules are adapter names also accepted as model ids; a request
+	// naming one carries it as its LoRA name (block extra keys, events).
+	LoRAModules []string
+	// DefaultMaxTokens bounds chat requests without max_tokens (256); vLLM
+	// would generate up to max_model_len, which a simulator that never
+	// emits EOS should not. Completions default to 16, as in vLLM.
+	DefaultMaxTokens int
+	// HashAlgo names the block hash for vllm:cache_config_info ("sha256"
+	// when NewHasher is set, else "fast").
+	HashAlgo string
+	// NewHasher makes the block hasher at start and at every restart (a new
+	// engine process: without a fixed seed, a new random NONE_HASH). nil
+	// means NewFastHasher(Core.HashSeed).
+	NewHasher func() (BlockHasher, error)
+	// Tokenizer tokenizes prompts and chats; nil means ByteTokenizer.
+	Tokenizer Tokenizer
+	// KVEvents is --kv-events-config; publishing is off unless enabled.
+	KVEvents KVEventsConfig
+	// LegacyEvents publishes the array layout of vLLM v0.22-v0.23 and the
+	// old replay replies without a topic frame.
+	LegacyEvents bool
+	// DataParallelRank goes into every batch and offsets the event ports.
+	DataParallelRank int
+	// NoPromptTokensDetails leaves usage.prompt_tokens_details out (vLLM's
+	// default without --enable-prompt-tokens-details; the simulator shows
+	// it by default).
+	NoPromptTokensDetails bool
+	// MaxBodyBytes bounds request bodies (64 MiB).
+	MaxBodyBytes int64
+	// Faults are the injected failures.
+	Faults Faults
+	// Clock is the time source (the wall clock).
+	Clock Clock
+}
+
+// Server is a simulated vLLM engine: the OpenAI HTTP API, /metrics, and the
+// KV-event publisher around one Core, stepped in real time by one owner
+// goroutine. New starts nothing; Run (or Serve) starts the HTTP server, the
+// engine loop and the publisher and returns after all have stopped. Its
+// methods are safe for concurrent use.
+type Server struct {
+	cfg     Config
+	coreCfg CoreConfig // with defaults
+	log     *slog.Logger
+	reg     prometheus.Registerer
+	m       *metrics
+	state   atomic.Pointer[snapshot]
+	eng     *engine
+	pub     *publisher
+	dice    *dice
+	words   textOf
+	tok     Tokenizer
+	mux     *http.ServeMux
+	created int64
+}
+
+// New checks cfg (all problems at once) and builds a Server. A nil log
+// discards; metrics go to reg (vLLM's names; use a private registry).
+func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Server, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Addr == "" {
+		cfg.Addr = "0.0.0.0:8000"
+	}
+	if cfg.ServedModelName == "" {
+		cfg.ServedModelName = "meta-llama/Llama-3.1-8B-Instruct"
+	}
+	if cfg.DefaultMaxTokens == 0 {
+		cfg.DefaultMaxTokens = 256
+	}
+	if cfg.MaxBodyBytes == 0 {
+		cfg.MaxBodyBytes = 64 << 20
+	}
+	if cfg.HashAlgo == "" {
+		cfg.HashAlgo = "fast"
+		if cfg.NewHasher != nil {
+			cfg.HashAlgo = "sha256"
+		}
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = wallClock{}
+	}
+	if cfg.Tokenizer == nil {
+		cfg.Tokenizer = ByteTokenizer{}
+	}
+	var errs []error
+	faults, err := cfg.Faults.withDefaults()
+	errs = append(errs, err)
+	kv, err := cfg.KVEvents.withDefaults()
+	errs = append(errs, err)
+	coreCfg, err := cfg.Core.withDefaults()
+	if err != nil {
+		errs = append(errs, fmt.Errorf("core config: %w", err))
+	}
+	if cfg.DefaultMaxTokens < 1 || cfg.DataParallelRank < 0 {
+		errs = append(errs, errors.New("default max tokens must be positive and the data-parallel rank non-negative"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("enginesim: %w", err)
+	}
+	s := &Server{
+		cfg: cfg, coreCfg: coreCfg, log: log, reg: reg, dice: newDice(faults.Seed), words: newTextOf(),
+		tok: cfg.Tokenizer, created: cfg.Clock.Now().Unix(),
+	}
+	s.cfg.Faults, s.cfg.KVEvents = faults, kv
+	if s.m, err = newMetrics(reg, cfg.ServedModelName, coreCfg, cfg.HashAlgo, &s.state); err != nil {
+		return nil, fmt.Errorf("enginesim: metrics: %w", err)
+	}
+	if kv.enabled() {
+		s.pub, err = newPublisher(kv, cfg.DataParallelRank, cfg.LegacyEvents, faults.DropEveryKBatches, cfg.Clock, log, s.m)
+		if err != nil {
+			return nil, fmt.Errorf("enginesim: kv events: %w", err)
+		}
+	}
+	core, err := s.newCore()
+	if err != nil {
+		return nil, err
+	}
+	s.eng = &engine{
+		newCore: s.newCore, clock: cfg.Clock, faults: faults, pub: s.pub, rank: cfg.DataParallelRank,
+		m: s.m, state: &s.state, cmds: make(chan command, 256), done: make(chan struct{}),
+		core: core, streams: make(map[string]*stream),
+	}
+	s.eng.publishState()
+	s.routes()
+	return s, nil
+}
+
+func (s *Server) newCore() (*Core, error) {
+	cfg := s.coreCfg
+	if s.cfg.NewHasher != nil {
+		h, err := s.cfg.NewHasher()
+		if err != nil {
+			return nil, fmt.Errorf("enginesim: hasher: %w", err)
+		}
+		cfg.Hasher = h
+	}
+	return NewCore(cfg)
+}
+
+// Handler returns the HTTP API (for tests and embedding; Run serves it).
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// Run listens on Config.Addr and serves until ctx ends.
+func (s *Server) Run(ctx context.Context) error {
+	ln, err := net.Listen("tcp", s.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("enginesim: listen: %w", err)
+	}
+	return s.Serve(ctx, ln)
+}
+
+// Serve serves HTTP on ln, runs the engine loop and the KV-event publisher,
+// and returns when ctx ends (nil) or one of them fails, after all stopped.
+// It closes ln.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	g, ctx := errgroup.WithContext(ctx)
+	hs := &http.Server{
+		Handler:           s.mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+	}
+	g.Go(func() error { return recoverErr("engine", func() error { return s.eng.run(ctx) }) })
+	if s.pub != nil {
+		g.Go(func() error { return recoverErr("publisher", func() error { return s.pub.Run(ctx) }) })
+	}
+	g.Go(func() error {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := hs.Shutdown(sctx); err != nil {
+			return hs.Close()
+		}
+		return nil
+	})
+	s.log.Info("engine-sim serving", "addr", ln.Addr().String(), "model", s.cfg.ServedModelName)
+	g.Go(func() error {
+		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("enginesim: http: %w", err)
+		}
+		return nil
+	})
+	return g.Wait()
+}
+
+// KVEventsAddrs waits until the publisher's sockets are up and returns
+// their bound addresses (empty when connecting or without replay).
+func (s *Server) KVEventsAddrs(ctx context.Context) (pub, replay string, err error) {
+	if s.pub == nil {
+		return "", "", errors.New("enginesim: kv events are disabled")
+	}
+	select {
+	case <-s.pub.ready:
+		return s.pub.addr, s.pub.replayAddr, nil
+	case <-ctx.Done():
+		return "", "", ctx.Err()
+	}
+}
+
+// Restart simulates an engine process restart (POST /admin/restart,
+// SIGHUP in the command): in-flight requests are cut off, the cache and the
+// counters are empty, KV-event sequence numbers start again at 0, and no
+// AllBlocksCleared is sent.
+func (s *Server) Restart(ctx context.Context) error {
+	return s.eng.send(ctx, command{restart: true, reply: make(chan error, 1)})
+}
+
+// ResetPrefixCache is vLLM's /reset_prefix_cache: it clears the cache and
+// publishes AllBlocksCleared, or fails while requests hold blocks.
+func (s *Server) ResetPrefixCache(ctx context.Context) error {
+	return s.eng.send(ctx, command{reset: true, reply: make(chan error, 1)})
+}
+
+// StallEvents pauses KV-event sending for d; batches queue meanwhile.
+func (s *Server) StallEvents(ctx context.Context, d time.Duration) error {
+	if s.pub == nil {
+		return errors.New("enginesim: kv events are disabled")
+	}
+	return s.pub.control(ctx, pubMsg{stall: d})
+}
+
+// recoverErr runs f, turning a panic into an error.
+func recoverErr(what string, f func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("enginesim: %s panicked: %v", what, r)
+		}
+	}()
+	return f()
+}
+
+// newID returns prefix + 32 random hex digits, like vLLM's request ids.
+func newID(prefix string) string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
