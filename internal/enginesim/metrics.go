@@ -64,14 +64,14 @@ func newMetrics(reg prometheus.Registerer, model string, cfg CoreConfig, hashAlg
 	info := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "vllm:cache_config_info", Help: "Information of the LLMEngine CacheConfig",
 		ConstLabels: prometheus.Labels{
-			"engine":                  "0",
-			"block_size":              strconv.Itoa(cfg.BlockSize),
-			"num_gpu_blocks":          strconv.Itoa(cfg.NumGPUBlocks),
-			"num_gpu_blocks_override": strconv.Itoa(cfg.NumGPUBlocks),
-			"num_cpu_blocks":          strconv.Itoa(cfg.NumCPUBlocks),
-			"enable_prefix_caching":   "True",
+			"engine":                   "0",
+			"block_size":               strconv.Itoa(cfg.BlockSize),
+			"num_gpu_blocks":           strconv.Itoa(cfg.NumGPUBlocks),
+			"num_gpu_blocks_override":  strconv.Itoa(cfg.NumGPUBlocks),
+			"num_cpu_blocks":           strconv.Itoa(cfg.NumCPUBlocks),
+			"enable_prefix_caching":    "True",
 			"prefix_caching_hash_algo": hashAlgo,
-			"cache_dtype":             "auto",
+			"cache_dtype":              "auto",
 		}})
 	info.Set(1)
 	cs := []prometheus.Collector{
