@@ -349,3 +349,47 @@ func TestEncodeChatQwen3Golden(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkEncodeChat renders and encodes typical chats with the Qwen3
+// template: chat.jsonl line 31 (system prompt and 11 turns) and line 30
+// (a tool definition and a tool call with nested arguments). Run with
+//
+//	go test -run '^$' -bench 'EncodeChat|RenderChat' -benchtime 1s -count 1 ./internal/tokenizer/
+func BenchmarkEncodeChat(b *testing.B) {
+	l := sharedQwen3(b)
+	cases := loadChatCases(b)
+	for _, bc := range []struct {
+		name string
+		line int
+	}{{"turns=12", 31}, {"tools=1", 30}} {
+		req := cases[bc.line].request()
+		b.Run(bc.name, func(b *testing.B) {
+			_, ids, err := l.EncodeChat(req)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, _, err := l.EncodeChat(req); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(len(ids)*b.N)/b.Elapsed().Seconds(), "tokens/s")
+		})
+	}
+}
+
+// BenchmarkRenderChat is the template render alone (no encoding).
+func BenchmarkRenderChat(b *testing.B) {
+	tmpl, err := NewChatTemplate(qwen3TemplateConfig(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	req := loadChatCases(b)[31].request()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := tmpl.Render(req); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -25,7 +25,7 @@ var (
 )
 
 // sharedQwen3 loads the Qwen3 tokenizer once for the probe tests.
-func sharedQwen3(t *testing.T) *Local {
+func sharedQwen3(t testing.TB) *Local {
 	t.Helper()
 	qwen3Once.Do(func() {
 		tok, err := Load(qwen3Dir)
