@@ -43,6 +43,12 @@ type ChatRequest struct {
 	// ChatTemplateKwargs is a JSON object of extra template variables
 	// (e.g. {"enable_thinking": false}); null or empty means none.
 	ChatTemplateKwargs json.RawMessage `json:"chat_template_kwargs,omitempty"`
+	// ContinueFinalMessage (vLLM) leaves the last message open. The local
+	// renderer does not reproduce it: Render returns ErrUnsupported.
+	ContinueFinalMessage bool `json:"continue_final_message,omitempty"`
+	// ChatTemplate (vLLM) replaces the model's template for this request.
+	// The local renderer does not take it: Render returns ErrUnsupported.
+	ChatTemplate string `json:"chat_template,omitempty"`
 }
 
 // UnmarshalJSON decodes a chat request body, defaulting
@@ -202,6 +208,9 @@ func (c *ChatTemplate) pick(hasTools bool) (*jinja.Template, error) {
 // (use the engine's render endpoint), ErrNoChatTemplate, or carry the
 // template's own error (raise_exception).
 func (c *ChatTemplate) Render(req ChatRequest) (out string, err error) {
+	if req.ContinueFinalMessage || req.ChatTemplate != "" {
+		return "", fmt.Errorf("%w: continue_final_message or a request chat_template", ErrUnsupported)
+	}
 	vars, err := c.vars(req)
 	if err != nil {
 		return "", err

@@ -223,6 +223,12 @@ func TestChatTemplateBehaviour(t *testing.T) {
 			wantErr:  ErrUnsupported,
 		},
 		{
+			name:     "continue_final_message left to the engine",
+			template: `x`,
+			req:      `{"messages":[{"role":"assistant","content":"Once upon"}],"continue_final_message":true,"add_generation_prompt":false}`,
+			wantErr:  ErrUnsupported,
+		},
+		{
 			name:     "messages not a list",
 			template: `x`,
 			req:      `{"messages":{"role":"user"}}`,

@@ -233,6 +233,12 @@ func (r *Remote) chatBody(req ChatRequest, forTokenize bool) map[string]any {
 	if forTokenize {
 		body["add_special_tokens"] = false
 	}
+	if req.ContinueFinalMessage {
+		body["continue_final_message"] = true
+	}
+	if req.ChatTemplate != "" {
+		body["chat_template"] = req.ChatTemplate
+	}
 	if t := bytes.TrimSpace(req.Tools); len(t) > 0 && string(t) != "null" {
 		body["tools"] = json.RawMessage(t)
 	}
