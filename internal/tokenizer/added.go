@@ -23,20 +23,40 @@ type tokenSet struct {
 	toks  []addedTokenJSON // matched token (content is the pattern)
 }
 
-func newAddedVocab(list []addedTokenJSON, n normalizer) (*addedVocab, error) {
-	a := &addedVocab{byID: make(map[uint32]addedTokenJSON, len(list))}
+// newAddedVocab registers the added tokens. Like Hugging Face, it ignores
+// the "id" written in the JSON and assigns ids as AddedVocabulary does
+// when the tokens are added one by one in file order: the id of an equal
+// vocab entry, else the vocab size for the first new token, else one past
+// the largest id so far. Real tokenizer files write exactly those ids.
+func newAddedVocab(in []addedTokenJSON, n normalizer, model *bpe) (*addedVocab, error) {
+	a := &addedVocab{byID: make(map[uint32]addedTokenJSON, len(in))}
 	a.raw.init()
 	a.normalized.init()
-	seen := make(map[string]bool, len(list))
-	for i, tok := range list {
+	list := make([]addedTokenJSON, 0, len(in))
+	ids := make(map[string]uint32, len(in))
+	var maxID uint32
+	for i, tok := range in {
 		if tok.Content == "" {
 			return nil, fmt.Errorf("[%d] (id %d): empty content", i, tok.ID)
 		}
-		if seen[tok.Content] {
-			return nil, fmt.Errorf("[%d] (id %d): duplicate content %q", i, tok.ID, tok.Content)
+		if _, dup := ids[tok.Content]; dup {
+			return nil, fmt.Errorf("[%d] (id %d): duplicate content %q not supported", i, tok.ID, tok.Content)
 		}
-		seen[tok.Content] = true
-		a.byID[tok.ID] = tok
+		id, ok := model.tokenID(tok.Content)
+		switch {
+		case ok:
+		case len(ids) == 0 || maxID < model.size && model.size != 0:
+			id = model.size
+		default:
+			id = maxID + 1
+		}
+		if len(ids) == 0 || id > maxID {
+			maxID = id
+		}
+		ids[tok.Content] = id
+		tok.ID = id
+		a.byID[id] = tok
+		list = append(list, tok)
 	}
 	// Hugging Face orders its patterns special tokens first; with
 	// leftmost-longest matching and distinct contents the order cannot

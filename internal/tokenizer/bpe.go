@@ -13,6 +13,8 @@ import (
 type bpe struct {
 	vocab  map[string]uint32 // raw bytes of each byte-level vocab entry -> id
 	tokens []string          // id -> vocab key as written in tokenizer.json ("" if unused)
+	odd    map[string]uint32 // vocab keys outside the byte-level alphabet
+	size   uint32            // number of vocab entries (Hugging Face's get_vocab_size)
 	byteID [256]uint32       // id of each single byte
 	merges map[uint64]merge  // (left id, right id) -> merge
 	// ignoreMerges: a pre-token that is itself a vocab entry is emitted
@@ -66,12 +68,15 @@ func parseModel(raw json.RawMessage) (*bpe, error) {
 	case m.ByteFallback:
 		return nil, errors.New("BPE byte_fallback not supported")
 	}
-	b := &bpe{vocab: make(map[string]uint32, len(m.Vocab)), ignoreMerges: m.IgnoreMerges, cache: newWordCache()}
+	b := &bpe{vocab: make(map[string]uint32, len(m.Vocab)), odd: map[string]uint32{},
+		size: uint32(len(m.Vocab)), ignoreMerges: m.IgnoreMerges, cache: newWordCache()}
 	var maxID uint32
 	for tok, id := range m.Vocab {
 		maxID = max(maxID, id)
 		if raw, ok := byteLevelDecode(tok); ok {
 			b.vocab[raw] = id
+		} else {
+			b.odd[tok] = id
 		}
 	}
 	b.tokens = make([]string, int(maxID)+1)
@@ -126,6 +131,16 @@ func parseMerges(raw json.RawMessage) ([][2]string, error) {
 		return nil, fmt.Errorf("merges: want strings or [left, right] pairs: %w", err)
 	}
 	return asPairs, nil
+}
+
+// tokenID looks up a vocab entry by its key as written in tokenizer.json.
+func (b *bpe) tokenID(tok string) (uint32, bool) {
+	if raw, ok := byteLevelDecode(tok); ok {
+		id, ok := b.vocab[raw]
+		return id, ok
+	}
+	id, ok := b.odd[tok]
+	return id, ok
 }
 
 // encodeWord appends the ids of one pre-token (raw bytes) to dst.

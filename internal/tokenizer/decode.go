@@ -81,7 +81,7 @@ func parseDecoder(raw json.RawMessage) error {
 
 // buildDecodeTable precomputes each id's bytes as Hugging Face's ByteLevel
 // decoder produces them: the token string (an added token's content takes
-// precedence over the vocabulary) mapped char by char to bytes, or the
+// precedence over the vocabulary, normalized if the token is) mapped char by char to bytes, or the
 // token's own UTF-8 bytes when a character is outside the byte-level
 // alphabet.
 func (t *Tokenizer) buildDecodeTable() {
@@ -94,7 +94,13 @@ func (t *Tokenizer) buildDecodeTable() {
 		t.dec[id] = decodeToken(tok)
 	}
 	for id, a := range t.added.byID {
-		t.dec[id] = decodeToken(a.Content)
+		content := a.Content
+		if a.Normalized && t.norm != nil {
+			// Hugging Face's id_to_token gives a normalized added
+			// token's content normalized.
+			content = t.norm.normalize(content)
+		}
+		t.dec[id] = decodeToken(content)
 	}
 }
 

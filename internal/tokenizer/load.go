@@ -162,10 +162,10 @@ func Parse(tokenizerJSON, configJSON []byte) (*Tokenizer, error) {
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
-	if t.added, err = newAddedVocab(f.AddedTokens, t.norm); err != nil {
+	if t.added, err = newAddedVocab(f.AddedTokens, t.norm, t.model); err != nil {
 		return nil, fmt.Errorf("added_tokens: %w", err)
 	}
-	if t.post, err = parsePostProcessor(f.PostProcessor, t.tokenID); err != nil {
+	if t.post, err = parsePostProcessor(f.PostProcessor); err != nil {
 		return nil, fmt.Errorf("post_processor: %w", err)
 	}
 	t.buildDecodeTable()

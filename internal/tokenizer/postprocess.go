@@ -11,10 +11,10 @@ type post struct {
 	prefix, suffix []uint32
 }
 
-// parsePostProcessor decodes "post_processor". lookup resolves token
-// strings (RobertaProcessing/BertProcessing carry ids, TemplateProcessing
-// carries ids in "special_tokens").
-func parsePostProcessor(raw json.RawMessage, lookup func(string) (uint32, bool)) (post, error) {
+// parsePostProcessor decodes "post_processor". The special-token ids come
+// from the JSON itself (RobertaProcessing/BertProcessing "cls"/"sep",
+// TemplateProcessing "special_tokens"), as in Hugging Face.
+func parsePostProcessor(raw json.RawMessage) (post, error) {
 	var p post
 	if isNull(raw) {
 		return p, nil
@@ -34,7 +34,7 @@ func parsePostProcessor(raw json.RawMessage, lookup func(string) (uint32, bool))
 			return p, fmt.Errorf("Sequence: %w", err)
 		}
 		for i, r := range s.Processors {
-			q, err := parsePostProcessor(r, lookup)
+			q, err := parsePostProcessor(r)
 			if err != nil {
 				return p, fmt.Errorf("Sequence[%d]: %w", i, err)
 			}

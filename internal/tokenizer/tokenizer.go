@@ -80,27 +80,6 @@ func (t *Tokenizer) encodePiece(ids []uint32, s string, sc *scratch) []uint32 {
 	return ids
 }
 
-// tokenID returns the id of an added token or vocabulary entry, written as
-// in tokenizer.json.
-func (t *Tokenizer) tokenID(tok string) (uint32, bool) {
-	for id, a := range t.added.byID {
-		if a.Content == tok {
-			return id, true
-		}
-	}
-	if raw, ok := byteLevelDecode(tok); ok {
-		if id, ok := t.model.vocab[raw]; ok {
-			return id, true
-		}
-	}
-	for id, s := range t.model.tokens {
-		if s == tok {
-			return uint32(id), true
-		}
-	}
-	return 0, false
-}
-
 // validUTF8 replaces each byte of an invalid UTF-8 sequence with U+FFFD.
 func validUTF8(s string) string {
 	if utf8.ValidString(s) {
