@@ -52,7 +52,7 @@ const maxDepth = 32
 // ErrMalformed; DecodeBatch never panics. Fields that do not belong to the
 // event's type are skipped, as msgspec does.
 func DecodeBatch(payload []byte) (Batch, error) {
-	p := &decoder{size: len(payload), ev: -1, idx: -1}
+	p := &decoder{payload: payload, size: len(payload), ev: -1, idx: -1}
 	p.br.Reset(payload)
 	p.d = msgpack.GetDecoder()
 	p.d.Reset(&p.br)
@@ -66,7 +66,8 @@ func DecodeBatch(payload []byte) (Batch, error) {
 // bytes.Reader is an io.ByteScanner, so it adds no buffering), which keeps
 // offsets exact and lets the skip helpers seek.
 type decoder struct {
-	br   bytes.Reader
+	br      bytes.Reader
+	payload []byte
 	d    *msgpack.Decoder
 	size int
 	// start is the offset of the value being decoded.

@@ -309,6 +309,10 @@ func (p *decoder) hashes() ([]BlockHash, error) {
 	}
 	hs := make([]BlockHash, n)
 	for i := range hs {
+		if v, ok := p.fastUint(); ok {
+			hs[i] = BlockHash(v)
+			continue
+		}
 		p.idx = i
 		h, ok, err := p.hash()
 		if err != nil {
@@ -330,6 +334,15 @@ func (p *decoder) tokens() ([]uint32, error) {
 	}
 	ts := make([]uint32, n)
 	for i := range ts {
+		start := p.off()
+		if v, ok := p.fastUint(); ok {
+			if v > math.MaxUint32 {
+				p.idx, p.start = i, start
+				return nil, p.failf("token id %d out of range [0, 2^32)", v)
+			}
+			ts[i] = uint32(v)
+			continue
+		}
 		p.idx = i
 		c, err := p.peek()
 		if err != nil {
@@ -513,4 +526,31 @@ func intString(v uint64, neg bool) string {
 		return strconv.FormatInt(int64(v), 10)
 	}
 	return strconv.FormatUint(v, 10)
+}
+
+// fastUint reads a well-formed unsigned int straight from the payload, the
+// common case of token ids and hashes; ok is false (and nothing is consumed)
+// for anything else, which the general path then decodes or reports.
+func (p *decoder) fastUint() (v uint64, ok bool) {
+	b := p.payload[p.off():]
+	if len(b) == 0 {
+		return 0, false
+	}
+	n := 0
+	switch c := b[0]; {
+	case c <= msgpcode.PosFixedNumHigh:
+		v, n = uint64(c), 1
+	case c == msgpcode.Uint8 && len(b) >= 2:
+		v, n = uint64(b[1]), 2
+	case c == msgpcode.Uint16 && len(b) >= 3:
+		v, n = uint64(binary.BigEndian.Uint16(b[1:])), 3
+	case c == msgpcode.Uint32 && len(b) >= 5:
+		v, n = uint64(binary.BigEndian.Uint32(b[1:])), 5
+	case c == msgpcode.Uint64 && len(b) >= 9:
+		v, n = binary.BigEndian.Uint64(b[1:]), 9
+	default:
+		return 0, false
+	}
+	_, _ = p.br.Seek(int64(n), io.SeekCurrent)
+	return v, true
 }
