@@ -68,8 +68,8 @@ func DecodeBatch(payload []byte) (Batch, error) {
 type decoder struct {
 	br      bytes.Reader
 	payload []byte
-	d    *msgpack.Decoder
-	size int
+	d       *msgpack.Decoder
+	size    int
 	// start is the offset of the value being decoded.
 	start int
 	// ev, field and idx locate the value: events[ev].field[idx]; -1 or ""
