@@ -533,3 +533,32 @@ func TestEndpoints(t *testing.T) {
 		t.Errorf("inproc rank 1 = %q", r)
 	}
 }
+
+// TestSubscriberMalformed: a message of the wrong shape is skipped (its
+// seq is unknown; nothing is lost yet); an undecodable payload at a known
+// seq is a lost batch, so the next Update carries ResetGapLost.
+func TestSubscriberMalformed(t *testing.T) {
+	base := freePorts(t, 1)
+	g := newGoPub(t, "", base, 1, false)
+	rs := startSub(t, SubscriberConfig{Engine: "e-bad", Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base)})
+	g.waitSubscribed()
+	g.publish(0, false)
+	checkGoUpdate(t, rs.next(t), 0, 0, ResetNone)
+	send := func(frames ...[]byte) {
+		if err := g.pubs[0].Send(zmq4.NewMsgFrom(frames...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(nil, seq8(1)) // two frames
+	send(nil, []byte{0, 1}, testPayload(t, 0, 1))
+	send(nil, seq8(1), []byte{0x93, 0xc1}) // seq 1, payload not msgpack
+	g.seq[0] = 2
+	g.publish(0, false)
+	checkGoUpdate(t, rs.next(t), 0, 2, ResetGapLost)
+	g.publish(0, false)
+	checkGoUpdate(t, rs.next(t), 0, 3, ResetNone)
+	rs.none(t)
+	if st := rs.s.Stats(); st.Malformed != 3 || st.Gaps != 0 || st.UnrecoverableGaps != 0 || st.Batches != 3 {
+		t.Fatalf("stats %+v", st)
+	}
+}
