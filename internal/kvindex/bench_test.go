@@ -1,0 +1,229 @@
+package kvindex
+
+import (
+	"bufio"
+	"compress/gzip"
+	"encoding/json"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"testing"
+
+	"kvrouter/internal/vllm"
+)
+
+// Benchmarks; numbers and commands are in docs/routing.md:
+//
+//	go test -run '^$' -bench . -benchtime 1x -count 1 ./internal/kvindex/
+
+type mooncakeReq struct {
+	InputLength int   `json:"input_length"`
+	HashIDs     []int `json:"hash_ids"`
+}
+
+func loadMooncake(tb testing.TB, limit int) []mooncakeReq {
+	f, err := os.Open("../../testdata/mooncake/conversation_trace.jsonl.gz")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var out []mooncakeReq
+	sc := bufio.NewScanner(zr)
+	sc.Buffer(make([]byte, 1<<20), 1<<24)
+	for sc.Scan() && len(out) < limit {
+		var r mooncakeReq
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			tb.Fatal(err)
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// expander turns Mooncake hash ids into 512 token ids each,
+// deterministically: id h is a window of a fixed pseudo-random pool, so equal
+// ids give equal tokens and different ids different ones.
+type expander struct{ pool []uint32 }
+
+const poolSize = 1 << 20
+
+func newExpander() expander {
+	r := rand.New(rand.NewPCG(42, 42))
+	p := make([]uint32, poolSize+512)
+	for i := range p {
+		p[i] = uint32(r.IntN(151_000))
+	}
+	return expander{p}
+}
+
+func (e expander) block(h int) []uint32 {
+	off := (h * 7919) % poolSize
+	return e.pool[off : off+512]
+}
+
+// replayStep is a lookup (keys) or an event batch for an engine.
+type replayStep struct {
+	keys   []Key
+	engine string
+	batch  *vllm.Batch
+}
+
+// buildReplay turns the trace into the operations an index sees in a fleet
+// of `replicas` engines with `capacity` blocks each (FIFO eviction), block
+// size 16: per request a lookup of its keys, then the engine's BlockStored
+// for the blocks it lacks and BlockRemoved for the blocks it evicts.
+func buildReplay(tb testing.TB, reqs []mooncakeReq, replicas, capacity int) (steps []replayStep, ops int) {
+	const bs = 16
+	ex := newExpander()
+	root := Root("mooncake", "")
+	names := make([]string, replicas)
+	type cache struct {
+		has  map[uint64]bool
+		fifo []uint64
+	}
+	caches := make([]cache, replicas)
+	for i := range names {
+		names[i] = "engine-" + string(rune('a'+i%26)) + string(rune('a'+i/26))
+		caches[i] = cache{has: map[uint64]bool{}}
+	}
+	var toks []uint32
+	for _, r := range reqs {
+		toks = toks[:0]
+		for k, h := range r.HashIDs {
+			n := min(512, r.InputLength-k*512)
+			toks = append(toks, ex.block(h)[:max(n, 0)]...)
+		}
+		keys := Keys(nil, toks, bs, Extras{Root: root})
+		steps = append(steps, replayStep{keys: keys})
+		ops += len(keys)
+		rep := r.HashIDs[min(1, len(r.HashIDs)-1)] % replicas
+		c := &caches[rep]
+		var evs []vllm.Event
+		var parent *vllm.BlockHash
+		for k, h := range r.HashIDs {
+			full := min(32, max(0, (r.InputLength-k*512)/bs))
+			win := ex.block(h)
+			var run []vllm.BlockHash
+			start := 0
+			flush := func() {
+				if len(run) > 0 {
+					evs = append(evs, vllm.Event{Type: vllm.BlockStored, BlockHashes: run, ParentBlockHash: parent,
+						TokenIDs: win[start*bs : (start+len(run))*bs], BlockSize: bs})
+					ops += len(run)
+				}
+			}
+			for j := range full {
+				eh := uint64(h)<<8 | uint64(j) + 1
+				if c.has[eh] {
+					flush()
+					run = nil
+				} else {
+					if run == nil {
+						start = j
+					}
+					run = append(run, vllm.BlockHash(eh))
+					c.has[eh] = true
+					c.fifo = append(c.fifo, eh)
+				}
+				if c.has[eh] && run == nil {
+					p := vllm.BlockHash(eh)
+					parent = &p
+				}
+			}
+			flush()
+			if len(run) > 0 {
+				p := run[len(run)-1]
+				parent = &p
+			}
+		}
+		var removed []vllm.BlockHash
+		for len(c.fifo) > capacity {
+			eh := c.fifo[0]
+			c.fifo = c.fifo[1:]
+			delete(c.has, eh)
+			removed = append(removed, vllm.BlockHash(eh))
+		}
+		for _, h := range removed {
+			evs = append(evs, vllm.Event{Type: vllm.BlockRemoved, BlockHashes: []vllm.BlockHash{h}})
+			ops++
+		}
+		if len(evs) > 0 {
+			steps = append(steps, replayStep{engine: names[rep], batch: &vllm.Batch{Events: evs}})
+		}
+	}
+	return steps, ops
+}
+
+// BenchmarkMooncakeReplay replays the first 4,000 Mooncake requests on 16
+// engines of 32,768 blocks as block-level operations (lookups, stores with
+// re-hashing of token_ids, removals) on one core.
+func BenchmarkMooncakeReplay(b *testing.B) {
+	reqs := loadMooncake(b, 4000)
+	steps, ops := buildReplay(b, reqs, 16, 32768)
+	b.ReportAllocs()
+	var last Stats
+	for b.Loop() {
+		x, err := NewExact(Config{Model: "mooncake", BlockSize: 16, PredictTTL: -1}, nil, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		out := make([]Match, 0, 16)
+		for i := range steps {
+			s := &steps[i]
+			if s.batch != nil {
+				x.Apply(s.engine, s.batch)
+			} else {
+				out = x.Lookup(s.keys, out)
+			}
+		}
+		last = x.Stats()
+	}
+	if last.UnknownParent != 0 || last.UnknownRemoved != 0 {
+		b.Fatalf("replay inconsistent: %+v", last)
+	}
+	b.ReportMetric(float64(ops)*float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+	b.ReportMetric(float64(ops), "ops/replay")
+	b.ReportMetric(float64(last.Entries), "entries")
+}
+
+// BenchmarkBytesPerEntry measures the heap held per (block, engine) entry
+// with runtime.MemStats: 2^20 entries, each key held by 1 or 8 engines.
+func BenchmarkBytesPerEntry(b *testing.B) {
+	for _, holders := range []int{1, 8} {
+		b.Run("holders="+string(rune('0'+holders)), func(b *testing.B) {
+			const entries, bs, perEvent = 1 << 20, 16, 32
+			ex := newExpander()
+			var perEntry float64
+			for b.Loop() {
+				runtime.GC()
+				var before, after runtime.MemStats
+				runtime.ReadMemStats(&before)
+				x, _ := NewExact(Config{BlockSize: bs, PredictTTL: -1}, nil, nil)
+				keys := entries / holders
+				for e := range holders {
+					name := "engine-" + string(rune('a'+e))
+					for k := 0; k < keys; k += perEvent {
+						hs := make([]vllm.BlockHash, perEvent)
+						for j := range hs {
+							hs[j] = vllm.BlockHash(k + j + 1)
+						}
+						// Distinct chains of 32 blocks: tokens from the pool.
+						win := ex.pool[(k*bs)%poolSize:]
+						x.Apply(name, &vllm.Batch{Events: []vllm.Event{{Type: vllm.BlockStored, BlockHashes: hs,
+							TokenIDs: win[:perEvent*bs], BlockSize: bs}}})
+					}
+				}
+				runtime.GC()
+				runtime.ReadMemStats(&after)
+				n := x.Stats().Entries
+				perEntry = float64(after.HeapAlloc-before.HeapAlloc) / float64(n)
+				runtime.KeepAlive(x)
+			}
+			b.ReportMetric(perEntry, "B/entry")
+		})
+	}
+}
