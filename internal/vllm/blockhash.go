@@ -286,9 +286,7 @@ func (h *BlockHasher) serializeBlock(parent []byte, tokens []uint32, extraKeys [
 	p.tupleBegin(3)
 	p.bytesObj(parent)
 	p.tupleBegin(len(tokens))
-	for _, t := range tokens {
-		p.int(int64(t))
-	}
+	p.tokens(tokens)
 	p.tupleEnd(len(tokens))
 	if extraKeys == nil {
 		p.none()

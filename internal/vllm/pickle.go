@@ -345,3 +345,30 @@ func (p *pickler) tuple(items []any, depth int) error {
 	p.tupleEnd(len(items))
 	return nil
 }
+
+// tokens writes the elements of a token-id tuple. When the open frame cannot
+// reach 64 KiB within them (5 bytes per id at most), the per-object frame
+// check is skipped.
+func (p *pickler) tokens(ts []uint32) {
+	p.ensureFrame()
+	if len(p.buf)-p.frameStart-pkFrameHeader+5*len(ts) >= pkFrameSizeTarget {
+		for _, t := range ts {
+			p.int(int64(t))
+		}
+		return
+	}
+	b := p.buf
+	for _, t := range ts {
+		switch {
+		case t <= math.MaxUint8:
+			b = append(b, pkBinInt1, byte(t))
+		case t <= math.MaxUint16:
+			b = append(b, pkBinInt2, byte(t), byte(t>>8))
+		case t <= math.MaxInt32:
+			b = binary.LittleEndian.AppendUint32(append(b, pkBinInt), t)
+		default:
+			b = append(b, pkLong1, 5, byte(t), byte(t>>8), byte(t>>16), byte(t>>24), 0)
+		}
+	}
+	p.buf = b
+}
