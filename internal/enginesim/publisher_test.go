@@ -1,0 +1,245 @@
+package enginesim
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+
+	"kvrouter/internal/vllm"
+)
+
+// subscriber is a SUB socket bound on loopback (the engine connects, as
+// vLLM does for an endpoint without "*"), its messages on a channel.
+type subscriber struct {
+	addr string
+	msgs chan zmq4.Msg
+}
+
+func startSubscriber(t *testing.T) *subscriber {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	sub := zmq4.NewSub(ctx)
+	if err := sub.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
+		t.Fatal(err)
+	}
+	s := &subscriber{addr: "tcp://" + sub.Addr().String(), msgs: make(chan zmq4.Msg, 1024)}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			m, err := sub.Recv()
+			if err != nil {
+				return
+			}
+			select {
+			case s.msgs <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		sub.Close()
+		<-done
+	})
+	return s
+}
+
+// next returns the next message, failing after 5 s.
+func (s *subscriber) next(t *testing.T) zmq4.Msg {
+	t.Helper()
+	select {
+	case m := <-s.msgs:
+		return m
+	case <-time.After(5 * time.Second):
+		t.Fatal("no KV event batch within 5 s")
+		return zmq4.Msg{}
+	}
+}
+
+// connect sends requests until the first batch arrives (the PUB connects
+// asynchronously; earlier batches are lost, as with libzmq) and returns the
+// seq of that batch.
+func connect(t *testing.T, s *testServer, sub *subscriber) uint64 {
+	t.Helper()
+	for i := range 200 {
+		post(t, s.url+"/v1/completions", map[string]any{"prompt": fmt.Sprintf("warm-up %03d %s", i, strings.Repeat("w", 32)), "max_tokens": 1})
+		select {
+		case m := <-sub.msgs:
+			return binary.BigEndian.Uint64(m.Frames[1])
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	t.Fatal("publisher never connected")
+	return 0
+}
+
+func kvServer(t *testing.T, sub *subscriber, faults Faults) *testServer {
+	t.Helper()
+	return startServer(t, Config{
+		KVEvents: KVEventsConfig{EnableKVCacheEvents: true, Endpoint: sub.addr,
+			ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv", BufferSteps: 100},
+		NewHasher:        func() (BlockHasher, error) { return vllm.NewBlockHasher(vllm.HashSHA256, "0", nil) },
+		DataParallelRank: 0,
+		Faults:           faults,
+	})
+}
+
+// TestPublishAndReplay: a real ZeroMQ SUB receives vLLM's frames with the
+// expected BlockStored (sha256 hashes with PYTHONHASHSEED=0), and a DEALER
+// replays the buffer with 4-frame replies and the end marker.
+func TestPublishAndReplay(t *testing.T) {
+	sub := startSubscriber(t)
+	s := kvServer(t, sub, Faults{})
+	first := connect(t, s, sub)
+	for len(sub.msgs) > 0 { // the rest of the warm-up
+		<-sub.msgs
+	}
+
+	prompt := strings.Repeat("0123456789", 4) // 40 byte tokens: 2 full blocks
+	post(t, s.url+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 1})
+	var m zmq4.Msg
+	toks, _ := ByteTokenizer{}.Encode(prompt, true)
+	h, _ := vllm.NewBlockHasher(vllm.HashSHA256, "0", nil)
+	digests := h.HashPrompt(toks, 16, vllm.RequestKeys{})
+	want := []vllm.BlockHash{vllm.EventValue(digests[0]), vllm.EventValue(digests[1])}
+	var got vllm.Batch
+	for { // skip late warm-up batches
+		m = sub.next(t)
+		b, err := vllm.DecodeBatch(m.Frames[2])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b.Events) > 0 && len(b.Events[0].TokenIDs) == 32 && b.Events[0].TokenIDs[0] == '0' {
+			got = b
+			break
+		}
+	}
+	if len(m.Frames) != 3 || string(m.Frames[0]) != "kv" || len(m.Frames[1]) != 8 {
+		t.Fatalf("frames %q", m.Frames)
+	}
+	e := got.Events[0]
+	if e.Type != vllm.BlockStored || e.ParentBlockHash != nil || e.BlockSize != 16 || e.Medium != "GPU" ||
+		len(e.BlockHashes) != 2 || e.BlockHashes[0] != want[0] || e.BlockHashes[1] != want[1] || len(e.ExtraKeys) != 2 {
+		t.Fatalf("event %+v, want hashes %v", e, want)
+	}
+	lastSeq := binary.BigEndian.Uint64(m.Frames[1])
+
+	// Replay everything from seq 0 over a DEALER.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	_, replayAddr, err := s.KVEventsAddrs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dealer := zmq4.NewDealer(ctx, zmq4.WithID(zmq4.SocketIdentity("test-dealer")))
+	defer dealer.Close()
+	if err := dealer.Dial(replayAddr); err != nil {
+		t.Fatal(err)
+	}
+	if err := dealer.Send(zmq4.NewMsgFrom([]byte{}, binary.BigEndian.AppendUint64(nil, 0))); err != nil {
+		t.Fatal(err)
+	}
+	var seqs []uint64
+	for {
+		r, err := dealer.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.Frames) != 4 || len(r.Frames[0]) != 0 {
+			t.Fatalf("replay reply %q", r.Frames)
+		}
+		seq := binary.BigEndian.Uint64(r.Frames[2])
+		if seq == endSeq {
+			if len(r.Frames[1]) != 0 || len(r.Frames[3]) != 0 {
+				t.Fatalf("end marker %q", r.Frames)
+			}
+			break
+		}
+		if string(r.Frames[1]) != "kv" {
+			t.Fatalf("replay topic %q", r.Frames[1])
+		}
+		if seq == lastSeq && !bytes.Equal(r.Frames[3], m.Frames[2]) {
+			t.Fatal("replayed payload differs from the live one")
+		}
+		seqs = append(seqs, seq)
+	}
+	if len(seqs) == 0 || seqs[0] != 0 || seqs[len(seqs)-1] < lastSeq || first > lastSeq {
+		t.Fatalf("replayed seqs %v, live first %d last %d", seqs, first, lastSeq)
+	}
+	for i, q := range seqs {
+		if q != uint64(i) {
+			t.Fatalf("replayed seqs not consecutive from 0: %v", seqs)
+		}
+	}
+}
+
+// TestDropEveryKAndRestart: every 2nd batch is dropped on the wire but kept
+// for replay; a restart starts the sequence at 0 again with no
+// AllBlocksCleared.
+func TestDropEveryKAndRestart(t *testing.T) {
+	sub := startSubscriber(t)
+	s := kvServer(t, sub, Faults{DropEveryKBatches: 2})
+	connect(t, s, sub)
+	for i := range 6 {
+		post(t, s.url+"/v1/completions", map[string]any{"prompt": fmt.Sprintf("drop %d %s", i, strings.Repeat("d", 32)), "max_tokens": 1})
+	}
+	time.Sleep(50 * time.Millisecond) // let the publisher drain
+	for len(sub.msgs) > 0 {
+		m := <-sub.msgs
+		if seq := binary.BigEndian.Uint64(m.Frames[1]); seq%2 == 1 {
+			t.Fatalf("seq %d should have been dropped", seq)
+		}
+	}
+	if r, b := post(t, s.url+"/admin/restart", nil); r.StatusCode != 200 {
+		t.Fatalf("restart: %d %s", r.StatusCode, b)
+	}
+	post(t, s.url+"/v1/completions", map[string]any{"prompt": strings.Repeat("after restart ", 4), "max_tokens": 1})
+	m := sub.next(t)
+	b, err := vllm.DecodeBatch(m.Frames[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seq := binary.BigEndian.Uint64(m.Frames[1]); seq != 0 || b.Events[0].Type != vllm.BlockStored {
+		t.Fatalf("after restart: seq %d events %+v", seq, b.Events)
+	}
+}
+
+func TestKVEventsConfig(t *testing.T) {
+	c, err := ParseKVEventsConfig(`{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", "topic": "t"}`)
+	if err != nil || !c.enabled() || c.BufferSteps != 10000 || c.HWM != 100000 || c.Publisher != "zmq" {
+		t.Fatalf("%+v %v", c, err)
+	}
+	if _, err := ParseKVEventsConfig(`{"enable_kv_cache_events": true, "bogus": 1}`); err == nil {
+		t.Fatal("unknown key accepted")
+	}
+	for _, tc := range []struct {
+		ep   string
+		bind bool
+		r1   string
+	}{
+		{"tcp://*:5557", true, "tcp://*:5558"},
+		{"tcp://[::]:5557", true, "tcp://[::]:5558"},
+		{"tcp://router:5557", false, "tcp://router:5558"},
+		{"ipc:///tmp/x", true, ""},
+		{"inproc://ev", true, "inproc://ev_dp1"},
+	} {
+		if got := shouldBind(tc.ep); got != tc.bind {
+			t.Errorf("shouldBind(%q) = %v", tc.ep, got)
+		}
+		r1, err := offsetEndpoint(tc.ep, 1)
+		if r1 != tc.r1 || (tc.r1 == "") != (err != nil) {
+			t.Errorf("offsetEndpoint(%q, 1) = %q, %v", tc.ep, r1, err)
+		}
+	}
+}
