@@ -2,12 +2,18 @@ package tokenizer
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ardanlabs/jinja"
 )
 
 const qwen3Dir = "../../testdata/tokenizer/qwen3"
@@ -398,4 +404,125 @@ func BenchmarkRenderChat(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// refDecodeJSONValue is the encoding/json-based decoder the scanner
+// replaced; FuzzDecodeJSONValue holds the scanner to it.
+func refDecodeJSONValue(data []byte, field string) (jinja.Value, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	v, err := refDecodeValue(dec, 0)
+	if err == nil {
+		if _, e := dec.Token(); e != io.EOF {
+			err = fmt.Errorf("%w: trailing data", ErrBadChat)
+		}
+	}
+	if err != nil {
+		if !errors.Is(err, ErrBadChat) && !errors.Is(err, ErrUnsupported) {
+			err = fmt.Errorf("%w: %v", ErrBadChat, err)
+		}
+		return jinja.Undefined(), fmt.Errorf("%s: %w", field, err)
+	}
+	return v, nil
+}
+
+func refDecodeValue(dec *json.Decoder, depth int) (jinja.Value, error) {
+	if depth > maxJSONDepth {
+		return jinja.Undefined(), fmt.Errorf("%w: nested deeper than %d", ErrBadChat, maxJSONDepth)
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		return jinja.Undefined(), err
+	}
+	switch t := tok.(type) {
+	case nil:
+		return jinja.None(), nil
+	case bool:
+		return jinja.NewBool(t), nil
+	case string:
+		return jinja.NewString(t), nil
+	case json.Number:
+		return numberValue(string(t))
+	case json.Delim:
+		if t == '[' {
+			items := []jinja.Value{}
+			for dec.More() {
+				v, err := refDecodeValue(dec, depth+1)
+				if err != nil {
+					return jinja.Undefined(), err
+				}
+				items = append(items, v)
+			}
+			_, err := dec.Token()
+			return jinja.NewList(items), err
+		}
+		obj := jinja.NewDict()
+		d := obj.AsDict()
+		for dec.More() {
+			k, err := dec.Token()
+			if err != nil {
+				return jinja.Undefined(), err
+			}
+			v, err := refDecodeValue(dec, depth+1)
+			if err != nil {
+				return jinja.Undefined(), err
+			}
+			d.Set(k.(string), v) // a later duplicate key wins in place, as in Python
+		}
+		_, err := dec.Token()
+		return obj, err
+	}
+	return jinja.Undefined(), fmt.Errorf("%w: unexpected token %v", ErrBadChat, tok)
+}
+
+
+// dumpValue prints v with its kinds, so 1 and 1.0 differ.
+func dumpValue(v jinja.Value) string {
+	switch {
+	case v.IsList():
+		parts := []string{}
+		for _, it := range v.AsList().Items {
+			parts = append(parts, dumpValue(it))
+		}
+		return "[" + strings.Join(parts, ",") + "]"
+	case v.IsDict():
+		parts := []string{}
+		for _, k := range v.AsDict().Keys {
+			parts = append(parts, strconv.Quote(k)+":"+dumpValue(v.AsDict().Data[k]))
+		}
+		return "{" + strings.Join(parts, ",") + "}"
+	case v.IsInt():
+		return "i" + strconv.FormatInt(v.AsInt(), 10)
+	case v.IsFloat():
+		return "f" + strconv.FormatFloat(v.AsFloat(), 'g', -1, 64)
+	case v.IsString():
+		return strconv.Quote(v.AsString())
+	}
+	return v.String()
+}
+
+// FuzzDecodeJSONValue checks the scanner against encoding/json: same
+// acceptance, same values (kinds, key order, strings after U+FFFD repair).
+func FuzzDecodeJSONValue(f *testing.F) {
+	raw, err := os.ReadFile(qwen3Dir + "/chat.jsonl")
+	if err != nil {
+		f.Fatal(err)
+	}
+	for line := range strings.Lines(string(raw)) {
+		f.Add([]byte(line))
+	}
+	for _, s := range []string{`"\ud83d\ude00 \ud800 \udc00\u0041 \ud800\ud800"`, "\"\xff\xfe\"", `[1, 1.0, -0, 1e5, 1E+5, 12345678901234567890]`,
+		`{"a":1,"a":2,"b":{}}`, ` [ ] `, `01`, `1.`, `"\/\b\f"`, `[1,]`, `{"a" 1}`, `nul`, `[[[[[[]]]]]]`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		got, gotErr := decodeJSONValue(data, "x")
+		want, wantErr := refDecodeJSONValue(data, "x")
+		if (gotErr == nil) != (wantErr == nil) {
+			t.Fatalf("%q: scanner error %v, encoding/json error %v", data, gotErr, wantErr)
+		}
+		if gotErr == nil && dumpValue(got) != dumpValue(want) {
+			t.Fatalf("%q: scanner %s, encoding/json %s", data, dumpValue(got), dumpValue(want))
+		}
+	})
 }

@@ -2,12 +2,12 @@ package tokenizer
 
 import (
 	"bytes"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/ardanlabs/jinja"
 )
@@ -168,72 +168,298 @@ const maxJSONDepth = 512
 
 // decodeJSONValue decodes one JSON document into template values, keeping
 // object key order (the order tojson prints) and the int/float distinction
-// Python's json keeps (1 vs 1.0). field names the input in errors.
+// Python's json keeps (1 vs 1.0). Invalid UTF-8 and lone surrogates become
+// U+FFFD, as in encoding/json. field names the input in errors.
 func decodeJSONValue(data []byte, field string) (jinja.Value, error) {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	v, err := decodeValue(dec, 0)
+	s := jsonScanner{data: data}
+	s.space()
+	v, err := s.value(0)
 	if err == nil {
-		if _, e := dec.Token(); e != io.EOF {
-			err = fmt.Errorf("%w: trailing data", ErrBadChat)
+		if s.space(); s.pos < len(s.data) {
+			err = s.fail("trailing data")
 		}
 	}
 	if err != nil {
-		if !errors.Is(err, ErrBadChat) && !errors.Is(err, ErrUnsupported) {
-			err = fmt.Errorf("%w: %v", ErrBadChat, err)
-		}
 		return jinja.Undefined(), fmt.Errorf("%s: %w", field, err)
 	}
 	return v, nil
 }
 
-func decodeValue(dec *json.Decoder, depth int) (jinja.Value, error) {
+// jsonScanner is a single-pass JSON parser producing jinja values; it
+// allocates only the values themselves.
+type jsonScanner struct {
+	data []byte
+	pos  int
+	buf  []byte // scratch for strings with escapes
+}
+
+func (s *jsonScanner) fail(what string) error {
+	return fmt.Errorf("%w: %s at offset %d", ErrBadChat, what, s.pos)
+}
+
+func (s *jsonScanner) space() {
+	for s.pos < len(s.data) {
+		switch s.data[s.pos] {
+		case ' ', '\t', '\n', '\r':
+			s.pos++
+		default:
+			return
+		}
+	}
+}
+
+// literal consumes word (true, false, null) or fails.
+func (s *jsonScanner) literal(word string) bool {
+	if !bytes.HasPrefix(s.data[s.pos:], []byte(word)) {
+		return false
+	}
+	s.pos += len(word)
+	return true
+}
+
+func (s *jsonScanner) value(depth int) (jinja.Value, error) {
 	if depth > maxJSONDepth {
-		return jinja.Undefined(), fmt.Errorf("%w: nested deeper than %d", ErrBadChat, maxJSONDepth)
+		return jinja.Undefined(), s.fail(fmt.Sprintf("nested deeper than %d", maxJSONDepth))
 	}
-	tok, err := dec.Token()
-	if err != nil {
-		return jinja.Undefined(), err
+	if s.pos >= len(s.data) {
+		return jinja.Undefined(), s.fail("unexpected end")
 	}
-	switch t := tok.(type) {
-	case nil:
+	switch c := s.data[s.pos]; {
+	case c == '{':
+		return s.object(depth)
+	case c == '[':
+		return s.array(depth)
+	case c == '"':
+		str, err := s.str()
+		return jinja.NewString(str), err
+	case c == '-' || c >= '0' && c <= '9':
+		return s.number()
+	case s.literal("true"):
+		return jinja.NewBool(true), nil
+	case s.literal("false"):
+		return jinja.NewBool(false), nil
+	case s.literal("null"):
 		return jinja.None(), nil
-	case bool:
-		return jinja.NewBool(t), nil
-	case string:
-		return jinja.NewString(t), nil
-	case json.Number:
-		return numberValue(string(t))
-	case json.Delim:
-		if t == '[' {
-			items := []jinja.Value{}
-			for dec.More() {
-				v, err := decodeValue(dec, depth+1)
-				if err != nil {
-					return jinja.Undefined(), err
-				}
-				items = append(items, v)
-			}
-			_, err := dec.Token()
-			return jinja.NewList(items), err
-		}
-		obj := jinja.NewDict()
-		d := obj.AsDict()
-		for dec.More() {
-			k, err := dec.Token()
-			if err != nil {
-				return jinja.Undefined(), err
-			}
-			v, err := decodeValue(dec, depth+1)
-			if err != nil {
-				return jinja.Undefined(), err
-			}
-			d.Set(k.(string), v) // a later duplicate key wins in place, as in Python
-		}
-		_, err := dec.Token()
-		return obj, err
 	}
-	return jinja.Undefined(), fmt.Errorf("%w: unexpected token %v", ErrBadChat, tok)
+	return jinja.Undefined(), s.fail("unexpected character")
+}
+
+func (s *jsonScanner) object(depth int) (jinja.Value, error) {
+	obj := jinja.NewDict()
+	d := obj.AsDict()
+	s.pos++ // {
+	s.space()
+	if s.pos < len(s.data) && s.data[s.pos] == '}' {
+		s.pos++
+		return obj, nil
+	}
+	for {
+		if s.pos >= len(s.data) || s.data[s.pos] != '"' {
+			return jinja.Undefined(), s.fail("want an object key")
+		}
+		key, err := s.str()
+		if err != nil {
+			return jinja.Undefined(), err
+		}
+		s.space()
+		if s.pos >= len(s.data) || s.data[s.pos] != ':' {
+			return jinja.Undefined(), s.fail("want ':'")
+		}
+		s.pos++
+		s.space()
+		v, err := s.value(depth + 1)
+		if err != nil {
+			return jinja.Undefined(), err
+		}
+		d.Set(key, v) // a later duplicate key wins in place, as in Python
+		s.space()
+		if s.pos < len(s.data) && s.data[s.pos] == ',' {
+			s.pos++
+			s.space()
+			continue
+		}
+		if s.pos < len(s.data) && s.data[s.pos] == '}' {
+			s.pos++
+			return obj, nil
+		}
+		return jinja.Undefined(), s.fail("want ',' or '}'")
+	}
+}
+
+func (s *jsonScanner) array(depth int) (jinja.Value, error) {
+	s.pos++ // [
+	s.space()
+	items := []jinja.Value{}
+	if s.pos < len(s.data) && s.data[s.pos] == ']' {
+		s.pos++
+		return jinja.NewList(items), nil
+	}
+	for {
+		v, err := s.value(depth + 1)
+		if err != nil {
+			return jinja.Undefined(), err
+		}
+		items = append(items, v)
+		s.space()
+		if s.pos < len(s.data) && s.data[s.pos] == ',' {
+			s.pos++
+			s.space()
+			continue
+		}
+		if s.pos < len(s.data) && s.data[s.pos] == ']' {
+			s.pos++
+			return jinja.NewList(items), nil
+		}
+		return jinja.Undefined(), s.fail("want ',' or ']'")
+	}
+}
+
+// str reads a JSON string starting at its opening quote.
+func (s *jsonScanner) str() (string, error) {
+	s.pos++ // "
+	start := s.pos
+	// Fast path: no escapes, valid UTF-8.
+	for s.pos < len(s.data) {
+		c := s.data[s.pos]
+		if c == '"' {
+			raw := s.data[start:s.pos]
+			s.pos++
+			return string(raw), nil
+		}
+		if c == '\\' || c < 0x20 || c >= utf8.RuneSelf {
+			break
+		}
+		s.pos++
+	}
+	s.buf = append(s.buf[:0], s.data[start:s.pos]...)
+	for s.pos < len(s.data) {
+		c := s.data[s.pos]
+		switch {
+		case c == '"':
+			s.pos++
+			return string(s.buf), nil
+		case c < 0x20:
+			return "", s.fail("control character in string")
+		case c == '\\':
+			if err := s.escape(); err != nil {
+				return "", err
+			}
+		case c < utf8.RuneSelf:
+			s.buf = append(s.buf, c)
+			s.pos++
+		default:
+			r, size := utf8.DecodeRune(s.data[s.pos:])
+			s.buf = utf8.AppendRune(s.buf, r) // invalid byte: U+FFFD
+			s.pos += size
+		}
+	}
+	return "", s.fail("unterminated string")
+}
+
+// escape decodes one backslash escape into s.buf.
+func (s *jsonScanner) escape() error {
+	if s.pos+1 >= len(s.data) {
+		return s.fail("unterminated escape")
+	}
+	c := s.data[s.pos+1]
+	s.pos += 2
+	switch c {
+	case '"', '\\', '/':
+		s.buf = append(s.buf, c)
+	case 'b':
+		s.buf = append(s.buf, '\b')
+	case 'f':
+		s.buf = append(s.buf, '\f')
+	case 'n':
+		s.buf = append(s.buf, '\n')
+	case 'r':
+		s.buf = append(s.buf, '\r')
+	case 't':
+		s.buf = append(s.buf, '\t')
+	case 'u':
+		r, ok := s.hex4()
+		if !ok {
+			return s.fail("bad \\u escape")
+		}
+		if utf16.IsSurrogate(r) {
+			r2 := unicode.ReplacementChar
+			if s.pos+1 < len(s.data) && s.data[s.pos] == '\\' && s.data[s.pos+1] == 'u' {
+				save := s.pos
+				s.pos += 2
+				lo, ok := s.hex4()
+				if !ok {
+					return s.fail("bad \\u escape")
+				}
+				if r2 = utf16.DecodeRune(r, lo); r2 == unicode.ReplacementChar {
+					s.pos = save // not a pair: the second escape stands alone
+				}
+			}
+			r = r2
+		}
+		s.buf = utf8.AppendRune(s.buf, r)
+	default:
+		return s.fail("bad escape")
+	}
+	return nil
+}
+
+func (s *jsonScanner) hex4() (rune, bool) {
+	if s.pos+4 > len(s.data) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range s.data[s.pos : s.pos+4] {
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c -= 'a' - 10
+		case c >= 'A' && c <= 'F':
+			c -= 'A' - 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(c)
+	}
+	s.pos += 4
+	return r, true
+}
+
+// number reads -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?.
+func (s *jsonScanner) number() (jinja.Value, error) {
+	start := s.pos
+	digits := func() int {
+		n := 0
+		for s.pos < len(s.data) && s.data[s.pos] >= '0' && s.data[s.pos] <= '9' {
+			s.pos++
+			n++
+		}
+		return n
+	}
+	if s.data[s.pos] == '-' {
+		s.pos++
+	}
+	if s.pos < len(s.data) && s.data[s.pos] == '0' {
+		s.pos++
+	} else if digits() == 0 {
+		return jinja.Undefined(), s.fail("bad number")
+	}
+	if s.pos < len(s.data) && s.data[s.pos] == '.' {
+		s.pos++
+		if digits() == 0 {
+			return jinja.Undefined(), s.fail("bad number")
+		}
+	}
+	if s.pos < len(s.data) && (s.data[s.pos] == 'e' || s.data[s.pos] == 'E') {
+		s.pos++
+		if s.pos < len(s.data) && (s.data[s.pos] == '+' || s.data[s.pos] == '-') {
+			s.pos++
+		}
+		if digits() == 0 {
+			return jinja.Undefined(), s.fail("bad number")
+		}
+	}
+	return numberValue(string(s.data[start:s.pos]))
 }
 
 // numberValue keeps Python's distinction: no '.', 'e' or 'E' is an int.
