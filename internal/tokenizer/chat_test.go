@@ -475,7 +475,6 @@ func refDecodeValue(dec *json.Decoder, depth int) (jinja.Value, error) {
 	return jinja.Undefined(), fmt.Errorf("%w: unexpected token %v", ErrBadChat, tok)
 }
 
-
 // dumpValue prints v with its kinds, so 1 and 1.0 differ.
 func dumpValue(v jinja.Value) string {
 	switch {
