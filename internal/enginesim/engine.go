@@ -205,9 +205,9 @@ func (e *engine) run(ctx context.Context) error {
 		if epoch != e.epoch { // restarted during the step: its results are gone
 			continue
 		}
+		e.publishState() // before delivering: a client that got its answer sees it in /metrics
 		e.deliver(deadline)
 		e.emit(events, deadline)
-		e.publishState()
 	}
 }
 
@@ -290,12 +290,12 @@ func (e *engine) deliver(now time.Time) {
 		if o.Index == 0 {
 			e.m.ttft.Observe(now.Sub(st.submitted).Seconds())
 		}
-		st.push(o)
 		if o.Finished {
 			e.m.e2e.Observe(now.Sub(st.submitted).Seconds())
 			e.m.success.WithLabelValues(o.FinishReason).Inc()
 			delete(e.streams, o.ID)
 		}
+		st.push(o)
 	}
 }
 
