@@ -46,6 +46,12 @@ func (r *rank) dialLoop(ctx context.Context, in chan<- [][]byte) error {
 	cfg := r.s.cfg
 	backoff, failing := cfg.ReconnectMin, false
 	for ctx.Err() == nil {
+		if failing || r.connected.Load() {
+			// Back off before every attempt but the first, so an engine
+			// that accepts and drops connections is not hammered.
+			sleepCtx(ctx, backoff)
+			backoff = min(2*backoff, cfg.ReconnectMax)
+		}
 		dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
 		c, err := dialZMTP(dctx, r.ep, zmq4.Sub)
 		cancel()
@@ -62,17 +68,11 @@ func (r *rank) dialLoop(ctx context.Context, in chan<- [][]byte) error {
 				r.log.Warn("cannot connect to engine, retrying", "err", err)
 				failing = true
 			}
-			t := time.NewTimer(backoff)
-			select {
-			case <-ctx.Done():
-			case <-t.C:
-			}
-			t.Stop()
-			backoff = min(2*backoff, cfg.ReconnectMax)
 			continue
 		}
-		backoff, failing = cfg.ReconnectMin, false
+		failing = false
 		err = r.serve(ctx, c, in)
+		backoff = cfg.ReconnectMin
 		if ctx.Err() == nil {
 			r.log.Warn("connection to engine lost, reconnecting", "err", err)
 		}
@@ -94,12 +94,7 @@ func (r *rank) acceptLoop(ctx context.Context, ln net.Listener, in chan<- [][]by
 				break
 			}
 			r.log.Warn("accept failed", "err", err)
-			t := time.NewTimer(r.s.cfg.ReconnectMin)
-			select {
-			case <-gctx.Done():
-			case <-t.C:
-			}
-			t.Stop()
+			sleepCtx(gctx, r.s.cfg.ReconnectMin)
 			continue
 		}
 		g.Go(guard("conn", func() error {
@@ -322,4 +317,14 @@ func lagSeconds(now time.Time, ts float64) float64 {
 	}
 	sec := math.Floor(ts)
 	return float64(now.Unix()-int64(sec)) + float64(now.Nanosecond())/1e9 - (ts - sec)
+}
+
+// sleepCtx waits for d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
 }
