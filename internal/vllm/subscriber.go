@@ -73,7 +73,8 @@ type Update struct {
 // data-parallel ranks). A zero field means the default in its comment.
 type SubscriberConfig struct {
 	// Engine names the engine in Updates, logs and metric labels. Default:
-	// Endpoint.
+	// Endpoint. Must be unique among the subscribers sharing a
+	// SubscriberMetrics: a stopping subscriber deletes its engine's series.
 	Engine string `yaml:"engine"`
 	// Endpoint is the engine's KV event PUB endpoint, "tcp://HOST:PORT"
 	// (or "ipc://PATH"). In connect mode (the default, vLLM binds
@@ -164,6 +165,11 @@ type stats struct {
 // data-parallel rank, sequence tracking, replay of gaps, restart detection,
 // and a bounded queue to the consumer. Make it with NewSubscriber and start
 // it with Run, once. Stats is safe to call concurrently with Run.
+//
+// Run starts, per rank, a connection goroutine (connect mode: dial, read,
+// redial; bind mode: accept, plus one reader per accepted engine
+// connection) and a processing goroutine that alone owns the rank's
+// sequence state and replay connection; and one goroutine calling apply.
 type Subscriber struct {
 	cfg     SubscriberConfig
 	log     *slog.Logger
