@@ -17,4 +17,20 @@
 // Payload: msgpack [ts float64, events, data_parallel_rank]. Events are maps
 // with "type" first (vLLM >= 0.24) or positional arrays [tag, fields...]
 // (older; trailing fields vary by version). See Event for the fields.
+//
+// What is here:
+//   - DecodeBatch and AppendBatch: payload bytes to Batch and back (map or
+//     array Layout). Decode errors are *DecodeError, unwrapping to ErrMalformed.
+//   - BlockHasher: vLLM's sha256, sha256_cbor, xxhash and xxhash_cbor block
+//     hashes, NONE_HASH from PYTHONHASHSEED, BlockExtraKeys, EventValue.
+//   - Subscriber: one engine's KV event stream over ZeroMQ (all data-parallel
+//     ranks), with gap replay and restart detection. Its consumer contract is
+//     Update: any Reset other than ResetNone means "drop everything known for
+//     (Engine, Rank), then apply Batch". Goroutines start only in
+//     Subscriber.Run, which returns after they have all exited.
+//   - ParseEngineMetrics: the vllm: gauges and counters of an engine's
+//     /metrics page.
+//
+// Everything except Subscriber is stateless or owned by its caller; a
+// BlockHasher reuses buffers and is not safe for concurrent use.
 package vllm
