@@ -3,7 +3,6 @@ package enginesim
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 )
 
@@ -189,6 +188,3 @@ func (t *Timing) stepDuration(prefillTokens, decodeSeqs, loadTokens int) time.Du
 	secs := float64(prefillTokens)/t.PrefillTokensPerSec + float64(loadTokens)/t.CPULoadTokensPerSec
 	return d + time.Duration(secs*float64(time.Second))
 }
-
-// validProfile reports whether name is a known profile.
-func validProfile(name string) bool { return name == "" || slices.Contains(ProfileNames(), name) }

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// lockedBuffer is a bytes.Buffer safe for a logger and a test reading it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestEngineSimHelp: --help documents every flag, and each has usage text.
+func TestEngineSimHelp(t *testing.T) {
+	var out bytes.Buffer
+	_, err := parseEngineSimFlags([]string{"--help"}, func(string) string { return "" }, stdio{err: &out})
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("--help: %v", err)
+	}
+	for _, name := range []string{
+		"host", "port", "served-model-name", "block-size", "num-gpu-blocks-override", "num-cpu-blocks",
+		"max-num-seqs", "max-num-batched-tokens", "max-model-len", "kv-events-config", "prefix-caching-hash-algo",
+		"tokenizer", "lora-modules", "legacy-events", "profile", "fault-error-rate", "fault-drop-every-k-batches",
+		"fault-slow-start", "fault-hang-rate", "fault-die-rate", "fault-spike-rate", "data-parallel-rank",
+	} {
+		if !strings.Contains(out.String(), "  -"+name+" ") && !strings.Contains(out.String(), "  -"+name+"\n") {
+			t.Errorf("--help lacks -%s", name)
+		}
+	}
+	if !strings.Contains(out.String(), "PYTHONHASHSEED") {
+		t.Error("--help does not mention PYTHONHASHSEED")
+	}
+}
+
+func TestEngineSimFlags(t *testing.T) {
+	env := map[string]string{"PYTHONHASHSEED": "0"}
+	fl, err := parseEngineSimFlags([]string{
+		"--host", "127.0.0.1", "--port", "0", "--served-model-name", "m", "--block-size", "32",
+		"--num-gpu-blocks-override", "5000", "--max-model-len", "8192", "--max-num-seqs", "64",
+		"--kv-events-config", `{"enable_kv_cache_events":true,"endpoint":"tcp://*:5557","topic":"t"}`,
+		"--prefix-caching-hash-algo", "sha256_cbor", "--lora-modules", "ad=/path", "--enable-prompt-tokens-details=false",
+	}, func(k string) string { return env[k] }, stdio{err: io.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := fl.cfg
+	if c.Addr != "127.0.0.1:0" || c.ServedModelName != "m" || c.Core.BlockSize != 32 || c.Core.NumGPUBlocks != 5000 ||
+		c.Core.MaxModelLen != 8192 || c.Core.MaxNumSeqs != 64 || !c.KVEvents.EnableKVCacheEvents || c.KVEvents.Topic != "t" ||
+		c.HashAlgo != "sha256_cbor" || len(c.LoRAModules) != 1 || c.LoRAModules[0] != "ad" || !c.NoPromptTokensDetails {
+		t.Fatalf("config %+v", c)
+	}
+	// PYTHONHASHSEED=0 makes the hasher vLLM's seeded one: NONE_HASH of "0".
+	h, err := c.NewHasher()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := h.HashBlock(nil, []uint32{1, 2}, nil), h.HashBlock(nil, []uint32{1, 2}, nil)
+	if !bytes.Equal(a, b) || len(a) != 32 {
+		t.Fatalf("seeded sha256_cbor hasher: %x %x", a, b)
+	}
+	for _, bad := range [][]string{
+		{"--prefix-caching-hash-algo", "md5"},
+		{"--kv-events-config", `{"nope":1}`},
+		{"--port", "x"},
+		{"extra"},
+	} {
+		if _, err := parseEngineSimFlags(bad, func(string) string { return "" }, stdio{err: io.Discard}); !errors.Is(err, errUsage) {
+			t.Errorf("%q: %v, want a usage error", bad, err)
+		}
+	}
+}
+
+// TestEngineSimRun starts the command in-process on a loopback port and
+// stops it with ctx.
+func TestEngineSimRun(t *testing.T) {
+	var logs lockedBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- runEngineSim(ctx, []string{"--host", "127.0.0.1", "--port", "0", "--profile", "fast",
+			"--num-gpu-blocks-override", "1024", "--max-model-len", "4096"}, stdio{out: io.Discard, err: &logs})
+	}()
+	re := regexp.MustCompile(`addr=(127\.0\.0\.1:\d+)`)
+	var addr string
+	for range 500 {
+		if m := re.FindStringSubmatch(logs.String()); m != nil {
+			addr = m[1]
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if addr == "" {
+		cancel()
+		t.Fatalf("no serving line in logs: %s", logs.String())
+	}
+	resp, err := http.Post("http://"+addr+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"hi","max_tokens":2}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(body), `"completion_tokens":2`) {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
