@@ -16,7 +16,7 @@ type bpe struct {
 	odd    map[string]uint32 // vocab keys outside the byte-level alphabet
 	size   uint32            // number of vocab entries (Hugging Face's get_vocab_size)
 	byteID [256]uint32       // id of each single byte
-	merges map[uint64]merge  // (left id, right id) -> merge
+	merges mergeTable        // (left id, right id) -> merge
 	// ignoreMerges: a pre-token that is itself a vocab entry is emitted
 	// whole, without merging (Llama-3).
 	ignoreMerges bool
@@ -94,7 +94,7 @@ func parseModel(raw json.RawMessage) (*bpe, error) {
 	if err != nil {
 		return nil, err
 	}
-	b.merges = make(map[uint64]merge, len(pairs))
+	b.merges = newMergeTable(len(pairs))
 	for rank, p := range pairs {
 		a, ok1 := m.Vocab[p[0]]
 		c, ok2 := m.Vocab[p[1]]
@@ -104,7 +104,7 @@ func parseModel(raw json.RawMessage) (*bpe, error) {
 		}
 		// Like Hugging Face's HashMap collect, a repeated pair keeps its
 		// last rank.
-		b.merges[pairKey(a, c)] = merge{rank: uint32(rank), id: n}
+		b.merges.put(pairKey(a, c), merge{rank: uint32(rank), id: n})
 	}
 	return b, nil
 }
@@ -153,7 +153,7 @@ func (b *bpe) encodeWord(dst []uint32, w string, sc *scratch) []uint32 {
 			return append(dst, id)
 		}
 	}
-	cacheable := len(w) <= maxCachedWord
+	cacheable := len(w) <= maxCachedWord && b.cache != nil
 	if cacheable {
 		if ids, ok := b.cache.get(w); ok {
 			return append(dst, ids...)
