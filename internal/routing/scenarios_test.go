@@ -20,8 +20,8 @@ func TestKVScenariosAnyOrder(t *testing.T) {
 		want   string
 	}{
 		{"B+A goes to the replica holding B", 512, []Candidate{
-			{Name: "r1", Load: idle},                                    // holds A: not a prefix of B+A
-			{Name: "r2", Match: kvindex.Match{GPU: 16}, Load: idle},    // holds B
+			{Name: "r1", Load: idle},                                // holds A: not a prefix of B+A
+			{Name: "r2", Match: kvindex.Match{GPU: 16}, Load: idle}, // holds B
 			{Name: "r3", Load: idle},
 		}, "r2"},
 		{"unique prompt: busy small index loses to idle large index", 8000, []Candidate{
