@@ -3,6 +3,8 @@ package enginesim
 import (
 	"fmt"
 	"testing"
+
+	"kvrouter/internal/vllm"
 )
 
 // Run: go test -run '^$' -bench Core -benchtime 1s -count 1 ./internal/enginesim/
@@ -61,26 +63,71 @@ func BenchmarkCoreRequests(b *testing.B) {
 }
 
 // BenchmarkCoreDecodeStep is one steady-state decode step of 64 running
-// sequences (the common step in a fleet simulation).
+// sequences (the common step in a fleet simulation). The core is rebuilt,
+// off the clock, every 2,000 steps so that sequences never finish.
 func BenchmarkCoreDecodeStep(b *testing.B) {
-	c, err := NewCore(CoreConfig{Profile: ProfileH100, NoEvents: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, r := range benchWorkload(64, 1024, 1<<20-1024) {
-		r.MaxTokens = 100000
-		if err := c.Submit(r); err != nil {
+	fresh := func() *Core {
+		c, err := NewCore(CoreConfig{Profile: ProfileH100, NoEvents: true})
+		if err != nil {
 			b.Fatal(err)
 		}
+		for _, r := range benchWorkload(64, 1024, 4096) {
+			if err := c.Submit(r); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for range 20 {
+			c.Step()
+		}
+		return c
 	}
-	for range 20 {
-		c.Step()
-	}
+	c := fresh()
+	steps := 0
 	b.ReportAllocs()
 	for b.Loop() {
+		if steps++; steps%2000 == 0 {
+			b.StopTimer()
+			c = fresh()
+			b.StartTimer()
+		}
 		if res := c.Step(); res.DecodeSeqs != 64 {
 			b.Fatalf("decode seqs %d", res.DecodeSeqs)
 		}
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "steps/s")
+}
+
+// BenchmarkHasher is one 16-token block hashed in a chain, per algorithm:
+// the cost the fast mode saves in a fleet simulation.
+func BenchmarkHasher(b *testing.B) {
+	toks := make([]uint32, 16)
+	for i := range toks {
+		toks[i] = uint32(1000 + i*7919)
+	}
+	hashers := []struct {
+		name string
+		h    BlockHasher
+	}{{"algo=fast", NewFastHasher("0")}}
+	for _, a := range []vllm.HashAlgo{vllm.HashSHA256, vllm.HashSHA256CBOR, vllm.HashXXHash, vllm.HashXXHashCBOR} {
+		h, err := vllm.NewBlockHasher(a, "0", nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		hashers = append(hashers, struct {
+			name string
+			h    BlockHasher
+		}{"algo=" + string(a), h})
+	}
+	for _, hc := range hashers {
+		b.Run(hc.name, func(b *testing.B) {
+			parent := hc.h.HashBlock(nil, toks, nil)
+			parent = append([]byte(nil), parent...)
+			b.ReportAllocs()
+			for b.Loop() {
+				d := hc.h.HashBlock(parent, toks, nil)
+				parent = append(parent[:0], d...)
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "blocks/s")
+		})
+	}
 }
