@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Approx is the decision-fed index for engines that publish no KV events:
@@ -27,8 +25,8 @@ type Approx struct {
 }
 
 // NewApprox returns an empty approximate index. cfg zero fields take their
-// defaults (DefaultConfig); log nil discards; reg nil registers no metrics.
-func NewApprox(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Approx, error) {
+// defaults (DefaultConfig); log nil discards; reg nil exports no metrics.
+func NewApprox(cfg Config, log *slog.Logger, reg Registerer) (*Approx, error) {
 	cfg = DefaultConfig(cfg)
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("kvindex: %w", err)

@@ -5,8 +5,6 @@ import (
 	"log/slog"
 	"sync"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"kvrouter/internal/vllm"
 )
 
@@ -42,8 +40,8 @@ type confirmation struct {
 }
 
 // NewExact returns an empty exact index. cfg zero fields take their defaults
-// (DefaultConfig); log nil discards; reg nil registers no metrics.
-func NewExact(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Exact, error) {
+// (DefaultConfig); log nil discards; reg nil exports no metrics.
+func NewExact(cfg Config, log *slog.Logger, reg Registerer) (*Exact, error) {
 	cfg = DefaultConfig(cfg)
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("kvindex: %w", err)

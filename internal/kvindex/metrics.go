@@ -1,77 +1,23 @@
 package kvindex
 
-import (
-	"fmt"
+import "fmt"
 
-	"github.com/prometheus/client_golang/prometheus"
-)
-
-// collector exports an index's Stats at scrape time. Const labels model,
-// pool and index (exact or approx) let several indexes share a registry.
-type collector struct {
-	stats func() Stats
-	descs []*prometheus.Desc
+// Registerer receives an index's Stats source so that a metrics system can
+// read it at scrape time. kvindex imports no metrics library (it must not
+// depend on net/http, which client_golang does); kvindexprom.Wrap adapts a
+// prometheus.Registerer. A nil Registerer exports nothing.
+type Registerer interface {
+	// RegisterIndex registers one index: kind is "exact" or "approx", cfg
+	// names its key space, stats returns its counters (lock-free).
+	RegisterIndex(kind string, cfg Config, stats func() Stats) error
 }
 
-type statMetric struct {
-	name, help string
-	gauge      bool
-	value      func(Stats) float64
-}
-
-var statMetrics = []statMetric{
-	{"entries", "Current (block, engine rank) entries.", true, func(s Stats) float64 { return float64(s.Entries) }},
-	{"keys", "Current distinct block keys.", true, func(s Stats) float64 { return float64(s.Keys) }},
-	{"replicas", "Replicas registered.", true, func(s Stats) float64 { return float64(s.Replicas) }},
-	{"bytes", "Memory held by the index tables, in bytes.", true, func(s Stats) float64 { return float64(s.Bytes) }},
-	{"batches_total", "KV event batches applied.", false, func(s Stats) float64 { return float64(s.Batches) }},
-	{"blocks_stored_total", "Blocks newly stored (entries created).", false, func(s Stats) float64 { return float64(s.Stored) }},
-	{"blocks_duplicate_total", "Extra copies of blocks already held.", false, func(s Stats) float64 { return float64(s.Duplicates) }},
-	{"blocks_hit_reports_total", "Blocks refreshed by hit reports.", false, func(s Stats) float64 { return float64(s.HitReports) }},
-	{"blocks_removed_total", "Blocks removed (entries deleted).", false, func(s Stats) float64 { return float64(s.Removed) }},
-	{"blocks_cleared_total", "Entries dropped by AllBlocksCleared, engine reset or replica removal.", false, func(s Stats) float64 { return float64(s.Cleared) }},
-	{"blocks_evicted_total", "Entries evicted by the entry cap, capacity or TTL.", false, func(s Stats) float64 { return float64(s.Evicted) }},
-	{"unknown_parent_total", "BlockStored events skipped because the parent hash was never stored.", false, func(s Stats) float64 { return float64(s.UnknownParent) }},
-	{"unknown_removed_total", "BlockRemoved hashes not in the index.", false, func(s Stats) float64 { return float64(s.UnknownRemoved) }},
-	{"mismatched_total", "BlockStored events skipped: block size, token count or extra keys inconsistent.", false, func(s Stats) float64 { return float64(s.Mismatched) }},
-	{"other_groups_total", "BlockStored events skipped: not a full-attention KV group.", false, func(s Stats) float64 { return float64(s.OtherGroups) }},
-	{"predicted_total", "Predicted (block, replica) pairs created.", false, func(s Stats) float64 { return float64(s.Predicted) }},
-	{"predicted_confirmed_total", "Predictions confirmed by a BlockStored of the chosen replica.", false, func(s Stats) float64 { return float64(s.Confirmed) }},
-	{"predicted_expired_total", "Predictions expired or evicted unconfirmed.", false, func(s Stats) float64 { return float64(s.Expired) }},
-	{"predicted", "Predictions currently held.", true, func(s Stats) float64 { return float64(s.PredictedLive) }},
-	{"predicted_confirmation_ratio", "Confirmed / (confirmed + expired) predictions; low means the router's tokens differ from the engine's.", true, func(s Stats) float64 { return s.ConfirmationRate() }},
-}
-
-func newMetrics(reg prometheus.Registerer, kind string, cfg Config, stats func() Stats) error {
+func newMetrics(reg Registerer, kind string, cfg Config, stats func() Stats) error {
 	if reg == nil {
 		return nil
 	}
-	labels := prometheus.Labels{"model": cfg.Model, "pool": cfg.Pool, "index": kind}
-	c := &collector{stats: stats}
-	for _, m := range statMetrics {
-		c.descs = append(c.descs, prometheus.NewDesc("kvrouter_kvindex_"+m.name, m.help, nil, labels))
-	}
-	if err := reg.Register(c); err != nil {
+	if err := reg.RegisterIndex(kind, cfg, stats); err != nil {
 		return fmt.Errorf("kvindex: register metrics: %w", err)
 	}
 	return nil
-}
-
-// Describe implements prometheus.Collector.
-func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range c.descs {
-		ch <- d
-	}
-}
-
-// Collect implements prometheus.Collector.
-func (c *collector) Collect(ch chan<- prometheus.Metric) {
-	s := c.stats()
-	for i, m := range statMetrics {
-		t := prometheus.CounterValue
-		if m.gauge {
-			t = prometheus.GaugeValue
-		}
-		ch <- prometheus.MustNewConstMetric(c.descs[i], t, m.value(s))
-	}
 }

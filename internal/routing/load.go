@@ -28,6 +28,7 @@ type replica struct {
 	gone    atomic.Bool
 
 	inFlight, queuedPrefill, runningDecode, activeTokens atomic.Int64
+	decisions                                            atomic.Int64
 
 	prefillRate, decodeRate atomic.Uint64 // float64 bits
 	gauges                  atomic.Pointer[Gauges]
@@ -115,7 +116,7 @@ func (l *Lease) sub(c *atomic.Int64, v int64) {
 	if n := c.Add(-v); n < 0 {
 		c.Add(-n)
 		if l.m != nil {
-			l.m.underflow.Inc()
+			l.m.underflow.Add(1)
 		}
 	}
 }

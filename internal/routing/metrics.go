@@ -2,71 +2,87 @@ package routing
 
 import (
 	"fmt"
+	"sync/atomic"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
-// metrics are the Router's collectors (kvrouter_routing_*).
-type metrics struct {
-	reg       prometheus.Registerer
-	decisions *prometheus.CounterVec
-	cached    prometheus.Counter
-	prompt    prometheus.Counter
-	duration  prometheus.Histogram
-	underflow prometheus.Counter
-	noReplica prometheus.Counter
+// Registerer receives a Router's Stats source so that a metrics system can
+// read it at scrape time. routing imports no metrics library (it must not
+// depend on net/http, which client_golang does); routingprom.Wrap adapts a
+// prometheus.Registerer. A nil Registerer exports nothing.
+type Registerer interface {
+	RegisterRouter(policy string, stats func() Stats) error
 }
 
-// newMetrics registers the Router's metrics on reg (nil: unregistered).
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	m := &metrics{
-		reg: reg,
-		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvrouter_routing_decisions_total",
-			Help: "Routing decisions by chosen replica and reason.",
-		}, []string{"replica", "reason"}),
-		cached: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "kvrouter_routing_cached_tokens_total",
-			Help: "Prompt tokens in leading blocks the chosen replica held or had predicted.",
-		}),
-		prompt: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "kvrouter_routing_prompt_tokens_total",
-			Help: "Prompt tokens routed.",
-		}),
-		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "kvrouter_routing_route_duration_seconds",
-			Help:    "Time to choose a replica: hashing, lookup and policy.",
-			Buckets: prometheus.ExponentialBuckets(1e-6, 4, 10),
-		}),
-		underflow: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "kvrouter_routing_lease_underflow_total",
-			Help: "Load releases that would have made a counter negative (accounting bugs).",
-		}),
-		noReplica: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "kvrouter_routing_no_replica_total",
-			Help: "Requests for which no healthy replica was available.",
-		}),
-	}
-	if reg == nil {
-		return m, nil
-	}
-	for _, c := range []prometheus.Collector{m.decisions, m.cached, m.prompt, m.duration, m.underflow, m.noReplica} {
-		if err := reg.Register(c); err != nil {
+// RouteSecondsBounds returns the upper bounds, in seconds, of the route
+// duration histogram in Stats.RouteBuckets (1µs to 262ms, factor 4).
+func RouteSecondsBounds() [10]float64 {
+	return [10]float64{1e-6, 4e-6, 16e-6, 64e-6, 256e-6, 1.024e-3, 4.096e-3, 16.384e-3, 65.536e-3, 262.144e-3}
+}
+
+// Stats are a Router's counters since New, read without locks.
+type Stats struct {
+	Decisions      int64 // requests routed
+	NoReplica      int64 // Route calls that found no eligible replica
+	LeaseUnderflow int64 // releases that would have made a load counter negative
+	PromptTokens   int64 // prompt tokens routed
+	CachedTokens   int64 // of which in leading blocks the chosen replica held or had predicted
+	// RouteBuckets counts route durations <= RouteSecondsBounds[i]
+	// (cumulative as Prometheus histograms); RouteCount and RouteSeconds
+	// are their count and sum.
+	RouteBuckets [10]int64
+	RouteCount   int64
+	RouteSeconds float64
+	// Replicas has one entry per registered replica, sorted by name.
+	Replicas []ReplicaStats
+}
+
+// ReplicaStats are one replica's routing counters and current load.
+type ReplicaStats struct {
+	Name      string
+	Decisions int64 // requests routed to it
+	Load      Load
+}
+
+// metrics are the Router's atomics.
+type metrics struct {
+	decisions, noReplica, underflow, prompt, cached atomic.Int64
+	buckets                                         [10]atomic.Int64
+	count, nanos                                    atomic.Int64
+}
+
+func newMetrics(reg Registerer, policy string, stats func() Stats) (*metrics, error) {
+	m := &metrics{}
+	if reg != nil {
+		if err := reg.RegisterRouter(policy, stats); err != nil {
 			return nil, fmt.Errorf("routing: register metrics: %w", err)
 		}
 	}
 	return m, nil
 }
 
-func (m *metrics) observe(d *Decision, replica string, t Terms, prompt int64, blockSize int, took time.Duration) {
-	m.decisions.WithLabelValues(replica, d.Reason).Inc()
-	m.cached.Add(float64(min(prompt, int64(t.CachedBlocks*blockSize))))
-	m.prompt.Add(float64(prompt))
-	m.duration.Observe(took.Seconds())
+func (m *metrics) observe(t Terms, prompt int64, blockSize int, took time.Duration) {
+	m.decisions.Add(1)
+	m.cached.Add(min(prompt, int64(t.CachedBlocks*blockSize)))
+	m.prompt.Add(prompt)
+	s := took.Seconds()
+	for i, b := range RouteSecondsBounds() {
+		if s <= b {
+			m.buckets[i].Add(1)
+		}
+	}
+	m.count.Add(1)
+	m.nanos.Add(int64(took))
 }
 
-// deleteReplica drops a departed replica's label values.
-func (m *metrics) deleteReplica(name string) {
-	m.decisions.DeletePartialMatch(prometheus.Labels{"replica": name})
+func (m *metrics) stats() Stats {
+	s := Stats{
+		Decisions: m.decisions.Load(), NoReplica: m.noReplica.Load(), LeaseUnderflow: m.underflow.Load(),
+		PromptTokens: m.prompt.Load(), CachedTokens: m.cached.Load(),
+		RouteCount: m.count.Load(), RouteSeconds: time.Duration(m.nanos.Load()).Seconds(),
+	}
+	for i := range m.buckets {
+		s.RouteBuckets[i] = m.buckets[i].Load()
+	}
+	return s
 }

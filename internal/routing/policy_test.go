@@ -6,9 +6,6 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
-
 	"kvrouter/internal/kvindex"
 )
 
@@ -222,8 +219,7 @@ func TestUnknownPolicy(t *testing.T) {
 }
 
 func TestLeaseAccounting(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	r, err := New(Config{Policy: "least_load"}, nil, nil, reg)
+	r, err := New(Config{Policy: "least_load"}, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,21 +245,21 @@ func TestLeaseAccounting(t *testing.T) {
 	if got != (Load{PrefillRate: 10000, DecodeRate: 2000}) {
 		t.Fatalf("after release: %+v", got)
 	}
-	if n := testutil.ToFloat64(r.m.underflow); n != 0 {
+	if n := float64(r.Stats().LeaseUnderflow); n != 0 {
 		t.Fatalf("underflow %v", n)
 	}
 	// An accounting bug (counter already at zero) is counted, clamped.
 	_, l, _ = r.Route(&Request{Tokens: tokens(1, 10)})
 	r.get("a").inFlight.Store(0)
 	l.Release()
-	if n := testutil.ToFloat64(r.m.underflow); n != 1 {
+	if n := float64(r.Stats().LeaseUnderflow); n != 1 {
 		t.Fatalf("underflow %v", n)
 	}
 	if got, _ := r.Load("a"); got.InFlight != 0 {
 		t.Fatalf("clamped: %+v", got)
 	}
-	if n, err := testutil.GatherAndCount(reg, "kvrouter_routing_decisions_total"); err != nil || n == 0 {
-		t.Fatalf("decisions metric: %d %v", n, err)
+	if s := r.Stats(); s.Decisions != 2 || len(s.Replicas) != 1 || s.Replicas[0].Decisions != 2 || s.PromptTokens != 110 {
+		t.Fatalf("stats %+v", s)
 	}
 }
 

@@ -11,8 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"kvrouter/internal/kvindex"
 )
 
@@ -74,8 +72,8 @@ type scratch struct {
 
 // New returns a Router over ix (nil: no cache information, every Match is
 // zero) with cfg's policy. Zero cfg fields take their defaults; log nil
-// discards; reg nil registers no metrics. Errors from cfg are joined.
-func New(cfg Config, ix Index, log *slog.Logger, reg prometheus.Registerer) (*Router, error) {
+// discards; reg nil exports no metrics (routingprom.Wrap adapts Prometheus). Errors from cfg are joined.
+func New(cfg Config, ix Index, log *slog.Logger, reg Registerer) (*Router, error) {
 	var root kvindex.Key
 	if ks, ok := ix.(keySpace); ok && ix != nil {
 		root = ks.Root()
@@ -95,12 +93,13 @@ func New(cfg Config, ix Index, log *slog.Logger, reg prometheus.Registerer) (*Ro
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	m, err := newMetrics(reg)
+	r := &Router{cfg: cfg, ix: ix, root: root, policy: p, log: log.With("policy", cfg.Policy), reps: make(map[string]*replica)}
+	r.bufs.New = func() any { return new(scratch) }
+	m, err := newMetrics(reg, cfg.Policy, r.Stats)
 	if err != nil {
 		return nil, err
 	}
-	r := &Router{cfg: cfg, ix: ix, root: root, policy: p, log: log.With("policy", cfg.Policy), m: m, reps: make(map[string]*replica)}
-	r.bufs.New = func() any { return new(scratch) }
+	r.m = m
 	return r, nil
 }
 
@@ -142,7 +141,6 @@ func (r *Router) RemoveReplica(name string) {
 	if r.ix != nil {
 		r.ix.RemoveReplica(name)
 	}
-	r.m.deleteReplica(name)
 }
 
 // SetHealthy marks name eligible (true) or not; unknown names are ignored.
@@ -214,7 +212,7 @@ func (r *Router) Route(req *Request) (Decision, *Lease, error) {
 	r.mu.RUnlock()
 	s.cands, s.reps = cands, reps
 	if len(cands) == 0 {
-		r.m.noReplica.Inc()
+		r.m.noReplica.Add(1)
 		return Decision{Policy: r.cfg.Policy, Index: -1}, nil, ErrNoReplica
 	}
 
@@ -258,10 +256,24 @@ func (r *Router) Route(req *Request) (Decision, *Lease, error) {
 	}
 	lease := newLease(rep, r.m, prefill, out, prompt+out)
 	lease.decision = d
-	r.m.observe(&d, rep.name, t, prompt, r.cfg.BlockSize, time.Since(start))
+	rep.decisions.Add(1)
+	r.m.observe(t, prompt, r.cfg.BlockSize, time.Since(start))
 	if r.log.Enabled(context.Background(), slog.LevelDebug) {
 		r.log.Debug("routed", "request_id", req.ID, "replica", rep.name, "reason", d.Reason,
 			"cached_blocks", t.CachedBlocks, "cost", t.Cost, "prompt_tokens", prompt)
 	}
 	return d, lease, nil
+}
+
+// Stats returns the router's counters and each replica's load; it takes only
+// the replica set's read lock.
+func (r *Router) Stats() Stats {
+	s := r.m.stats()
+	now := r.cfg.Now()
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	for _, rep := range r.list {
+		s.Replicas = append(s.Replicas, ReplicaStats{Name: rep.name, Decisions: rep.decisions.Load(), Load: rep.load(now, r.cfg.GaugeMaxAge)})
+	}
+	return s
 }
