@@ -5,8 +5,12 @@ import (
 	"encoding/json"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
+	"unicode/utf8"
+
+	"golang.org/x/text/unicode/norm"
 )
 
 const qwenDir = "../../testdata/tokenizer/qwen3"
@@ -91,4 +95,98 @@ func TestUnicodeVersionQuirks(t *testing.T) {
 			t.Errorf("case %d %+q: got %v, want HF's %v (current-Unicode ids %v)", i, c.Text, got, c.IDs, c.IDsCurrentUnicode)
 		}
 	}
+}
+
+// hasAddedToken reports whether s contains an added token's content.
+func hasAddedToken(tok *Tokenizer, s string) bool {
+	for _, a := range tok.added.byID {
+		if strings.Contains(s, a.Content) {
+			return true
+		}
+	}
+	return false
+}
+
+// checkRoundTrip asserts the encode/decode properties for one input.
+func checkRoundTrip(t *testing.T, tok *Tokenizer, s string) {
+	ids := tok.Encode(s, false)
+	if !slices.Equal(tok.Encode(s, true), ids) { // Qwen3 adds no special tokens
+		t.Fatalf("%+q: add_special_tokens changed the ids", s)
+	}
+	if !utf8.ValidString(s) {
+		if want := tok.Encode(validUTF8(s), false); !slices.Equal(ids, want) {
+			t.Fatalf("%+q: ids %v differ from the U+FFFD-replaced text's %v", s, ids, want)
+		}
+		return
+	}
+	dec := tok.Decode(ids)
+	// Always: the decoded text is canonically equivalent to the input.
+	if norm.NFC.String(dec) != norm.NFC.String(s) {
+		t.Fatalf("%+q: NFC(Decode(Encode)) = %+q, want NFC(s) = %+q", s, norm.NFC.String(dec), norm.NFC.String(s))
+	}
+	// Without literal added tokens the whole text is normalized as one
+	// piece: Decode(Encode(s)) is exactly the normalizer's output, which is
+	// NFC(s) except around code points unassigned in Unicode 9.0.
+	if !hasAddedToken(tok, s) {
+		if want := tok.norm.normalize(s); dec != want {
+			t.Fatalf("%+q: Decode(Encode) = %+q, want %+q", s, dec, want)
+		}
+	}
+}
+
+func TestRoundTripGolden(t *testing.T) {
+	tok := loadQwen(t)
+	for _, c := range readJSONL(t, qwenDir+"/encode.jsonl") {
+		checkRoundTrip(t, tok, c.Text)
+	}
+}
+
+// FuzzEncode: Encode never panics on arbitrary bytes, and round-trips.
+func FuzzEncode(f *testing.F) {
+	for _, c := range readJSONL(f, qwenDir+"/encode.jsonl") {
+		f.Add(c.Text)
+	}
+	f.Add("\xff\xfe<|im_start|>\xe4\xb8")
+	tok := loadQwen(f)
+	f.Fuzz(func(t *testing.T, s string) {
+		checkRoundTrip(t, tok, s)
+	})
+}
+
+func TestInvalidUTF8(t *testing.T) {
+	tok := loadQwen(t)
+	for _, c := range []struct{ in, want string }{
+		{"\xff", "\ufffd"},
+		{"a\xffb", "a\ufffdb"},
+		{"\xe4\xb8", "\ufffd\ufffd"}, // one U+FFFD per byte
+		{"\xed\xa0\x80", "\ufffd\ufffd\ufffd"},
+		{"<|im_end|>\xc0", "<|im_end|>\ufffd"},
+		{"ok", "ok"},
+	} {
+		if got := validUTF8(c.in); got != c.want {
+			t.Errorf("validUTF8(%+q) = %+q, want %+q", c.in, got, c.want)
+		}
+		if got, want := tok.Encode(c.in, false), tok.Encode(c.want, false); !slices.Equal(got, want) {
+			t.Errorf("Encode(%+q) = %v, want %v", c.in, got, want)
+		}
+	}
+}
+
+// TestConcurrentEncode runs many goroutines over one Tokenizer (run with
+// -race) and checks each result against a sequential encoding.
+func TestConcurrentEncode(t *testing.T) {
+	tok := loadQwen(t)
+	cases := readJSONL(t, qwenDir+"/encode.jsonl")
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := g; i < len(cases); i += 3 {
+				if got := tok.Encode(cases[i].Text, false); !slices.Equal(got, cases[i].IDs) {
+					t.Errorf("goroutine %d case %d differs", g, i)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }

@@ -1,0 +1,103 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// FuzzMergeLinearVsHeap checks that the two merge loops agree on any
+// word: the scan used for short words and the heap used for long ones.
+func FuzzMergeLinearVsHeap(f *testing.F) {
+	for _, c := range readJSONL(f, qwenDir+"/encode.jsonl") {
+		f.Add(c.Text)
+	}
+	f.Add(strings.Repeat(" ", 200))
+	tok := loadQwen(f)
+	f.Fuzz(func(t *testing.T, w string) {
+		if w == "" || len(w) > 2048 {
+			return
+		}
+		b := tok.model
+		mk := func() []symbol {
+			sym := make([]symbol, len(w))
+			for i := range sym {
+				sym[i] = symbol{id: b.byteID[w[i]], prev: int32(i - 1), next: int32(i + 1)}
+			}
+			sym[len(w)-1].next = -1
+			return sym
+		}
+		ids := func(sym []symbol) []uint32 {
+			var out []uint32
+			for i := int32(0); i >= 0; i = sym[i].next {
+				out = append(out, sym[i].id)
+			}
+			return out
+		}
+		lin, hp := mk(), mk()
+		b.mergeLinear(lin)
+		b.mergeHeap(hp, &scratch{})
+		if got, want := ids(hp), ids(lin); !slices.Equal(got, want) {
+			t.Fatalf("%q: heap %v, linear %v", w, got, want)
+		}
+	})
+}
+
+func TestMergeTable(t *testing.T) {
+	m := newMergeTable(3)
+	m.put(pairKey(0, 0), merge{rank: 1, id: 7})
+	m.put(pairKey(1, 2), merge{rank: 2, id: 8})
+	m.put(pairKey(1, 2), merge{rank: 5, id: 9}) // overwrite: last wins
+	if got, ok := m.get(0, 0); !ok || got != (merge{1, 7}) {
+		t.Errorf("get(0,0) = %v %v", got, ok)
+	}
+	if got, ok := m.get(1, 2); !ok || got != (merge{5, 9}) {
+		t.Errorf("get(1,2) = %v %v", got, ok)
+	}
+	if _, ok := m.get(2, 1); ok {
+		t.Error("get(2,1) found")
+	}
+}
+
+func TestParseMergesForms(t *testing.T) {
+	for _, c := range []struct {
+		name, json string
+		want       [][2]string
+		err        bool
+	}{
+		{"strings", `["a b", "Ġ t"]`, [][2]string{{"a", "b"}, {"Ġ", "t"}}, false},
+		{"pairs", `[["a", "b"], ["Ġ", "t"]]`, [][2]string{{"a", "b"}, {"Ġ", "t"}}, false},
+		{"null", `null`, nil, false},
+		{"no space", `["ab"]`, nil, true},
+		{"two spaces", `["a b c"]`, nil, true},
+		{"number", `[1]`, nil, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := parseMerges(json.RawMessage(c.json))
+			if (err != nil) != c.err {
+				t.Fatalf("err = %v, want error %v", err, c.err)
+			}
+			if !c.err && !slices.Equal(got, c.want) {
+				t.Errorf("got %q, want %q", got, c.want)
+			}
+		})
+	}
+}
+
+func TestWordCacheBounded(t *testing.T) {
+	c := newWordCache()
+	for i := range cacheShards * cacheEntriesPerShd * 2 {
+		c.put(strings.Repeat("x", i%50)+string(rune('a'+i%26))+strings.Repeat("y", i/1300), []uint32{uint32(i)})
+	}
+	total := 0
+	for i := range c.shards {
+		if n := len(c.shards[i].m); n > cacheEntriesPerShd {
+			t.Errorf("shard %d holds %d > %d", i, n, cacheEntriesPerShd)
+		}
+		total += len(c.shards[i].m)
+	}
+	if total == 0 {
+		t.Error("cache empty")
+	}
+}
