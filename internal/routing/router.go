@@ -191,8 +191,9 @@ func (r *Router) get(name string) *replica {
 // Route chooses a replica for req and charges it: the returned Lease holds
 // the request's load until Release, and the index records the decision. It
 // returns ErrNoReplica when no healthy replica outside req.Exclude is
-// registered. Route sets req.Extras.Root and, when nil, computes req.Keys
-// into a buffer it reuses: req.Keys is reset to nil before returning.
+// registered. Route sets req.Extras.Root; when req.Keys is nil it hashes
+// req.Tokens into a pooled buffer (req.Keys stays nil). Route does not
+// retain req.
 func (r *Router) Route(req *Request) (Decision, *Lease, error) {
 	start := time.Now()
 	s := r.bufs.Get().(*scratch)
