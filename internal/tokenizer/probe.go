@@ -245,6 +245,12 @@ func (p *Probe) Run(ctx context.Context) error {
 	}
 }
 
+// Close deletes the engine's kvrouter_tokenizer_mismatch series; call it
+// when the engine leaves the fleet (after Run has returned).
+func (p *Probe) Close() {
+	p.m.mismatch.DeleteLabelValues(p.cfg.Engine)
+}
+
 // firstDelay is Run's offset before the first probe: a hash of the engine
 // name modulo Interval.
 func (p *Probe) firstDelay() time.Duration {

@@ -205,6 +205,10 @@ func TestProbeMismatch(t *testing.T) {
 			if mismatchGauge(t, reg) != 0 || src.UsingEngine() {
 				t.Errorf("after agreement: gauge %v, using engine %v", mismatchGauge(t, reg), src.UsingEngine())
 			}
+			p.Close()
+			if n := testutil.CollectAndCount(reg, "kvrouter_tokenizer_mismatch"); n != 0 {
+				t.Errorf("after Close: %d mismatch series, want 0", n)
+			}
 		})
 	}
 }
