@@ -29,6 +29,20 @@ var qwenRaw = sync.OnceValues(func() (map[string]json.RawMessage, error) {
 	return m, json.Unmarshal(data, &m)
 })
 
+type qwenModel struct {
+	Vocab  map[string]uint32 `json:"vocab"`
+	Merges [][2]string       `json:"merges"`
+}
+
+var qwenModelJSON = sync.OnceValues(func() (*qwenModel, error) {
+	raw, err := qwenRaw()
+	if err != nil {
+		return nil, err
+	}
+	var m qwenModel
+	return &m, json.Unmarshal(raw["model"], &m)
+})
+
 // smallQwen returns the cut-down Qwen3 tokenizer.json as a generic map.
 func smallQwen(tb testing.TB) map[string]any {
 	tb.Helper()
@@ -36,11 +50,8 @@ func smallQwen(tb testing.TB) map[string]any {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	var model struct {
-		Vocab  map[string]uint32 `json:"vocab"`
-		Merges [][2]string       `json:"merges"`
-	}
-	if err := json.Unmarshal(raw["model"], &model); err != nil {
+	model, err := qwenModelJSON()
+	if err != nil {
 		tb.Fatal(err)
 	}
 	vocab := map[string]uint32{}
@@ -49,7 +60,7 @@ func smallQwen(tb testing.TB) map[string]any {
 			vocab[tok] = id
 		}
 	}
-	merges := model.Merges[:smallMerges]
+	merges := slices.Clone(model.Merges[:smallMerges])
 	for _, m := range merges {
 		vocab[m[0]+m[1]] = model.Vocab[m[0]+m[1]]
 	}
