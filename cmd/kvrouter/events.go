@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"kvrouter/internal/vllm/kvevents"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -45,7 +46,7 @@ func runEvents(ctx context.Context, args []string, sio stdio) error {
 		return fmt.Errorf("%w: --count %d: want >= 0", errUsage, *count)
 	}
 	log := slog.New(slog.NewTextHandler(sio.err, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	sub, err := vllm.NewSubscriber(vllm.SubscriberConfig{
+	sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{
 		Endpoint: *endpoint, ReplayEndpoint: *replay, Topic: *topic, DPSize: *dpSize, Bind: *bind,
 	}, log, nil)
 	if err != nil {
@@ -58,11 +59,11 @@ func runEvents(ctx context.Context, args []string, sio stdio) error {
 	p := eventPrinter{w: w, json: *jsonOut}
 	printed := 0
 	var werr error
-	runErr := sub.Run(ctx, func(u vllm.Update) {
+	runErr := sub.Run(ctx, func(u kvevents.Update) {
 		if werr != nil || (*count > 0 && printed >= *count) {
 			return
 		}
-		if u.Reset != vllm.ResetNone {
+		if u.Reset != kvevents.ResetNone {
 			log.Warn("state reset: a consumer must drop this engine rank's blocks", "rank", u.Rank, "seq", u.Seq, "reason", u.Reset.String())
 		}
 		for i := range u.Batch.Events {
@@ -148,7 +149,7 @@ func nullable(s string) *string {
 	return &s
 }
 
-func (p *eventPrinter) print(u vllm.Update, e *vllm.Event) {
+func (p *eventPrinter) print(u kvevents.Update, e *vllm.Event) {
 	if !p.json {
 		p.text(u, e)
 		return
@@ -181,7 +182,7 @@ func (p *eventPrinter) print(u vllm.Update, e *vllm.Event) {
 
 // text prints e.g.
 // "seq=3 rank=0 ts=1754530955.500 BlockStored hashes=[11 12] parent=- tokens=8 block_size=4 medium=GPU".
-func (p *eventPrinter) text(u vllm.Update, e *vllm.Event) {
+func (p *eventPrinter) text(u kvevents.Update, e *vllm.Event) {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "seq=%d rank=%d ts=%.3f %s", u.Seq, u.Rank, u.Batch.TS, e.Type)
 	if e.Type != vllm.AllBlocksCleared {
@@ -211,13 +212,13 @@ func (p *eventPrinter) text(u vllm.Update, e *vllm.Event) {
 }
 
 // stats prints the final totals.
-func (p *eventPrinter) stats(st vllm.SubscriberStats, printed int) {
+func (p *eventPrinter) stats(st kvevents.SubscriberStats, printed int) {
 	if p.json {
 		b, _ := json.Marshal(struct {
 			Stats any `json:"stats"`
 		}{struct {
 			Printed int `json:"printed"`
-			vllm.SubscriberStats
+			kvevents.SubscriberStats
 		}{printed, st}})
 		p.w.Write(append(b, '\n'))
 		return

@@ -23,14 +23,9 @@
 //     array Layout). Decode errors are *DecodeError, unwrapping to ErrMalformed.
 //   - BlockHasher: vLLM's sha256, sha256_cbor, xxhash and xxhash_cbor block
 //     hashes, NONE_HASH from PYTHONHASHSEED, BlockExtraKeys, EventValue.
-//   - Subscriber: one engine's KV event stream over ZeroMQ (all data-parallel
-//     ranks), with gap replay and restart detection. Its consumer contract is
-//     Update: any Reset other than ResetNone means "drop everything known for
-//     (Engine, Rank), then apply Batch". Goroutines start only in
-//     Subscriber.Run, which returns after they have all exited.
-//   - ParseEngineMetrics: the vllm: gauges and counters of an engine's
-//     /metrics page.
 //
-// Everything except Subscriber is stateless or owned by its caller; a
-// BlockHasher reuses buffers and is not safe for concurrent use.
+// It starts no goroutines and imports no networking, so the index and the
+// policies can depend on it. The ZeroMQ subscriber is in the subpackage
+// kvevents, the /metrics reader in enginemetrics. A BlockHasher reuses
+// buffers and is not safe for concurrent use; everything else is stateless.
 package vllm

@@ -1,4 +1,4 @@
-package vllm
+package kvevents
 
 // seqTracker follows the sequence numbers of one (engine, rank) stream. It
 // is pure bookkeeping, owned by one goroutine, not safe for concurrent use.

@@ -1,10 +1,11 @@
-package vllm
+package kvevents
 
 import (
 	"bufio"
 	"context"
 	"fmt"
 	"io"
+	"kvrouter/internal/vllm"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -20,7 +21,7 @@ import (
 
 const (
 	pythonBin   = "/usr/bin/python3"
-	publisherPy = "../../testdata/zmqpub/publisher.py"
+	publisherPy = "../../../testdata/zmqpub/publisher.py"
 )
 
 var (
@@ -159,8 +160,8 @@ func (p *pyPub) stop() {
 }
 
 // pyEvents is what publisher.py publishes for (epoch, seq): see its doc.
-func pyEvents(epoch, seq uint64) []Event {
-	h := func(s, i uint64) BlockHash { return BlockHash(epoch<<48 | s<<8 | i) }
+func pyEvents(epoch, seq uint64) []vllm.Event {
+	h := func(s, i uint64) vllm.BlockHash { return vllm.BlockHash(epoch<<48 | s<<8 | i) }
 	gpu, zero := "GPU", 0
 	_ = gpu
 	switch seq % 4 {
@@ -169,16 +170,16 @@ func pyEvents(epoch, seq uint64) []Event {
 		for i := range tok {
 			tok[i] = uint32(seq%1000) + uint32(i)
 		}
-		return []Event{{Type: BlockStored, BlockHashes: []BlockHash{h(seq, 0), h(seq, 1)}, TokenIDs: tok,
+		return []vllm.Event{{Type: vllm.BlockStored, BlockHashes: []vllm.BlockHash{h(seq, 0), h(seq, 1)}, TokenIDs: tok,
 			BlockSize: 4, Medium: "GPU", GroupIdx: &zero}}
 	case 1:
-		return []Event{{Type: BlockRemoved, BlockHashes: []BlockHash{h(seq, 0)}, Medium: "GPU", GroupIdx: &zero}}
+		return []vllm.Event{{Type: vllm.BlockRemoved, BlockHashes: []vllm.BlockHash{h(seq, 0)}, Medium: "GPU", GroupIdx: &zero}}
 	case 2:
 		parent := h(seq-2, 0)
-		return []Event{{Type: BlockStored, BlockHashes: []BlockHash{h(seq, 0) | 1<<63}, ParentBlockHash: &parent,
+		return []vllm.Event{{Type: vllm.BlockStored, BlockHashes: []vllm.BlockHash{h(seq, 0) | 1<<63}, ParentBlockHash: &parent,
 			TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 4, Medium: "CPU"}}
 	}
-	return []Event{{Type: AllBlocksCleared}}
+	return []vllm.Event{{Type: vllm.AllBlocksCleared}}
 }
 
 func pyTS(epoch, seq uint64) float64 { return 1754530955.0 + float64(epoch)*1000 + float64(seq)/2 }
@@ -207,7 +208,7 @@ func checkPyUpdate(t *testing.T, u Update, epoch, seq uint64, reset ResetReason)
 }
 
 // diffEvent compares the fields publisher.py sets.
-func diffEvent(got, want Event) string {
+func diffEvent(got, want vllm.Event) string {
 	switch {
 	case got.Type != want.Type:
 		return fmt.Sprintf("type %v, want %v", got.Type, want.Type)

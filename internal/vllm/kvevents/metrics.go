@@ -1,7 +1,8 @@
-package vllm
+package kvevents
 
 import (
 	"errors"
+	"kvrouter/internal/vllm"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -146,9 +147,9 @@ func (m *SubscriberMetrics) forRank(engine string, rank int) *rankMetrics {
 		malformed:     m.malformed.WithLabelValues(engine, r),
 		duplicates:    m.duplicates.WithLabelValues(engine, r),
 		reconnects:    m.reconnects.WithLabelValues(engine, r),
-		stored:        m.events.WithLabelValues(engine, r, BlockStored.String()),
-		removed:       m.events.WithLabelValues(engine, r, BlockRemoved.String()),
-		cleared:       m.events.WithLabelValues(engine, r, AllBlocksCleared.String()),
+		stored:        m.events.WithLabelValues(engine, r, vllm.BlockStored.String()),
+		removed:       m.events.WithLabelValues(engine, r, vllm.BlockRemoved.String()),
+		cleared:       m.events.WithLabelValues(engine, r, vllm.AllBlocksCleared.String()),
 		connected:     m.connected.WithLabelValues(engine, r),
 		lag:           m.lag.WithLabelValues(engine, r),
 	}

@@ -1,10 +1,11 @@
-package vllm
+package kvevents
 
 import (
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"kvrouter/internal/vllm"
 	"log/slog"
 	"net"
 	"strconv"
@@ -210,13 +211,13 @@ func (g *goPub) waitSubscribed() {
 
 // testBatch is the batch goPub sends for (rank, seq): one BlockStored of
 // two blocks whose hashes encode rank and seq.
-func testBatch(rank int, seq uint64) Batch {
-	return Batch{
+func testBatch(rank int, seq uint64) vllm.Batch {
+	return vllm.Batch{
 		TS:               1754530955 + float64(seq),
 		DataParallelRank: rank,
-		Events: []Event{{
-			Type:        BlockStored,
-			BlockHashes: []BlockHash{BlockHash(uint64(rank)<<32 | seq<<1), BlockHash(uint64(rank)<<32 | seq<<1 | 1)},
+		Events: []vllm.Event{{
+			Type:        vllm.BlockStored,
+			BlockHashes: []vllm.BlockHash{vllm.BlockHash(uint64(rank)<<32 | seq<<1), vllm.BlockHash(uint64(rank)<<32 | seq<<1 | 1)},
 			TokenIDs:    []uint32{1, 2, 3, 4, 5, 6, 7, 8}, BlockSize: 4, Medium: "GPU",
 		}},
 	}
@@ -225,7 +226,7 @@ func testBatch(rank int, seq uint64) Batch {
 func testPayload(t *testing.T, rank int, seq uint64) []byte {
 	t.Helper()
 	b := testBatch(rank, seq)
-	p, err := AppendBatch(nil, &b, LayoutMap)
+	p, err := vllm.AppendBatch(nil, &b, vllm.LayoutMap)
 	if err != nil {
 		t.Fatal(err)
 	}

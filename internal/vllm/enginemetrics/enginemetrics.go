@@ -1,4 +1,4 @@
-package vllm
+package enginemetrics
 
 import (
 	"fmt"
@@ -11,11 +11,11 @@ import (
 	"github.com/prometheus/common/model"
 )
 
-// EngineMetrics is a snapshot of the load and cache figures a vLLM engine
+// Metrics is a snapshot of the load and cache figures a vLLM engine
 // exposes on GET /metrics (vllm/v1/metrics/loggers.py, main 2026-08-07).
 // A server running several engines (data parallelism) labels each series
 // with engine="0", "1", ...; counts are summed over engines and models.
-type EngineMetrics struct {
+type Metrics struct {
 	// Running and Waiting are requests (vllm:num_requests_running,
 	// vllm:num_requests_waiting), summed over engines.
 	Running, Waiting float64
@@ -65,13 +65,13 @@ const (
 	labelPrefixCacheAlgo = "prefix_caching_hash_algo"
 )
 
-// ParseEngineMetrics reads a Prometheus text exposition (format 0.0.4, what
+// Parse reads a Prometheus text exposition (format 0.0.4, what
 // vLLM's prometheus_client writes for a plain GET /metrics) and extracts
-// EngineMetrics. Names containing colons are valid legacy Prometheus names;
+// Metrics. Names containing colons are valid legacy Prometheus names;
 // the parser runs with model.LegacyValidation. Other metrics are ignored.
 // It fails only when the text is not a valid exposition.
-func ParseEngineMetrics(r io.Reader) (EngineMetrics, error) {
-	var m EngineMetrics
+func Parse(r io.Reader) (Metrics, error) {
+	var m Metrics
 	p := expfmt.NewTextParser(model.LegacyValidation)
 	families, err := p.TextToMetricFamilies(r)
 	if err != nil {

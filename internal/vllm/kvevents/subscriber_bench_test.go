@@ -1,8 +1,9 @@
-package vllm
+package kvevents
 
 import (
 	"context"
 	"encoding/binary"
+	"kvrouter/internal/vllm"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -22,14 +23,14 @@ import (
 //	go test -run '^$' -bench BenchmarkSubscriberLoopback -benchtime 1s -count 1 ./internal/vllm/
 func BenchmarkSubscriberLoopback(b *testing.B) {
 	const blocks, blockSize = 32, 16
-	ev := Event{Type: BlockStored, BlockSize: blockSize, Medium: "GPU", GroupIdx: new(int)}
+	ev := vllm.Event{Type: vllm.BlockStored, BlockSize: blockSize, Medium: "GPU", GroupIdx: new(int)}
 	for i := range blocks {
-		ev.BlockHashes = append(ev.BlockHashes, BlockHash(uint64(i)*0x9e3779b97f4a7c15))
+		ev.BlockHashes = append(ev.BlockHashes, vllm.BlockHash(uint64(i)*0x9e3779b97f4a7c15))
 		for j := range blockSize {
 			ev.TokenIDs = append(ev.TokenIDs, uint32(1000+i*blockSize+j))
 		}
 	}
-	payload, err := AppendBatch(nil, &Batch{TS: 1754530955, Events: []Event{ev}}, LayoutMap)
+	payload, err := vllm.AppendBatch(nil, &vllm.Batch{TS: 1754530955, Events: []vllm.Event{ev}}, vllm.LayoutMap)
 	if err != nil {
 		b.Fatal(err)
 	}

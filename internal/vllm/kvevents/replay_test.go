@@ -1,4 +1,4 @@
-package vllm
+package kvevents
 
 import (
 	"bytes"
@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"kvrouter/internal/vllm"
 	"strings"
 	"sync"
 	"testing"
@@ -192,7 +193,7 @@ func TestReplayCapturedReplies(t *testing.T) {
 			rp := &replayer{ep: ep, timeout: 5 * time.Second}
 			var got []string
 			res, err := rp.replay(context.Background(), 0, func(seq uint64, payload []byte) error {
-				b, err := DecodeBatch(payload)
+				b, err := vllm.DecodeBatch(payload)
 				if err != nil {
 					return err
 				}

@@ -1,9 +1,10 @@
-package vllm
+package kvevents
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"kvrouter/internal/vllm"
 	"log/slog"
 	"net"
 	"runtime/debug"
@@ -66,7 +67,7 @@ type Update struct {
 	// (Engine, Rank) before applying Batch.
 	Reset ResetReason
 	// Batch is the decoded payload; its Events may be empty (heartbeats).
-	Batch Batch
+	Batch vllm.Batch
 }
 
 // SubscriberConfig configures one Subscriber (one engine, all its

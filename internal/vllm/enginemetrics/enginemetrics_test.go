@@ -1,4 +1,4 @@
-package vllm
+package enginemetrics
 
 import (
 	"reflect"
@@ -53,13 +53,13 @@ vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching=
 vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="1",gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="27913",prefix_caching_hash_algo="sha256_cbor"} 1.0
 `
 
-func TestParseEngineMetrics(t *testing.T) {
+func TestParse(t *testing.T) {
 	tests := []struct {
 		name string
 		text string
-		want EngineMetrics
+		want Metrics
 	}{
-		{"two engines", sampleMetrics, EngineMetrics{
+		{"two engines", sampleMetrics, Metrics{
 			Running: 5, Waiting: 1, KVCacheUsage: 0.375, PrefixCacheQueries: 15000,
 			PrefixCacheHits: 8000, Preemptions: 3, BlockSize: 16, NumGPUBlocks: 27913,
 			HashAlgo: "sha256_cbor", Engines: 2,
@@ -71,17 +71,17 @@ vllm:gpu_prefix_cache_queries_total{model_name="m"} 32
 vllm:gpu_prefix_cache_hits_total{model_name="m"} 16
 vllm:num_preemptions_total{model_name="m"} 0
 vllm:cache_config_info{block_size="64.0",num_gpu_blocks="None"} 1
-`, EngineMetrics{Running: 1, Waiting: 4, KVCacheUsage: 0.9, PrefixCacheQueries: 32,
+`, Metrics{Running: 1, Waiting: 4, KVCacheUsage: 0.9, PrefixCacheQueries: 32,
 			PrefixCacheHits: 16, BlockSize: 64, Engines: 1}},
-		{"empty", "", EngineMetrics{Missing: []string{metricRunning, metricWaiting, metricKVUsage,
+		{"empty", "", Metrics{Missing: []string{metricRunning, metricWaiting, metricKVUsage,
 			metricQueries, metricHits, metricPreemptions, metricCacheConfig}}},
-		{"only running", "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 2\n", EngineMetrics{
+		{"only running", "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 2\n", Metrics{
 			Running: 2, Engines: 1, Missing: []string{metricWaiting, metricKVUsage, metricQueries,
 				metricHits, metricPreemptions, metricCacheConfig}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := ParseEngineMetrics(strings.NewReader(tt.text))
+			got, err := Parse(strings.NewReader(tt.text))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -92,35 +92,35 @@ vllm:cache_config_info{block_size="64.0",num_gpu_blocks="None"} 1
 	}
 }
 
-func TestParseEngineMetricsErrors(t *testing.T) {
+func TestParseErrors(t *testing.T) {
 	for _, text := range []string{
 		"vllm:num_requests_running{engine=\"0\" 1\n",
 		"vllm:num_requests_running one\n",
 		"# TYPE vllm:x gauge\n# TYPE vllm:x counter\nvllm:x 1\n",
 	} {
-		if _, err := ParseEngineMetrics(strings.NewReader(text)); err == nil || !strings.HasPrefix(err.Error(), "parse engine metrics: ") {
+		if _, err := Parse(strings.NewReader(text)); err == nil || !strings.HasPrefix(err.Error(), "parse engine metrics: ") {
 			t.Errorf("%q: err = %v, want a parse error", text, err)
 		}
 	}
 }
 
-// FuzzParseEngineMetrics checks that the parser never panics and that a
+// FuzzParse checks that the parser never panics and that a
 // successful parse is deterministic and self-consistent.
 //
-//	go test -run '^$' -fuzz FuzzParseEngineMetrics -fuzztime 10s ./internal/vllm/
-func FuzzParseEngineMetrics(f *testing.F) {
+//	go test -run '^$' -fuzz FuzzParse -fuzztime 10s ./internal/vllm/
+func FuzzParse(f *testing.F) {
 	f.Add(sampleMetrics)
 	f.Add("vllm:num_requests_running 1\nvllm:cache_config_info{block_size=\"16\"} 1\n")
 	f.Add("vllm:kv_cache_usage_perc{engine=\"0\"} NaN\nvllm:kv_cache_usage_perc{engine=\"1\"} +Inf\n")
 	f.Fuzz(func(t *testing.T, text string) {
-		m, err := ParseEngineMetrics(strings.NewReader(text))
+		m, err := Parse(strings.NewReader(text))
 		if err != nil {
 			return
 		}
 		if m.BlockSize < 0 || m.NumGPUBlocks < 0 || m.Engines < 0 || len(m.Missing) > 7 {
 			t.Fatalf("inconsistent result %+v", m)
 		}
-		m2, err := ParseEngineMetrics(strings.NewReader(text))
+		m2, err := Parse(strings.NewReader(text))
 		if err != nil || !reflect.DeepEqual(normNaN(m), normNaN(m2)) {
 			t.Fatalf("second parse differs: %+v vs %+v (%v)", m, m2, err)
 		}
@@ -128,7 +128,7 @@ func FuzzParseEngineMetrics(f *testing.F) {
 }
 
 // normNaN replaces NaN values so results compare with DeepEqual.
-func normNaN(m EngineMetrics) EngineMetrics {
+func normNaN(m Metrics) Metrics {
 	for _, p := range []*float64{&m.Running, &m.Waiting, &m.KVCacheUsage, &m.PrefixCacheQueries, &m.PrefixCacheHits, &m.Preemptions} {
 		if *p != *p {
 			*p = -1

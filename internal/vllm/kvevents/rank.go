@@ -1,7 +1,8 @@
-package vllm
+package kvevents
 
 import (
 	"context"
+	"kvrouter/internal/vllm"
 	"log/slog"
 	"math"
 	"net"
@@ -243,7 +244,7 @@ func (r *rank) handle(seq uint64, payload []byte, replayed bool) {
 		r.log.Warn("unrecoverable gap: batches lost, dropping this rank's state",
 			"missing_from", want, "missing_to", seq-1)
 	}
-	b, err := DecodeBatch(payload)
+	b, err := vllm.DecodeBatch(payload)
 	if err != nil {
 		r.count(&r.s.stats.malformed, r.m.malformed)
 		r.setPending(ResetGapLost)
@@ -254,13 +255,13 @@ func (r *rank) handle(seq uint64, payload []byte, replayed bool) {
 	var stored, removed uint64
 	for i := range b.Events {
 		switch b.Events[i].Type {
-		case BlockStored:
+		case vllm.BlockStored:
 			stored += uint64(len(b.Events[i].BlockHashes))
 			r.m.stored.Inc()
-		case BlockRemoved:
+		case vllm.BlockRemoved:
 			removed += uint64(len(b.Events[i].BlockHashes))
 			r.m.removed.Inc()
-		case AllBlocksCleared:
+		case vllm.AllBlocksCleared:
 			r.m.cleared.Inc()
 		}
 	}
