@@ -90,6 +90,11 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	if err := s.eng.send(r.Context(), command{submit: subs, reply: make(chan error, 1)}); err != nil {
+		ids := make([]string, len(subs)) // the submit may have landed before the client left
+		for i, sub := range subs {
+			ids[i] = sub.req.ID
+		}
+		s.eng.abort(ids)
 		if r.Context().Err() == nil {
 			writeError(w, http.StatusInternalServerError, err.Error())
 		}

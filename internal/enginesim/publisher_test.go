@@ -133,6 +133,20 @@ func TestPublishAndReplay(t *testing.T) {
 		len(e.BlockHashes) != 2 || e.BlockHashes[0] != want[0] || e.BlockHashes[1] != want[1] || len(e.ExtraKeys) != 2 {
 		t.Fatalf("event %+v, want hashes %v", e, want)
 	}
+
+	// The same prompt with kv_cache_report_mode "full": a hit report for
+	// both reused blocks (39 tokens rounded down), parent nil, nothing new.
+	post(t, s.url+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 1,
+		"vllm_xargs": map[string]any{"kv_cache_report_mode": "full"}})
+	m = sub.next(t)
+	rep, err := vllm.DecodeBatch(m.Frames[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Events) != 1 || rep.Events[0].ParentBlockHash != nil || len(rep.Events[0].BlockHashes) != 2 ||
+		rep.Events[0].BlockHashes[1] != want[1] {
+		t.Fatalf("hit report %+v", rep.Events)
+	}
 	lastSeq := binary.BigEndian.Uint64(m.Frames[1])
 
 	// Replay everything from seq 0 over a DEALER.
