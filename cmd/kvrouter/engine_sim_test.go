@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -127,5 +128,22 @@ func TestEngineSimRun(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestEngineSimTokenizer: --tokenizer plugs the real tokenizer and chat
+// template in; a golden chat gives the golden ids.
+func TestEngineSimTokenizer(t *testing.T) {
+	fl, err := parseEngineSimFlags([]string{"--tokenizer", "../../testdata/tokenizer/qwen3"}, func(string) string { return "" }, stdio{err: io.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := fl.cfg.Tokenizer.EncodeChat([]byte(`{"messages":[{"role":"user","content":"Hello!"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []uint32{151644, 872, 198, 9707, 0, 151645, 198, 151644, 77091, 198} // testdata/tokenizer/qwen3/chat.jsonl
+	if !slices.Equal(ids, want) || fl.cfg.Core.VocabSize != 262144 {
+		t.Fatalf("ids %v, want %v (vocab %d)", ids, want, fl.cfg.Core.VocabSize)
 	}
 }
