@@ -79,7 +79,7 @@ func at(s string, i int) (rune, int) {
 	return utf8.DecodeRuneInString(s[i:])
 }
 
-// classAt is class of the rune at i, and its width; (clsNone, 0) at the end.
+// classAt is the class of the rune at i and its width; (clsEnd, 0) at the end.
 func classAt(s string, i int) (uint8, int) {
 	if i >= len(s) {
 		return clsEnd, 0
@@ -215,7 +215,7 @@ func scanCL100K(s string, i, maxDigits int) int {
 // gpt2Pattern: `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+|
 // ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`.
 func scanGPT2(s string, i int) int {
-	r, n := at(s, i)
+	r, _ := at(s, i)
 	if r == '\'' {
 		if k := contraction(s, i+1, false); k > 0 {
 			return i + 1 + k
@@ -241,6 +241,5 @@ func scanGPT2(s string, i int) int {
 	if end == len(s) || lastStart == i {
 		return end
 	}
-	_ = n
 	return lastStart
 }

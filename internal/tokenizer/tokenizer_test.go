@@ -190,3 +190,32 @@ func TestConcurrentEncode(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestWorstCasesExact checks the long single pre-tokens (merged by the
+// heap) against Hugging Face's ids, run-length encoded as [id, count].
+// Their speed is measured by BenchmarkWorstCase.
+func TestWorstCasesExact(t *testing.T) {
+	tok := loadQwen(t)
+	want := map[string][][2]uint32{ // Hugging Face tokenizers 0.23.2
+		"cjk=50000":           {{15946, 50000}},
+		"spaces=100000":       {{56940, 781}, {786, 1}},
+		"digits=30000":        {{22, 30000}},
+		"letters=100000":      {{69440, 12500}},
+		"newlines=100000":     {{79083, 3125}},
+		"punct=100000":        {{12, 1}, {95523, 6249}, {55803, 1}, {33852, 1}, {10829, 1}, {28, 1}},
+		"space-letter=100000": {{264, 50000}},
+	}
+	for _, w := range worstCases {
+		var rle [][2]uint32
+		for _, id := range tok.Encode(w.text, false) {
+			if n := len(rle); n > 0 && rle[n-1][0] == id {
+				rle[n-1][1]++
+			} else {
+				rle = append(rle, [2]uint32{id, 1})
+			}
+		}
+		if !slices.Equal(rle, want[w.name]) {
+			t.Errorf("%s: got %v, want %v", w.name, rle, want[w.name])
+		}
+	}
+}
