@@ -83,6 +83,10 @@ func (s *Server) relay(x *exchange, ep *fleet.Endpoint, ctx context.Context, wd 
 	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	sse := mt == "text/event-stream"
 	x.w.WriteHeader(resp.StatusCode)
+	if sse {
+		// The engine opened its stream: let the client see it open too.
+		_ = http.NewResponseController(x.w).Flush()
+	}
 
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
