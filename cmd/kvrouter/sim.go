@@ -1,8 +1,228 @@
 package main
 
-import "context"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
 
-// runSim implements "kvrouter sim".
+	"go.yaml.in/yaml/v3"
+
+	"kvrouter"
+	"kvrouter/internal/bench/report"
+	"kvrouter/internal/enginesim"
+	"kvrouter/internal/routing"
+	"kvrouter/internal/sim"
+	"kvrouter/internal/workload"
+)
+
+// embeddedTrace is the Mooncake trace inside the binary (kvrouter.Assets).
+const embeddedTrace = "testdata/mooncake/conversation_trace.jsonl.gz"
+
+// runSim implements "kvrouter sim": build a scenario, simulate every policy
+// on it, print the comparison.
 func runSim(ctx context.Context, args []string, sio stdio) error {
-	return errNotBuilt
+	var names []string
+	for _, s := range sim.Scenarios() {
+		names = append(names, s.Name)
+	}
+	fs := newFlagSet("sim", "[flags]\n\nSimulates a fleet of engine-sim cores on a virtual clock with the real index and\npolicies, every policy on the same arrivals, and prints a comparison table.\n\nscenarios:\n"+scenarioList(), sio.err)
+	scenario := fs.String("scenario", "mooncake", "workload and regime: "+strings.Join(names, ", "))
+	tracePath := fs.String("trace", "", "Mooncake trace file, JSON lines or gzip (default: the conversation trace embedded in the binary)")
+	replicas := fs.Int("replicas", sim.DefaultReplicas, "replicas at the end of the run (scale_out starts with half)")
+	policies := fs.String("policies", strings.Join(sim.DefaultPolicies(), ","), "comma-separated policies to compare: "+strings.Join(sim.Policies(), ", "))
+	load := fs.Float64("load", 0, "offered load: prompt tokens per second over the fleet's prefill capacity, as if nothing were cached (0: the scenario's default: "+defaultLoads()+")")
+	speed := fs.Float64("speed", 0, "mooncake and saturation: divide the trace's inter-arrival times by this instead of deriving it from --load")
+	requests := fs.Int("requests", 0, "requests of synthetic scenarios (0: 4000); for trace scenarios, replay only the first N records (0: all)")
+	repeat := fs.Int("repeat", 1, "replay the workload this many times back to back, each copy with its own tokens (1..8)")
+	profile := fs.String("profile", enginesim.ProfileH100, "engine timing profile: "+strings.Join(enginesim.ProfileNames(), ", "))
+	blockSize := fs.Int("block-size", enginesim.DefaultBlockSize, "engine KV block size in tokens")
+	gpuBlocks := fs.Int("num-gpu-blocks", 0, "engine KV cache size in blocks (0: the profile's, 27000)")
+	maxSeqs := fs.Int("max-num-seqs", 0, "engine max running sequences (0: 1024)")
+	maxBatched := fs.Int("max-num-batched-tokens", 0, "engine token budget per step (0: 8192)")
+	eventDelay := fs.Duration("event-delay", 0, "KV event delivery delay from engine to index")
+	eventLoss := fs.Float64("event-loss", 0, "probability (0..1) that a KV event batch is lost")
+	gaugeInterval := fs.Duration("gauge-interval", sim.DefaultGaugeInterval, "how often the router refreshes engine gauges (negative: never)")
+	scale := fs.String("scale", "", "extra fleet changes, comma-separated TIME:DELTA, e.g. 120s:+4,300s:-2 (added replicas start cold; removed ones drain)")
+	routingFile := fs.String("routing", "", "YAML file with routing weights (routing.Config fields: kv, dynamo, llmd, sglang, prefill_rate, ...)")
+	sloTTFT := fs.Duration("slo-ttft", sim.DefaultSLOTTFT, "goodput SLO on time to first token")
+	sloITL := fs.Duration("slo-itl", sim.DefaultSLOITL, "goodput SLO on mean time per output token after the first")
+	seed := fs.Uint64("seed", 1, "random seed (generators, arrivals, tie-breaks, event loss)")
+	parallel := fs.Int("parallel", 0, "policies simulated at once (0: GOMAXPROCS)")
+	asJSON := fs.Bool("json", false, "print the report as JSON instead of a markdown table")
+	htmlPath := fs.String("html", "", "also write a self-contained HTML report with plots to this file")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	cfg := sim.Config{
+		Policies:      splitList(*policies),
+		Engine:        enginesim.CoreConfig{Profile: *profile, BlockSize: *blockSize, NumGPUBlocks: *gpuBlocks, MaxNumSeqs: *maxSeqs, MaxNumBatchedTokens: *maxBatched},
+		EventDelay:    *eventDelay,
+		EventLoss:     *eventLoss,
+		GaugeInterval: *gaugeInterval,
+		SLO:           report.SLO{TTFT: *sloTTFT, ITL: *sloITL},
+		Seed:          *seed,
+		Parallel:      *parallel,
+	}
+	timing, _, err := enginesim.Profile(*profile)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	extra, err := parseScale(*scale)
+	if err != nil {
+		return fmt.Errorf("%w: --scale: %v", errUsage, err)
+	}
+	if *routingFile != "" {
+		if cfg.Routing, err = loadRoutingConfig(*routingFile); err != nil {
+			return err
+		}
+	}
+	opts := sim.ScenarioOptions{Replicas: *replicas, Load: *load, Requests: *requests, PrefillRate: timing.PrefillTokensPerSec, Seed: *seed}
+	if *scenario == "mooncake" || *scenario == "saturation" {
+		if opts.Trace, err = readTrace(*tracePath); err != nil {
+			return err
+		}
+	}
+	sc, err := sim.BuildScenario(*scenario, opts)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if *speed > 0 && sc.Workload.Name == "mooncake" {
+		if sc.Workload, err = workload.Mooncake(opts.Trace, workload.MooncakeOptions{Speed: *speed, Limit: *requests}); err != nil {
+			return err
+		}
+		sc.Workload.Params["scenario"] = *scenario
+	}
+	w := sc.Workload
+	if *repeat != 1 {
+		if w, err = workload.Repeat(w, *repeat); err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+	}
+	cfg.Replicas = sc.Replicas
+	cfg.Scale = append(sc.Scale, extra...)
+	start := time.Now()
+	runs, err := sim.Run(ctx, cfg, w)
+	if err != nil {
+		return err
+	}
+	title := fmt.Sprintf("kvrouter sim: %s, %d replicas, load %.2g", *scenario, *replicas, sc.Load)
+	rep := report.New(title, w.Info(), runs, cfg.SLO)
+	rep.HitRateBound = sim.HitRateBound(w, *blockSize)
+	rep.Setup = map[string]string{
+		"replicas": strconv.Itoa(*replicas), "start_replicas": strconv.Itoa(sc.Replicas), "profile": *profile,
+		"block_size": strconv.Itoa(*blockSize), "event_delay": eventDelay.String(), "event_loss": fmt.Sprint(*eventLoss),
+		"seed": fmt.Sprint(*seed), "wall_time": time.Since(start).Round(time.Millisecond).String(),
+	}
+	for _, s := range cfg.Scale {
+		rep.Setup["scale"] += fmt.Sprintf("%v:%+d ", s.At.Round(time.Second), s.Delta)
+	}
+	return writeReport(rep, *asJSON, *htmlPath, sio.out)
+}
+
+func defaultLoads() string {
+	var parts []string
+	for _, s := range sim.Scenarios() {
+		parts = append(parts, fmt.Sprintf("%s %.2g", s.Name, sim.DefaultLoad(s.Name)))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func scenarioList() string {
+	var b strings.Builder
+	for _, s := range sim.Scenarios() {
+		fmt.Fprintf(&b, "  %-14s %s\n", s.Name, s.Description)
+	}
+	return b.String()
+}
+
+// writeReport prints rep as markdown (or JSON) on out and, when htmlPath is
+// set, writes the HTML page there.
+func writeReport(rep *report.Report, asJSON bool, htmlPath string, out io.Writer) error {
+	if htmlPath != "" {
+		f, err := os.Create(htmlPath)
+		if err != nil {
+			return fmt.Errorf("html report: %w", err)
+		}
+		err = rep.HTML(f)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("html report: %w", err)
+		}
+	}
+	if asJSON {
+		return rep.JSON(out)
+	}
+	return rep.Markdown(out)
+}
+
+// readTrace reads a Mooncake trace from path, or the embedded one.
+func readTrace(path string) ([]workload.TraceRecord, error) {
+	var r io.ReadCloser
+	var err error
+	if path == "" {
+		r, err = kvrouter.Assets.Open(embeddedTrace)
+	} else {
+		r, err = os.Open(path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("trace: %w", err)
+	}
+	defer r.Close()
+	return workload.ReadTrace(r)
+}
+
+// loadRoutingConfig reads routing weights from a YAML file, rejecting
+// unknown fields.
+func loadRoutingConfig(path string) (routing.Config, error) {
+	var cfg routing.Config
+	f, err := os.Open(path)
+	if err != nil {
+		return cfg, fmt.Errorf("routing config: %w", err)
+	}
+	defer f.Close()
+	dec := yaml.NewDecoder(f)
+	dec.KnownFields(true)
+	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		return cfg, fmt.Errorf("routing config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// parseScale parses "TIME:DELTA,..." (e.g. "120s:+4,300s:-2").
+func parseScale(s string) ([]sim.Scale, error) {
+	var out []sim.Scale
+	for _, part := range splitList(s) {
+		at, delta, ok := strings.Cut(part, ":")
+		if !ok {
+			return nil, fmt.Errorf("%q: want TIME:DELTA", part)
+		}
+		d, err := time.ParseDuration(at)
+		if err != nil {
+			return nil, fmt.Errorf("%q: %v", part, err)
+		}
+		n, err := strconv.Atoi(strings.TrimPrefix(delta, "+"))
+		if err != nil || n == 0 {
+			return nil, fmt.Errorf("%q: delta must be a non-zero integer", part)
+		}
+		out = append(out, sim.Scale{At: d, Delta: n})
+	}
+	return out, nil
+}
+
+// splitList splits a comma-separated flag value, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
 }

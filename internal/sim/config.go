@@ -1,0 +1,149 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"time"
+
+	"kvrouter/internal/bench/report"
+	"kvrouter/internal/enginesim"
+	"kvrouter/internal/kvindex"
+	"kvrouter/internal/routing"
+)
+
+// PolicyOracle is the simulator's own policy with global knowledge of every
+// replica's cache (see the package doc).
+const PolicyOracle = "oracle"
+
+// Policies lists the policy names Config.Policies accepts: routing's, then
+// PolicyOracle.
+func Policies() []string { return append(routing.Policies(), PolicyOracle) }
+
+// DefaultPolicies is the comparison run when Config.Policies is empty.
+var defaultPolicies = []string{"round_robin", "least_load", "kv", PolicyOracle}
+
+// DefaultPolicies returns the policies compared when none are given.
+func DefaultPolicies() []string { return slices.Clone(defaultPolicies) }
+
+// Scale changes the fleet at a point of the run.
+type Scale struct {
+	// At is the virtual time of the change, from the run's start.
+	At time.Duration
+	// Delta adds replicas (> 0, cold, named r<N> after the existing ones)
+	// or removes the most recently added ones (< 0; they drain).
+	Delta int
+}
+
+// Config configures a simulation. A zero field means the default in its
+// comment.
+type Config struct {
+	// Replicas is the fleet size at the start (default 8).
+	Replicas int
+	// Policies are compared, each on the whole workload (default
+	// round_robin, least_load, kv, oracle).
+	Policies []string
+	// Engine configures every replica's Core (default: enginesim's
+	// defaults, profile h100-llama3-8b). KV events are always on for
+	// policies that use the index; the hasher is the fast one.
+	Engine enginesim.CoreConfig
+	// Routing configures the router (weights, rates); Policy, Now and Rand
+	// are set per run. A zero PrefillRate takes the engine profile's.
+	Routing routing.Config
+	// Index configures the exact index; Now and BlockSize are set per run.
+	Index kvindex.Config
+	// EventDelay is how long a KV event batch takes from the end of the
+	// engine step that produced it to the index (default 0: instant;
+	// negative is invalid).
+	EventDelay time.Duration
+	// EventLoss is the probability, 0..1, that a batch is lost (default 0).
+	EventLoss float64
+	// GaugeInterval is how often the router's engine gauges are refreshed
+	// (default 1s, kvrouter's scrape interval; negative disables).
+	GaugeInterval time.Duration
+	// Scale lists fleet changes, in any order.
+	Scale []Scale
+	// SLO is the goodput threshold (default TTFT 2s, TPOT 100ms).
+	SLO report.SLO
+	// Seed makes runs reproducible (routing tie-breaks, event loss).
+	Seed uint64
+	// Parallel is how many policies run at once (default GOMAXPROCS).
+	Parallel int
+}
+
+// Defaults of Config's zero fields.
+const (
+	DefaultReplicas      = 8
+	DefaultGaugeInterval = time.Second
+	DefaultSLOTTFT       = 2 * time.Second
+	DefaultSLOITL        = 100 * time.Millisecond
+)
+
+// withDefaults fills zero fields and checks cfg, returning every problem.
+func (cfg Config) withDefaults() (Config, error) {
+	if cfg.Replicas == 0 {
+		cfg.Replicas = DefaultReplicas
+	}
+	if len(cfg.Policies) == 0 {
+		cfg.Policies = DefaultPolicies()
+	}
+	if cfg.GaugeInterval == 0 {
+		cfg.GaugeInterval = DefaultGaugeInterval
+	}
+	if cfg.SLO.TTFT == 0 {
+		cfg.SLO.TTFT = DefaultSLOTTFT
+	}
+	if cfg.SLO.ITL == 0 {
+		cfg.SLO.ITL = DefaultSLOITL
+	}
+	if cfg.Parallel == 0 {
+		cfg.Parallel = runtime.GOMAXPROCS(0)
+	}
+	var errs []error
+	if cfg.Replicas < 1 {
+		errs = append(errs, fmt.Errorf("replicas %d: need at least 1", cfg.Replicas))
+	}
+	seen := map[string]bool{}
+	for _, p := range cfg.Policies {
+		if !slices.Contains(Policies(), p) {
+			errs = append(errs, fmt.Errorf("unknown policy %q (known: %v)", p, Policies()))
+		}
+		if seen[p] {
+			errs = append(errs, fmt.Errorf("policy %q listed twice", p))
+		}
+		seen[p] = true
+	}
+	if cfg.EventDelay < 0 {
+		errs = append(errs, fmt.Errorf("event delay %v: must not be negative", cfg.EventDelay))
+	}
+	if !(cfg.EventLoss >= 0 && cfg.EventLoss <= 1) {
+		errs = append(errs, fmt.Errorf("event loss %v: must be in 0..1", cfg.EventLoss))
+	}
+	if cfg.Parallel < 1 {
+		errs = append(errs, fmt.Errorf("parallel %d: need at least 1", cfg.Parallel))
+	}
+	n := cfg.Replicas
+	scale := slices.Clone(cfg.Scale)
+	slices.SortStableFunc(scale, func(a, b Scale) int { return int(a.At - b.At) })
+	for _, s := range scale {
+		if s.At < 0 {
+			errs = append(errs, fmt.Errorf("scale at %v: must not be negative", s.At))
+		}
+		if n += s.Delta; n < 1 {
+			errs = append(errs, fmt.Errorf("scale at %v leaves %d replicas", s.At, n))
+		}
+	}
+	cfg.Scale = scale
+	return cfg, errors.Join(errs...)
+}
+
+// cacheBlind reports whether policy ignores the index, so its runs skip KV
+// events altogether.
+func cacheBlind(policy string) bool {
+	switch policy {
+	case "round_robin", "least_load", "random":
+		return true
+	}
+	return false
+}

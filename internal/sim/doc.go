@@ -1,0 +1,28 @@
+// Package sim simulates a fleet of vLLM replicas on a virtual clock to
+// compare routing policies on identical traffic, in seconds of CPU for
+// hours of traffic.
+//
+// Each replica is an enginesim.Core (the same scheduler, prefix cache and
+// timing model as "kvrouter engine-sim"), driven step by step: a step
+// starts when the replica has work, lasts the Core's modelled duration, and
+// its output tokens and KV events take effect when it ends. Routing uses the
+// real routing.Router over a real kvindex.Exact fed by those KV events,
+// delivered after Config.EventDelay and dropped with probability
+// Config.EventLoss (per batch, as a ZeroMQ high-water mark drops). The
+// router's engine gauges (waiting, running, KV usage) are refreshed every
+// Config.GaugeInterval, as kvrouter's scraper does. Replicas can be added or
+// removed mid-run (Config.Scale); a removed replica stops receiving requests
+// at once and finishes those it holds.
+//
+// Every policy replays the same workload (same arrivals, same tokens) from a
+// cold fleet, each in its own goroutine (Config.Parallel at a time), with
+// its own seeded randomness: a run is reproducible from Config.Seed. Besides
+// routing's policies, "oracle" routes with global knowledge of every cache
+// (an index fed instantly and losslessly) to the replica holding the longest
+// prefix, ties to the least loaded; HitRateBound gives the hit rate no
+// policy can exceed (every earlier block cached everywhere).
+//
+// Time in the simulation never reads the wall clock: the index and router
+// get Config.Now functions over the virtual clock. Run returns after all
+// its goroutines have.
+package sim

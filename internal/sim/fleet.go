@@ -1,0 +1,422 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"kvrouter/internal/bench/report"
+	"kvrouter/internal/enginesim"
+	"kvrouter/internal/kvindex"
+	"kvrouter/internal/routing"
+	"kvrouter/internal/vllm"
+	"kvrouter/internal/workload"
+)
+
+// epoch is the wall-clock reading of virtual time zero, handed to the index
+// and router (any fixed instant would do).
+var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// replica is one simulated engine.
+type replica struct {
+	name     string
+	core     *enginesim.Core
+	id       kvindex.ReplicaID // in the oracle's index
+	stepping bool              // a step is under way (its end is queued)
+	kicked   bool              // a kick is queued
+	removed  bool              // no longer routable; drains
+	res      enginesim.StepResult
+	load     int // in-flight requests (oracle's load; also the plot)
+}
+
+// inflight is a request inside the fleet.
+type inflight struct {
+	sample int
+	rep    int
+	lease  *routing.Lease // nil under the oracle
+	last   time.Duration  // time of the latest token
+}
+
+// fleet is one policy's simulation. Owned by one goroutine.
+type fleet struct {
+	cfg    Config
+	policy string
+	w      *workload.Workload
+	now    time.Duration
+	q      queue
+	reps   []*replica
+	byName map[string]int
+	router *routing.Router // nil under the oracle
+	ix     *kvindex.Exact  // nil for cache-blind policies
+	rng    *rand.Rand      // event loss
+	live   map[string]*inflight
+	run    *report.Run
+
+	batches []vllm.Batch // in transit, by slot
+	free    []int        // free slots of batches
+	toks    []uint32
+	keys    []kvindex.Key
+	matches []kvindex.Match
+	text    []byte
+}
+
+func (f *fleet) clock() time.Time { return epoch.Add(f.now) }
+
+// newFleet builds the cold fleet for one policy.
+func newFleet(cfg Config, policy string, w *workload.Workload, seed uint64) (*fleet, error) {
+	f := &fleet{
+		cfg: cfg, policy: policy, w: w,
+		byName: map[string]int{},
+		rng:    rand.New(rand.NewPCG(seed, 0x1055)),
+		live:   make(map[string]*inflight, 1024),
+		run:    &report.Run{Policy: policy, Samples: make([]report.Sample, len(w.Requests))},
+	}
+	f.run.EngineHitRate = nan()
+	if !cacheBlind(policy) {
+		icfg := cfg.Index
+		icfg.Now = f.clock
+		icfg.BlockSize = f.blockSize()
+		if policy == PolicyOracle {
+			icfg.PredictTTL = -1 // knowledge, not guesses
+		}
+		ix, err := kvindex.NewExact(icfg, nil, nil)
+		if err != nil {
+			return nil, err
+		}
+		f.ix = ix
+	}
+	if policy != PolicyOracle {
+		rcfg := cfg.Routing
+		rcfg.Policy, rcfg.Now = policy, f.clock
+		rcfg.Rand = rand.New(rand.NewPCG(seed, 0x4047))
+		if rcfg.PrefillRate == 0 {
+			rcfg.PrefillRate = cfg.prefillRate()
+		}
+		var ix routing.Index
+		if f.ix != nil {
+			ix = f.ix
+		}
+		r, err := routing.New(rcfg, ix, nil, nil)
+		if err != nil {
+			return nil, err
+		}
+		f.router = r
+	}
+	if err := f.addReplicas(cfg.Replicas); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+func (f *fleet) blockSize() int {
+	if f.cfg.Engine.BlockSize > 0 {
+		return f.cfg.Engine.BlockSize
+	}
+	return enginesim.DefaultBlockSize
+}
+
+func (f *fleet) addReplicas(n int) error {
+	for range n {
+		ecfg := f.cfg.Engine
+		ecfg.NoEvents = f.ix == nil
+		core, err := enginesim.NewCore(ecfg)
+		if err != nil {
+			return err
+		}
+		r := &replica{name: fmt.Sprintf("r%02d", len(f.reps)), core: core}
+		f.byName[r.name] = len(f.reps)
+		f.reps = append(f.reps, r)
+		f.run.Replicas = append(f.run.Replicas, r.name)
+		if f.router != nil {
+			f.router.AddReplica(r.name)
+		} else {
+			r.id = f.ix.AddReplica(r.name)
+		}
+	}
+	return nil
+}
+
+// simulate runs the whole workload and returns the policy's Run.
+func (f *fleet) simulate(ctx context.Context) (*report.Run, error) {
+	for i := range f.w.Requests {
+		f.q.push(event{at: f.w.Requests[i].At, kind: evArrival, i: i})
+	}
+	for i, s := range f.cfg.Scale {
+		f.q.push(event{at: s.At, kind: evScale, i: i})
+	}
+	if f.cfg.GaugeInterval > 0 && f.router != nil {
+		f.q.push(event{at: 0, kind: evGauges})
+	}
+	for n := 0; f.q.len() > 0; n++ {
+		if n%4096 == 0 && ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		e := f.q.pop()
+		f.now = e.at
+		switch e.kind {
+		case evArrival:
+			f.arrive(e.i)
+		case evScale:
+			if err := f.scale(f.cfg.Scale[e.i].Delta); err != nil {
+				return nil, err
+			}
+		case evKick:
+			f.reps[e.rep].kicked = false
+			if !f.reps[e.rep].stepping {
+				f.step(e.rep)
+			}
+		case evStepEnd:
+			f.stepEnd(e.rep)
+		case evDeliver:
+			f.deliver(e.rep, e.i)
+		case evGauges:
+			f.gauges()
+			if f.q.len() > 0 {
+				f.q.push(event{at: f.now + f.cfg.GaugeInterval, kind: evGauges})
+			}
+		}
+	}
+	var pre int64
+	for _, r := range f.reps {
+		pre += r.core.Stats().Preemptions
+	}
+	f.run.Preemptions = pre
+	if len(f.live) != 0 {
+		return nil, fmt.Errorf("sim %s: %d requests never finished", f.policy, len(f.live))
+	}
+	return f.run, nil
+}
+
+// arrive routes request i and submits it to the chosen replica's core.
+func (f *fleet) arrive(i int) {
+	r := &f.w.Requests[i]
+	f.toks = r.AppendTokens(f.toks[:0])
+	out := max(r.OutputTokens, 1)
+	s := &f.run.Samples[i]
+	*s = report.Sample{ID: r.ID, Arrival: f.now, End: f.now, PromptTokens: len(f.toks)}
+	var rep int
+	var lease *routing.Lease
+	if f.router == nil {
+		rep = f.oraclePick()
+	} else {
+		req := routing.Request{ID: r.ID, Tokens: f.toks, MaxTokens: out, SessionKey: r.Session}
+		if f.policy == "prefix_chars" {
+			req.Text = f.tokenText()
+		}
+		d, l, err := f.router.Route(&req)
+		if err != nil {
+			s.Err = "no_replica"
+			return
+		}
+		rep, lease = f.byName[d.Name], l
+	}
+	s.Replica = f.reps[rep].name
+	err := f.reps[rep].core.Submit(&enginesim.Request{ID: r.ID, Tokens: f.toks, MaxTokens: out, ReportHits: f.ix != nil})
+	if err != nil {
+		s.Err = "rejected"
+		if !errors.Is(err, enginesim.ErrInvalidRequest) {
+			s.Err = "duplicate"
+		}
+		if lease != nil {
+			lease.Release()
+		}
+		return
+	}
+	f.live[r.ID] = &inflight{sample: i, rep: rep, lease: lease}
+	f.reps[rep].load++
+	f.kick(rep)
+}
+
+// tokenText renders the prompt as text for prefix_chars: 4 bytes per
+// token, so its 128-character chunks span 32 tokens (about what 128
+// characters of English are).
+func (f *fleet) tokenText() string {
+	b := f.text[:0]
+	for _, t := range f.toks {
+		b = append(b, byte(t), byte(t>>8), byte(t>>16), byte(t>>24))
+	}
+	f.text = b
+	return string(b)
+}
+
+// kick makes replica rep start a step at the current time, after every
+// other event of this instant, unless it is already stepping.
+func (f *fleet) kick(rep int) {
+	r := f.reps[rep]
+	if r.stepping || r.kicked {
+		return
+	}
+	r.kicked = true
+	f.q.push(event{at: f.now, kind: evKick, rep: rep})
+}
+
+// step runs one engine step now; its effects land when it ends.
+func (f *fleet) step(rep int) {
+	r := f.reps[rep]
+	if r.core.Idle() {
+		return
+	}
+	r.res = r.core.Step()
+	if r.res.Duration <= 0 {
+		// Nothing could be scheduled (cannot happen with work waiting and
+		// a valid config, but never spin): wait for the next arrival.
+		return
+	}
+	r.stepping = true
+	f.q.push(event{at: f.now + r.res.Duration, kind: evStepEnd, rep: rep})
+}
+
+// stepEnd applies the finished step's outputs and events, then starts the
+// next step if the replica has work.
+func (f *fleet) stepEnd(rep int) {
+	r := f.reps[rep]
+	r.stepping = false
+	for _, o := range r.res.Outputs {
+		fl := f.live[o.ID]
+		if fl == nil {
+			continue
+		}
+		s := &f.run.Samples[fl.sample]
+		if o.Index == 0 {
+			s.FirstToken = f.now
+			s.CachedTokens = o.CachedTokens
+			if fl.lease != nil {
+				fl.lease.FirstToken()
+			}
+		} else {
+			f.run.ITL.Add(f.now - fl.last)
+		}
+		fl.last = f.now
+		if o.Finished {
+			s.End = f.now
+			s.OutputTokens = o.Index + 1
+			if fl.lease != nil {
+				fl.lease.Release()
+			}
+			r.load--
+			delete(f.live, o.ID)
+		}
+	}
+	if len(r.res.Events) > 0 && f.ix != nil {
+		f.publish(rep, r.res.Events)
+	}
+	f.step(rep)
+}
+
+// publish sends a step's KV events towards the index: at once for the
+// oracle, else after EventDelay unless lost.
+func (f *fleet) publish(rep int, evs []vllm.Event) {
+	b := vllm.Batch{TS: f.clock().Sub(time.Unix(0, 0)).Seconds(), Events: append([]vllm.Event(nil), evs...)}
+	if f.router == nil {
+		f.ix.Apply(f.reps[rep].name, &b)
+		return
+	}
+	if f.cfg.EventLoss > 0 && f.rng.Float64() < f.cfg.EventLoss {
+		return
+	}
+	if f.cfg.EventDelay == 0 {
+		f.apply(rep, &b)
+		return
+	}
+	slot := len(f.batches)
+	if n := len(f.free); n > 0 {
+		slot, f.free = f.free[n-1], f.free[:n-1]
+		f.batches[slot] = b
+	} else {
+		f.batches = append(f.batches, b)
+	}
+	f.q.push(event{at: f.now + f.cfg.EventDelay, kind: evDeliver, rep: rep, i: slot})
+}
+
+func (f *fleet) deliver(rep, slot int) {
+	b := f.batches[slot]
+	f.batches[slot] = vllm.Batch{}
+	f.free = append(f.free, slot)
+	f.apply(rep, &b)
+}
+
+// apply feeds a batch to the index unless the replica was removed (the
+// index would register it again).
+func (f *fleet) apply(rep int, b *vllm.Batch) {
+	if r := f.reps[rep]; !r.removed {
+		f.ix.Apply(r.name, b)
+	}
+}
+
+// gauges refreshes the router's view of every engine's gauges.
+func (f *fleet) gauges() {
+	at := f.clock()
+	for _, r := range f.reps {
+		if !r.removed {
+			f.router.ObserveGauges(r.name, routing.Gauges{Waiting: r.core.Waiting(), Running: r.core.Running(), KVUsage: r.core.KVUsage(), At: at})
+		}
+	}
+}
+
+// scale adds or removes replicas now.
+func (f *fleet) scale(delta int) error {
+	if delta > 0 {
+		return f.addReplicas(delta)
+	}
+	for i := len(f.reps) - 1; i >= 0 && delta < 0; i-- {
+		r := f.reps[i]
+		if r.removed {
+			continue
+		}
+		r.removed = true
+		delta++
+		if f.router != nil {
+			f.router.RemoveReplica(r.name)
+		} else {
+			f.ix.RemoveReplica(r.name)
+		}
+	}
+	return nil
+}
+
+// oraclePick routes with global knowledge of every engine: among the
+// replicas with the fewest waiting requests (the engine's own queue, read
+// now), the one holding the longest GPU prefix of the prompt (an index fed
+// instantly and losslessly), ties to the fewest running, then the lowest
+// index. Greedy for cache without ever queueing behind a busier replica, it
+// shows the hit rate perfect knowledge reaches at this load.
+func (f *fleet) oraclePick() int {
+	f.keys = kvindex.Keys(f.keys, f.toks, f.blockSize(), kvindex.Extras{Root: f.ix.Root()})
+	f.matches = f.ix.Lookup(f.keys, f.matches)
+	best := -1
+	for i, r := range f.reps {
+		if r.removed {
+			continue
+		}
+		if best < 0 {
+			best = i
+			continue
+		}
+		b := f.reps[best]
+		wr, wb := r.core.Waiting(), b.core.Waiting()
+		hr, hb := f.gpu(i), f.gpu(best)
+		switch {
+		case wr != wb:
+			if wr < wb {
+				best = i
+			}
+		case hr != hb:
+			if hr > hb {
+				best = i
+			}
+		case r.core.Running() < b.core.Running():
+			best = i
+		}
+	}
+	return best
+}
+
+func (f *fleet) gpu(rep int) int32 {
+	id := f.reps[rep].id
+	if int(id) < len(f.matches) {
+		return f.matches[id].GPU
+	}
+	return 0
+}

@@ -1,0 +1,83 @@
+package sim
+
+import "time"
+
+// evKind orders simultaneous events: arrivals and scale changes first, then
+// step ends and event deliveries, then gauge scrapes, and replica kicks last,
+// so that a step starting at t sees every request that arrived at t.
+type evKind uint8
+
+const (
+	evScale evKind = iota
+	evArrival
+	evStepEnd
+	evDeliver
+	evGauges
+	evKick
+)
+
+// event is one scheduled happening.
+type event struct {
+	at   time.Duration
+	kind evKind
+	seq  uint64 // insertion order: ties stay deterministic
+	rep  int    // replica index (step end, delivery, kick)
+	i    int    // request index (arrival), scale index, delivery slot
+}
+
+// queue is a binary min-heap of events by (at, kind, seq), without
+// interface boxing (millions of events per run).
+type queue struct {
+	evs []event
+	seq uint64
+}
+
+func (q *queue) len() int { return len(q.evs) }
+
+func less(x, y *event) bool {
+	if x.at != y.at {
+		return x.at < y.at
+	}
+	if x.kind != y.kind {
+		return x.kind < y.kind
+	}
+	return x.seq < y.seq
+}
+
+func (q *queue) push(e event) {
+	q.seq++
+	e.seq = q.seq
+	q.evs = append(q.evs, e)
+	i := len(q.evs) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if !less(&q.evs[i], &q.evs[p]) {
+			break
+		}
+		q.evs[i], q.evs[p] = q.evs[p], q.evs[i]
+		i = p
+	}
+}
+
+func (q *queue) pop() event {
+	top := q.evs[0]
+	n := len(q.evs) - 1
+	q.evs[0] = q.evs[n]
+	q.evs = q.evs[:n]
+	i := 0
+	for {
+		l, r, m := 2*i+1, 2*i+2, i
+		if l < n && less(&q.evs[l], &q.evs[m]) {
+			m = l
+		}
+		if r < n && less(&q.evs[r], &q.evs[m]) {
+			m = r
+		}
+		if m == i {
+			break
+		}
+		q.evs[i], q.evs[m] = q.evs[m], q.evs[i]
+		i = m
+	}
+	return top
+}

@@ -1,0 +1,63 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+
+	"kvrouter/internal/bench/report"
+	"kvrouter/internal/enginesim"
+	"kvrouter/internal/workload"
+)
+
+func nan() float64 { return math.NaN() }
+
+// prefillRate is the engines' prefill throughput in tokens/s under cfg.
+func (cfg *Config) prefillRate() float64 {
+	if r := cfg.Engine.Timing.PrefillTokensPerSec; r > 0 {
+		return r
+	}
+	t, _, err := enginesim.Profile(cfg.Engine.Profile)
+	if err != nil {
+		return 0
+	}
+	return t.PrefillTokensPerSec
+}
+
+// Run simulates every policy of cfg on w, Parallel policies at a time, and
+// returns their Runs in cfg.Policies order. Errors: a bad config (all
+// problems joined), ctx cancelled, or a request that never finished (a bug).
+func Run(ctx context.Context, cfg Config, w *workload.Workload) ([]*report.Run, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("sim: %w", err)
+	}
+	runs := make([]*report.Run, len(cfg.Policies))
+	errs := make([]error, len(cfg.Policies))
+	sem := make(chan struct{}, cfg.Parallel)
+	var wg sync.WaitGroup
+	for i, p := range cfg.Policies {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			defer func() {
+				if v := recover(); v != nil {
+					errs[i] = fmt.Errorf("sim %s: panic: %v", p, v)
+				}
+			}()
+			f, err := newFleet(cfg, p, w, cfg.Seed+uint64(i)*0x9e3779b97f4a7c15)
+			if err != nil {
+				errs[i] = fmt.Errorf("sim %s: %w", p, err)
+				return
+			}
+			runs[i], errs[i] = f.simulate(ctx)
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return runs, nil
+}
