@@ -157,4 +157,3 @@ func poisson(w *workload.Workload, err error, o ScenarioOptions, rng *rand.Rand)
 	rate := o.Load * float64(o.Replicas) * o.PrefillRate / perReq
 	return workload.Poisson(w, rate, rng)
 }
-
