@@ -60,14 +60,13 @@ type Endpoint struct {
 
 	inFlight atomic.Int64
 
-	mu          sync.Mutex
-	down        bool
-	downUntil   time.Time
-	backoff     time.Duration
-	serverErrs  int
-	backpress   int
-	probed      bool // a probe has succeeded (or probes are off)
-	lastMetrics time.Time
+	mu         sync.Mutex
+	down       bool
+	downUntil  time.Time
+	backoff    time.Duration
+	serverErrs int
+	backpress  int
+	probed     bool // a probe has succeeded (or probes are off)
 }
 
 // Name is the endpoint's label (metrics, logs, x-kvrouter-replica).

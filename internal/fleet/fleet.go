@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"kvrouter/internal/vllm/enginemetrics"
 )
 
 // ErrNoEndpoint means no endpoint of the requested model may receive traffic
@@ -54,6 +56,10 @@ type Config struct {
 	// ejection (default 1s); it doubles per ejection without a healthy probe
 	// in between, up to BackoffMax (default 30s).
 	BackoffBase, BackoffMax time.Duration
+	// OnMetrics, if not nil, receives each successful scrape of an
+	// endpoint's /metrics (load gauges, block size, number of GPU blocks).
+	// It is called from Run's goroutines and must not block.
+	OnMetrics func(ep *Endpoint, m enginemetrics.Metrics)
 	// Client sends probes, scrapes and model listings (default: a client
 	// with its own transport).
 	Client *http.Client

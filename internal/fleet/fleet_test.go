@@ -17,6 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
+
+	"kvrouter/internal/vllm/enginemetrics"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -325,4 +327,35 @@ func FuzzDecodeModelList(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestScrape(t *testing.T) {
+	metrics := "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 3\n" +
+		"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\",model_name=\"m\"} 5\n" +
+		"# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"32\",num_gpu_blocks=\"1000\",prefix_caching_hash_algo=\"sha256\"} 1\n"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			io.WriteString(w, metrics)
+		}
+	}))
+	defer srv.Close()
+	got := make(chan enginemetrics.Metrics, 1)
+	f, _ := newTestFleet(t, Config{Endpoints: []EndpointConfig{{URL: srv.URL, Models: []string{"m"}}},
+		ProbeInterval: -1, ScrapeInterval: time.Hour,
+		OnMetrics: func(ep *Endpoint, m enginemetrics.Metrics) {
+			select {
+			case got <- m:
+			default:
+			}
+		}})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error)
+	go func() { done <- f.Run(ctx) }()
+	m := <-got
+	cancel()
+	<-done
+	f.cfg.Client.CloseIdleConnections()
+	if m.Waiting != 3 || m.Running != 5 || m.BlockSize != 32 || m.NumGPUBlocks != 1000 {
+		t.Errorf("scraped %+v", m)
+	}
 }
