@@ -38,7 +38,7 @@ func NewApprox(cfg Config, log *slog.Logger, reg Registerer) (*Approx, error) {
 		cfg:  cfg,
 		root: Root(cfg.Model, cfg.Pool),
 		log:  log.With("model", cfg.Model, "pool", cfg.Pool),
-		st:   newStore(true, false),
+		st:   newStore(true, false, false),
 		reps: newReplicas(),
 	}
 	if err := newMetrics(reg, "approx", cfg, a.Stats); err != nil {
@@ -141,8 +141,7 @@ func (a *Approx) Routed(id ReplicaID, keys []Key) {
 			a.st.touch(idx)
 			continue
 		}
-		idx := a.st.insert(src, k, exp)
-		a.st.ents[idx].refs[0] = 1
+		a.st.insert(src, k, exp, 0)
 		a.c.stored.Add(1)
 	}
 	a.evict(id, now)

@@ -53,7 +53,7 @@ func NewExact(cfg Config, log *slog.Logger, reg Registerer) (*Exact, error) {
 		cfg:   cfg,
 		root:  Root(cfg.Model, cfg.Pool),
 		log:   log.With("model", cfg.Model, "pool", cfg.Pool),
-		st:    newStore(false, true),
+		st:    newStore(false, true, true),
 		reps:  newReplicas(),
 		srcOf: make(map[srcKey]uint32),
 	}
@@ -218,8 +218,7 @@ func (x *Exact) stored(id ReplicaID, rank int32, ev *vllm.Event) {
 		// stored before on another medium can be placed.
 		for _, h := range ev.BlockHashes {
 			if idx := x.st.find(src, uint64(h)); idx != 0 {
-				e := &x.st.ents[idx]
-				e.refs[m] = satInc(e.refs[m])
+				x.st.setRef(idx, int(m), satInc(x.st.ents[idx].refs[m]))
 				x.st.touch(idx)
 				x.c.duplicates.Add(1)
 			} else {
@@ -287,19 +286,16 @@ func (x *Exact) stored(id ReplicaID, rank int32, ev *vllm.Event) {
 		}
 		switch {
 		case idx == 0:
-			idx = x.st.insert(src, k, uint64(h))
-			x.st.ents[idx].refs[m] = 1
+			x.st.insert(src, k, uint64(h), int(m))
 			x.c.stored.Add(1)
 		case hit:
-			e := &x.st.ents[idx]
-			if e.refs[m] == 0 {
-				e.refs[m] = 1
+			if x.st.ents[idx].refs[m] == 0 {
+				x.st.setRef(idx, int(m), 1)
 			}
 			x.st.touch(idx)
 			x.c.hitReports.Add(1)
 		default:
-			e := &x.st.ents[idx]
-			e.refs[m] = satInc(e.refs[m])
+			x.st.setRef(idx, int(m), satInc(x.st.ents[idx].refs[m]))
 			x.st.touch(idx)
 			x.c.duplicates.Add(1)
 		}
@@ -322,12 +318,14 @@ func (x *Exact) removed(id ReplicaID, rank int32, ev *vllm.Event) {
 			x.c.unknownRemoved.Add(1)
 			continue
 		}
-		e := &x.st.ents[idx]
-		e.refs[m]--
-		if e.refs == [3]uint16{} {
+		left := x.st.ents[idx].refs
+		left[m]--
+		if left == [3]uint16{} {
 			x.st.remove(idx)
 			x.c.removed.Add(1)
+			continue
 		}
+		x.st.setRef(idx, int(m), left[m])
 	}
 }
 
@@ -355,6 +353,21 @@ func (x *Exact) Lookup(keys []Key, out []Match) []Match {
 		defer x.pred.mu.RUnlock()
 		now = uint64(x.cfg.Now().UnixNano())
 	}
+	if len(out) <= 64*maxWords {
+		var pst *store
+		if predict {
+			pst = &x.pred.st
+		}
+		lookupSets(&x.st, pst, now, keys, out)
+		return out
+	}
+	return x.lookupWalk(keys, out, predict, now)
+}
+
+// lookupWalk is Lookup for fleets beyond the bit sets' 64*maxWords replicas:
+// it visits every holder of every key on the path. Caller holds x.mu (and
+// x.pred.mu when predict).
+func (x *Exact) lookupWalk(keys []Key, out []Match, predict bool, now uint64) []Match {
 	for i, k := range keys {
 		grew := walk(&x.st, k, int32(i), out, tierGPU, 0)
 		if predict {
@@ -394,8 +407,15 @@ func (x *Exact) Routed(id ReplicaID, keys []Key) {
 // holds x.mu.
 func (x *Exact) heldPrefix(id ReplicaID, keys []Key) int {
 	for i, k := range keys {
+		v := x.st.keys.find(&x.st, uint64(k))
+		if v&recTag != 0 {
+			if getCode(x.st.rec(v), id) == codeNone {
+				return i
+			}
+			continue
+		}
 		found := false
-		for idx := x.st.head(k); idx != 0; idx = x.st.ents[idx].next {
+		for idx := v; idx != 0; idx = x.st.ents[idx].next {
 			e := &x.st.ents[idx]
 			if x.st.srcs[e.src].replica == id && e.refs != [3]uint16{} {
 				found = true

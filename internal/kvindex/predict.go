@@ -19,7 +19,7 @@ type predictor struct {
 }
 
 func newPredictor(ttl time.Duration, max int, c *counters) *predictor {
-	return &predictor{st: newStore(false, false), ttl: ttl, max: max, c: c}
+	return &predictor{st: newStore(false, false, false), ttl: ttl, max: max, c: c}
 }
 
 // source returns r's source id, creating it when create is set; ok false
@@ -53,7 +53,7 @@ func (p *predictor) add(r ReplicaID, keys []Key, now int64) {
 			p.st.touch(idx)
 			continue
 		}
-		p.st.insert(src, k, exp)
+		p.st.insert(src, k, exp, -1)
 		p.c.predicted.Add(1)
 		for p.st.n > p.max {
 			p.st.remove(p.st.oldest(0))

@@ -48,12 +48,19 @@ type store struct {
 	auxKeyed  bool    // source tables keyed by aux (exact) rather than key
 	n         int     // live entries
 	held      []int32 // live entries by ReplicaID
+	holderSets
 }
 
-func newStore(perSrcLRU, auxKeyed bool) store {
+// newStore returns an empty store. useRecs gives keys with recMin or more
+// holders a holder record (holders.go); only an index whose entries never
+// expire may use them.
+func newStore(perSrcLRU, auxKeyed, useRecs bool) store {
 	s := store{perSrcLRU: perSrcLRU, auxKeyed: auxKeyed}
 	s.ents = make([]entry, 1, 1024)
 	s.lists = make([]lru, 1)
+	if useRecs {
+		s.initRecs()
+	}
 	return s
 }
 
@@ -81,14 +88,21 @@ func (s *store) addSource(r ReplicaID, rank, group int32) uint32 {
 
 // find returns the entry of src under h (engine hash or key), or 0.
 func (s *store) find(src uint32, h uint64) uint32 {
-	return s.srcs[src].tab.find(s.ents, h)
+	return s.srcs[src].tab.find(s, h)
 }
 
 // head returns the first holder of key, or 0.
-func (s *store) head(k Key) uint32 { return s.keys.find(s.ents, uint64(k)) }
+func (s *store) head(k Key) uint32 {
+	v := s.keys.find(s, uint64(k))
+	if v&recTag != 0 {
+		return s.recHead(v)
+	}
+	return v
+}
 
-// insert adds a new entry and makes it the most recent of its list.
-func (s *store) insert(src uint32, k Key, aux uint64) uint32 {
+// insert adds a new entry holding one copy on medium m (m < 0: none) and
+// makes it the most recent of its list.
+func (s *store) insert(src uint32, k Key, aux uint64, m int) uint32 {
 	idx := s.free
 	if idx != 0 {
 		s.free = s.ents[idx].next
@@ -97,18 +111,22 @@ func (s *store) insert(src uint32, k Key, aux uint64) uint32 {
 		idx = uint32(len(s.ents) - 1)
 	}
 	s.ents[idx] = entry{key: k, aux: aux, src: src}
-	e := &s.ents[idx]
-	if i := s.keys.slot(s.ents, uint64(k)); i >= 0 {
-		e.next = s.keys.slots[i]
-		s.keys.slots[i] = idx
+	if m >= 0 {
+		s.ents[idx].refs[m] = 1
+	}
+	if s.recs != nil {
+		s.ensureWords(s.srcs[src].replica)
+	}
+	if i := s.keys.slot(s, uint64(k)); i >= 0 {
+		s.link(i, idx)
 	} else {
-		s.keys.insert(s.ents, uint64(k), idx)
+		s.keys.insert(s, uint64(k), idx)
 	}
 	h := uint64(k)
 	if s.auxKeyed {
 		h = aux
 	}
-	s.srcs[src].tab.insert(s.ents, h, idx)
+	s.srcs[src].tab.insert(s, h, idx)
 	s.pushFront(s.listOf(src), idx)
 	s.n++
 	r := s.srcs[src].replica
@@ -159,15 +177,19 @@ func (s *store) touch(idx uint32) {
 // unlinkKey removes idx from its key's holder chain.
 func (s *store) unlinkKey(idx uint32) {
 	e := &s.ents[idx]
-	i := s.keys.slot(s.ents, uint64(e.key))
+	i := s.keys.slot(s, uint64(e.key))
 	if i < 0 {
+		return
+	}
+	if s.keys.slots[i]&recTag != 0 {
+		s.unlinkRec(i, idx)
 		return
 	}
 	if s.keys.slots[i] == idx {
 		if e.next != 0 {
 			s.keys.slots[i] = e.next
 		} else {
-			s.keys.deleteSlot(s.ents, i)
+			s.keys.deleteSlot(s, i)
 		}
 		return
 	}
@@ -187,8 +209,8 @@ func (s *store) remove(idx uint32) {
 	if s.auxKeyed {
 		h = e.aux
 	}
-	if i := src.tab.slot(s.ents, h); i >= 0 {
-		src.tab.deleteSlot(s.ents, i)
+	if i := src.tab.slot(s, h); i >= 0 {
+		src.tab.deleteSlot(s, i)
 	}
 	s.drop(idx)
 }
@@ -224,7 +246,7 @@ func (s *store) oldest(src uint32) uint32 { return s.listOf(src).tail }
 
 // bytes estimates the memory the store holds.
 func (s *store) bytes() int64 {
-	b := int64(cap(s.ents))*entrySize + s.keys.bytes()
+	b := int64(cap(s.ents))*entrySize + s.keys.bytes() + int64(cap(s.recs))*8
 	for i := range s.srcs {
 		b += s.srcs[i].tab.bytes()
 	}

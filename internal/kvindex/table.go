@@ -1,8 +1,9 @@
 package kvindex
 
 // table is an open-addressing hash set of entry indices with linear probing.
-// The keys live in the entries themselves (byAux: entry.aux, else entry.key),
-// so a slot costs 4 bytes. 0 marks an empty slot (entry 0 is a sentinel).
+// The keys live in the entries themselves (byAux: entry.aux, else entry.key)
+// or, for a key table value tagged recTag, in the key's holder record, so a
+// slot costs 4 bytes. 0 marks an empty slot (entry 0 is a sentinel).
 type table struct {
 	slots []uint32
 	n     int
@@ -20,15 +21,18 @@ func mix(h uint64) uint64 {
 	return h
 }
 
-func (t *table) keyOf(ents []entry, idx uint32) uint64 {
+func (t *table) keyOf(s *store, idx uint32) uint64 {
 	if t.byAux {
-		return ents[idx].aux
+		return s.ents[idx].aux
 	}
-	return uint64(ents[idx].key)
+	if idx&recTag != 0 {
+		return s.recs[int(idx&^recTag)*s.stride]
+	}
+	return uint64(s.ents[idx].key)
 }
 
 // find returns the entry index stored under h, or 0.
-func (t *table) find(ents []entry, h uint64) uint32 {
+func (t *table) find(s *store, h uint64) uint32 {
 	if t.n == 0 {
 		return 0
 	}
@@ -38,14 +42,14 @@ func (t *table) find(ents []entry, h uint64) uint32 {
 		if idx == 0 {
 			return 0
 		}
-		if t.keyOf(ents, idx) == h {
+		if t.keyOf(s, idx) == h {
 			return idx
 		}
 	}
 }
 
 // slot returns the slot index holding h, or -1.
-func (t *table) slot(ents []entry, h uint64) int {
+func (t *table) slot(s *store, h uint64) int {
 	if t.n == 0 {
 		return -1
 	}
@@ -55,16 +59,16 @@ func (t *table) slot(ents []entry, h uint64) int {
 		if idx == 0 {
 			return -1
 		}
-		if t.keyOf(ents, idx) == h {
+		if t.keyOf(s, idx) == h {
 			return int(i)
 		}
 	}
 }
 
 // insert adds idx under h, which must not be present.
-func (t *table) insert(ents []entry, h uint64, idx uint32) {
+func (t *table) insert(s *store, h uint64, idx uint32) {
 	if (t.n+1)*4 > len(t.slots)*3 {
-		t.grow(ents)
+		t.grow(s)
 	}
 	mask := uint64(len(t.slots) - 1)
 	i := mix(h) & mask
@@ -75,7 +79,7 @@ func (t *table) insert(ents []entry, h uint64, idx uint32) {
 	t.n++
 }
 
-func (t *table) grow(ents []entry) {
+func (t *table) grow(s *store) {
 	size := 16
 	if len(t.slots) > 0 {
 		size = len(t.slots) * 2
@@ -87,7 +91,7 @@ func (t *table) grow(ents []entry) {
 		if idx == 0 {
 			continue
 		}
-		i := mix(t.keyOf(ents, idx)) & mask
+		i := mix(t.keyOf(s, idx)) & mask
 		for t.slots[i] != 0 {
 			i = (i + 1) & mask
 		}
@@ -96,7 +100,7 @@ func (t *table) grow(ents []entry) {
 }
 
 // deleteSlot empties slot i, shifting later entries of its probe run back.
-func (t *table) deleteSlot(ents []entry, i int) {
+func (t *table) deleteSlot(s *store, i int) {
 	mask := len(t.slots) - 1
 	j := i
 	for {
@@ -105,7 +109,7 @@ func (t *table) deleteSlot(ents []entry, i int) {
 		if idx == 0 {
 			break
 		}
-		home := int(mix(t.keyOf(ents, idx))) & mask
+		home := int(mix(t.keyOf(s, idx))) & mask
 		// Move idx into the hole at i unless its home lies cyclically in (i, j].
 		if (i <= j && (home <= i || home > j)) || (i > j && home <= i && home > j) {
 			t.slots[i] = idx
