@@ -125,7 +125,7 @@ func (s *Server) try(x *exchange, ep *fleet.Endpoint, d Decision, canRetry bool)
 		return true
 	}
 	defer resp.Body.Close()
-	s.relay(x, ep, ctx, wd, resp)
+	s.relay(x, ep, ctx, wd, resp, d.FirstToken)
 	return false
 }
 

@@ -174,6 +174,7 @@ func (s *Server) routeInput(x *exchange, cands []string, dry bool) *RouteInput {
 		Tokens:     x.tokens,
 		Text:       x.req.promptText,
 		CacheSalt:  x.req.cacheSalt,
+		MaxTokens:  x.req.maxTokens,
 		Candidates: cands,
 		DryRun:     dry,
 	}

@@ -70,7 +70,10 @@ func outHeaders(dst, client http.Header, id, apiKey string) {
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 // relay writes the engine's response to the client as it arrives.
-func (s *Server) relay(x *exchange, ep *fleet.Endpoint, ctx context.Context, wd *watchdog, resp *http.Response) {
+func (s *Server) relay(x *exchange, ep *fleet.Endpoint, ctx context.Context, wd *watchdog, resp *http.Response, firstToken func()) {
+	if firstToken == nil {
+		firstToken = func() {}
+	}
 	h := x.w.Header()
 	copyHeaders(h, resp.Header, "X-Request-Id")
 	h.Set("X-Kvrouter-Replica", ep.Name())
@@ -92,9 +95,9 @@ func (s *Server) relay(x *exchange, ep *fleet.Endpoint, ctx context.Context, wd 
 	defer bufPool.Put(bp)
 	var err error
 	if sse {
-		err = s.copyEvents(x, wd, resp.Body, *bp)
+		err = s.copyEvents(x, wd, resp.Body, *bp, firstToken)
 	} else {
-		err = copyBody(x.w, wd, resp.Body, *bp)
+		err = copyBody(x.w, wd, resp.Body, *bp, firstToken)
 	}
 	if err == nil {
 		return
@@ -127,11 +130,16 @@ func (e *writeError) Unwrap() error { return e.err }
 
 // copyBody copies a non-event body through buf. It returns nil at EOF, a
 // *writeError when the client fails, else the read error.
-func copyBody(w http.ResponseWriter, wd *watchdog, body io.Reader, buf []byte) error {
+func copyBody(w http.ResponseWriter, wd *watchdog, body io.Reader, buf []byte, firstToken func()) error {
+	first := true
 	for {
 		n, err := body.Read(buf)
 		if n > 0 {
 			wd.progress()
+			if first {
+				first = false
+				firstToken()
+			}
 			if _, werr := w.Write(buf[:n]); werr != nil {
 				return &writeError{werr}
 			}
@@ -153,7 +161,7 @@ const maxPendingEvent = 1 << 20
 // whole events (ended by a blank line), so that a stream cut short never
 // leaves half an event before the error event. It observes time to first
 // token and inter-token latency per flushed write.
-func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byte) error {
+func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byte, firstToken func()) error {
 	rc := http.NewResponseController(x.w)
 	var pending []byte
 	var last time.Time
@@ -180,6 +188,7 @@ func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byt
 				}
 				now := time.Now()
 				if last.IsZero() {
+					firstToken()
 					s.m.ttft.WithLabelValues(model).Observe(now.Sub(x.start).Seconds())
 				} else {
 					s.m.itl.WithLabelValues(model).Observe(now.Sub(last).Seconds())

@@ -41,6 +41,8 @@ type request struct {
 	cacheSalt string
 	// xargs is the raw vllm_xargs object, nil when absent.
 	xargs json.RawMessage
+	// maxTokens is max_tokens or max_completion_tokens, 0 when absent.
+	maxTokens int
 }
 
 // wire is the decoding target: every field the router checks, kept raw so
@@ -52,6 +54,8 @@ type wire struct {
 	Prompt    json.RawMessage `json:"prompt"`
 	CacheSalt json.RawMessage `json:"cache_salt"`
 	VLLMXArgs json.RawMessage `json:"vllm_xargs"`
+	MaxTokens json.RawMessage `json:"max_tokens"`
+	MaxCompl  json.RawMessage `json:"max_completion_tokens"`
 }
 
 // parseRequest decodes and validates an OpenAI request body. Errors are
@@ -87,6 +91,19 @@ func parseRequest(k kind, body []byte) (*request, *apiError) {
 			return nil, badRequest("vllm_xargs", "vllm_xargs must be an object")
 		}
 		r.xargs = w.VLLMXArgs
+	}
+	for _, f := range []struct {
+		name string
+		raw  json.RawMessage
+	}{{"max_tokens", w.MaxTokens}, {"max_completion_tokens", w.MaxCompl}} {
+		if isNull(f.raw) {
+			continue
+		}
+		var n int
+		if err := json.Unmarshal(f.raw, &n); err != nil || n < 0 {
+			return nil, badRequest(f.name, f.name+" must be a non-negative integer")
+		}
+		r.maxTokens = max(r.maxTokens, n)
 	}
 	switch k {
 	case kindChat:

@@ -24,6 +24,9 @@ type RouteInput struct {
 	Text string
 	// Session is the first non-empty session header value, or "".
 	Session string
+	// MaxTokens is the request's max_tokens (or max_completion_tokens), 0
+	// when absent: the expected output length for decode load.
+	MaxTokens int
 	// CacheSalt is the request's cache_salt, or "".
 	CacheSalt string
 	// Candidates are the names of the replicas that may serve the request,
@@ -44,6 +47,10 @@ type Decision struct {
 	// once when the attempt ends (done, error, cancel or retry). Nil when
 	// nothing was recorded.
 	Release func()
+	// FirstToken, when not nil, is called once when the first response
+	// byte from the engine reaches the client (the request moves from
+	// prefill to decode in the load model).
+	FirstToken func()
 	// Shadow, when not nil, is what the shadow policy would have chosen
 	// (policy shadow): exported as metrics, never acted on.
 	Shadow *ShadowDecision

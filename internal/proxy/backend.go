@@ -1,0 +1,352 @@
+package proxy
+
+import (
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"kvrouter/internal/kvindex"
+	"kvrouter/internal/routing"
+	"kvrouter/internal/vllm"
+	"kvrouter/internal/vllm/enginemetrics"
+	"kvrouter/internal/vllm/kvevents"
+)
+
+// BackendConfig configures a Backend: one model group's routing.
+type BackendConfig struct {
+	// Model is the model name (the index's key space).
+	Model string
+	// Replicas are the engine names, as in the fleet.
+	Replicas []string
+	// Exact selects the event-fed index (some engine publishes KV events);
+	// otherwise the approximate index learns from routing decisions.
+	Exact bool
+	// Policy is the routing policy name, or PolicyShadow.
+	Policy string
+	// ShadowServe is the serving policy in shadow mode (default round_robin).
+	ShadowServe string
+	// Routing configures the router and its policies (Policy is overridden).
+	Routing routing.Config
+	// Index configures the index (Model and BlockSize are overridden).
+	Index kvindex.Config
+}
+
+// Backend is one model group's routing state: a kvindex over its engines,
+// a routing.Router over that index, and in shadow mode the kv policy whose
+// choices are computed and exported but not followed. It implements Router.
+//
+// The engines' block size is learned, from vllm:cache_config_info (Observe)
+// or from BlockStored events (Apply); until then it is the index default
+// (16). A different size rebuilds index and router (an index keyed with the
+// wrong block size never matches), losing what the old index held. Safe for
+// concurrent use.
+type Backend struct {
+	cfg      BackendConfig
+	log      *slog.Logger
+	ixReg    kvindex.Registerer
+	rtReg    routing.Registerer
+	mu       sync.Mutex // serializes rebuilds
+	cur      atomic.Pointer[generation]
+	rebuilds atomic.Int64
+}
+
+// generation is an index and router built for one block size.
+type generation struct {
+	blockSize int
+	root      kvindex.Key
+	exact     *kvindex.Exact
+	approx    *kvindex.Approx
+	router    *routing.Router
+	serving   string         // policy name that routes
+	shadow    routing.Policy // kv, in shadow mode; nil otherwise
+	explain   routing.Policy // a copy of the serving policy for dry runs
+	idOf      func(string) (kvindex.ReplicaID, bool)
+	lookup    func([]kvindex.Key, []kvindex.Match) []kvindex.Match
+	blocksOf  func(kvindex.ReplicaID) int
+}
+
+// NewBackend builds a Backend. ixReg and rtReg export the index's and the
+// router's statistics (kvindexprom.Wrap, routingprom.Wrap; nil: none); they
+// are registered once and follow rebuilds.
+func NewBackend(cfg BackendConfig, log *slog.Logger, ixReg kvindex.Registerer, rtReg routing.Registerer) (*Backend, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Policy == "" {
+		cfg.Policy = "kv"
+	}
+	if cfg.ShadowServe == "" {
+		cfg.ShadowServe = "round_robin"
+	}
+	b := &Backend{cfg: cfg, log: log.With("model", cfg.Model)}
+	if ixReg != nil {
+		b.ixReg = &onceIndexReg{reg: ixReg, stats: b.indexStats}
+	}
+	if rtReg != nil {
+		b.rtReg = &onceRouterReg{reg: rtReg, stats: b.routerStats}
+	}
+	g, err := b.build(cfg.Index.BlockSize)
+	if err != nil {
+		return nil, err
+	}
+	b.cur.Store(g)
+	return b, nil
+}
+
+func (b *Backend) build(blockSize int) (*generation, error) {
+	icfg := b.cfg.Index
+	icfg.Model, icfg.BlockSize = b.cfg.Model, blockSize
+	g := &generation{}
+	var ix routing.Index
+	if b.cfg.Exact {
+		x, err := kvindex.NewExact(icfg, b.log, b.ixReg)
+		if err != nil {
+			return nil, err
+		}
+		g.exact, ix, g.root, g.blockSize = x, x, x.Root(), x.BlockSize()
+		g.idOf, g.lookup, g.blocksOf = x.ReplicaID, x.Lookup, x.ReplicaBlocks
+	} else {
+		a, err := kvindex.NewApprox(icfg, b.log, b.ixReg)
+		if err != nil {
+			return nil, err
+		}
+		g.approx, ix, g.root, g.blockSize = a, a, a.Root(), a.BlockSize()
+		g.idOf, g.lookup, g.blocksOf = a.ReplicaID, a.Lookup, a.ReplicaBlocks
+	}
+	rcfg := b.cfg.Routing
+	rcfg.BlockSize = 0 // from the index
+	rcfg.Policy = b.cfg.Policy
+	if rcfg.Policy == PolicyShadow {
+		rcfg.Policy = b.cfg.ShadowServe
+		shadow, err := routing.NewPolicy("kv", rcfg)
+		if err != nil {
+			return nil, err
+		}
+		g.shadow = shadow
+	}
+	g.serving = rcfg.Policy
+	r, err := routing.New(rcfg, ix, b.log, b.rtReg)
+	if err != nil {
+		return nil, err
+	}
+	if g.explain, err = routing.NewPolicy(rcfg.Policy, routing.DefaultConfig(rcfg)); err != nil {
+		return nil, err
+	}
+	g.router = r
+	for _, name := range b.cfg.Replicas {
+		r.AddReplica(name)
+	}
+	return g, nil
+}
+
+// BlockSize returns the block size in tokens currently keyed with.
+func (b *Backend) BlockSize() int { return b.cur.Load().blockSize }
+
+// setBlockSize rebuilds index and router when n differs from the current
+// block size.
+func (b *Backend) setBlockSize(n int, source string) {
+	if n <= 0 || b.cur.Load().blockSize == n {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	old := b.cur.Load()
+	if old.blockSize == n {
+		return
+	}
+	g, err := b.build(n)
+	if err != nil {
+		b.log.Error("rebuilding index for a new block size", "block_size", n, "err", err)
+		return
+	}
+	b.cur.Store(g)
+	b.rebuilds.Add(1)
+	b.log.Info("block size learned, index rebuilt", "block_size", n, "was", old.blockSize, "source", source)
+}
+
+// Observe takes one engine's scraped /metrics: load gauges for the router,
+// the block size and the number of GPU blocks (the approximate index's
+// capacity).
+func (b *Backend) Observe(engine string, m enginemetrics.Metrics, at time.Time) {
+	b.setBlockSize(m.BlockSize, "metrics")
+	g := b.cur.Load()
+	g.router.ObserveGauges(engine, routing.Gauges{Waiting: int(m.Waiting), Running: int(m.Running), KVUsage: m.KVCacheUsage, At: at})
+	if g.approx != nil && m.NumGPUBlocks > 0 {
+		g.approx.SetCapacity(engine, m.NumGPUBlocks*max(m.Engines, 1))
+	}
+}
+
+// Apply takes one KV event update of engine (from its kvevents.Subscriber):
+// a reset drops the engine rank's entries first; a BlockStored with a new
+// block size rebuilds the index.
+func (b *Backend) Apply(u kvevents.Update) {
+	for i := range u.Batch.Events {
+		if ev := &u.Batch.Events[i]; ev.Type == vllm.BlockStored && ev.IsFullAttention() && ev.BlockSize > 0 {
+			b.setBlockSize(ev.BlockSize, "events")
+			break
+		}
+	}
+	g := b.cur.Load()
+	if g.exact == nil {
+		return
+	}
+	if u.Reset != kvevents.ResetNone {
+		g.exact.Reset(u.Engine, u.Rank)
+	}
+	g.exact.Apply(u.Engine, &u.Batch)
+}
+
+// Route implements Router.
+func (b *Backend) Route(in *RouteInput) (Decision, error) {
+	g := b.cur.Load()
+	req := &routing.Request{
+		Tokens:     in.Tokens,
+		Text:       in.Text,
+		SessionKey: in.Session,
+		MaxTokens:  in.MaxTokens,
+		Extras:     kvindex.Extras{CacheSalt: in.CacheSalt},
+	}
+	for _, name := range b.cfg.Replicas {
+		if !slices.Contains(in.Candidates, name) {
+			req.Exclude = append(req.Exclude, name)
+		}
+	}
+	if in.DryRun {
+		d := b.evaluate(g, g.explain, req, in.Candidates)
+		out := Decision{Replica: d.Name, CachedTokens: cachedTokens(d, g.blockSize, len(in.Tokens)), Explain: explanation(d, g)}
+		if g.shadow != nil {
+			sd := b.evaluate(g, g.shadow, req, in.Candidates)
+			out.Shadow = &ShadowDecision{Replica: sd.Name, CachedTokens: cachedTokens(sd, g.blockSize, len(in.Tokens))}
+		}
+		if d.Index < 0 {
+			return out, fmt.Errorf("model %q: %w", b.cfg.Model, routing.ErrNoReplica)
+		}
+		return out, nil
+	}
+	var shadow *ShadowDecision
+	if g.shadow != nil { // before Route records the serving decision
+		sd := b.evaluate(g, g.shadow, req, in.Candidates)
+		shadow = &ShadowDecision{Replica: sd.Name, CachedTokens: cachedTokens(sd, g.blockSize, len(in.Tokens))}
+	}
+	d, lease, err := g.router.Route(req)
+	if err != nil {
+		return Decision{}, fmt.Errorf("model %q: %w", b.cfg.Model, err)
+	}
+	return Decision{
+		Replica:      d.Name,
+		CachedTokens: cachedTokens(d, g.blockSize, len(in.Tokens)),
+		Release:      lease.Release,
+		FirstToken:   lease.FirstToken,
+		Shadow:       shadow,
+		Explain:      explanation(d, g),
+	}, nil
+}
+
+// evaluate runs policy p over the candidates as Router.Route would (same
+// keys, index lookup and loads) without charging anything: no lease, no
+// predicted blocks.
+func (b *Backend) evaluate(g *generation, p routing.Policy, req *routing.Request, names []string) routing.Decision {
+	ex := req.Extras
+	ex.Root = g.root
+	keys := kvindex.Keys(nil, req.Tokens, g.blockSize, ex)
+	var matches []kvindex.Match
+	if len(keys) > 0 {
+		matches = g.lookup(keys, nil)
+	}
+	sorted := slices.Sorted(slices.Values(names))
+	cands := make([]routing.Candidate, 0, len(sorted))
+	for _, name := range sorted {
+		id, ok := g.idOf(name)
+		load, known := g.router.Load(name)
+		if !ok || !known {
+			continue
+		}
+		c := routing.Candidate{Name: name, ID: id, Held: g.blocksOf(id), Load: load}
+		if int(id) < len(matches) {
+			c.Match = matches[id]
+		}
+		cands = append(cands, c)
+	}
+	if len(cands) == 0 {
+		return routing.Decision{Index: -1}
+	}
+	return p.Pick(req, cands)
+}
+
+func cachedTokens(d routing.Decision, blockSize, prompt int) int {
+	n := d.Chosen().CachedBlocks * blockSize
+	if prompt > 0 {
+		n = min(n, prompt)
+	}
+	return n
+}
+
+// explanation is the JSON record of a decision for POST /v1/route.
+func explanation(d routing.Decision, g *generation) any {
+	type term struct {
+		Replica      string  `json:"replica"`
+		CachedBlocks int     `json:"cached_blocks"`
+		CachedTokens int     `json:"cached_tokens"`
+		NewTokens    float64 `json:"new_tokens"`
+		Cost         float64 `json:"cost"`
+	}
+	out := struct {
+		Policy     string `json:"policy"`
+		Reason     string `json:"reason"`
+		BlockSize  int    `json:"block_size"`
+		Candidates []term `json:"candidates"`
+	}{d.Policy, d.Reason, g.blockSize, make([]term, 0, len(d.Terms))}
+	for _, t := range d.Terms {
+		out.Candidates = append(out.Candidates, term{t.Name, t.CachedBlocks, t.CachedBlocks * g.blockSize, t.NewTokens, t.Cost})
+	}
+	return out
+}
+
+func (b *Backend) indexStats() kvindex.Stats {
+	g := b.cur.Load()
+	if g == nil {
+		return kvindex.Stats{}
+	}
+	if g.exact != nil {
+		return g.exact.Stats()
+	}
+	return g.approx.Stats()
+}
+
+func (b *Backend) routerStats() routing.Stats {
+	g := b.cur.Load()
+	if g == nil {
+		return routing.Stats{}
+	}
+	return g.router.Stats()
+}
+
+// onceIndexReg registers the first index's collector, reading whatever
+// index is current, and ignores later registrations (rebuilds).
+type onceIndexReg struct {
+	once  sync.Once
+	reg   kvindex.Registerer
+	stats func() kvindex.Stats
+}
+
+func (o *onceIndexReg) RegisterIndex(kind string, cfg kvindex.Config, _ func() kvindex.Stats) error {
+	var err error
+	o.once.Do(func() { err = o.reg.RegisterIndex(kind, cfg, o.stats) })
+	return err
+}
+
+// onceRouterReg is onceIndexReg for the router.
+type onceRouterReg struct {
+	once  sync.Once
+	reg   routing.Registerer
+	stats func() routing.Stats
+}
+
+func (o *onceRouterReg) RegisterRouter(policy string, _ func() routing.Stats) error {
+	var err error
+	o.once.Do(func() { err = o.reg.RegisterRouter(policy, o.stats) })
+	return err
+}
