@@ -5,8 +5,12 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
+
+	"kvrouter/internal/kvindex"
+	"kvrouter/internal/routing"
 )
 
 // Config is the router's configuration: the schema of router.yaml. A zero
@@ -71,9 +75,18 @@ type ModelConfig struct {
 	// ShadowServe is the policy that serves traffic in shadow mode
 	// (default round_robin).
 	ShadowServe string `yaml:"shadow_serve"`
-	// Weights are the routing cost weights, passed to the routing package
-	// by name (see docs/routing.md); absent names keep their defaults.
-	Weights map[string]float64 `yaml:"weights"`
+	// Routing configures the router: rates, the kv policy's weights, the
+	// peers' policies (see routing.Config; its policy and block_size fields
+	// are ignored: Policy above and the learned block size rule).
+	Routing routing.Config `yaml:"routing"`
+	// Index configures the block index (see kvindex.Config; model and
+	// block_size are ignored: the model name and the learned block size).
+	Index kvindex.Config `yaml:"index"`
+	// TokenizerMismatch is the reaction when the local tokenizer disagrees
+	// with the engine's /tokenize at start-up or later: render (default:
+	// ask the engine while they disagree), refuse (fail start-up) or
+	// continue (log and count).
+	TokenizerMismatch string `yaml:"tokenizer_mismatch"`
 	// SessionHeaders are request headers whose first non-empty value is
 	// the session key for the session policy and ties (default
 	// [x-session-id]).
@@ -146,11 +159,12 @@ func DefaultConfig() Config {
 // defaultModel returns a model's defaults.
 func defaultModel() ModelConfig {
 	return ModelConfig{
-		Tokenizer:      TokenizerRender,
-		Policy:         "kv",
-		ShadowServe:    "round_robin",
-		SessionHeaders: []string{"x-session-id"},
-		Retries:        1,
+		Tokenizer:         TokenizerRender,
+		TokenizerMismatch: "render",
+		Policy:            "kv",
+		ShadowServe:       "round_robin",
+		SessionHeaders:    []string{"x-session-id"},
+		Retries:           1,
 		Timeouts: TimeoutsConfig{
 			Connect:   5 * time.Second,
 			FirstByte: 5 * time.Minute,
@@ -189,6 +203,9 @@ func (c *Config) FillDefaults(getenv func(string) string) {
 		}
 		if m.ShadowServe == "" {
 			m.ShadowServe = dm.ShadowServe
+		}
+		if m.TokenizerMismatch == "" {
+			m.TokenizerMismatch = dm.TokenizerMismatch
 		}
 		if len(m.SessionHeaders) == 0 {
 			m.SessionHeaders = dm.SessionHeaders
@@ -259,6 +276,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, ferr("at least one model is required", "models"))
 	}
 	models := map[string]bool{}
+	engines := map[string]string{}
 	for i, m := range c.Models {
 		if m.Name == "" {
 			errs = append(errs, ferr("required", "models", i, "name"))
@@ -269,8 +287,16 @@ func (c *Config) Validate() error {
 		if len(m.Engines) == 0 {
 			errs = append(errs, ferr("at least one engine is required", "models", i, "engines"))
 		}
-		if m.Policy == PolicyShadow && m.ShadowServe == PolicyShadow {
-			errs = append(errs, ferr("cannot be shadow", "models", i, "shadow_serve"))
+		if m.Policy != PolicyShadow && !slices.Contains(routing.Policies(), m.Policy) {
+			errs = append(errs, ferr(fmt.Sprintf("unknown policy %q (known: shadow, %s)", m.Policy, strings.Join(routing.Policies(), ", ")), "models", i, "policy"))
+		}
+		if !slices.Contains(routing.Policies(), m.ShadowServe) {
+			errs = append(errs, ferr(fmt.Sprintf("unknown policy %q", m.ShadowServe), "models", i, "shadow_serve"))
+		}
+		switch m.TokenizerMismatch {
+		case "render", "refuse", "continue":
+		default:
+			errs = append(errs, ferr(fmt.Sprintf("%q: want render, refuse or continue", m.TokenizerMismatch), "models", i, "tokenizer_mismatch"))
 		}
 		for _, h := range m.SessionHeaders {
 			if h == "" {
@@ -278,6 +304,14 @@ func (c *Config) Validate() error {
 			}
 		}
 		for j, e := range m.Engines {
+			key := e.Name
+			if key == "" {
+				key = e.URL
+			}
+			if prev, ok := engines[key]; ok {
+				errs = append(errs, ferr(fmt.Sprintf("engine %q already listed (%s): an engine belongs to one model group", key, prev), "models", i, "engines", j))
+			}
+			engines[key] = pathString([]any{"models", i, "engines", j})
 			u, err := url.Parse(e.URL)
 			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 				errs = append(errs, ferr(fmt.Sprintf("%q: want http(s)://host:port", e.URL), "models", i, "engines", j, "url"))
