@@ -1,8 +1,164 @@
 package main
 
-import "context"
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"time"
 
-// runBench implements "kvrouter bench".
+	"kvrouter/internal/bench"
+	"kvrouter/internal/bench/report"
+	"kvrouter/internal/workload"
+)
+
+// workloadFlags are the workload options shared by bench and demo.
+type workloadFlags struct {
+	kind                  string
+	trace                 string
+	requests, skip        int
+	speed, rate           float64
+	maxInput, maxOutput   int
+	seed                  uint64
+	systemTokens, qTokens int
+	outputTokens, groups  int
+	promptTokens          int
+	hotShare              float64
+}
+
+func workloadKinds() []string {
+	return []string{"mooncake", "unique", "hot_prefix", "shared_prefix", "multi_turn"}
+}
+
+// buildWorkload makes the requests a bench or demo run replays.
+func (o *workloadFlags) build() (*workload.Workload, error) {
+	rng := rand.New(rand.NewPCG(o.seed, 0xbe4c))
+	var w *workload.Workload
+	var err error
+	n := o.requests
+	if n == 0 {
+		n = 200
+	}
+	out := o.outputTokens
+	switch o.kind {
+	case "mooncake":
+		var recs []workload.TraceRecord
+		if recs, err = readTrace(o.trace); err != nil {
+			return nil, err
+		}
+		w, err = workload.Mooncake(recs, workload.MooncakeOptions{Speed: o.speed, Skip: o.skip, Limit: o.requests, MaxInputTokens: o.maxInput, MaxOutputTokens: o.maxOutput})
+	case "unique":
+		w, err = workload.Unique{Requests: n, PromptTokens: o.promptTokens, OutputTokens: out}.Generate(rng)
+	case "hot_prefix":
+		w, err = workload.HotPrefix{Requests: n, HotShare: o.hotShare, PrefixTokens: o.systemTokens, SuffixTokens: o.qTokens, OutputTokens: out}.Generate(rng)
+	case "shared_prefix":
+		w, err = workload.SharedPrefix{Groups: o.groups, Prompts: max(1, n/o.groups), SystemTokens: o.systemTokens, QuestionTokens: o.qTokens, OutputTokens: out}.Generate(rng)
+	case "multi_turn":
+		w, err = workload.MultiTurn{Conversations: max(1, n/6), Turns: 6, SystemTokens: o.systemTokens, UserTokens: o.qTokens, OutputTokens: out, SharedSystem: true}.Generate(rng)
+	default:
+		return nil, fmt.Errorf("%w: unknown workload %q (known: %s)", errUsage, o.kind, strings.Join(workloadKinds(), ", "))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if o.kind != "mooncake" || o.rate > 0 {
+		rate := o.rate
+		if rate == 0 {
+			rate = 10
+		}
+		if err := workload.Poisson(w, rate, rng); err != nil {
+			return nil, fmt.Errorf("%w: %v", errUsage, err)
+		}
+	}
+	return w, nil
+}
+
+func (o *workloadFlags) register(fs interface {
+	StringVar(*string, string, string, string)
+	IntVar(*int, string, int, string)
+	Float64Var(*float64, string, float64, string)
+	Uint64Var(*uint64, string, uint64, string)
+}, defRequests int, defSpeed float64) {
+	fs.StringVar(&o.kind, "workload", "mooncake", "requests to replay: "+strings.Join(workloadKinds(), ", "))
+	fs.StringVar(&o.trace, "trace", "", "mooncake: trace file, JSON lines or gzip (default: the conversation trace embedded in the binary)")
+	fs.IntVar(&o.requests, "requests", defRequests, "mooncake: replay this many records (0: all); synthetic workloads: number of requests (0: 200)")
+	fs.IntVar(&o.skip, "skip", 0, "mooncake: skip this many records first")
+	fs.Float64Var(&o.speed, "speed", defSpeed, "mooncake: divide the trace's inter-arrival times by this")
+	fs.Float64Var(&o.rate, "rate", 0, "Poisson arrivals at this many requests/s (synthetic workloads: default 10; mooncake: replaces the trace's timestamps)")
+	fs.IntVar(&o.maxInput, "max-input-tokens", 0, "mooncake: truncate prompts to this many tokens (0: keep)")
+	fs.IntVar(&o.maxOutput, "max-output-tokens", 0, "mooncake: cap output lengths (0: keep)")
+	fs.IntVar(&o.promptTokens, "prompt-tokens", 2048, "unique: prompt length in tokens")
+	fs.IntVar(&o.systemTokens, "prefix-tokens", 2048, "hot_prefix, shared_prefix, multi_turn: shared prefix (system prompt) length in tokens")
+	fs.IntVar(&o.qTokens, "suffix-tokens", 256, "hot_prefix, shared_prefix, multi_turn: per-request suffix (question, user turn) length in tokens")
+	fs.IntVar(&o.outputTokens, "output-tokens", 128, "synthetic workloads: output length in tokens")
+	fs.IntVar(&o.groups, "groups", 16, "shared_prefix: number of prefix groups")
+	fs.Float64Var(&o.hotShare, "hot-share", 0.8, "hot_prefix: share of requests with the hot prefix (0..1)")
+	fs.Uint64Var(&o.seed, "seed", 1, "random seed (generators, Poisson arrivals, random policy)")
+}
+
+// runBench implements "kvrouter bench": replay a workload open-loop against
+// a kvrouter (--router) or against engines with client-side policies
+// (--engines, --policies), and print the comparison.
 func runBench(ctx context.Context, args []string, sio stdio) error {
-	return errNotBuilt
+	fs := newFlagSet("bench", "(--router URL | --engines URL,URL,...) [flags]\n\nReplays a workload open-loop against live servers over HTTP (streaming\n/v1/completions with token-id prompts) and prints TTFT, ITL, hit rate and\ngoodput per run. With --router, one run through a kvrouter (the replica is read\nfrom x-kvrouter-replica); with --engines, one run per client-side policy.", sio.err)
+	var wf workloadFlags
+	wf.register(fs, 0, 1)
+	router := fs.String("router", "", "base URL of a kvrouter (or any OpenAI server) to send every request to")
+	name := fs.String("name", "router", "with --router: the run's name in the report (e.g. the router's policy)")
+	engines := fs.String("engines", "", "comma-separated engine base URLs; requests are spread by --policies on the client side")
+	policies := fs.String("policies", bench.PolicyRoundRobin, "with --engines: comma-separated client-side policies, one run each: round_robin, least_load, random")
+	metrics := fs.String("metrics", "", "comma-separated engine base URLs whose /metrics give the engines' own hit rate and preemptions (default: --engines)")
+	reset := fs.Bool("reset", false, "POST /reset_prefix_cache to the --metrics engines before each run (vLLM needs VLLM_SERVER_DEV_MODE=1)")
+	model := fs.String("model", "", "model name to send (default: the first of the target's /v1/models)")
+	timeout := fs.Duration("timeout", 10*time.Minute, "per-request timeout")
+	maxInFlight := fs.Int("max-inflight", 4096, "concurrent request cap; requests due beyond it fail as \"overload\" (open loop)")
+	sloTTFT := fs.Duration("slo-ttft", 2*time.Second, "goodput SLO on time to first token")
+	sloITL := fs.Duration("slo-itl", 100*time.Millisecond, "goodput SLO on mean time per output token after the first")
+	asJSON := fs.Bool("json", false, "print the report as JSON instead of a markdown table")
+	htmlPath := fs.String("html", "", "also write a self-contained HTML report with plots to this file")
+	noProgress := fs.Bool("no-progress", false, "no progress bar (it is drawn only when stderr is a terminal anyway)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if (*router == "") == (*engines == "") {
+		return fmt.Errorf("%w: give exactly one of --router and --engines", errUsage)
+	}
+	w, err := wf.build()
+	if err != nil {
+		return err
+	}
+	base := bench.Config{Model: *model, Timeout: *timeout, MaxInFlight: *maxInFlight, Reset: *reset, Seed: wf.seed}
+	if *metrics != "" {
+		base.Metrics = splitList(*metrics)
+	}
+	if !*noProgress && bench.IsTerminal(sio.err) {
+		base.Progress = sio.err
+	}
+	var cfgs []bench.Config
+	if *router != "" {
+		c := base
+		c.Name, c.Targets, c.Policy = *name, []string{*router}, bench.PolicyRouter
+		cfgs = append(cfgs, c)
+	} else {
+		for _, p := range splitList(*policies) {
+			c := base
+			c.Name, c.Targets, c.Policy = p, splitList(*engines), p
+			cfgs = append(cfgs, c)
+		}
+	}
+	log := slog.New(slog.NewTextHandler(sio.err, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	var runs []*report.Run
+	for _, c := range cfgs {
+		run, err := bench.Run(ctx, c, w, nil, log)
+		if err != nil {
+			return err
+		}
+		runs = append(runs, run)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	rep := report.New("kvrouter bench: "+w.Name, w.Info(), runs, report.SLO{TTFT: *sloTTFT, ITL: *sloITL})
+	return writeReport(rep, *asJSON, *htmlPath, sio.out)
 }

@@ -1,8 +1,217 @@
 package main
 
-import "context"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"time"
 
-// runDemo implements "kvrouter demo".
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+
+	"kvrouter/internal/bench"
+	"kvrouter/internal/bench/report"
+	"kvrouter/internal/enginesim"
+	"kvrouter/internal/workload"
+)
+
+// demoEngine is one engine-sim started by the demo.
+type demoEngine struct {
+	Name   string
+	URL    string // http://127.0.0.1:PORT
+	Events string // KV event PUB endpoint, tcp://127.0.0.1:PORT
+	Replay string // replay ROUTER endpoint
+}
+
+// routerFactory starts a kvrouter in this process, routing among engines
+// with policy, and returns its base URL and a stop function that returns
+// once it has shut down. It returns errRouterNotBuilt until "kvrouter
+// serve" exists; the demo then runs the client-side baselines only.
+type routerFactory func(ctx context.Context, policy string, engines []demoEngine, log *slog.Logger) (url string, stop func() error, err error)
+
+// errRouterNotBuilt: no in-process kvrouter yet (the serve issue).
+var errRouterNotBuilt = errors.New("kvrouter serve is not built yet: only client-side policies can run")
+
+// startRouter is the demo's router. The serve issue replaces it with a
+// function that builds the same server "kvrouter serve" runs.
+var startRouter routerFactory = func(context.Context, string, []demoEngine, *slog.Logger) (string, func() error, error) {
+	return "", nil, errRouterNotBuilt
+}
+
+// demoTiming is enginesim's H100 profile made 10x faster, so that the
+// trace can be compressed 10x in time while queues, batching and cache
+// effects keep their proportions.
+func demoTiming() enginesim.Timing {
+	t, _, _ := enginesim.Profile(enginesim.ProfileH100)
+	t.StepOverhead /= 10
+	t.DecodePerSeq /= 10
+	t.PrefillTokensPerSec *= 10
+	t.CPULoadTokensPerSec *= 10
+	return t
+}
+
+// runDemo implements "kvrouter demo": 4 engine-sims and a kvrouter on
+// loopback, a time-compressed slice of the embedded Mooncake trace replayed
+// once per policy from cold caches, then the comparison table and an HTML
+// report.
 func runDemo(ctx context.Context, args []string, sio stdio) error {
-	return errNotBuilt
+	fs := newFlagSet("demo", "[flags]\n\nStarts 4 engine-sims (HTTP and ZeroMQ KV events on loopback) and a kvrouter per\npolicy in this process, replays a time-compressed slice of the embedded Mooncake\nconversation trace through each, prints the comparison and writes an HTML report.", sio.err)
+	policies := fs.String("policies", "round_robin,kv", "comma-separated router policies to compare, each from cold engines (kvrouter's policies, e.g. round_robin, least_load, kv, dynamo, llmd, sglang)")
+	engines := fs.Int("engines", 4, "engine-sims to start")
+	requests := fs.Int("requests", 400, "Mooncake records to replay")
+	skip := fs.Int("skip", 0, "Mooncake records to skip first")
+	speed := fs.Float64("speed", 0, "trace time compression (0: 10 x --engines / 4, matching the engines' 10x faster timing)")
+	blocks := fs.Int("num-gpu-blocks", 6000, "engine KV cache size in 16-token blocks (small, so that routing decides what stays cached)")
+	maxOut := fs.Int("max-output-tokens", 128, "cap on output lengths (keeps the stream volume within the time budget)")
+	htmlPath := fs.String("html", "kvrouter-demo.html", "HTML report file (empty: none)")
+	asJSON := fs.Bool("json", false, "print the report as JSON instead of a markdown table")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *engines < 1 || *requests < 1 {
+		return fmt.Errorf("%w: need at least one engine and one request", errUsage)
+	}
+	if *speed == 0 {
+		*speed = 10 * float64(*engines) / 4
+	}
+	recs, err := readTrace("")
+	if err != nil {
+		return err
+	}
+	// Prompts longer than the engines' context are cut to fit, as a client
+	// would have to.
+	maxIn := demoMaxModelLen(*blocks) - *maxOut
+	if maxIn < 1 || *maxOut < 1 {
+		return fmt.Errorf("%w: --num-gpu-blocks %d too small for --max-output-tokens %d", errUsage, *blocks, *maxOut)
+	}
+	w, err := workload.Mooncake(recs, workload.MooncakeOptions{Speed: *speed, Skip: *skip, Limit: *requests, MaxInputTokens: maxIn, MaxOutputTokens: *maxOut})
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(sio.err, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	fmt.Fprintf(sio.err, "demo: %d engine-sims, %d Mooncake requests over %.0f s, policies %s\n", *engines, len(w.Requests), w.Info().DurationS, *policies)
+	var runs []*report.Run
+	for _, p := range splitList(*policies) {
+		run, err := demoRun(ctx, p, *engines, *blocks, w, sio, log)
+		if err != nil {
+			if errors.Is(err, errRouterNotBuilt) {
+				fmt.Fprintf(sio.err, "demo: %s skipped: %v\n", p, err)
+				continue
+			}
+			return fmt.Errorf("policy %s: %w", p, err)
+		}
+		runs = append(runs, run)
+	}
+	rep := report.New(fmt.Sprintf("kvrouter demo: Mooncake slice, %d engine-sims", *engines), w.Info(), runs,
+		report.SLO{TTFT: 2 * time.Second / 10, ITL: 100 * time.Millisecond / 10})
+	rep.Setup = map[string]string{"engines": fmt.Sprint(*engines), "timing": "h100-llama3-8b x10", "speed": fmt.Sprint(*speed), "num_gpu_blocks": fmt.Sprint(*blocks)}
+	if err := writeReport(rep, *asJSON, *htmlPath, sio.out); err != nil {
+		return err
+	}
+	if *htmlPath != "" {
+		fmt.Fprintf(sio.err, "demo: HTML report written to %s\n", *htmlPath)
+	}
+	return nil
+}
+
+// demoRun starts cold engines, a router with policy (or, for the
+// client-side baselines when no router is built, none), replays w and
+// stops everything.
+func demoRun(ctx context.Context, policy string, n, blocks int, w *workload.Workload, sio stdio, log *slog.Logger) (*report.Run, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	g, gctx := errgroup.WithContext(ctx)
+	engines := make([]demoEngine, n)
+	for i := range engines {
+		e, err := startDemoEngine(gctx, g, i, blocks, log)
+		if err != nil {
+			cancel()
+			return nil, errors.Join(err, g.Wait())
+		}
+		engines[i] = e
+	}
+	var urls []string
+	for _, e := range engines {
+		urls = append(urls, e.URL)
+	}
+	cfg := bench.Config{Name: policy, Targets: urls, Policy: policy, Metrics: urls, Timeout: 2 * time.Minute}
+	if bench.IsTerminal(sio.err) {
+		cfg.Progress = sio.err
+	}
+	url, stop, err := startRouter(gctx, policy, engines, log)
+	switch {
+	case err == nil:
+		cfg.Targets, cfg.Policy = []string{url}, bench.PolicyRouter
+	case errors.Is(err, errRouterNotBuilt) && isClientPolicy(policy):
+		cfg.Name = policy + " (client-side)"
+	default:
+		cancel()
+		return nil, errors.Join(err, g.Wait())
+	}
+	run, err := bench.Run(gctx, cfg, w, nil, log)
+	if stop != nil {
+		err = errors.Join(err, stop())
+	}
+	cancel()
+	return run, errors.Join(err, g.Wait())
+}
+
+func isClientPolicy(p string) bool {
+	for _, c := range bench.Policies() {
+		if c == p && c != bench.PolicyRouter {
+			return true
+		}
+	}
+	return false
+}
+
+// startDemoEngine starts engine-sim i on a loopback port with KV events
+// and replay, and waits until its sockets are up.
+func startDemoEngine(ctx context.Context, g *errgroup.Group, i, blocks int, log *slog.Logger) (demoEngine, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return demoEngine{}, fmt.Errorf("engine %d: %w", i, err)
+	}
+	srv, err := enginesim.New(enginesim.Config{
+		Core:            enginesim.CoreConfig{NumGPUBlocks: blocks, MaxModelLen: demoMaxModelLen(blocks), Timing: demoTiming()},
+		ServedModelName: "demo-model",
+		KVEvents:        enginesim.KVEventsConfig{EnableKVCacheEvents: true, Endpoint: "tcp://*:0", ReplayEndpoint: "tcp://*:0"},
+	}, log.With("engine", i), prometheus.NewRegistry())
+	if err != nil {
+		ln.Close()
+		return demoEngine{}, fmt.Errorf("engine %d: %w", i, err)
+	}
+	g.Go(func() error { return srv.Serve(ctx, ln) })
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	pub, replay, err := srv.KVEventsAddrs(wctx)
+	if err != nil {
+		return demoEngine{}, fmt.Errorf("engine %d: kv events: %w", i, err)
+	}
+	return demoEngine{
+		Name:   fmt.Sprintf("engine-%d", i),
+		URL:    "http://" + ln.Addr().String(),
+		Events: loopback(pub),
+		Replay: loopback(replay),
+	}, nil
+}
+
+// demoMaxModelLen is the longest sequence an engine with blocks GPU blocks
+// accepts: what its cache holds (one block is vLLM's null block).
+func demoMaxModelLen(blocks int) int {
+	return min(enginesim.DefaultMaxModelLen, (blocks-1)*enginesim.DefaultBlockSize)
+}
+
+// loopback rewrites a wildcard bound address to 127.0.0.1.
+func loopback(addr string) string {
+	for _, wild := range []string{"0.0.0.0", "[::]", "*"} {
+		addr = strings.Replace(addr, wild, "127.0.0.1", 1)
+	}
+	if addr != "" && !strings.Contains(addr, "://") {
+		addr = "tcp://" + addr
+	}
+	return addr
 }

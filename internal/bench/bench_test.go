@@ -27,12 +27,15 @@ type fakeEngine struct {
 	requests  atomic.Int64
 	hits, qry atomic.Int64
 	sessions  atomic.Int64
+	resets    atomic.Int64
 }
 
 func (f *fakeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case "/v1/models":
 		fmt.Fprint(w, `{"object":"list","data":[{"id":"fake-model","object":"model"}]}`)
+	case "/reset_prefix_cache":
+		f.resets.Add(1)
 	case "/metrics":
 		fmt.Fprintf(w, "# HELP vllm:prefix_cache_hits_total hits\n# TYPE vllm:prefix_cache_hits_total counter\n")
 		fmt.Fprintf(w, "vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"fake-model\"} %d\n", f.hits.Load())
@@ -91,12 +94,15 @@ func TestRunDirectRoundRobin(t *testing.T) {
 	defer sa.Close()
 	defer sb.Close()
 	w := smallWorkload(t, 20)
-	run, err := Run(t.Context(), Config{Targets: []string{sa.URL, sb.URL + "/"}, Policy: PolicyRoundRobin}, w, nil, nil)
+	run, err := Run(t.Context(), Config{Targets: []string{sa.URL, sb.URL + "/"}, Policy: PolicyRoundRobin, Reset: true}, w, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(run.Samples) != 20 || a.requests.Load() != 10 || b.requests.Load() != 10 {
 		t.Fatalf("%d samples, %d/%d requests", len(run.Samples), a.requests.Load(), b.requests.Load())
+	}
+	if a.resets.Load() != 1 || b.resets.Load() != 1 {
+		t.Errorf("resets %d, %d; want 1 each", a.resets.Load(), b.resets.Load())
 	}
 	if a.sessions.Load() != 10 {
 		t.Errorf("session header on %d of 10 requests", a.sessions.Load())

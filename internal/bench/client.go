@@ -185,3 +185,23 @@ func (c *runner) scrape(ctx context.Context, base string) (counters, error) {
 	}
 	return cs, nil
 }
+
+// reset asks base to drop its prefix cache (POST /reset_prefix_cache).
+func (c *runner) reset(ctx context.Context, base string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/reset_prefix_cache", nil)
+	if err != nil {
+		return fmt.Errorf("reset %s: %w", base, err)
+	}
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("reset %s: %w", base, err)
+	}
+	defer resp.Body.Close()
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("reset %s: status %d", base, resp.StatusCode)
+	}
+	return nil
+}

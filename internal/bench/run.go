@@ -57,6 +57,10 @@ type Config struct {
 	// reached fails with Err "overload" instead of waiting, keeping the
 	// loop open (default 4096).
 	MaxInFlight int
+	// Reset posts /reset_prefix_cache to every Metrics engine before the
+	// run, so that runs start from cold caches (vLLM serves it when
+	// VLLM_SERVER_DEV_MODE=1; engine-sim always). A failed reset fails Run.
+	Reset bool
 	// Seed drives PolicyRandom.
 	Seed uint64
 	// Progress, when set, receives a progress bar redrawn in place four
@@ -148,6 +152,13 @@ func Run(ctx context.Context, cfg Config, w *workload.Workload, client *http.Cli
 			return nil, fmt.Errorf("bench: %w", err)
 		}
 		c.cfg.Model = m
+	}
+	if cfg.Reset {
+		for _, m := range cfg.Metrics {
+			if err := c.reset(ctx, strings.TrimRight(m, "/")); err != nil {
+				return nil, fmt.Errorf("bench: %w", err)
+			}
+		}
 	}
 	before, okBefore := c.scrapeAll(ctx)
 	run := &report.Run{Policy: cfg.Name, Preemptions: -1, EngineHitRate: math.NaN()}
