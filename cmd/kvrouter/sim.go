@@ -42,6 +42,7 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 	profile := fs.String("profile", enginesim.ProfileH100, "engine timing profile: "+strings.Join(enginesim.ProfileNames(), ", "))
 	blockSize := fs.Int("block-size", enginesim.DefaultBlockSize, "engine KV block size in tokens")
 	gpuBlocks := fs.Int("num-gpu-blocks", 0, "engine KV cache size in blocks (0: the profile's, 27000)")
+	maxModelLen := fs.Int("max-model-len", 0, "engine context length in tokens; longer requests are rejected (0: 131072, or what --num-gpu-blocks holds if less)")
 	maxSeqs := fs.Int("max-num-seqs", 0, "engine max running sequences (0: 1024)")
 	maxBatched := fs.Int("max-num-batched-tokens", 0, "engine token budget per step (0: 8192)")
 	eventDelay := fs.Duration("event-delay", 0, "KV event delivery delay from engine to index")
@@ -68,6 +69,10 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 		Seed:          *seed,
 		Parallel:      *parallel,
 	}
+	if *maxModelLen == 0 && *gpuBlocks > 1 && *blockSize > 0 {
+		*maxModelLen = min(enginesim.DefaultMaxModelLen, (*gpuBlocks-1)*(*blockSize))
+	}
+	cfg.Engine.MaxModelLen = *maxModelLen
 	timing, _, err := enginesim.Profile(*profile)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)

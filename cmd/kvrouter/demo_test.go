@@ -1,0 +1,25 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestDemoSmall runs the demo on a few requests: engines on loopback, the
+// comparison table, the HTML file. Policies that need kvrouter serve are
+// reported as skipped until it exists.
+func TestDemoSmall(t *testing.T) {
+	html := filepath.Join(t.TempDir(), "demo.html")
+	code, out, errs := runCmd(t, "demo", "--requests", "30", "--engines", "2", "--policies", "round_robin,least_load", "--max-output-tokens", "16", "--html", html)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if !strings.Contains(out, "| round_robin") || !strings.Contains(out, "| least_load") {
+		t.Fatalf("table:\n%s\nstderr:\n%s", out, errs)
+	}
+	if b, err := os.ReadFile(html); err != nil || !strings.Contains(string(b), "<svg") {
+		t.Fatalf("html: %v", err)
+	}
+}
