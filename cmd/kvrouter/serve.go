@@ -1,8 +1,272 @@
 package main
 
-import "context"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"time"
 
-// runServe implements "kvrouter serve".
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/sync/errgroup"
+
+	"kvrouter/internal/fleet"
+	"kvrouter/internal/kvindex/kvindexprom"
+	"kvrouter/internal/proxy"
+	"kvrouter/internal/routing/routingprom"
+	"kvrouter/internal/tokenizer"
+	"kvrouter/internal/vllm/enginemetrics"
+	"kvrouter/internal/vllm/kvevents"
+)
+
+// serveFlags are the parsed flags of "kvrouter serve".
+type serveFlags struct {
+	cfg      proxy.Config
+	pos      proxy.Positions
+	logLevel slog.Level
+}
+
+// parseServeFlags reads --config FILE, or builds a one-model configuration
+// from the quick-form flags.
+func parseServeFlags(args []string, getenv func(string) string, sio stdio) (*serveFlags, error) {
+	fs := newFlagSet("serve", "--config router.yaml | --model NAME --engine URL [--events tcp://..] [--replay tcp://..] ...", sio.err)
+	var (
+		config    = fs.String("config", "", "router.yaml (see docs/serve.md); excludes the quick-form flags")
+		listen    = fs.String("listen", "", "listen address (default :8080; overrides the file's)")
+		model     = fs.String("model", "", "quick form: the model name clients send")
+		tok       = fs.String("tokenizer", "", "quick form: tokenizer.json path or directory, render (ask the engine), or none (default render)")
+		policy    = fs.String("policy", "", "quick form: routing policy: kv (default), round_robin, random, least_load, session, prefix_chars, dynamo, llmd, sglang, shadow")
+		engines   listFlag
+		events    listFlag
+		replays   listFlag
+		logLevel  slog.Level
+		noHitRepo = fs.Bool("no-hit-report", false, "quick form: do not merge vllm_xargs.kv_cache_report_mode=full into requests")
+	)
+	fs.Var(&engines, "engine", "quick form: engine base URL, e.g. http://10.0.0.1:8000 (repeatable)")
+	fs.Var(&events, "events", "quick form: KV events endpoint of the n-th --engine, e.g. tcp://10.0.0.1:5557 (repeatable, in --engine order)")
+	fs.Var(&replays, "replay", "quick form: replay endpoint of the n-th --engine, e.g. tcp://10.0.0.1:5558 (repeatable, in --engine order)")
+	fs.TextVar(&logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
+	if err := parseFlags(fs, args); err != nil {
+		return nil, err
+	}
+	out := &serveFlags{logLevel: logLevel}
+	quick := *model != "" || len(engines) > 0 || len(events) > 0 || len(replays) > 0 || *tok != "" || *policy != "" || *noHitRepo
+	switch {
+	case *config != "" && quick:
+		return nil, fmt.Errorf("%w: --config excludes --model, --engine, --events, --replay, --tokenizer, --policy", errUsage)
+	case *config != "":
+		data, err := os.ReadFile(*config)
+		if err != nil {
+			return nil, err
+		}
+		cfg, pos, err := proxy.ParseConfig(data, getenv)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", *config, err)
+		}
+		out.cfg, out.pos = cfg, pos
+	default:
+		if *model == "" || len(engines) == 0 {
+			return nil, fmt.Errorf("%w: want --config FILE, or --model NAME and at least one --engine URL", errUsage)
+		}
+		if len(events) > len(engines) || len(replays) > len(engines) {
+			return nil, fmt.Errorf("%w: more --events or --replay than --engine (the n-th belongs to the n-th engine)", errUsage)
+		}
+		m := proxy.ModelConfig{Name: *model, Tokenizer: *tok, Policy: *policy, DisableHitReport: *noHitRepo}
+		for i, u := range engines {
+			e := proxy.EngineConfig{URL: u}
+			if i < len(events) {
+				e.Events = events[i]
+			}
+			if i < len(replays) {
+				e.Replay = replays[i]
+			}
+			m.Engines = append(m.Engines, e)
+		}
+		out.cfg = proxy.Config{Models: []proxy.ModelConfig{m}}
+		out.cfg.FillDefaults(getenv)
+		if err := out.cfg.Validate(); err != nil {
+			return nil, fmt.Errorf("%w: %v", errUsage, err)
+		}
+	}
+	if *listen != "" {
+		out.cfg.Listen = *listen
+	}
+	return out, nil
+}
+
+// runServe implements "kvrouter serve": it serves until ctx ends, then
+// drains.
 func runServe(ctx context.Context, args []string, sio stdio) error {
-	return errNotBuilt
+	fl, err := parseServeFlags(args, os.Getenv, sio)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(sio.err, &slog.HandlerOptions{Level: fl.logLevel}))
+	ln, err := net.Listen("tcp", fl.cfg.Listen)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(sio.err, "kvrouter serve: listening on http://%s\n", ln.Addr())
+	return serve(ctx, fl, ln, log)
+}
+
+// serve wires the fleet, one routing backend per model, the event
+// subscribers, the tokenizers and the HTTP server, and runs them until ctx
+// ends. It owns ln.
+func serve(ctx context.Context, fl *serveFlags, ln net.Listener, log *slog.Logger) error {
+	cfg := fl.cfg
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	backends := map[string]*proxy.Backend{}
+	modelOf := map[string]string{} // engine name -> model
+	var fcfg fleet.Config
+	var errs []error
+	for _, m := range cfg.Models {
+		for _, e := range m.Engines {
+			fcfg.Endpoints = append(fcfg.Endpoints, fleet.EndpointConfig{Name: e.Name, URL: e.URL, Models: []string{m.Name}, APIKey: e.APIKey})
+		}
+	}
+	h := cfg.Health
+	fcfg.ProbeInterval, fcfg.ProbeTimeout, fcfg.ScrapeInterval = h.ProbeInterval, h.ProbeTimeout, h.ScrapeInterval
+	fcfg.EjectAfterServerErrors, fcfg.EjectAfterBackpressure = h.EjectAfterServerErrors, h.EjectAfterBackpressure
+	fcfg.BackoffBase, fcfg.BackoffMax = h.BackoffBase, h.BackoffMax
+	fcfg.OnMetrics = func(ep *fleet.Endpoint, m enginemetrics.Metrics) {
+		if b := backends[modelOf[ep.Name()]]; b != nil {
+			b.Observe(ep.Name(), m, time.Now())
+		}
+	}
+	flt, err := fleet.New(fcfg, log, reg)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("fleet: %w", err)
+	}
+
+	subMetrics, err := kvevents.NewSubscriberMetrics(reg)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	ixReg := kvindexprom.Wrap(reg)
+	var subs []func(context.Context) error
+	var probes []*tokenizer.Probe
+	routers := map[string]proxy.Router{}
+	toks := map[string]proxy.Tokenizer{}
+	for i, m := range cfg.Models {
+		eps := flt.Endpoints(m.Name)
+		bc := proxy.BackendConfig{Model: m.Name, Policy: m.Policy, ShadowServe: m.ShadowServe, Routing: m.Routing, Index: m.Index}
+		for j, e := range m.Engines {
+			name := eps[j].Name()
+			bc.Replicas = append(bc.Replicas, name)
+			modelOf[name] = m.Name
+			bc.Exact = bc.Exact || e.Events != ""
+		}
+		rtReg := routingprom.Wrap(prometheus.WrapRegistererWith(prometheus.Labels{"model": m.Name}, reg))
+		b, err := proxy.NewBackend(bc, log, ixReg, rtReg)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", fl.pos.Field("models", i), err))
+			continue
+		}
+		backends[m.Name], routers[m.Name] = b, b
+		for j, e := range m.Engines {
+			if e.Events == "" {
+				continue
+			}
+			sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{
+				Engine: eps[j].Name(), Endpoint: e.Events, ReplayEndpoint: e.Replay, DPSize: e.DPSize,
+			}, log, subMetrics)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", fl.pos.Field("models", i, "engines", j, "events"), err))
+				continue
+			}
+			subs = append(subs, func(ctx context.Context) error { return sub.Run(ctx, b.Apply) })
+		}
+		src, probe, err := newTokenSource(m, eps[0], log, reg)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", fl.pos.Field("models", i, "tokenizer"), err))
+			continue
+		}
+		if src != nil {
+			toks[m.Name] = proxy.TokenSource{Src: src}
+		}
+		if probe != nil {
+			probes = append(probes, probe)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		ln.Close()
+		return err
+	}
+	srv, err := proxy.New(cfg, proxy.Deps{Fleet: flt, Routers: routers, Tokenizers: toks, Gatherer: reg}, log, reg)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	for _, p := range probes {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := p.Check(pctx)
+		cancel()
+		if errors.Is(err, tokenizer.ErrMismatch) {
+			ln.Close()
+			return err
+		}
+		if err != nil {
+			log.Warn("tokenizer probe could not ask the engine; retrying in the background", "err", err)
+		}
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return ignoreCanceled(flt.Run(gctx)) })
+	for _, run := range subs {
+		g.Go(func() error { return run(gctx) })
+	}
+	for _, p := range probes {
+		g.Go(func() error { defer p.Close(); return ignoreCanceled(p.Run(gctx)) })
+	}
+	g.Go(func() error { return srv.Run(gctx, ln) })
+	return g.Wait()
+}
+
+// newTokenSource builds a model's token source: nil for "none"; the engine's
+// render endpoints (first engine) for "render"; else a local tokenizer from
+// the path, with the engine as fallback and a mismatch probe.
+func newTokenSource(m proxy.ModelConfig, ep *fleet.Endpoint, log *slog.Logger, reg prometheus.Registerer) (*tokenizer.Source, *tokenizer.Probe, error) {
+	if m.Tokenizer == proxy.TokenizerNone {
+		return nil, nil, nil
+	}
+	remote, err := tokenizer.NewRemote(tokenizer.RemoteConfig{URL: ep.URL(), Model: m.Name}, log, reg)
+	if err != nil {
+		return nil, nil, err
+	}
+	if m.Tokenizer == proxy.TokenizerRender {
+		src, err := tokenizer.NewSource(nil, remote)
+		return src, nil, err
+	}
+	tok, err := tokenizer.Load(m.Tokenizer)
+	if err != nil {
+		return nil, nil, err
+	}
+	local, err := tokenizer.NewLocal(tok, tokenizer.ContentAuto)
+	if err != nil {
+		return nil, nil, err
+	}
+	src, err := tokenizer.NewSource(local, remote)
+	if err != nil {
+		return nil, nil, err
+	}
+	probe, err := tokenizer.NewProbe(tokenizer.ProbeConfig{Engine: ep.Name(), Reaction: tokenizer.Reaction(m.TokenizerMismatch)}, local, remote, src, log, reg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return src, probe, nil
+}
+
+func ignoreCanceled(err error) error {
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
 }
