@@ -30,6 +30,11 @@ type merge struct {
 	id   uint32
 }
 
+// sparseVocabSlack bounds vocabulary ids to 2*len(vocab)+sparseVocabSlack
+// (real vocabularies are dense, ids 0..n-1), so a hostile file cannot make
+// the id-indexed tables huge.
+const sparseVocabSlack = 1 << 16
+
 func pairKey(a, b uint32) uint64 { return uint64(a)<<32 | uint64(b) }
 
 type modelJSON struct {
@@ -78,6 +83,9 @@ func parseModel(raw json.RawMessage) (*bpe, error) {
 		} else {
 			b.odd[tok] = id
 		}
+	}
+	if limit := 2*len(m.Vocab) + sparseVocabSlack; int(maxID) >= limit {
+		return nil, fmt.Errorf("vocab id %d too large for %d entries (ids must be below %d)", maxID, len(m.Vocab), limit)
 	}
 	b.tokens = make([]string, int(maxID)+1)
 	for tok, id := range m.Vocab {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"encoding/json"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -167,4 +168,88 @@ func TestParseMalformed(t *testing.T) {
 			t.Errorf("Parse(%q) succeeded", in)
 		}
 	}
+}
+
+// tinyJSON is a minimal byte-level BPE tokenizer.json (256 byte symbols,
+// a few merges, one added token) with the given pre_tokenizer and
+// post_processor, used to seed FuzzParse.
+func tinyJSON(tb testing.TB, pre, post any) []byte {
+	tb.Helper()
+	vocab := map[string]int{}
+	for b := range 256 {
+		vocab[string(byteToChar[b])] = b
+	}
+	merges := [][2]string{{"Ġ", "t"}, {"h", "e"}, {"Ġt", "he"}, {"i", "n"}}
+	for i, m := range merges {
+		vocab[m[0]+m[1]] = 256 + i
+	}
+	m := obj("version", "1.0", "truncation", nil, "padding", nil,
+		"added_tokens", []any{obj("id", 260, "content", "<|x|>", "single_word", false, "lstrip", false, "rstrip", false, "normalized", false, "special", true)},
+		"normalizer", obj("type", "NFC"), "pre_tokenizer", pre, "post_processor", post,
+		"decoder", byteLevel(false, true),
+		"model", obj("type", "BPE", "vocab", vocab, "merges", merges, "ignore_merges", false))
+	b, err := json.Marshal(m)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return b
+}
+
+func TestTinyTokenizer(t *testing.T) {
+	tok, err := Parse(tinyJSON(t, byteLevel(false, true), nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// " the" -> Ġthe (259); "in" -> 259+... ; "<|x|>" is the added token.
+	if got, want := tok.Encode(" the<|x|>in", true), []uint32{258, 260, 259}; !slices.Equal(got, want) {
+		t.Errorf("Encode = %v, want %v", got, want)
+	}
+	if got := tok.Decode([]uint32{258, 260, 259}); got != " the<|x|>in" {
+		t.Errorf("Decode = %q", got)
+	}
+}
+
+// FuzzParse: Parse never panics on malformed tokenizer.json or
+// tokenizer_config.json, and whatever it accepts encodes and decodes
+// without panicking. The fuzzed tokenizer.json bytes are a JSON object
+// whose keys replace those of a tiny byte-level BPE (so inputs stay small
+// and reach the component decoders); bytes that are not a JSON object are
+// parsed as the whole file.
+func FuzzParse(f *testing.F) {
+	seed := func(kv ...any) []byte {
+		b, _ := json.Marshal(obj(kv...))
+		return b
+	}
+	bos := obj("SpecialToken", obj("id", "<|x|>", "type_id", 0))
+	seqA := obj("Sequence", obj("id", "A", "type_id", 0))
+	f.Add(seed("pre_tokenizer", byteLevel(false, true)), []byte(`{"bos_token": "<|x|>"}`))
+	f.Add(seed("pre_tokenizer", obj("type", "Sequence", "pretokenizers", []any{split(obj("Regex", llama3Pattern), "Isolated", false), byteLevel(false, false)}),
+		"post_processor", obj("type", "TemplateProcessing", "single", []any{bos, seqA}, "special_tokens", obj("<|x|>", obj("id", "<|x|>", "ids", []int{260})))), []byte(`{}`))
+	f.Add(seed("pre_tokenizer", obj("type", "Sequence", "pretokenizers", []any{split(obj("String", " "), "MergedWithNext", true), byteLevel(true, true)}),
+		"post_processor", obj("type", "RobertaProcessing", "sep", []any{"<|x|>", 260}, "cls", []any{"<|x|>", 260}),
+		"normalizer", obj("type", "Sequence", "normalizers", []any{obj("type", "NFKC"), obj("type", "Strip", "strip_left", true)})), []byte(nil))
+	f.Add(seed("added_tokens", []any{obj("id", 1, "content", "ab", "single_word", true, "lstrip", true, "rstrip", true, "normalized", true)}), []byte(`{"chat_template": [{"name": "a", "template": "b"}]}`))
+	f.Add([]byte(`{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a a"]}}`), []byte(`{"eos_token": {"content": "x"}}`))
+	var base map[string]any
+	if err := json.Unmarshal(tinyJSON(f, byteLevel(false, true), nil), &base); err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, tj, cj []byte) {
+		var over map[string]json.RawMessage
+		if json.Unmarshal(tj, &over) == nil {
+			m := maps.Clone(base)
+			for k, v := range over {
+				m[k] = v
+			}
+			tj, _ = json.Marshal(m)
+		}
+		tok, err := Parse(tj, cj)
+		if err != nil {
+			return
+		}
+		for _, s := range []string{"", " the in<|x|>ab", "中文 1234 \n\n it's"} {
+			tok.Decode(tok.Encode(s, true))
+		}
+		_ = tok.Config()
+	})
 }
