@@ -188,12 +188,16 @@ func BenchmarkMooncakeReplay(b *testing.B) {
 	b.ReportMetric(float64(ops)*float64(b.N)/b.Elapsed().Seconds(), "ops/s")
 	b.ReportMetric(float64(ops), "ops/replay")
 	b.ReportMetric(float64(last.Entries), "entries")
+	b.ReportMetric(float64(last.Stored), "stored/replay")
+	b.ReportMetric(float64(last.Removed), "removed/replay")
 }
 
 // BenchmarkBytesPerEntry measures the heap held per (block, engine) entry
-// with runtime.MemStats: 2^20 entries, each key held by 1 or 8 engines.
+// with runtime.MemStats: 2^20 entries, each of 2^20/holders distinct keys
+// held by 1, 2, 3 or 8 engines (up to 64 engines, 3 is the smallest holder
+// count with a holder record).
 func BenchmarkBytesPerEntry(b *testing.B) {
-	for _, holders := range []int{1, 8} {
+	for _, holders := range []int{1, 2, 3, 8} {
 		b.Run("holders="+string(rune('0'+holders)), func(b *testing.B) {
 			const entries, bs, perEvent = 1 << 20, 16, 32
 			ex := newExpander()
@@ -203,6 +207,7 @@ func BenchmarkBytesPerEntry(b *testing.B) {
 				var before, after runtime.MemStats
 				runtime.ReadMemStats(&before)
 				x, _ := NewExact(Config{BlockSize: bs, PredictTTL: -1}, nil, nil)
+				toks := make([]uint32, perEvent*bs)
 				keys := entries / holders
 				for e := range holders {
 					name := "engine-" + string(rune('a'+e))
@@ -211,10 +216,13 @@ func BenchmarkBytesPerEntry(b *testing.B) {
 						for j := range hs {
 							hs[j] = vllm.BlockHash(k + j + 1)
 						}
-						// Distinct chains of 32 blocks: tokens from the pool.
-						win := ex.pool[(k*bs)%poolSize:]
+						// Distinct chains of 32 blocks: tokens from the pool,
+						// the first one numbering the chain (the pool's
+						// windows repeat after 65,536 chains).
+						copy(toks, ex.pool[(k*bs)%poolSize:])
+						toks[0] = uint32(k)
 						x.Apply(name, &vllm.Batch{Events: []vllm.Event{{Type: vllm.BlockStored, BlockHashes: hs,
-							TokenIDs: win[:perEvent*bs], BlockSize: bs}}})
+							TokenIDs: toks, BlockSize: bs}}})
 					}
 				}
 				runtime.GC()

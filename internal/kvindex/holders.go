@@ -16,9 +16,6 @@ package kvindex
 
 const (
 	recTag = uint32(1) << 31
-	// recMin is the chain length at which a key gets a record; a record is
-	// dropped again when one entry is left (hysteresis).
-	recMin = 3
 )
 
 // Tier codes in records.
@@ -38,6 +35,12 @@ type holderSets struct {
 	freeRec uint32 // first free record, 0 = none
 	nrecs   int    // live records
 }
+
+// recMin is the chain length at which a key gets a record (a record is
+// dropped again when one entry is left): 3 for up to 64 replicas, more for
+// wider records, so that a record adds at most about 12 bytes per entry
+// (16+16*w bytes shared by recMin entries). Keys below it are walked.
+func (h *holderSets) recMin() uint32 { return max(3, uint32(16+16*h.w+11)/12) }
 
 func (h *holderSets) initRecs() {
 	h.w = 1
@@ -144,7 +147,7 @@ func (s *store) link(i int, idx uint32) {
 	for p := idx; p != 0; p = s.ents[p].next {
 		n++
 	}
-	if n < recMin {
+	if n < s.recMin() {
 		return
 	}
 	rv := s.newRec()

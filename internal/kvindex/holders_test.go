@@ -101,7 +101,7 @@ func (x *Exact) lookupAll(keys []Key) []Match {
 }
 
 // checkRecs verifies the holder records: one per key with 2 or more
-// entries reached through recMin, none for a single entry, and each
+// entries reached through recMin(), none for a single entry, and each
 // replica's code equal to its best entry's.
 func checkRecs(t *testing.T, st *store) {
 	t.Helper()
@@ -139,7 +139,7 @@ func checkRecs(t *testing.T, st *store) {
 		if v&recTag != 0 && n != int(st.rec(v)[1]>>32) {
 			t.Fatalf("record count %d, chain %d", st.rec(v)[1]>>32, n)
 		}
-		if v&recTag == 0 && n >= recMin {
+		if v&recTag == 0 && n >= int(st.recMin()) {
 			t.Fatalf("chain of %d entries without a record", n)
 		}
 	}

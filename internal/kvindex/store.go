@@ -78,7 +78,7 @@ func (s *store) listOf(src uint32) *lru {
 func (s *store) addSource(r ReplicaID, rank, group int32) uint32 {
 	for i := range s.srcs {
 		if !s.srcs[i].live && s.srcs[i].tab.n == 0 {
-			s.srcs[i] = source{tab: table{slots: s.srcs[i].tab.slots, byAux: s.auxKeyed}, replica: r, rank: rank, group: group, live: true}
+			s.srcs[i] = source{tab: table{slots: s.srcs[i].tab.slots, disp: s.srcs[i].tab.disp, byAux: s.auxKeyed}, replica: r, rank: rank, group: group, live: true}
 			return uint32(i)
 		}
 	}
