@@ -147,6 +147,7 @@ func FuzzEncode(f *testing.F) {
 		f.Add(c.Text)
 	}
 	f.Add("\xff\xfe<|im_start|>\xe4\xb8")
+	f.Add("<|im_start|>\u0338 it'ſa \u0085\ufeff") // NFC across an added token; ſ contraction; \s corners
 	tok := loadQwen(f)
 	f.Fuzz(func(t *testing.T, s string) {
 		checkRoundTrip(t, tok, s)
