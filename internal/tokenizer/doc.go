@@ -18,8 +18,16 @@
 // divergences from Hugging Face are listed in docs/tokenizer.md and pinned
 // by tests.
 //
+// Chat requests are rendered with the model's chat_template the way
+// transformers' apply_chat_template does (ChatTemplate, Local.EncodeChat).
+// For models whose files cannot be loaded, Remote asks the engine for the
+// exact ids (POST /v1/*/render, falling back to /tokenize). Probe compares
+// local and engine tokenization on a fixed probe and reacts to a mismatch;
+// Source is what the router calls: local ids, or the engine's when the probe
+// has switched it or the local renderer cannot reproduce a request.
+//
 // A *Tokenizer is immutable after Load/Parse apart from an internal bounded
 // word cache guarded by locks, so it is safe for concurrent use by many
-// goroutines. The package starts no goroutines and keeps no package-level
-// mutable state.
+// goroutines. The package keeps no package-level mutable state; the only
+// goroutine-owning method is Probe.Run, which returns when its ctx ends.
 package tokenizer
