@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"strings"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"kvrouter/internal/bench"
 	"kvrouter/internal/bench/report"
 	"kvrouter/internal/enginesim"
+	"kvrouter/internal/proxy"
 	"kvrouter/internal/workload"
 )
 
@@ -28,18 +30,64 @@ type demoEngine struct {
 
 // routerFactory starts a kvrouter in this process, routing among engines
 // with policy, and returns its base URL and a stop function that returns
-// once it has shut down. It returns errRouterNotBuilt until "kvrouter
-// serve" exists; the demo then runs the client-side baselines only.
+// once it has shut down.
 type routerFactory func(ctx context.Context, policy string, engines []demoEngine, log *slog.Logger) (url string, stop func() error, err error)
 
-// errRouterNotBuilt: no in-process kvrouter yet (the serve issue).
-var errRouterNotBuilt = errors.New("kvrouter serve is not built yet: only client-side policies can run")
-
-// startRouter is the demo's router. The serve issue replaces it with a
-// function that builds the same server "kvrouter serve" runs.
-var startRouter routerFactory = func(context.Context, string, []demoEngine, *slog.Logger) (string, func() error, error) {
-	return "", nil, errRouterNotBuilt
+// startRouter runs the server "kvrouter serve" runs, configured in its
+// quick form: one model, the engines with their KV event and replay
+// endpoints, token-id prompts (tokenizer none), the policy.
+var startRouter routerFactory = func(ctx context.Context, policy string, engines []demoEngine, log *slog.Logger) (string, func() error, error) {
+	m := proxy.ModelConfig{Name: demoModel, Tokenizer: proxy.TokenizerNone, Policy: policy}
+	for _, e := range engines {
+		m.Engines = append(m.Engines, proxy.EngineConfig{Name: e.Name, URL: e.URL, Events: e.Events, Replay: e.Replay})
+	}
+	cfg := proxy.Config{Models: []proxy.ModelConfig{m}}
+	cfg.FillDefaults(func(string) string { return "" })
+	if err := cfg.Validate(); err != nil {
+		return "", nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	url := "http://" + ln.Addr().String()
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, &serveFlags{cfg: cfg}, ln, log) }()
+	stop := func() error { cancel(); return <-done }
+	if err := waitReady(ctx, url+"/ready", done); err != nil {
+		return "", nil, errors.Join(err, stop())
+	}
+	return url, stop, nil
 }
+
+// waitReady polls url until it answers 200 (every engine probed, every
+// event subscriber connected), the server stops, or 30 s pass.
+func waitReady(ctx context.Context, url string, done <-chan error) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case err := <-done:
+			return fmt.Errorf("kvrouter stopped before it was ready: %v", err)
+		case <-ctx.Done():
+			return fmt.Errorf("kvrouter not ready: %w", ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// demoModel is the model name the demo's engines serve.
+const demoModel = "demo-model"
 
 // demoTiming is enginesim's H100 profile made 10x faster, so that the
 // trace can be compressed 10x in time while queues, batching and cache
@@ -64,7 +112,7 @@ func runDemo(ctx context.Context, args []string, sio stdio) error {
 	requests := fs.Int("requests", 400, "Mooncake records to replay")
 	skip := fs.Int("skip", 0, "Mooncake records to skip first")
 	speed := fs.Float64("speed", 0, "trace time compression (0: 10 x --engines / 4, matching the engines' 10x faster timing)")
-	blocks := fs.Int("num-gpu-blocks", 6000, "engine KV cache size in 16-token blocks (small, so that routing decides what stays cached)")
+	blocks := fs.Int("num-gpu-blocks", 27000, "engine KV cache size in 16-token blocks (27000: the h100 profile's)")
 	maxOut := fs.Int("max-output-tokens", 128, "cap on output lengths (keeps the stream volume within the time budget)")
 	htmlPath := fs.String("html", "kvrouter-demo.html", "HTML report file (empty: none)")
 	asJSON := fs.Bool("json", false, "print the report as JSON instead of a markdown table")
@@ -97,10 +145,6 @@ func runDemo(ctx context.Context, args []string, sio stdio) error {
 	for _, p := range splitList(*policies) {
 		run, err := demoRun(ctx, p, *engines, *blocks, w, sio, log)
 		if err != nil {
-			if errors.Is(err, errRouterNotBuilt) {
-				fmt.Fprintf(sio.err, "demo: %s skipped: %v\n", p, err)
-				continue
-			}
 			return fmt.Errorf("policy %s: %w", p, err)
 		}
 		runs = append(runs, run)
@@ -117,9 +161,8 @@ func runDemo(ctx context.Context, args []string, sio stdio) error {
 	return nil
 }
 
-// demoRun starts cold engines, a router with policy (or, for the
-// client-side baselines when no router is built, none), replays w and
-// stops everything.
+// demoRun starts cold engines and a kvrouter with policy in front of them,
+// replays w through the router and stops everything.
 func demoRun(ctx context.Context, policy string, n, blocks int, w *workload.Workload, sio stdio, log *slog.Logger) (*report.Run, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -137,19 +180,14 @@ func demoRun(ctx context.Context, policy string, n, blocks int, w *workload.Work
 	for _, e := range engines {
 		urls = append(urls, e.URL)
 	}
-	cfg := bench.Config{Name: policy, Targets: urls, Policy: policy, Metrics: urls, Timeout: 2 * time.Minute}
-	if bench.IsTerminal(sio.err) {
-		cfg.Progress = sio.err
-	}
 	url, stop, err := startRouter(gctx, policy, engines, log)
-	switch {
-	case err == nil:
-		cfg.Targets, cfg.Policy = []string{url}, bench.PolicyRouter
-	case errors.Is(err, errRouterNotBuilt) && isClientPolicy(policy):
-		cfg.Name = policy + " (client-side)"
-	default:
+	if err != nil {
 		cancel()
 		return nil, errors.Join(err, g.Wait())
+	}
+	cfg := bench.Config{Name: policy, Model: demoModel, Targets: []string{url}, Policy: bench.PolicyRouter, Metrics: urls, Timeout: 2 * time.Minute}
+	if bench.IsTerminal(sio.err) {
+		cfg.Progress = sio.err
 	}
 	run, err := bench.Run(gctx, cfg, w, nil, log)
 	if stop != nil {
@@ -157,15 +195,6 @@ func demoRun(ctx context.Context, policy string, n, blocks int, w *workload.Work
 	}
 	cancel()
 	return run, errors.Join(err, g.Wait())
-}
-
-func isClientPolicy(p string) bool {
-	for _, c := range bench.Policies() {
-		if c == p && c != bench.PolicyRouter {
-			return true
-		}
-	}
-	return false
 }
 
 // startDemoEngine starts engine-sim i on a loopback port with KV events
@@ -177,7 +206,7 @@ func startDemoEngine(ctx context.Context, g *errgroup.Group, i, blocks int, log 
 	}
 	srv, err := enginesim.New(enginesim.Config{
 		Core:            enginesim.CoreConfig{NumGPUBlocks: blocks, MaxModelLen: demoMaxModelLen(blocks), Timing: demoTiming()},
-		ServedModelName: "demo-model",
+		ServedModelName: demoModel,
 		KVEvents:        enginesim.KVEventsConfig{EnableKVCacheEvents: true, Endpoint: "tcp://*:0", ReplayEndpoint: "tcp://*:0"},
 	}, log.With("engine", i), prometheus.NewRegistry())
 	if err != nil {

@@ -7,16 +7,15 @@ import (
 	"testing"
 )
 
-// TestDemoSmall runs the demo on a few requests: engines on loopback, the
-// comparison table, the HTML file. Policies that need kvrouter serve are
-// reported as skipped until it exists.
+// TestDemoSmall runs the demo on a few requests: engine-sims and kvrouter
+// on loopback (HTTP and ZeroMQ), the comparison table, the HTML file.
 func TestDemoSmall(t *testing.T) {
 	html := filepath.Join(t.TempDir(), "demo.html")
-	code, out, errs := runCmd(t, "demo", "--requests", "30", "--engines", "2", "--policies", "round_robin,least_load", "--max-output-tokens", "16", "--html", html)
+	code, out, errs := runCmd(t, "demo", "--requests", "30", "--engines", "2", "--policies", "round_robin,kv", "--num-gpu-blocks", "2000", "--max-output-tokens", "16", "--html", html)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
-	if !strings.Contains(out, "| round_robin") || !strings.Contains(out, "| least_load") {
+	if !strings.Contains(out, "| round_robin") || !strings.Contains(out, "| kv") {
 		t.Fatalf("table:\n%s\nstderr:\n%s", out, errs)
 	}
 	if b, err := os.ReadFile(html); err != nil || !strings.Contains(string(b), "<svg") {
