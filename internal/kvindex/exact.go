@@ -23,6 +23,10 @@ type Exact struct {
 	st    store
 	reps  replicas
 	srcOf map[srcKey]uint32
+	// last source resolved (lastSrc+1; 0: none): batches carry runs of
+	// events of one rank and group
+	lastKey srcKey
+	lastSrc uint32
 	// writer scratch
 	keyBuf  []Key
 	confirm []confirmation
@@ -139,6 +143,7 @@ func (x *Exact) clear(f func(srcKey) bool) {
 		x.c.cleared.Add(int64(x.st.clearSource(s)))
 		x.st.srcs[s].live = false
 		delete(x.srcOf, k)
+		x.lastSrc = 0
 	}
 }
 
@@ -191,7 +196,11 @@ func (x *Exact) publish() {
 
 func (x *Exact) source(id ReplicaID, rank, group int32, create bool) (uint32, bool) {
 	k := srcKey{id, rank, group}
+	if x.lastSrc != 0 && x.lastKey == k {
+		return x.lastSrc - 1, true
+	}
 	if s, ok := x.srcOf[k]; ok {
+		x.lastKey, x.lastSrc = k, s+1
 		return s, true
 	}
 	if !create {
@@ -199,6 +208,7 @@ func (x *Exact) source(id ReplicaID, rank, group int32, create bool) (uint32, bo
 	}
 	s := x.st.addSource(id, rank, group)
 	x.srcOf[k] = s
+	x.lastKey, x.lastSrc = k, s+1
 	return s, true
 }
 

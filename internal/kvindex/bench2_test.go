@@ -1,0 +1,102 @@
+package kvindex
+
+import (
+	"fmt"
+	"testing"
+
+	"kvrouter/internal/vllm"
+)
+
+// BenchmarkLookupStaircase looks up a 240,000-token prompt (15,000 blocks
+// of 16) in an exact index where replica r of 96 holds the first (r+1)/96 of
+// it: 727,500 (block, replica) pairs on the path. Keys are hashed once,
+// outside the loop; routing's BenchmarkRoute adds hashing and the policy.
+func BenchmarkLookupStaircase(b *testing.B) {
+	const replicas, bs, blocks = 96, 16, 15_000
+	x, err := NewExact(Config{Model: "m", BlockSize: bs}, nil, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	prompt := seq(1, blocks*bs)
+	hs := make([]vllm.BlockHash, blocks)
+	for i := range hs {
+		hs[i] = vllm.BlockHash(i + 1)
+	}
+	pairs := 0
+	for r := range replicas {
+		n := (r + 1) * blocks / replicas
+		pairs += n
+		x.Apply(fmt.Sprintf("replica-%02d", r), &vllm.Batch{Events: []vllm.Event{{Type: vllm.BlockStored,
+			BlockHashes: hs[:n], TokenIDs: prompt[:n*bs], BlockSize: bs}}})
+	}
+	keys := Keys(nil, prompt, bs, Extras{Root: x.Root()})
+	out := make([]Match, 0, replicas)
+	b.ReportAllocs()
+	for b.Loop() {
+		out = x.Lookup(keys, out)
+	}
+	if out[replicas-1].GPU != blocks || out[0].GPU != blocks/replicas {
+		b.Fatalf("matches %+v ... %+v", out[0], out[replicas-1])
+	}
+	b.ReportMetric(float64(pairs), "pairs/lookup")
+}
+
+// BenchmarkChurn measures removal-heavy steady state: 16 engines each keep
+// their last 64 stored chains of 32 blocks (32,768 entries, each chain held
+// by 4 engines); one step is an engine storing a new chain (32 BlockStored
+// blocks with re-hashing) and removing its oldest (32 BlockRemoved events of
+// one block, as vLLM sends them). ops/s counts block operations.
+func BenchmarkChurn(b *testing.B) {
+	const engines, keep, chains, bs, perChain, share = 16, 64, 4096, 16, 32, 4
+	ex := newExpander()
+	stores := make([]*vllm.Batch, chains)
+	removes := make([]*vllm.Batch, chains)
+	for c := range chains {
+		toks := make([]uint32, perChain*bs)
+		copy(toks, ex.pool[(c*perChain*bs)%poolSize:])
+		toks[0] = uint32(c)
+		hs := make([]vllm.BlockHash, perChain)
+		rm := make([]vllm.Event, perChain)
+		for j := range hs {
+			hs[j] = vllm.BlockHash(c*perChain + j + 1)
+			rm[perChain-1-j] = vllm.Event{Type: vllm.BlockRemoved, BlockHashes: hs[j : j+1]}
+		}
+		stores[c] = &vllm.Batch{Events: []vllm.Event{{Type: vllm.BlockStored, BlockHashes: hs, TokenIDs: toks, BlockSize: bs}}}
+		removes[c] = &vllm.Batch{Events: rm}
+	}
+	names := make([]string, engines)
+	for e := range names {
+		names[e] = fmt.Sprintf("engine-%02d", e)
+	}
+	x, err := NewExact(Config{Model: "m", BlockSize: bs, PredictTTL: -1}, nil, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	chainAt := func(step int) int { return step / share % chains }
+	step := 0
+	do := func() {
+		e := step % engines
+		x.Apply(names[e], stores[chainAt(step)])
+		if old := step - engines*keep; old >= 0 {
+			x.Apply(names[e], removes[chainAt(old)])
+		}
+		step++
+	}
+	for range engines * keep {
+		do()
+	}
+	b.ReportAllocs()
+	cpu := cpuTime()
+	for b.Loop() {
+		do()
+	}
+	cpu = cpuTime() - cpu
+	s := x.Stats()
+	if s.UnknownRemoved != 0 || s.Entries != engines*keep*perChain {
+		b.Fatalf("churn inconsistent: %+v", s)
+	}
+	b.ReportMetric(float64(2*perChain)*float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+	if cpu > 0 {
+		b.ReportMetric(float64(2*perChain)*float64(b.N)/cpu.Seconds(), "ops/cpu-s")
+	}
+}
