@@ -132,7 +132,7 @@ func DefaultLoad(scenario string) float64 {
 	case "saturation":
 		return 0.8
 	case "hot_prefix":
-		return 1.5
+		return 3.0
 	case "scale_out", "multi_turn", "shared_prefix":
 		return 1.0
 	}

@@ -1,0 +1,45 @@
+package sim
+
+import (
+	"testing"
+
+	"kvrouter/internal/workload"
+)
+
+// BenchmarkRun simulates the Mooncake conversation trace with the default
+// policies (round_robin, least_load, kv, oracle), in parallel on
+// GOMAXPROCS. The goal is replicas=64/requests=24062 (the trace
+// twice) in at most 10 s. Run:
+//
+//	go test -run '^$' -bench BenchmarkRun -benchtime 1x ./internal/sim/
+func BenchmarkRun(b *testing.B) {
+	cases := []struct {
+		name     string
+		replicas int
+		limit    int
+		copies   int
+	}{
+		{"replicas=8/requests=2000", 8, 2000, 1},
+		{"replicas=64/requests=24062", 64, 0, 2},
+	}
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) {
+			sc, err := BuildScenario("mooncake", ScenarioOptions{Replicas: c.replicas, Requests: c.limit, Trace: trace(b)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			w, err := workload.Repeat(sc.Workload, c.copies)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := Run(b.Context(), Config{Replicas: c.replicas}, w); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(len(w.Requests)*b.N)/b.Elapsed().Seconds(), "requests/s")
+			b.ReportMetric(b.Elapsed().Seconds()/float64(b.N), "s/run")
+		})
+	}
+}
