@@ -29,6 +29,7 @@ type Exact struct {
 	lastSrc uint32
 	// writer scratch
 	keyBuf  []Key
+	sink    uint64 // keeps warm's loads alive
 	confirm []confirmation
 	warned  bool
 }
@@ -157,6 +158,7 @@ func (x *Exact) Apply(engine string, b *vllm.Batch) {
 		x.c.replicas.Store(int64(len(x.reps.byName)))
 	}
 	x.confirm = x.confirm[:0]
+	x.warmRemovals(id, int32(b.DataParallelRank), b)
 	for i := range b.Events {
 		ev := &b.Events[i]
 		switch ev.Type {
@@ -277,6 +279,7 @@ func (x *Exact) stored(id ReplicaID, rank int32, ev *vllm.Event) {
 		keys = append(keys, parent)
 	}
 	x.keyBuf = keys
+	x.warmStores(src, ev.BlockHashes, keys)
 	hit := false
 	if ev.ParentBlockHash == nil {
 		if idx := x.st.find(src, uint64(ev.BlockHashes[0])); idx != 0 && x.st.ents[idx].refs[m] > 0 {
@@ -394,14 +397,31 @@ func (x *Exact) lookupWalk(keys []Key, out []Match, predict bool, now uint64) []
 // blocks id does not hold yet are predicted for it (Match.Predicted) until
 // confirmed by a BlockStored or Config.PredictTTL passes. No-op when
 // prediction is off.
-func (x *Exact) Routed(id ReplicaID, keys []Key) {
+func (x *Exact) Routed(id ReplicaID, keys []Key) { x.routedFrom(id, keys, 0) }
+
+// RoutedMatch is Routed for a caller that has just looked keys up: m is id's
+// Match from that Lookup. When m has no predicted blocks, its m.Blocks()
+// leading blocks are held, so only the blocks after them are checked,
+// sparing a second walk of the prompt; otherwise it is Routed. A block of
+// that run removed between the Lookup and this call is not predicted.
+func (x *Exact) RoutedMatch(id ReplicaID, keys []Key, m Match) {
+	held := 0
+	if m.Predicted == 0 {
+		held = min(max(m.Blocks(), 0), len(keys))
+	}
+	x.routedFrom(id, keys, held)
+}
+
+// routedFrom is Routed knowing that id holds keys[:held].
+func (x *Exact) routedFrom(id ReplicaID, keys []Key, held int) {
 	if x.pred == nil || len(keys) == 0 {
 		return
 	}
 	x.mu.RLock()
-	held := 0
 	if int(id) < len(x.reps.names) && x.reps.names[id] != "" {
-		held = x.heldPrefix(id, keys)
+		held += x.heldPrefix(id, keys[held:])
+	} else {
+		held = 0
 	}
 	x.mu.RUnlock()
 	if held == len(keys) {

@@ -37,10 +37,10 @@ type holderSets struct {
 }
 
 // recMin is the chain length at which a key gets a record (a record is
-// dropped again when one entry is left): 3 for up to 64 replicas, more for
-// wider records, so that a record adds at most about 12 bytes per entry
-// (16+16*w bytes shared by recMin entries). Keys below it are walked.
-func (h *holderSets) recMin() uint32 { return max(3, uint32(16+16*h.w+11)/12) }
+// dropped again when one entry is left): 4 for up to 128 replicas, more for
+// wider records, so that a record adds at most about 10 bytes per entry
+// (16+16*w bytes shared by recMin or more entries). Keys below it are walked.
+func (h *holderSets) recMin() uint32 { return max(4, uint32(16+16*h.w+9)/10) }
 
 func (h *holderSets) initRecs() {
 	h.w = 1

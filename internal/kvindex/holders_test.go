@@ -70,6 +70,13 @@ func TestLookupSetsMatchesWalk(t *testing.T) {
 				}
 				for q := range prompts {
 					fast := x.Lookup(keys[q], nil)
+					// RoutedMatch's shortcut: a run without predicted
+					// blocks is held, and the block after it is not.
+					if m := fast[r]; m.Predicted == 0 {
+						if got, want := m.Blocks()+x.heldPrefix(ReplicaID(r), keys[q][m.Blocks():]), x.heldPrefix(ReplicaID(r), keys[q]); got != want {
+							t.Fatalf("step %d prompt %d replica %d: run %d + held after it = %d, held prefix %d", step, q, r, m.Blocks(), got, want)
+						}
+					}
 					slow := x.lookupAll(keys[q])
 					for i := range fast {
 						if fast[i] != slow[i] {

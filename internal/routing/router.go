@@ -37,6 +37,13 @@ type keySpace interface {
 	BlockSize() int
 }
 
+// matchRouter is the optional part of an Index (kvindex.Exact) that records
+// a decision knowing the chosen replica's Match from the Lookup just made,
+// so that it need not walk the prompt's held prefix again.
+type matchRouter interface {
+	RoutedMatch(id kvindex.ReplicaID, keys []kvindex.Key, m kvindex.Match)
+}
+
 // sizer is the optional part of an Index that reports per-replica sizes.
 type sizer interface {
 	ReplicaBlocks(id kvindex.ReplicaID) int
@@ -243,7 +250,11 @@ func (r *Router) Route(req *Request) (Decision, *Lease, error) {
 	}
 	rep := reps[d.Index]
 	if r.ix != nil && len(keys) > 0 {
-		r.ix.Routed(rep.id, keys)
+		if mr, ok := r.ix.(matchRouter); ok && int(rep.id) < len(s.matches) {
+			mr.RoutedMatch(rep.id, keys, s.matches[rep.id])
+		} else {
+			r.ix.Routed(rep.id, keys)
+		}
 	}
 	t := d.Chosen()
 	prompt := int64(req.promptTokens())
