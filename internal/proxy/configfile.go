@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -61,6 +62,43 @@ func (p Positions) line(path []any) int {
 	return line
 }
 
+// pathAt returns the path of the mapping key on line, or "".
+func (p Positions) pathAt(line int) string {
+	if p.root == nil {
+		return ""
+	}
+	var walk func(n *yaml.Node, path []any) string
+	walk = func(n *yaml.Node, path []any) string {
+		switch n.Kind {
+		case yaml.DocumentNode:
+			for _, c := range n.Content {
+				if r := walk(c, path); r != "" {
+					return r
+				}
+			}
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				k, v := n.Content[i], n.Content[i+1]
+				sub := append(append([]any{}, path...), k.Value)
+				if k.Line == line && v.Kind == yaml.ScalarNode {
+					return pathString(sub)
+				}
+				if r := walk(v, sub); r != "" {
+					return r
+				}
+			}
+		case yaml.SequenceNode:
+			for i, c := range n.Content {
+				if r := walk(c, append(append([]any{}, path...), i)); r != "" {
+					return r
+				}
+			}
+		}
+		return ""
+	}
+	return walk(p.root, nil)
+}
+
 // ParseConfig decodes router.yaml strictly (unknown fields are errors that
 // name the field and line), fills in defaults and environment overrides
 // (getenv: os.Getenv when nil), and validates; validation errors name the
@@ -78,6 +116,20 @@ func ParseConfig(data []byte, getenv func(string) string) (Config, Positions, er
 	if err := dec.Decode(&cfg); err != nil {
 		if errors.Is(err, io.EOF) {
 			return cfg, pos, errors.New("parse config: empty file")
+		}
+		var te *yaml.TypeError
+		if errors.As(err, &te) {
+			msgs := make([]string, len(te.Errors))
+			for i, e := range te.Errors {
+				msgs[i] = e
+				var line int
+				if _, serr := fmt.Sscanf(e, "line %d:", &line); serr == nil {
+					if path := pos.pathAt(line); path != "" {
+						msgs[i] = e + " (field " + path + ")"
+					}
+				}
+			}
+			return cfg, pos, fmt.Errorf("parse config: %s", strings.Join(msgs, "; "))
 		}
 		return cfg, pos, fmt.Errorf("parse config: %w", err)
 	}
