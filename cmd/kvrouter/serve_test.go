@@ -1,0 +1,91 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestServeQuickFlags(t *testing.T) {
+	var errb bytes.Buffer
+	fl, err := parseServeFlags([]string{"--listen", "127.0.0.1:0", "--model", "llama",
+		"--engine", "http://a:8000", "--engine", "http://b:8000", "--engine", "http://c:8000",
+		"--events", "tcp://a:5557", "--events", "tcp://b:5557", "--replay", "tcp://a:5558",
+		"--tokenizer", "none", "--policy", "least_load"}, func(string) string { return "" }, stdio{out: &errb, err: &errb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := fl.cfg
+	if c.Listen != "127.0.0.1:0" || len(c.Models) != 1 {
+		t.Fatalf("%+v", c)
+	}
+	m := c.Models[0]
+	if m.Name != "llama" || m.Tokenizer != "none" || m.Policy != "least_load" || len(m.Engines) != 3 {
+		t.Fatalf("%+v", m)
+	}
+	want := [][3]string{{"http://a:8000", "tcp://a:5557", "tcp://a:5558"}, {"http://b:8000", "tcp://b:5557", ""}, {"http://c:8000", "", ""}}
+	for i, w := range want {
+		if e := m.Engines[i]; e.URL != w[0] || e.Events != w[1] || e.Replay != w[2] {
+			t.Errorf("engine %d = %+v, want %v", i, e, w)
+		}
+	}
+}
+
+func TestServeFlagErrors(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	os.WriteFile(good, []byte("models: [{name: m, engines: [{url: 'http://a:1'}]}]\n"), 0o644)
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("models:\n  - name: m\n    engines:\n      - url: 'http://a:1'\n        event: tcp://a:5557\n"), 0o644)
+	tests := []struct {
+		name  string
+		args  []string
+		usage bool
+		want  string
+	}{
+		{"nothing", nil, true, "want --config FILE"},
+		{"engine without model", []string{"--engine", "http://a:1"}, true, "want --config"},
+		{"more events than engines", []string{"--model", "m", "--engine", "http://a:1", "--events", "tcp://a:1", "--events", "tcp://b:1"}, true, "more --events"},
+		{"config and quick form", []string{"--config", good, "--model", "m"}, true, "excludes"},
+		{"bad policy", []string{"--model", "m", "--engine", "http://a:1", "--policy", "best"}, true, `unknown policy "best"`},
+		{"bad url", []string{"--model", "m", "--engine", "a:1"}, true, "want http(s)"},
+		{"unknown field in file", []string{"--config", bad}, false, "line 5: field event not found"},
+		{"missing file", []string{"--config", filepath.Join(dir, "nope.yaml")}, false, "no such file"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var b bytes.Buffer
+			_, err := parseServeFlags(tt.args, func(string) string { return "" }, stdio{out: &b, err: &b})
+			if err == nil {
+				t.Fatal("want an error")
+			}
+			if errors.Is(err, errUsage) != tt.usage {
+				t.Errorf("usage error = %v, want %v (%v)", errors.Is(err, errUsage), tt.usage, err)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error %q lacks %q", err, tt.want)
+			}
+		})
+	}
+	fl, err := parseServeFlags([]string{"--config", good, "--listen", "127.0.0.1:9"}, func(string) string { return "" }, stdio{})
+	if err != nil || fl.cfg.Listen != "127.0.0.1:9" || fl.cfg.Models[0].Policy != "kv" {
+		t.Errorf("config + --listen: %+v %v", fl, err)
+	}
+}
+
+// TestServeCommand runs "kvrouter serve" through run() as main does, with a
+// bad tokenizer path: start-up fails naming the field and line.
+func TestServeCommandStartupError(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "router.yaml")
+	os.WriteFile(cfg, []byte("listen: 127.0.0.1:0\nmodels:\n  - name: m\n    tokenizer: /nonexistent/tok.json\n    engines: [{url: 'http://127.0.0.1:1'}]\n"), 0o644)
+	var out, errb bytes.Buffer
+	code := run(context.Background(), []string{"serve", "--config", cfg}, stdio{out: &out, err: &errb})
+	if code != 1 || !strings.Contains(errb.String(), "models[0].tokenizer (line 4)") {
+		t.Errorf("exit %d, stderr %q", code, errb.String())
+	}
+}
