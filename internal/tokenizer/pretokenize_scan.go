@@ -62,8 +62,14 @@ func class(r rune) uint8 {
 	}
 	switch {
 	case unicode.IsLetter(r):
+		if unicode.Is(newInUnicode17, r) {
+			return clsOther
+		}
 		return clsLetter
 	case unicode.IsNumber(r):
+		if unicode.Is(newInUnicode17, r) {
+			return clsOther
+		}
 		return clsNumber
 	case unicode.IsSpace(r):
 		return clsSpace
@@ -242,4 +248,46 @@ func scanGPT2(s string, i int) int {
 		return end
 	}
 	return lastStart
+}
+
+// newInUnicode17 holds the 4,657 code points that Go's unicode package
+// (Unicode 17.0.0 in Go 1.27) counts as \p{L} or \p{N} but Hugging Face
+// tokenizers 0.23.2's Oniguruma (Unicode 16 tables) does not: letters and
+// digits assigned in Unicode 17 (CJK Extension J, Tolong Siki, Beria Erfe,
+// Sidetic, Tangut additions, ...). Oniguruma treats them as [^\s\p{L}\p{N}],
+// so the scanners do too: "\U000323B0's" splits "\U000323B0'" + "s", not
+// "\U000323B0" + "'s". Derived by running each class regex through HF's own
+// Split pre-tokenizer on every code point U+0000-U+10FFFF and comparing with
+// unicode.IsLetter/IsNumber; \s agrees everywhere. See docs/tokenizer.md.
+var newInUnicode17 = &unicode.RangeTable{
+	R16: []unicode.Range16{
+		{0x088F, 0x088F, 1},
+		{0x0C5C, 0x0C5C, 1},
+		{0x0CDC, 0x0CDC, 1},
+		{0xA7CE, 0xA7CF, 1},
+		{0xA7D2, 0xA7D2, 1},
+		{0xA7D4, 0xA7D4, 1},
+		{0xA7F1, 0xA7F1, 1},
+	},
+	R32: []unicode.Range32{
+		{0x10940, 0x10959, 1},
+		{0x10EC5, 0x10EC7, 1},
+		{0x11DB0, 0x11DDB, 1},
+		{0x11DE0, 0x11DE9, 1},
+		{0x16EA0, 0x16EB8, 1},
+		{0x16EBB, 0x16ED3, 1},
+		{0x16FF2, 0x16FF6, 1},
+		{0x187F8, 0x187FF, 1},
+		{0x18D09, 0x18D1E, 1},
+		{0x18D80, 0x18DF2, 1},
+		{0x1E6C0, 0x1E6DE, 1},
+		{0x1E6E0, 0x1E6E2, 1},
+		{0x1E6E4, 0x1E6E5, 1},
+		{0x1E6E7, 0x1E6ED, 1},
+		{0x1E6F0, 0x1E6F4, 1},
+		{0x1E6FE, 0x1E6FF, 1},
+		{0x2B73A, 0x2B73F, 1},
+		{0x2CEA2, 0x2CEAD, 1},
+		{0x323B0, 0x33479, 1},
+	},
 }
