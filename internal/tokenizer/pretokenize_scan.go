@@ -252,9 +252,9 @@ func scanGPT2(s string, i int) int {
 
 // newInUnicode17 holds the 4,657 code points that Go's unicode package
 // (Unicode 17.0.0 in Go 1.27) counts as \p{L} or \p{N} but Hugging Face
-// tokenizers 0.23.2's Oniguruma (Unicode 16 tables) does not: letters and
-// digits assigned in Unicode 17 (CJK Extension J, Tolong Siki, Beria Erfe,
-// Sidetic, Tangut additions, ...). Oniguruma treats them as [^\s\p{L}\p{N}],
+// tokenizers 0.23.2's Oniguruma (older tables) does not: letters and
+// digits assigned in Unicode 17, e.g. CJK Extension J U+323B0-U+33479 and
+// the digits U+11DE0-U+11DE9. Oniguruma treats them as [^\s\p{L}\p{N}],
 // so the scanners do too: "\U000323B0's" splits "\U000323B0'" + "s", not
 // "\U000323B0" + "'s". Derived by running each class regex through HF's own
 // Split pre-tokenizer on every code point U+0000-U+10FFFF and comparing with
