@@ -165,7 +165,7 @@ func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byt
 	rc := http.NewResponseController(x.w)
 	var pending []byte
 	var last time.Time
-	model := x.req.model
+	ttft, itl := s.m.ttft.WithLabelValues(x.req.model), s.m.itl.WithLabelValues(x.req.model)
 	for {
 		n, err := body.Read(buf)
 		if n > 0 {
@@ -189,9 +189,9 @@ func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byt
 				now := time.Now()
 				if last.IsZero() {
 					firstToken()
-					s.m.ttft.WithLabelValues(model).Observe(now.Sub(x.start).Seconds())
+					ttft.Observe(now.Sub(x.start).Seconds())
 				} else {
-					s.m.itl.WithLabelValues(model).Observe(now.Sub(last).Seconds())
+					itl.Observe(now.Sub(last).Seconds())
 				}
 				last = now
 			}
