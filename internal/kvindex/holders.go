@@ -126,7 +126,7 @@ func (h *holderSets) freeRecord(v uint32) {
 // link prepends new entry idx to the holders of the key in key table slot
 // i, creating the key's record when the chain reaches recMin.
 func (s *store) link(i int, idx uint32) {
-	v := s.keys.slots[i]
+	v := s.keys.get(i)
 	e := &s.ents[idx]
 	if v&recTag != 0 {
 		r := s.rec(v)
@@ -139,7 +139,7 @@ func (s *store) link(i int, idx uint32) {
 		return
 	}
 	e.next = v
-	s.keys.slots[i] = idx
+	s.keys.put(i, idx)
 	if s.recs == nil {
 		return
 	}
@@ -161,13 +161,13 @@ func (s *store) link(i int, idx uint32) {
 			setCode(r, rep, c)
 		}
 	}
-	s.keys.slots[i] = rv
+	s.keys.put(i, rv)
 }
 
 // unlinkRec removes entry idx from the record in key table slot i, updating
 // its replica's tier code, and drops the record when one entry is left.
 func (s *store) unlinkRec(i int, idx uint32) {
-	v := s.keys.slots[i]
+	v := s.keys.get(i)
 	r := s.rec(v)
 	rep := s.srcs[s.ents[idx].src].replica
 	code := codeNone
@@ -193,7 +193,7 @@ func (s *store) unlinkRec(i int, idx uint32) {
 	setCode(r, rep, code)
 	n := uint32(r[1]>>32) - 1
 	if n <= 1 {
-		s.keys.slots[i] = uint32(r[1])
+		s.keys.put(i, uint32(r[1]))
 		s.freeRecord(v)
 		return
 	}

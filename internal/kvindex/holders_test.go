@@ -113,7 +113,8 @@ func (x *Exact) lookupAll(keys []Key) []Match {
 func checkRecs(t *testing.T, st *store) {
 	t.Helper()
 	recs := 0
-	for _, v := range st.keys.slots {
+	for i := range st.keys.size() {
+		v := st.keys.get(i)
 		if v == 0 {
 			continue
 		}

@@ -78,7 +78,7 @@ func (s *store) listOf(src uint32) *lru {
 func (s *store) addSource(r ReplicaID, rank, group int32) uint32 {
 	for i := range s.srcs {
 		if !s.srcs[i].live && s.srcs[i].tab.n == 0 {
-			s.srcs[i] = source{tab: table{slots: s.srcs[i].tab.slots, disp: s.srcs[i].tab.disp, byAux: s.auxKeyed}, replica: r, rank: rank, group: group, live: true}
+			s.srcs[i] = source{tab: table{b: s.srcs[i].tab.b, byAux: s.auxKeyed}, replica: r, rank: rank, group: group, live: true}
 			return uint32(i)
 		}
 	}
@@ -181,19 +181,19 @@ func (s *store) unlinkKey(idx uint32) {
 	if i < 0 {
 		return
 	}
-	if s.keys.slots[i]&recTag != 0 {
+	if s.keys.get(i)&recTag != 0 {
 		s.unlinkRec(i, idx)
 		return
 	}
-	if s.keys.slots[i] == idx {
+	if s.keys.get(i) == idx {
 		if e.next != 0 {
-			s.keys.slots[i] = e.next
+			s.keys.put(i, e.next)
 		} else {
 			s.keys.deleteSlot(s, i)
 		}
 		return
 	}
-	for p := s.keys.slots[i]; p != 0; p = s.ents[p].next {
+	for p := s.keys.get(i); p != 0; p = s.ents[p].next {
 		if s.ents[p].next == idx {
 			s.ents[p].next = e.next
 			return
@@ -230,8 +230,8 @@ func (s *store) drop(idx uint32) {
 func (s *store) clearSource(src uint32) int {
 	t := &s.srcs[src].tab
 	n := 0
-	for _, idx := range t.slots {
-		if idx != 0 {
+	for i := range t.size() {
+		if idx := t.get(i); idx != 0 {
 			s.drop(idx)
 			n++
 		}

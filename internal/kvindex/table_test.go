@@ -28,12 +28,12 @@ func TestTableCollidingHomes(t *testing.T) {
 	for i, h := range hs {
 		st.insert(src, Key(i+1), h, 0)
 	}
-	if len(st.srcs[src].tab.slots) > mask+1 {
-		t.Fatalf("table grew to %d slots; the colliding hashes no longer share a home", len(st.srcs[src].tab.slots))
+	if st.srcs[src].tab.size() > mask+1 {
+		t.Fatalf("table grew to %d slots; the colliding hashes no longer share a home", st.srcs[src].tab.size())
 	}
 	saturated := false
-	for _, d := range st.srcs[src].tab.disp {
-		saturated = saturated || d == dispMax
+	for i := range st.srcs[src].tab.size() {
+		saturated = saturated || st.srcs[src].tab.dispAt(i) == dispMax
 	}
 	if !saturated {
 		t.Fatal("no displacement reached dispMax")

@@ -30,11 +30,11 @@ func (x *Exact) warmRemovals(id ReplicaID, rank int32, b *vllm.Batch) {
 			if t.n == 0 {
 				continue
 			}
-			mask := uint64(len(t.slots) - 1)
-			kmask := uint64(len(st.keys.slots) - 1)
+			mask := uint64(t.size() - 1)
+			kmask := uint64(st.keys.size() - 1)
 			for _, h := range ev.BlockHashes {
 				if pass == 0 {
-					sink += uint64(t.slots[mix(uint64(h))&mask])
+					sink += uint64(t.get(int(mix(uint64(h)) & mask)))
 					continue
 				}
 				idx := t.find(st, uint64(h))
@@ -42,7 +42,7 @@ func (x *Exact) warmRemovals(id ReplicaID, rank int32, b *vllm.Batch) {
 					continue
 				}
 				e := &st.ents[idx]
-				sink += uint64(st.keys.slots[mix(uint64(e.key))&kmask]) + uint64(st.ents[e.prev].src) + uint64(st.ents[e.lnext].src)
+				sink += uint64(st.keys.get(int(mix(uint64(e.key))&kmask))) + uint64(st.ents[e.prev].src) + uint64(st.ents[e.lnext].src)
 			}
 		}
 	}
@@ -53,14 +53,14 @@ func (x *Exact) warmRemovals(id ReplicaID, rank int32, b *vllm.Batch) {
 // and the key-table slots of its keys. Caller holds x.mu.
 func (x *Exact) warmStores(src uint32, hs []vllm.BlockHash, keys []Key) {
 	t := &x.st.srcs[src].tab
-	if len(keys) < 2 || len(t.slots) == 0 || len(x.st.keys.slots) == 0 {
+	if len(keys) < 2 || t.size() == 0 || x.st.keys.size() == 0 {
 		return
 	}
 	var sink uint64
-	mask := uint64(len(t.slots) - 1)
-	kmask := uint64(len(x.st.keys.slots) - 1)
+	mask := uint64(t.size() - 1)
+	kmask := uint64(x.st.keys.size() - 1)
 	for i, k := range keys {
-		sink += uint64(t.slots[mix(uint64(hs[i]))&mask]) + uint64(x.st.keys.slots[mix(uint64(k))&kmask])
+		sink += uint64(t.get(int(mix(uint64(hs[i]))&mask))) + uint64(x.st.keys.get(int(mix(uint64(k))&kmask)))
 	}
 	x.sink += sink
 }
