@@ -19,7 +19,7 @@ type Config struct {
 	BlockSize int `yaml:"block_size"`
 	// MaxEntries caps the (block, engine rank) entries of Exact and the
 	// (block, replica) entries of Approx; the least recent are evicted.
-	// Default 8,388,608 (about 0.5 GB).
+	// Default 8,388,608 (about 0.5 GB); at most 2^30.
 	MaxEntries int `yaml:"max_entries"`
 	// PredictTTL is how long Exact counts a routed request's blocks for
 	// the chosen replica before a BlockStored confirms them. Default 5s;
@@ -78,8 +78,9 @@ func (cfg Config) validate() error {
 	if cfg.BlockSize < 0 {
 		errs = append(errs, fmt.Errorf("block_size %d: must be positive", cfg.BlockSize))
 	}
-	if cfg.MaxEntries < 0 || cfg.MaxEntries > 1<<31 {
-		errs = append(errs, fmt.Errorf("max_entries %d: must be in 1..2^31", cfg.MaxEntries))
+	if cfg.MaxEntries < 0 || cfg.MaxEntries > 1<<30 {
+		// Entry indices share 32 bits with the holder-record tag.
+		errs = append(errs, fmt.Errorf("max_entries %d: must be in 1..2^30", cfg.MaxEntries))
 	}
 	if cfg.MaxPredicted < 0 || cfg.MaxPredicted > 1<<31 {
 		errs = append(errs, fmt.Errorf("max_predicted %d: must be in 1..2^31", cfg.MaxPredicted))

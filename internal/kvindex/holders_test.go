@@ -172,3 +172,52 @@ func heldPrefixWalk(st *store, id ReplicaID, keys []Key) int {
 	}
 	return len(keys)
 }
+
+// TestRoutedMatchEqualsRouted routes the same prompts with Routed on one
+// index and with RoutedMatch (given the Lookup's Match) on an identical one,
+// for replicas holding none, part, all of the prompt or holding it only
+// through predictions, and checks that both predict the same blocks.
+func TestRoutedMatchEqualsRouted(t *testing.T) {
+	c := newClock()
+	prompt := seq(0, 40) // 10 blocks of 4
+	build := func() *Exact {
+		x := testExact(c, nil)
+		x.AddReplica("none")
+		hs := make([]uint64, 10)
+		for i := range hs {
+			hs[i] = uint64(i + 1)
+		}
+		x.Apply("part", batch(0, storedEv(nil, hs[:4], prompt[:16], "")))
+		x.Apply("cpu", batch(0, storedEv(nil, hs[:6], prompt[:24], "CPU")))
+		x.Apply("all", batch(0, storedEv(nil, hs, prompt, "")))
+		x.AddReplica("pred")
+		return x
+	}
+	a, b := build(), build()
+	keys := Keys(nil, prompt, 4, Extras{Root: a.Root()})
+	for round := range 2 {
+		for _, name := range []string{"none", "part", "cpu", "all", "pred"} {
+			id, _ := a.ReplicaID(name)
+			if name == "pred" && round == 0 {
+				// predictions only: Match.Predicted > 0 next round
+				a.Routed(id, keys[:3])
+				b.Routed(id, keys[:3])
+			}
+			m := b.Lookup(keys, nil)[id]
+			a.Routed(id, keys)
+			b.RoutedMatch(id, keys, m)
+			sa, sb := a.Stats(), b.Stats()
+			if sa.Predicted != sb.Predicted || sa.PredictedLive != sb.PredictedLive {
+				t.Fatalf("round %d %s (match %+v): Routed predicted %d (%d live), RoutedMatch %d (%d live)",
+					round, name, m, sa.Predicted, sa.PredictedLive, sb.Predicted, sb.PredictedLive)
+			}
+			la, lb := a.Lookup(keys, nil), b.Lookup(keys, nil)
+			if la[id] != lb[id] {
+				t.Fatalf("round %d %s: after Routed %+v, after RoutedMatch %+v", round, name, la[id], lb[id])
+			}
+		}
+	}
+	if a.Stats().Predicted == 0 {
+		t.Fatal("nothing was predicted: the test does not exercise predictions")
+	}
+}
