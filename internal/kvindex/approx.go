@@ -137,7 +137,7 @@ func (a *Approx) Routed(id ReplicaID, keys []Key) {
 	for i := len(keys) - 1; i >= 0; i-- {
 		k := keys[i]
 		if idx := a.st.find(src, uint64(k)); idx != 0 {
-			a.st.ents[idx].aux = exp
+			a.st.ent(idx).aux = exp
 			a.st.touch(idx)
 			continue
 		}
@@ -161,7 +161,7 @@ func (a *Approx) evict(id ReplicaID, now int64) {
 		if idx == 0 {
 			return
 		}
-		if a.st.srcs[src].tab.n <= a.capOf[id] && (now == 0 || a.st.ents[idx].aux >= uint64(now)) {
+		if a.st.srcs[src].tab.n <= a.capOf[id] && (now == 0 || a.st.ent(idx).aux >= uint64(now)) {
 			return
 		}
 		a.st.remove(idx)

@@ -230,7 +230,7 @@ func (x *Exact) stored(id ReplicaID, rank int32, ev *vllm.Event) {
 		// stored before on another medium can be placed.
 		for _, h := range ev.BlockHashes {
 			if idx := x.st.find(src, uint64(h)); idx != 0 {
-				x.st.setRef(idx, int(m), satInc(x.st.ents[idx].refs[m]))
+				x.st.setRef(idx, int(m), satInc(x.st.ent(idx).refs[m]))
 				x.st.touch(idx)
 				x.c.duplicates.Add(1)
 			} else {
@@ -257,7 +257,7 @@ func (x *Exact) stored(id ReplicaID, rank int32, ev *vllm.Event) {
 			x.c.unknownParent.Add(1)
 			return
 		}
-		parent = x.st.ents[pidx].key
+		parent = x.st.ent(pidx).key
 	}
 	lora := ""
 	if ev.LoRAName != nil {
@@ -282,7 +282,7 @@ func (x *Exact) stored(id ReplicaID, rank int32, ev *vllm.Event) {
 	x.warmStores(src, ev.BlockHashes, keys)
 	hit := false
 	if ev.ParentBlockHash == nil {
-		if idx := x.st.find(src, uint64(ev.BlockHashes[0])); idx != 0 && x.st.ents[idx].refs[m] > 0 {
+		if idx := x.st.find(src, uint64(ev.BlockHashes[0])); idx != 0 && x.st.ent(idx).refs[m] > 0 {
 			hit = true
 		}
 	}
@@ -291,7 +291,7 @@ func (x *Exact) stored(id ReplicaID, rank int32, ev *vllm.Event) {
 	for i := n - 1; i >= 0; i-- {
 		h, k := ev.BlockHashes[i], keys[i]
 		idx := x.st.find(src, uint64(h))
-		if idx != 0 && x.st.ents[idx].key != k {
+		if idx != 0 && x.st.ent(idx).key != k {
 			// The engine reused a hash for other content: we missed its
 			// removal. The new content wins.
 			x.st.remove(idx)
@@ -302,13 +302,13 @@ func (x *Exact) stored(id ReplicaID, rank int32, ev *vllm.Event) {
 			x.st.insert(src, k, uint64(h), int(m))
 			x.c.stored.Add(1)
 		case hit:
-			if x.st.ents[idx].refs[m] == 0 {
+			if x.st.ent(idx).refs[m] == 0 {
 				x.st.setRef(idx, int(m), 1)
 			}
 			x.st.touch(idx)
 			x.c.hitReports.Add(1)
 		default:
-			x.st.setRef(idx, int(m), satInc(x.st.ents[idx].refs[m]))
+			x.st.setRef(idx, int(m), satInc(x.st.ent(idx).refs[m]))
 			x.st.touch(idx)
 			x.c.duplicates.Add(1)
 		}
@@ -327,11 +327,11 @@ func (x *Exact) removed(id ReplicaID, rank int32, ev *vllm.Event) {
 	}
 	for _, h := range ev.BlockHashes {
 		idx := x.st.find(src, uint64(h))
-		if idx == 0 || x.st.ents[idx].refs[m] == 0 {
+		if idx == 0 || x.st.ent(idx).refs[m] == 0 {
 			x.c.unknownRemoved.Add(1)
 			continue
 		}
-		left := x.st.ents[idx].refs
+		left := x.st.ent(idx).refs
 		left[m]--
 		if left == [3]uint16{} {
 			x.st.remove(idx)
@@ -445,8 +445,8 @@ func (x *Exact) heldPrefix(id ReplicaID, keys []Key) int {
 			continue
 		}
 		found := false
-		for idx := v; idx != 0; idx = x.st.ents[idx].next {
-			e := &x.st.ents[idx]
+		for idx := v; idx != 0; idx = x.st.ent(idx).next {
+			e := x.st.ent(idx)
 			if x.st.srcs[e.src].replica == id && e.refs != [3]uint16{} {
 				found = true
 				break

@@ -127,7 +127,7 @@ func (h *holderSets) freeRecord(v uint32) {
 // i, creating the key's record when the chain reaches recMin.
 func (s *store) link(i int, idx uint32) {
 	v := s.keys.get(i)
-	e := &s.ents[idx]
+	e := s.ent(idx)
 	if v&recTag != 0 {
 		r := s.rec(v)
 		e.next = uint32(r[1])
@@ -144,7 +144,7 @@ func (s *store) link(i int, idx uint32) {
 		return
 	}
 	n := uint32(0)
-	for p := idx; p != 0; p = s.ents[p].next {
+	for p := idx; p != 0; p = s.ent(p).next {
 		n++
 	}
 	if n < s.recMin() {
@@ -154,8 +154,8 @@ func (s *store) link(i int, idx uint32) {
 	r := s.rec(rv)
 	r[0] = uint64(e.key)
 	setHead(r, idx, n)
-	for p := idx; p != 0; p = s.ents[p].next {
-		q := &s.ents[p]
+	for p := idx; p != 0; p = s.ent(p).next {
+		q := s.ent(p)
 		rep := s.srcs[q.src].replica
 		if c := entryCode(&q.refs); c > getCode(r, rep) {
 			setCode(r, rep, c)
@@ -169,18 +169,18 @@ func (s *store) link(i int, idx uint32) {
 func (s *store) unlinkRec(i int, idx uint32) {
 	v := s.keys.get(i)
 	r := s.rec(v)
-	rep := s.srcs[s.ents[idx].src].replica
+	rep := s.srcs[s.ent(idx).src].replica
 	code := codeNone
 	var prev uint32
 	for p := uint32(r[1]); p != 0; {
-		q := &s.ents[p]
+		q := s.ent(p)
 		next := q.next
 		switch {
 		case p == idx:
 			if prev == 0 {
 				r[1] = r[1]&^0xffffffff | uint64(next)
 			} else {
-				s.ents[prev].next = next
+				s.ent(prev).next = next
 			}
 		default:
 			if s.srcs[q.src].replica == rep {
@@ -203,7 +203,7 @@ func (s *store) unlinkRec(i int, idx uint32) {
 // setRef sets entry idx's copy count on medium m to n, keeping its key's
 // record (if any) up to date.
 func (s *store) setRef(idx uint32, m int, n uint16) {
-	e := &s.ents[idx]
+	e := s.ent(idx)
 	old := entryCode(&e.refs)
 	e.refs[m] = n
 	c := entryCode(&e.refs)
@@ -223,8 +223,8 @@ func (s *store) setRef(idx uint32, m int, n uint16) {
 		return
 	}
 	code := codeNone
-	for p := uint32(r[1]); p != 0; p = s.ents[p].next {
-		q := &s.ents[p]
+	for p := uint32(r[1]); p != 0; p = s.ent(p).next {
+		q := s.ent(p)
 		if s.srcs[q.src].replica == rep {
 			code = max(code, entryCode(&q.refs))
 		}

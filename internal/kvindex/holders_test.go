@@ -124,8 +124,8 @@ func checkRecs(t *testing.T, st *store) {
 			r := st.rec(v)
 			head = uint32(r[1])
 			codes := map[ReplicaID]uint64{}
-			for p := head; p != 0; p = st.ents[p].next {
-				e := &st.ents[p]
+			for p := head; p != 0; p = st.ent(p).next {
+				e := st.ent(p)
 				rep := st.srcs[e.src].replica
 				codes[rep] = max(codes[rep], entryCode(&e.refs))
 				if uint64(e.key) != r[0] {
@@ -141,7 +141,7 @@ func checkRecs(t *testing.T, st *store) {
 				t.Fatalf("record with %d entries", got)
 			}
 		}
-		for p := head; p != 0; p = st.ents[p].next {
+		for p := head; p != 0; p = st.ent(p).next {
 			n++
 		}
 		if v&recTag != 0 && n != int(st.rec(v)[1]>>32) {
@@ -160,8 +160,8 @@ func checkRecs(t *testing.T, st *store) {
 func heldPrefixWalk(st *store, id ReplicaID, keys []Key) int {
 	for i, k := range keys {
 		found := false
-		for idx := st.head(k); idx != 0; idx = st.ents[idx].next {
-			e := &st.ents[idx]
+		for idx := st.head(k); idx != 0; idx = st.ent(idx).next {
+			e := st.ent(idx)
 			if st.srcs[e.src].replica == id && e.refs != [3]uint16{} {
 				found = true
 			}

@@ -28,7 +28,7 @@ func (t *tierSets) addHolders(st *store, k Key, w, n int, tier uint8, expired ui
 		return
 	}
 	for idx := v; idx != 0; {
-		e := &st.ents[idx]
+		e := st.ent(idx)
 		idx = e.next
 		if expired != 0 && e.aux < expired {
 			continue

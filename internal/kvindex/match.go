@@ -63,7 +63,7 @@ func resize(out []Match, n int) []Match {
 func walk(st *store, k Key, i int32, out []Match, tier uint8, expired uint64) int {
 	grew := 0
 	for idx := st.head(k); idx != 0; {
-		e := &st.ents[idx]
+		e := st.ent(idx)
 		idx = e.next
 		if expired != 0 && e.aux < expired {
 			continue

@@ -49,7 +49,7 @@ func (p *predictor) add(r ReplicaID, keys []Key, now int64) {
 	for i := len(keys) - 1; i >= 0; i-- {
 		k := keys[i]
 		if idx := p.st.find(src, uint64(k)); idx != 0 {
-			p.st.ents[idx].aux = exp
+			p.st.ent(idx).aux = exp
 			p.st.touch(idx)
 			continue
 		}
@@ -67,7 +67,7 @@ func (p *predictor) add(r ReplicaID, keys []Key, now int64) {
 func (p *predictor) expire(now int64) {
 	for {
 		idx := p.st.oldest(0)
-		if idx == 0 || p.st.ents[idx].aux >= uint64(now) {
+		if idx == 0 || p.st.ent(idx).aux >= uint64(now) {
 			break
 		}
 		p.st.remove(idx)

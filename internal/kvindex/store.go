@@ -21,6 +21,15 @@ type entry struct {
 
 const entrySize = int64(unsafe.Sizeof(entry{}))
 
+// Slab chunks hold chunkLen entries.
+const (
+	chunkShift = 13
+	chunkLen   = 1 << chunkShift
+)
+
+// ent returns entry idx.
+func (s *store) ent(idx uint32) *entry { return &s.ents[idx>>chunkShift][idx&(chunkLen-1)] }
+
 // source is one producer of entries: an (engine, rank, group) for the exact
 // index, a replica for the approximate and predicted ones.
 type source struct {
@@ -37,7 +46,10 @@ type lru struct{ head, tail uint32 }
 // store is the slab, the key table, per-source tables and LRU lists shared by
 // the three indexes. It is not safe for concurrent use; its owner locks.
 type store struct {
-	ents  []entry
+	// ents is the slab in chunks of chunkLen entries (the first one grows
+	// up to it), so that growing it never copies entries; see ent.
+	ents  [][]entry
+	nents uint32 // entries allocated (live and free)
 	free  uint32
 	keys  table // key -> first holder
 	srcs  []source
@@ -56,7 +68,8 @@ type store struct {
 // expire may use them.
 func newStore(perSrcLRU, auxKeyed, useRecs bool) store {
 	s := store{perSrcLRU: perSrcLRU, auxKeyed: auxKeyed}
-	s.ents = make([]entry, 1, 1024)
+	s.ents = [][]entry{make([]entry, 1, 1024)}
+	s.nents = 1
 	s.lists = make([]lru, 1)
 	if useRecs {
 		s.initRecs()
@@ -105,14 +118,19 @@ func (s *store) head(k Key) uint32 {
 func (s *store) insert(src uint32, k Key, aux uint64, m int) uint32 {
 	idx := s.free
 	if idx != 0 {
-		s.free = s.ents[idx].next
+		s.free = s.ent(idx).next
 	} else {
-		s.ents = append(s.ents, entry{})
-		idx = uint32(len(s.ents) - 1)
+		idx = s.nents
+		c := int(idx >> chunkShift)
+		if c == len(s.ents) {
+			s.ents = append(s.ents, make([]entry, 0, chunkLen))
+		}
+		s.ents[c] = append(s.ents[c], entry{})
+		s.nents++
 	}
-	s.ents[idx] = entry{key: k, aux: aux, src: src}
+	*s.ent(idx) = entry{key: k, aux: aux, src: src}
 	if m >= 0 {
-		s.ents[idx].refs[m] = 1
+		s.ent(idx).refs[m] = 1
 	}
 	if s.recs != nil {
 		s.ensureWords(s.srcs[src].replica)
@@ -138,10 +156,10 @@ func (s *store) insert(src uint32, k Key, aux uint64, m int) uint32 {
 }
 
 func (s *store) pushFront(l *lru, idx uint32) {
-	e := &s.ents[idx]
+	e := s.ent(idx)
 	e.prev, e.lnext = 0, l.head
 	if l.head != 0 {
-		s.ents[l.head].prev = idx
+		s.ent(l.head).prev = idx
 	}
 	l.head = idx
 	if l.tail == 0 {
@@ -150,14 +168,14 @@ func (s *store) pushFront(l *lru, idx uint32) {
 }
 
 func (s *store) unlinkLRU(l *lru, idx uint32) {
-	e := &s.ents[idx]
+	e := s.ent(idx)
 	if e.prev != 0 {
-		s.ents[e.prev].lnext = e.lnext
+		s.ent(e.prev).lnext = e.lnext
 	} else {
 		l.head = e.lnext
 	}
 	if e.lnext != 0 {
-		s.ents[e.lnext].prev = e.prev
+		s.ent(e.lnext).prev = e.prev
 	} else {
 		l.tail = e.prev
 	}
@@ -166,7 +184,7 @@ func (s *store) unlinkLRU(l *lru, idx uint32) {
 
 // touch makes idx the most recent entry of its list.
 func (s *store) touch(idx uint32) {
-	l := s.listOf(s.ents[idx].src)
+	l := s.listOf(s.ent(idx).src)
 	if l.head == idx {
 		return
 	}
@@ -176,7 +194,7 @@ func (s *store) touch(idx uint32) {
 
 // unlinkKey removes idx from its key's holder chain.
 func (s *store) unlinkKey(idx uint32) {
-	e := &s.ents[idx]
+	e := s.ent(idx)
 	i := s.keys.slot(s, uint64(e.key))
 	if i < 0 {
 		return
@@ -193,9 +211,9 @@ func (s *store) unlinkKey(idx uint32) {
 		}
 		return
 	}
-	for p := s.keys.get(i); p != 0; p = s.ents[p].next {
-		if s.ents[p].next == idx {
-			s.ents[p].next = e.next
+	for p := s.keys.get(i); p != 0; p = s.ent(p).next {
+		if s.ent(p).next == idx {
+			s.ent(p).next = e.next
 			return
 		}
 	}
@@ -203,7 +221,7 @@ func (s *store) unlinkKey(idx uint32) {
 
 // remove deletes entry idx everywhere.
 func (s *store) remove(idx uint32) {
-	e := &s.ents[idx]
+	e := s.ent(idx)
 	src := &s.srcs[e.src]
 	h := uint64(e.key)
 	if s.auxKeyed {
@@ -219,9 +237,9 @@ func (s *store) remove(idx uint32) {
 // source table to the caller.
 func (s *store) drop(idx uint32) {
 	s.unlinkKey(idx)
-	s.unlinkLRU(s.listOf(s.ents[idx].src), idx)
-	s.held[s.srcs[s.ents[idx].src].replica]--
-	s.ents[idx] = entry{next: s.free}
+	s.unlinkLRU(s.listOf(s.ent(idx).src), idx)
+	s.held[s.srcs[s.ent(idx).src].replica]--
+	*s.ent(idx) = entry{next: s.free}
 	s.free = idx
 	s.n--
 }
@@ -246,7 +264,10 @@ func (s *store) oldest(src uint32) uint32 { return s.listOf(src).tail }
 
 // bytes estimates the memory the store holds.
 func (s *store) bytes() int64 {
-	b := int64(cap(s.ents))*entrySize + s.keys.bytes() + int64(cap(s.recs))*8
+	b := s.keys.bytes() + int64(cap(s.recs))*8 + int64(cap(s.ents))*24
+	for _, c := range s.ents {
+		b += int64(cap(c)) * entrySize
+	}
 	for i := range s.srcs {
 		b += s.srcs[i].tab.bytes()
 	}

@@ -53,12 +53,12 @@ func (t *table) set(i int, v uint32, d uint8) {
 
 func (t *table) keyOf(s *store, idx uint32) uint64 {
 	if t.byAux {
-		return s.ents[idx].aux
+		return s.ent(idx).aux
 	}
 	if idx&recTag != 0 {
 		return s.recs[int(idx&^recTag)*s.stride]
 	}
-	return uint64(s.ents[idx].key)
+	return uint64(s.ent(idx).key)
 }
 
 // find returns the entry index stored under h, or 0.

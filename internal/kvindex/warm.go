@@ -41,8 +41,8 @@ func (x *Exact) warmRemovals(id ReplicaID, rank int32, b *vllm.Batch) {
 				if idx == 0 {
 					continue
 				}
-				e := &st.ents[idx]
-				sink += uint64(st.keys.get(int(mix(uint64(e.key))&kmask))) + uint64(st.ents[e.prev].src) + uint64(st.ents[e.lnext].src)
+				e := st.ent(idx)
+				sink += uint64(st.keys.get(int(mix(uint64(e.key))&kmask))) + uint64(st.ent(e.prev).src) + uint64(st.ent(e.lnext).src)
 			}
 		}
 	}
