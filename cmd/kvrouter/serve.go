@@ -200,7 +200,16 @@ func serve(ctx context.Context, fl *serveFlags, ln net.Listener, log *slog.Logge
 		ln.Close()
 		return err
 	}
-	srv, err := proxy.New(cfg, proxy.Deps{Fleet: flt, Routers: routers, Tokenizers: toks, Gatherer: reg}, log, reg)
+	var subscribed []string // engines whose KV event stream must be connected for /ready
+	for _, m := range cfg.Models {
+		for j, e := range m.Engines {
+			if e.Events != "" {
+				subscribed = append(subscribed, flt.Endpoints(m.Name)[j].Name())
+			}
+		}
+	}
+	ready := func() bool { return eventsConnected(reg, subscribed) }
+	srv, err := proxy.New(cfg, proxy.Deps{Fleet: flt, Routers: routers, Tokenizers: toks, Gatherer: reg, Ready: ready}, log, reg)
 	if err != nil {
 		ln.Close()
 		return err
@@ -262,6 +271,45 @@ func newTokenSource(m proxy.ModelConfig, ep *fleet.Endpoint, log *slog.Logger, r
 		return nil, nil, err
 	}
 	return src, probe, nil
+}
+
+// eventsConnected reports whether every engine in names has its KV event
+// stream connected on rank 0 (kvrouter_vllm_connected == 1): the index is
+// subscribed.
+func eventsConnected(g prometheus.Gatherer, names []string) bool {
+	if len(names) == 0 {
+		return true
+	}
+	mfs, err := g.Gather()
+	if err != nil {
+		return false
+	}
+	up := map[string]bool{}
+	for _, mf := range mfs {
+		if mf.GetName() != "kvrouter_vllm_connected" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var engine, rank string
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "engine":
+					engine = l.GetValue()
+				case "rank":
+					rank = l.GetValue()
+				}
+			}
+			if rank == "0" && m.GetGauge().GetValue() == 1 {
+				up[engine] = true
+			}
+		}
+	}
+	for _, n := range names {
+		if !up[n] {
+			return false
+		}
+	}
+	return true
 }
 
 func ignoreCanceled(err error) error {
