@@ -15,8 +15,6 @@ type gpuBlock struct {
 	// dup chains other blocks holding the same hash (vLLM keeps every
 	// physical copy in cached_block_hash_to_block).
 	dup int32
-	// meta describes the block for offload events; zero when events are off.
-	meta blockMeta
 }
 
 // blockMeta is what a BlockStored event for one block needs beyond its hash.
@@ -30,24 +28,33 @@ type blockMeta struct {
 
 // blockPool is vLLM's BlockPool: a fixed array of blocks, a free queue that
 // is also the LRU of cached blocks (evict from the head, free to the tail),
-// and the map from hash to the blocks holding it. Block 0 is the null block
-// and never allocated, as in vLLM.
+// and the map from hash to the blocks holding it (the first copy; others
+// chain through dup). Block 0 is the null block and never allocated, as in
+// vLLM. Nothing is allocated after newBlockPool.
 type blockPool struct {
 	blocks     []gpuBlock
 	head, tail int32
 	numFree    int
-	cached     map[vllm.BlockHash]int32
+	cached     *hashTable
+	// meta, one per block, is kept only when newBlockPool was asked to
+	// (offload events need it); nil otherwise.
+	meta []blockMeta
 	// onEvict is called for every cached block that is evicted to be
-	// reused, after it left the map.
-	onEvict func(id int32, b *gpuBlock)
+	// reused, after it left the map; m is its meta (nil when not kept).
+	onEvict func(id int32, b *gpuBlock, m *blockMeta)
 }
 
-func newBlockPool(n int) *blockPool {
+// newBlockPool returns a pool of n blocks, all free; keepMeta keeps each
+// cached block's blockMeta for onEvict.
+func newBlockPool(n int, keepMeta bool) *blockPool {
 	p := &blockPool{
 		blocks: make([]gpuBlock, n),
 		head:   nilBlock,
 		tail:   nilBlock,
-		cached: make(map[vllm.BlockHash]int32),
+		cached: newHashTable(n),
+	}
+	if keepMeta {
+		p.meta = make([]blockMeta, n)
 	}
 	for i := range p.blocks {
 		p.blocks[i] = gpuBlock{prev: nilBlock, next: nilBlock, dup: nilBlock}
@@ -92,10 +99,7 @@ func (p *blockPool) unlink(id int32) {
 
 // lookup returns a block holding hash, or nilBlock.
 func (p *blockPool) lookup(h vllm.BlockHash) int32 {
-	if id, ok := p.cached[h]; ok {
-		return id
-	}
-	return nilBlock
+	return p.cached.get(h) // -1 == nilBlock when absent
 }
 
 // touch takes a reference on a cached block, removing it from the free
@@ -116,10 +120,16 @@ func (p *blockPool) alloc() int32 {
 	b := &p.blocks[id]
 	if b.hashed {
 		p.uncache(id)
-		if p.onEvict != nil {
-			p.onEvict(id, b)
+		var m *blockMeta
+		if p.meta != nil {
+			m = &p.meta[id]
 		}
-		b.meta = blockMeta{}
+		if p.onEvict != nil {
+			p.onEvict(id, b, m)
+		}
+		if m != nil {
+			*m = blockMeta{}
+		}
 	}
 	b.ref = 1
 	return id
@@ -128,12 +138,12 @@ func (p *blockPool) alloc() int32 {
 // uncache removes block id from the hash map (keeping other copies).
 func (p *blockPool) uncache(id int32) {
 	b := &p.blocks[id]
-	first := p.cached[b.hash]
+	first := p.cached.get(b.hash)
 	if first == id {
 		if b.dup == nilBlock {
-			delete(p.cached, b.hash)
+			p.cached.del(b.hash)
 		} else {
-			p.cached[b.hash] = b.dup
+			p.cached.set(b.hash, b.dup)
 		}
 	} else {
 		for cur := first; cur != nilBlock; cur = p.blocks[cur].dup {
@@ -146,17 +156,21 @@ func (p *blockPool) uncache(id int32) {
 	b.hashed, b.dup = false, nilBlock
 }
 
-// cache registers block id under hash h.
+// cache registers block id under hash h; m is recorded when the pool keeps
+// meta.
 func (p *blockPool) cache(id int32, h vllm.BlockHash, m blockMeta) {
 	b := &p.blocks[id]
-	b.hashed, b.hash, b.meta = true, h, m
+	b.hashed, b.hash = true, h
+	if p.meta != nil {
+		p.meta[id] = m
+	}
 	b.dup = nilBlock
-	if first, ok := p.cached[h]; ok {
+	if first := p.cached.get(h); first != nilBlock {
 		b.dup = p.blocks[first].dup
 		p.blocks[first].dup = id
 		return
 	}
-	p.cached[h] = id
+	p.cached.set(h, id)
 }
 
 // free drops one reference per block, in the given order; blocks reaching
@@ -185,11 +199,12 @@ func (p *blockPool) reset() bool {
 	if p.numFree != p.usable() {
 		return false
 	}
-	clear(p.cached)
+	p.cached.reset()
 	for i := range p.blocks {
 		b := &p.blocks[i]
-		b.hashed, b.dup, b.meta = false, nilBlock, blockMeta{}
+		b.hashed, b.dup = false, nilBlock
 	}
+	clear(p.meta)
 	return true
 }
 

@@ -170,7 +170,7 @@ func NewCore(cfg CoreConfig) (*Core, error) {
 	c := &Core{
 		cfg:     cfg,
 		hasher:  cfg.Hasher,
-		pool:    newBlockPool(cfg.NumGPUBlocks),
+		pool:    newBlockPool(cfg.NumGPUBlocks, cfg.NumCPUBlocks > 0 && !cfg.NoEvents),
 		byID:    make(map[string]*seq),
 		loraIDs: make(map[string]int64),
 		group0:  new(int),

@@ -287,8 +287,8 @@ func TestSameStepSharing(t *testing.T) {
 // them all); each copy's eviction is reported and the others stay cached.
 func TestDuplicateCopies(t *testing.T) {
 	var evicted []int32
-	p := newBlockPool(4)
-	p.onEvict = func(id int32, b *gpuBlock) { evicted = append(evicted, id) }
+	p := newBlockPool(4, false)
+	p.onEvict = func(id int32, _ *gpuBlock, _ *blockMeta) { evicted = append(evicted, id) }
 	ids := []int32{p.alloc(), p.alloc(), p.alloc()}
 	for _, id := range ids {
 		p.cache(id, 42, blockMeta{})
@@ -304,7 +304,7 @@ func TestDuplicateCopies(t *testing.T) {
 		t.Fatalf("remaining copy %d, want %d", got, ids[2])
 	}
 	p.alloc()
-	if p.lookup(42) != nilBlock || len(p.cached) != 0 {
+	if p.lookup(42) != nilBlock || p.cached.len() != 0 {
 		t.Fatal("all copies evicted but hash still cached")
 	}
 }

@@ -16,7 +16,7 @@ type cpuEntry struct {
 // used entries are at the tail.
 type cpuTier struct {
 	entries    []cpuEntry
-	byHash     map[vllm.BlockHash]int32
+	byHash     *hashTable
 	head, tail int32
 	freeSlots  []int32
 }
@@ -24,7 +24,7 @@ type cpuTier struct {
 func newCPUTier(n int) *cpuTier {
 	t := &cpuTier{
 		entries:   make([]cpuEntry, n),
-		byHash:    make(map[vllm.BlockHash]int32, n),
+		byHash:    newHashTable(n),
 		head:      nilBlock,
 		tail:      nilBlock,
 		freeSlots: make([]int32, n),
@@ -36,8 +36,7 @@ func newCPUTier(n int) *cpuTier {
 }
 
 func (t *cpuTier) has(h vllm.BlockHash) bool {
-	_, ok := t.byHash[h]
-	return ok
+	return t.byHash.get(h) >= 0
 }
 
 func (t *cpuTier) pushTail(i int32) {
@@ -68,7 +67,8 @@ func (t *cpuTier) unlink(i int32) {
 
 // touch marks h most recently used; it reports whether h is held.
 func (t *cpuTier) touch(h vllm.BlockHash) bool {
-	i, ok := t.byHash[h]
+	i := t.byHash.get(h)
+	ok := i >= 0
 	if ok {
 		t.unlink(i)
 		t.pushTail(i)
@@ -86,14 +86,14 @@ func (t *cpuTier) put(h vllm.BlockHash, m blockMeta) (stored bool, evicted vllm.
 		old := t.head
 		evicted, didEvict = t.entries[old].hash, true
 		t.unlink(old)
-		delete(t.byHash, evicted)
+		t.byHash.del(evicted)
 		t.entries[old].meta = blockMeta{}
 		t.freeSlots = append(t.freeSlots, old)
 	}
 	i := t.freeSlots[len(t.freeSlots)-1]
 	t.freeSlots = t.freeSlots[:len(t.freeSlots)-1]
 	t.entries[i].hash, t.entries[i].meta = h, m
-	t.byHash[h] = i
+	t.byHash.set(h, i)
 	t.pushTail(i)
 	return true, evicted, didEvict
 }
@@ -101,7 +101,7 @@ func (t *cpuTier) put(h vllm.BlockHash, m blockMeta) (stored bool, evicted vllm.
 // reset empties the tier.
 func (t *cpuTier) reset() {
 	n := len(t.entries)
-	clear(t.byHash)
+	t.byHash.reset()
 	t.head, t.tail = nilBlock, nilBlock
 	t.freeSlots = t.freeSlots[:0]
 	for i := range t.entries {
@@ -110,4 +110,4 @@ func (t *cpuTier) reset() {
 	}
 }
 
-func (t *cpuTier) len() int { return len(t.byHash) }
+func (t *cpuTier) len() int { return t.byHash.len() }

@@ -85,7 +85,9 @@ func (c *Core) removedEvent(h vllm.BlockHash, medium vllm.Medium) vllm.Event {
 // (vLLM _maybe_evict_cached_block, one per physical copy), then, with a CPU
 // tier, the offload: the block is stored on CPU (BlockStored, medium CPU),
 // evicting the tier's least recently used block (BlockRemoved, medium CPU).
-func (c *Core) evicted(_ int32, b *gpuBlock) {
+// m is the block's meta, kept by the pool exactly when there is a CPU tier
+// and events are on.
+func (c *Core) evicted(_ int32, b *gpuBlock, m *blockMeta) {
 	ev := !c.cfg.NoEvents
 	if ev {
 		c.pending = append(c.pending, c.removedEvent(b.hash, vllm.MediumGPU))
@@ -93,7 +95,11 @@ func (c *Core) evicted(_ int32, b *gpuBlock) {
 	if c.cpu == nil {
 		return
 	}
-	stored, old, didEvict := c.cpu.put(b.hash, b.meta)
+	var meta blockMeta
+	if m != nil {
+		meta = *m
+	}
+	stored, old, didEvict := c.cpu.put(b.hash, meta)
 	if !ev {
 		return
 	}
@@ -101,6 +107,6 @@ func (c *Core) evicted(_ int32, b *gpuBlock) {
 		c.pending = append(c.pending, c.removedEvent(old, vllm.MediumCPU))
 	}
 	if stored {
-		c.pending = append(c.pending, c.metaEvent(b.hash, &b.meta, vllm.MediumCPU))
+		c.pending = append(c.pending, c.metaEvent(b.hash, &meta, vllm.MediumCPU))
 	}
 }

@@ -261,7 +261,7 @@ func (c *Core) cacheFull(s *seq, upTo int) {
 	c.ensureHashes(s, full)
 	for i := s.numCached; i < full; i++ {
 		var m blockMeta
-		if !c.cfg.NoEvents {
+		if c.pool.meta != nil {
 			m = c.blockMeta(s, i)
 		}
 		c.pool.cache(s.blocks[i], s.hashes[i], m)
