@@ -8,12 +8,20 @@ import "kvrouter/internal/vllm"
 // touch, in loops whose iterations do not depend on each other, so that the
 // processor overlaps the misses of many blocks instead of taking them one
 // after another. They change nothing; the loaded values only feed x.sink so
-// that the compiler keeps the loads.
+// that the compiler keeps the loads. An index of fewer than warmMin entries
+// (a few MB with its tables) mostly stays in the processor's caches, where
+// the passes are pure overhead, so they are skipped.
+
+// warmMin is the entry count from which Apply warms.
+const warmMin = 1 << 16
 
 // warmRemovals touches, for every BlockRemoved hash of b, its source-table
 // slot, then its entry, its key's key-table slot and its LRU neighbours.
 // Caller holds x.mu.
 func (x *Exact) warmRemovals(id ReplicaID, rank int32, b *vllm.Batch) {
+	if x.st.n < warmMin {
+		return
+	}
 	var sink uint64
 	st := &x.st
 	for pass := range 2 {
@@ -53,7 +61,7 @@ func (x *Exact) warmRemovals(id ReplicaID, rank int32, b *vllm.Batch) {
 // and the key-table slots of its keys. Caller holds x.mu.
 func (x *Exact) warmStores(src uint32, hs []vllm.BlockHash, keys []Key) {
 	t := &x.st.srcs[src].tab
-	if len(keys) < 2 || t.size() == 0 || x.st.keys.size() == 0 {
+	if len(keys) < 2 || x.st.n < warmMin || t.size() == 0 || x.st.keys.size() == 0 {
 		return
 	}
 	var sink uint64
