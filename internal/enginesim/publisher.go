@@ -104,8 +104,7 @@ func (p *publisher) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	g, gctx := errgroup.WithContext(ctx)
-	pub := zmq4.NewPub(gctx, zmq4.WithDialerMaxRetries(-1), zmq4.WithDialerRetry(250*time.Millisecond),
-		zmq4.WithAutomaticReconnect(true))
+	pub := zmq4.NewPub(gctx, p.pubOptions()...)
 	defer pub.Close()
 	if err := pub.SetOption(zmq4.OptionHWM, p.cfg.HWM); err != nil {
 		return fmt.Errorf("kv events: set hwm: %w", err)
@@ -142,6 +141,19 @@ func (p *publisher) Run(ctx context.Context) error {
 		err = nil
 	}
 	return err
+}
+
+// pubOptions are the PUB socket's options. Only a connecting socket
+// (vLLM's rule: the endpoint has no "*" or "::") retries and reconnects:
+// zmq4's automatic reconnect re-dials the socket's last endpoint whenever a
+// peer goes away, which for a bound socket is its own listen address, and
+// that dial races with Close (a data race inside zmq4 on shutdown).
+func (p *publisher) pubOptions() []zmq4.Option {
+	if shouldBind(p.cfg.Endpoint) {
+		return nil
+	}
+	return []zmq4.Option{zmq4.WithDialerMaxRetries(-1), zmq4.WithDialerRetry(250 * time.Millisecond),
+		zmq4.WithAutomaticReconnect(true)}
 }
 
 func (p *publisher) loop(ctx context.Context, pub zmq4.Socket) error {

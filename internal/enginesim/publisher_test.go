@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -255,5 +256,62 @@ func TestKVEventsConfig(t *testing.T) {
 		if r1 != tc.r1 || (tc.r1 == "") != (err != nil) {
 			t.Errorf("offsetEndpoint(%q, 1) = %q, %v", tc.ep, r1, err)
 		}
+	}
+}
+
+// TestBoundPublisherSubscribersLeave: a PUB that binds (the endpoint has
+// "::", vLLM's rule) serves subscribers that come and go, then shuts down
+// cleanly. It must not auto-reconnect: zmq4 would re-dial its own listen
+// address each time a subscriber leaves, racing with Close (caught by
+// -race in the demo).
+func TestBoundPublisherSubscribersLeave(t *testing.T) {
+	if ln, err := net.Listen("tcp", "[::1]:0"); err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	} else {
+		ln.Close()
+	}
+	s := startServer(t, Config{
+		KVEvents: KVEventsConfig{EnableKVCacheEvents: true, Endpoint: "tcp://[::1]:0", Topic: "kv"},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	addr, _, err := s.KVEventsAddrs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts := (&publisher{cfg: KVEventsConfig{Endpoint: "tcp://[::1]:0"}}).pubOptions(); len(opts) != 0 {
+		t.Fatalf("bound PUB has %d options, want none (no reconnect)", len(opts))
+	}
+	if opts := (&publisher{cfg: KVEventsConfig{Endpoint: "tcp://127.0.0.1:5557"}}).pubOptions(); len(opts) == 0 {
+		t.Fatal("connecting PUB has no reconnect options")
+	}
+	for round := range 3 {
+		sctx, scancel := context.WithCancel(ctx)
+		sub := zmq4.NewSub(sctx)
+		if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
+			t.Fatal(err)
+		}
+		if err := sub.Dial(addr); err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan error, 1)
+		go func() { _, err := sub.Recv(); got <- err }()
+		received := false
+		for i := 0; i < 200 && !received; i++ {
+			post(t, s.url+"/v1/completions", map[string]any{"prompt": fmt.Sprintf("round %d request %03d %s", round, i, strings.Repeat("x", 40)), "max_tokens": 1})
+			select {
+			case err := <-got:
+				if err != nil {
+					t.Fatalf("round %d: recv: %v", round, err)
+				}
+				received = true
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		if !received {
+			t.Fatalf("round %d: no batch received", round)
+		}
+		scancel()
+		sub.Close()
 	}
 }
