@@ -154,29 +154,49 @@ func (s *Server) upstreamFailed(x *exchange, ep *fleet.Endpoint, ctx context.Con
 }
 
 // watchdog cancels an upstream request that stays silent too long: until
-// the first body byte for firstByte, then between chunks for idle.
+// the first body byte for firstByte, then between chunks for idle. Progress
+// after the first byte is one atomic store (no timer reset per event): when
+// the timer fires, it re-arms itself for the rest of the idle period counted
+// from the last progress, and cancels only when that period is over.
 type watchdog struct {
-	t     *time.Timer
-	idle  time.Duration
-	first atomic.Bool
+	t       *time.Timer
+	idle    time.Duration
+	base    time.Time
+	last    atomic.Int64 // time of the last progress, ns since base
+	first   atomic.Bool
+	stopped atomic.Bool
 }
 
 func newWatchdog(cancel context.CancelCauseFunc, firstByte, idle time.Duration) *watchdog {
-	w := &watchdog{idle: idle}
+	w := &watchdog{idle: idle, base: time.Now()}
 	w.t = time.AfterFunc(firstByte, func() {
-		if w.first.Load() {
-			cancel(errIdleTimeout)
-		} else {
+		if !w.first.Load() {
 			cancel(errFirstByteTimeout)
+			return
 		}
+		silent := time.Since(w.base) - time.Duration(w.last.Load())
+		if silent < w.idle {
+			if !w.stopped.Load() {
+				w.t.Reset(w.idle - silent)
+			}
+			return
+		}
+		cancel(errIdleTimeout)
 	})
 	return w
 }
 
-// progress notes that body bytes arrived and restarts the idle clock.
-func (w *watchdog) progress() {
-	w.first.Store(true)
-	w.t.Reset(w.idle)
+// progress notes that body bytes arrived at now and restarts the idle
+// clock.
+func (w *watchdog) progress(now time.Time) {
+	w.last.Store(int64(now.Sub(w.base)))
+	if !w.first.Load() {
+		w.first.Store(true)
+		w.t.Reset(w.idle)
+	}
 }
 
-func (w *watchdog) stop() { w.t.Stop() }
+func (w *watchdog) stop() {
+	w.stopped.Store(true)
+	w.t.Stop()
+}

@@ -135,7 +135,7 @@ func copyBody(w http.ResponseWriter, wd *watchdog, body io.Reader, buf []byte, f
 	for {
 		n, err := body.Read(buf)
 		if n > 0 {
-			wd.progress()
+			wd.progress(time.Now())
 			if first {
 				first = false
 				firstToken()
@@ -169,7 +169,10 @@ func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byt
 	for {
 		n, err := body.Read(buf)
 		if n > 0 {
-			wd.progress()
+			// One clock read per chunk: the idle clock, and the event's
+			// arrival for TTFT/ITL (the write follows within microseconds).
+			now := time.Now()
+			wd.progress(now)
 			chunk := buf[:n]
 			if len(pending) > 0 {
 				pending = append(pending, chunk...)
@@ -186,7 +189,6 @@ func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byt
 				if ferr := rc.Flush(); ferr != nil {
 					return &writeError{ferr}
 				}
-				now := time.Now()
 				if last.IsZero() {
 					firstToken()
 					ttft.Observe(now.Sub(x.start).Seconds())
@@ -212,15 +214,17 @@ func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byt
 }
 
 // lastEventEnd returns the index just past the last event terminator
-// ("\n\n" or "\r\n\r\n") in b, or 0.
+// ("\n\n" or "\r\n\r\n") in b, or 0. It walks back over newlines only,
+// so a chunk ending in a whole event (the usual case) costs two byte reads.
 func lastEventEnd(b []byte) int {
-	i := bytes.LastIndex(b, []byte("\n\n"))
-	j := bytes.LastIndex(b, []byte("\r\n\r\n"))
-	if j >= 0 && j+4 > i+2 {
-		return j + 4
+	for i := len(b); ; {
+		j := bytes.LastIndexByte(b[:i], '\n')
+		if j < 1 {
+			return 0
+		}
+		if b[j-1] == '\n' || j >= 3 && b[j-1] == '\r' && b[j-2] == '\n' && b[j-3] == '\r' {
+			return j + 1
+		}
+		i = j
 	}
-	if i >= 0 {
-		return i + 2
-	}
-	return 0
 }
