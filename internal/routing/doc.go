@@ -21,7 +21,9 @@
 //     each candidate's Terms (cached blocks, cost in the policy's unit), the
 //     record of why;
 //  5. the chosen replica is charged: Index.Routed (prediction or approximate
-//     insert) and a Lease that holds the request's load until Release.
+//     insert; kvindex.Exact.RoutedMatch with the chosen Match when the index
+//     has it, sparing a second walk of the prompt) and a Lease that holds the
+//     request's load until Release.
 //
 // Load is changed only by leases: Lease.FirstToken moves a request from
 // queued prefill to running decode, Lease.Release removes it; both are
