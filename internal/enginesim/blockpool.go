@@ -1,6 +1,10 @@
 package enginesim
 
-import "kvrouter/internal/vllm"
+import (
+	"math/bits"
+
+	"kvrouter/internal/vllm"
+)
 
 // nilBlock marks the end of an intrusive list and "no block".
 const nilBlock int32 = -1
@@ -9,7 +13,10 @@ const nilBlock int32 = -1
 type gpuBlock struct {
 	ref    int32
 	hashed bool
-	hash   vllm.BlockHash
+	// head marks the copy the hash index points to (the first of a dup
+	// chain).
+	head bool
+	hash vllm.BlockHash
 	// prev, next link the block into the free queue (ref == 0) only.
 	prev, next int32
 	// dup chains other blocks holding the same hash (vLLM keeps every
@@ -28,30 +35,48 @@ type blockMeta struct {
 
 // blockPool is vLLM's BlockPool: a fixed array of blocks, a free queue that
 // is also the LRU of cached blocks (evict from the head, free to the tail),
-// and the map from hash to the blocks holding it (the first copy; others
+// and the index from hash to the blocks holding it (the head copy; others
 // chain through dup). Block 0 is the null block and never allocated, as in
 // vLLM. Nothing is allocated after newBlockPool.
+//
+// The index is lazy: evicting a block whose hash has no other copy leaves
+// its slot in place (eviction touches no index memory, which dominated the
+// fleet simulator's profile as cache misses), and a slot counts only while
+// its block still holds that hash as head. A hash has at most one slot;
+// stale slots are reused when their hash is cached again and dropped by a
+// rebuild from the blocks when the table is 70% full.
 type blockPool struct {
 	blocks     []gpuBlock
 	head, tail int32
 	numFree    int
-	cached     *hashTable
+	index      []hashSlot // open addressing, linear probing; v = block id + 1
+	mask       uint64
+	shift      uint
+	slotsUsed  int // non-empty slots, live or stale
+	maxUsed    int // rebuild above this
 	// meta, one per block, is kept only when newBlockPool was asked to
 	// (offload events need it); nil otherwise.
 	meta []blockMeta
 	// onEvict is called for every cached block that is evicted to be
-	// reused, after it left the map; m is its meta (nil when not kept).
+	// reused, after it left the index; m is its meta (nil when not kept).
 	onEvict func(id int32, b *gpuBlock, m *blockMeta)
 }
 
 // newBlockPool returns a pool of n blocks, all free; keepMeta keeps each
 // cached block's blockMeta for onEvict.
 func newBlockPool(n int, keepMeta bool) *blockPool {
+	size := 16
+	for size < 2*n {
+		size *= 2
+	}
 	p := &blockPool{
-		blocks: make([]gpuBlock, n),
-		head:   nilBlock,
-		tail:   nilBlock,
-		cached: newHashTable(n),
+		blocks:  make([]gpuBlock, n),
+		head:    nilBlock,
+		tail:    nilBlock,
+		index:   make([]hashSlot, size),
+		mask:    uint64(size - 1),
+		shift:   uint(64 - bits.TrailingZeros(uint(size))),
+		maxUsed: size * 7 / 10,
 	}
 	if keepMeta {
 		p.meta = make([]blockMeta, n)
@@ -97,9 +122,55 @@ func (p *blockPool) unlink(id int32) {
 	p.numFree--
 }
 
+// home is h's first slot (Fibonacci hashing).
+func (p *blockPool) home(h vllm.BlockHash) uint64 {
+	return (uint64(h) * 0x9e3779b97f4a7c15) >> p.shift
+}
+
+// slotOf returns the index of h's slot (live or stale), or -1.
+func (p *blockPool) slotOf(h vllm.BlockHash) int {
+	for i := p.home(h); ; i = (i + 1) & p.mask {
+		s := &p.index[i]
+		if s.v == 0 {
+			return -1
+		}
+		if s.key == h {
+			return int(i)
+		}
+	}
+}
+
+// live reports whether slot s points at the head copy of its hash.
+func (p *blockPool) live(s hashSlot) bool {
+	b := &p.blocks[s.v-1]
+	return b.hashed && b.head && b.hash == s.key
+}
+
 // lookup returns a block holding hash, or nilBlock.
 func (p *blockPool) lookup(h vllm.BlockHash) int32 {
-	return p.cached.get(h) // -1 == nilBlock when absent
+	if i := p.slotOf(h); i >= 0 && p.live(p.index[i]) {
+		return p.index[i].v - 1
+	}
+	return nilBlock
+}
+
+// rebuild empties the index and re-inserts the head copy of every cached
+// hash, dropping stale slots.
+func (p *blockPool) rebuild() {
+	clear(p.index)
+	p.slotsUsed = 0
+	for id := range p.blocks {
+		b := &p.blocks[id]
+		if !b.hashed || !b.head {
+			continue
+		}
+		i := p.home(b.hash)
+		for p.index[i].v != 0 {
+			i = (i + 1) & p.mask
+		}
+		p.index[i] = hashSlot{key: b.hash, v: int32(id) + 1}
+		p.slotsUsed++
+	}
 }
 
 // touch takes a reference on a cached block, removing it from the free
@@ -135,42 +206,61 @@ func (p *blockPool) alloc() int32 {
 	return id
 }
 
-// uncache removes block id from the hash map (keeping other copies).
+// uncache removes block id from the index (keeping other copies). A head
+// without copies just stops being live; a head with copies hands its slot
+// to the next copy; a copy is unlinked from its chain.
 func (p *blockPool) uncache(id int32) {
 	b := &p.blocks[id]
-	first := p.cached.get(b.hash)
-	if first == id {
-		if b.dup == nilBlock {
-			p.cached.del(b.hash)
-		} else {
-			p.cached.set(b.hash, b.dup)
-		}
-	} else {
-		for cur := first; cur != nilBlock; cur = p.blocks[cur].dup {
+	switch {
+	case b.head && b.dup != nilBlock:
+		p.index[p.slotOf(b.hash)].v = b.dup + 1
+		p.blocks[b.dup].head = true
+	case !b.head:
+		for cur := p.lookup(b.hash); cur != nilBlock; cur = p.blocks[cur].dup {
 			if p.blocks[cur].dup == id {
 				p.blocks[cur].dup = b.dup
 				break
 			}
 		}
 	}
-	b.hashed, b.dup = false, nilBlock
+	b.hashed, b.head, b.dup = false, false, nilBlock
 }
 
 // cache registers block id under hash h; m is recorded when the pool keeps
 // meta.
 func (p *blockPool) cache(id int32, h vllm.BlockHash, m blockMeta) {
-	b := &p.blocks[id]
-	b.hashed, b.hash = true, h
 	if p.meta != nil {
 		p.meta[id] = m
 	}
+	b := &p.blocks[id]
 	b.dup = nilBlock
-	if first := p.cached.get(h); first != nilBlock {
-		b.dup = p.blocks[first].dup
-		p.blocks[first].dup = id
+	i := p.home(h)
+	for ; ; i = (i + 1) & p.mask {
+		s := &p.index[i]
+		if s.v == 0 {
+			break
+		}
+		if s.key != h {
+			continue
+		}
+		if p.live(*s) { // another copy is head: chain behind it
+			first := s.v - 1
+			b.hashed, b.head, b.hash = true, false, h
+			b.dup = p.blocks[first].dup
+			p.blocks[first].dup = id
+			return
+		}
+		s.v = id + 1 // h's stale slot
+		b.hashed, b.head, b.hash = true, true, h
 		return
 	}
-	p.cached.set(h, id)
+	b.hashed, b.head, b.hash = true, true, h
+	if p.slotsUsed >= p.maxUsed {
+		p.rebuild() // places h too
+		return
+	}
+	p.index[i] = hashSlot{key: h, v: id + 1}
+	p.slotsUsed++
 }
 
 // free drops one reference per block, in the given order; blocks reaching
@@ -199,10 +289,11 @@ func (p *blockPool) reset() bool {
 	if p.numFree != p.usable() {
 		return false
 	}
-	p.cached.reset()
+	clear(p.index)
+	p.slotsUsed = 0
 	for i := range p.blocks {
 		b := &p.blocks[i]
-		b.hashed, b.dup = false, nilBlock
+		b.hashed, b.head, b.dup = false, false, nilBlock
 	}
 	clear(p.meta)
 	return true

@@ -304,7 +304,7 @@ func TestDuplicateCopies(t *testing.T) {
 		t.Fatalf("remaining copy %d, want %d", got, ids[2])
 	}
 	p.alloc()
-	if p.lookup(42) != nilBlock || p.cached.len() != 0 {
+	if p.lookup(42) != nilBlock || p.numHashed() != 0 {
 		t.Fatal("all copies evicted but hash still cached")
 	}
 }

@@ -87,3 +87,91 @@ func TestHashTableAgainstMap(t *testing.T) {
 		})
 	}
 }
+
+// numHashed counts the blocks holding a hash.
+func (p *blockPool) numHashed() int {
+	n := 0
+	for i := range p.blocks {
+		if p.blocks[i].hashed {
+			n++
+		}
+	}
+	return n
+}
+
+// TestBlockPoolIndex drives a small pool through random allocations,
+// caching (with duplicate copies of a hash), frees and evictions, many
+// index rebuilds included, and checks after every operation that lookup
+// finds a block holding the hash exactly when one exists, that every copy
+// of a hash is on its head's chain, and that each evicted block is
+// reported once.
+func TestBlockPoolIndex(t *testing.T) {
+	const n = 64
+	r := rand.New(rand.NewPCG(3, 4))
+	p := newBlockPool(n, false)
+	evicted := 0
+	p.onEvict = func(id int32, b *gpuBlock, _ *blockMeta) {
+		if b.hashed {
+			t.Fatalf("block %d still hashed in onEvict", id)
+		}
+		evicted++
+	}
+	var held []int32
+	rebuilds := 0
+	for op := range 20000 {
+		switch k := r.IntN(10); {
+		case k < 5 && p.numFree > 0:
+			id := p.alloc()
+			held = append(held, id)
+			if r.IntN(4) > 0 { // cache it under one of 3n hashes
+				used := p.slotsUsed
+				p.cache(id, vllm.BlockHash(r.IntN(3*n)), blockMeta{})
+				if p.slotsUsed < used {
+					rebuilds++
+				}
+			}
+		case k < 9 && len(held) > 0:
+			i := r.IntN(len(held))
+			p.free(held[i : i+1])
+			held = append(held[:i], held[i+1:]...)
+		case k == 9 && len(held) > 0: // another reference on a held block
+			id := held[r.IntN(len(held))]
+			if p.blocks[id].hashed {
+				p.touch(id)
+				held = append(held, id)
+			}
+		}
+		for h := vllm.BlockHash(0); h < 3*n; h++ {
+			holders := map[int32]bool{}
+			for id := range p.blocks {
+				if b := &p.blocks[id]; b.hashed && b.hash == h {
+					holders[int32(id)] = true
+				}
+			}
+			got := p.lookup(h)
+			if len(holders) == 0 {
+				if got != nilBlock {
+					t.Fatalf("op %d: lookup(%d) = %d, no block holds it", op, h, got)
+				}
+				continue
+			}
+			if !holders[got] {
+				t.Fatalf("op %d: lookup(%d) = %d, holders %v", op, h, got, holders)
+			}
+			chain := 0
+			for cur := got; cur != nilBlock; cur = p.blocks[cur].dup {
+				if !holders[cur] {
+					t.Fatalf("op %d: chain of %d has block %d", op, h, cur)
+				}
+				chain++
+			}
+			if chain != len(holders) {
+				t.Fatalf("op %d: chain of %d has %d blocks, %d hold it", op, h, chain, len(holders))
+			}
+		}
+	}
+	if rebuilds == 0 || evicted == 0 {
+		t.Fatalf("rebuilds %d, evictions %d: the test did not exercise them", rebuilds, evicted)
+	}
+	t.Logf("%d rebuilds, %d evictions", rebuilds, evicted)
+}
