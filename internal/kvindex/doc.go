@@ -70,10 +70,14 @@
 //
 // # Concurrency and time
 //
-// Exact and Approx are safe for concurrent use: one sync.RWMutex per index
-// guards the entries (Apply, Reset and Approx.Routed write; Lookup reads) and a
-// second one guards predictions (Exact.Routed writes). Lookups therefore run
-// in parallel with each other and wait only for the batch being applied.
+// Exact and Approx are safe for concurrent use by any number of goroutines:
+// one sync.RWMutex per index guards the entries (Apply, Reset and
+// Approx.Routed write; Lookup reads) and a second one guards predictions
+// (Exact.Routed writes, under the entry lock's read side; Apply settles the
+// predictions its batch confirms before releasing the entry lock). Several
+// subscribers, one per engine, may call Apply at once; their batches are
+// applied one at a time, each atomically. Lookups run in parallel with each
+// other and with Routed, and wait only for the batch being applied.
 // Neither type starts goroutines; expiry is lazy (checked on lookup, swept on
 // insert). Time comes from Config.Now (time.Now when nil), so a simulator can
 // run the index on a virtual clock.

@@ -10,8 +10,18 @@ import (
 
 // Exact is the event-fed index of one key space (model and pool), with
 // predicted blocks for just-routed requests. See the package doc for the
-// model. It is safe for concurrent use; it expects one writer (Apply and
-// Reset, called by the event subscriber) and any number of readers.
+// model.
+//
+// Concurrency: every method is safe to call from any number of goroutines.
+// The intended use is one goroutine per engine subscriber calling Apply and
+// Reset for its engine, while request handlers call Lookup, Routed and
+// RoutedMatch. Writers (Apply, Reset, AddReplica, RemoveReplica) are
+// serialised by the entry lock, each batch applied atomically: a Lookup sees
+// a batch, and the predictions it confirms, either entirely or not at all.
+// Lookups run in parallel with each other and with Routed. Apply's
+// per-batch scratch (re-hashed keys, confirmations) is used only under the
+// entry lock. Lock order: the entry lock, then the prediction lock; no
+// method holds the prediction lock while taking the entry lock.
 type Exact struct {
 	cfg  Config
 	root Key
@@ -106,18 +116,20 @@ func (x *Exact) NumReplicas() int {
 // It reports whether name was registered.
 func (x *Exact) RemoveReplica(name string) bool {
 	x.mu.Lock()
+	defer x.mu.Unlock()
 	id, ok := x.reps.remove(name)
 	if ok {
 		x.clear(func(k srcKey) bool { return k.r == id })
 		x.publish()
+		// Still under x.mu: the ID cannot be reused (and predicted for)
+		// before its old predictions are gone.
+		if x.pred != nil {
+			x.pred.mu.Lock()
+			x.pred.dropReplica(id)
+			x.pred.mu.Unlock()
+		}
 	}
 	x.c.replicas.Store(int64(len(x.reps.byName)))
-	x.mu.Unlock()
-	if ok && x.pred != nil {
-		x.pred.mu.Lock()
-		x.pred.dropReplica(id)
-		x.pred.mu.Unlock()
-	}
 	return ok
 }
 
@@ -177,8 +189,8 @@ func (x *Exact) Apply(engine string, b *vllm.Batch) {
 	}
 	x.c.batches.Add(1)
 	x.publish()
-	x.mu.Unlock()
-
+	// x.confirm is scratch shared by all Applies: settle it before another
+	// Apply (another engine's subscriber) can take x.mu and reuse it.
 	if x.pred != nil && len(x.confirm) > 0 && x.c.predictedLive.Load() > 0 {
 		x.pred.mu.Lock()
 		for _, c := range x.confirm {
@@ -187,6 +199,8 @@ func (x *Exact) Apply(engine string, b *vllm.Batch) {
 		x.c.predictedLive.Store(int64(x.pred.st.n))
 		x.pred.mu.Unlock()
 	}
+	x.confirm = x.confirm[:0]
+	x.mu.Unlock()
 }
 
 // publish updates the size gauges. Caller holds x.mu.
@@ -417,17 +431,19 @@ func (x *Exact) routedFrom(id ReplicaID, keys []Key, held int) {
 	if x.pred == nil || len(keys) == 0 {
 		return
 	}
+	now := x.cfg.Now().UnixNano()
+	// The read lock is held until the prediction is recorded, so that id
+	// cannot be removed (and its predictions dropped) in between, which
+	// would leave this prediction to a replica that later reuses id.
 	x.mu.RLock()
-	if int(id) < len(x.reps.names) && x.reps.names[id] != "" {
-		held += x.heldPrefix(id, keys[held:])
-	} else {
-		held = 0
+	defer x.mu.RUnlock()
+	if int(id) >= len(x.reps.names) || x.reps.names[id] == "" {
+		return
 	}
-	x.mu.RUnlock()
+	held += x.heldPrefix(id, keys[held:])
 	if held == len(keys) {
 		return
 	}
-	now := x.cfg.Now().UnixNano()
 	x.pred.mu.Lock()
 	x.pred.add(id, keys[held:], now)
 	x.pred.mu.Unlock()
