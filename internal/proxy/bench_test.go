@@ -4,30 +4,38 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-
-	"kvrouter/internal/fleet"
 )
 
 // BenchmarkAddedLatency measures the latency kvrouter adds to each streamed
-// event at 100 and 1,000 concurrent streams, in one run: the engine stamps every SSE
-// event with its send time, and the client (same process, same clock)
-// records receive time minus send time, once calling the engine directly
-// and once through the proxy (parse, kv routing over an approximate index,
-// forward, per-event relay). Added latency = proxy percentile - direct
-// percentile. Each stream: a 512-token completion prompt, 20 events 20 ms
-// apart; stream starts are spread evenly over 20 ms.
+// event at 100 and 1,000 concurrent streams, direct and through kvrouter in
+// one run, under the same load.
+//
+// The load is generated in a child process (this test binary re-run as
+// TestLoadGenerator): an engine that stamps every SSE event with its send
+// time, and clients that record receive time minus send time (one clock),
+// first calling the engine directly, then through the kvrouter that this
+// process runs (parse, kv routing of a 512-token prompt over an approximate
+// index, forward, per-event relay). So this process's CPU time is
+// kvrouter's alone: proxy-cpu-µs/event is that time per relayed event
+// (user+system, sockets and the Go runtime included), the figure that
+// bounds events/s per core whatever the machine's load; loadgen-cpu-µs/event
+// is the child's (engine + clients) on the proxied phase. Added latency =
+// proxied percentile - direct percentile, in ms. Each stream: 100 events
+// 20 ms apart (50 events/s, 2 s); stream starts are spread evenly over 20 ms.
 //
 //	go test -run '^$' -bench AddedLatency -benchtime 1x ./internal/proxy/
 func BenchmarkAddedLatency(b *testing.B) {
@@ -36,9 +44,109 @@ func BenchmarkAddedLatency(b *testing.B) {
 	}
 }
 
+// loadEnv names the environment variable that makes TestLoadGenerator run
+// (its value: the number of streams).
+const loadEnv = "KVROUTER_BENCH_LOAD_STREAMS"
+
+// loadResult is TestLoadGenerator's report, one JSON line on stdout.
+type loadResult struct {
+	Events         int           `json:"events"` // per phase
+	DirectP50      time.Duration `json:"direct_p50"`
+	DirectP99      time.Duration `json:"direct_p99"`
+	ProxiedP50     time.Duration `json:"proxied_p50"`
+	ProxiedP99     time.Duration `json:"proxied_p99"`
+	DirectCPU      time.Duration `json:"direct_cpu"`  // the child's, direct phase
+	ProxiedCPU     time.Duration `json:"proxied_cpu"` // the child's, proxied phase
+	ProxiedElapsed time.Duration `json:"proxied_elapsed"`
+}
+
 func benchAddedLatency(b *testing.B, streams int) {
-	const events, gap = 20, 20 * time.Millisecond
-	eng := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	var res loadResult
+	var cpu time.Duration
+	b.ReportAllocs()
+	for b.Loop() {
+		res, cpu = runLoad(b, streams)
+	}
+	ms := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
+	perEvent := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 / float64(max(res.Events, 1)) }
+	b.ReportMetric(perEvent(cpu), "proxy-cpu-µs/event")
+	b.ReportMetric(perEvent(res.ProxiedCPU), "loadgen-cpu-µs/event")
+	b.ReportMetric(float64(cpu)/float64(res.ProxiedElapsed), "proxy-cores")
+	b.ReportMetric(ms(res.DirectP50), "direct-p50-ms")
+	b.ReportMetric(ms(res.DirectP99), "direct-p99-ms")
+	b.ReportMetric(ms(res.ProxiedP50), "proxy-p50-ms")
+	b.ReportMetric(ms(res.ProxiedP99), "proxy-p99-ms")
+	b.ReportMetric(ms(res.ProxiedP50-res.DirectP50), "added-p50-ms")
+	b.ReportMetric(ms(res.ProxiedP99-res.DirectP99), "added-p99-ms")
+}
+
+// runLoad starts the load generator, serves kvrouter in front of its
+// engine, and returns its report and this process's CPU time meanwhile.
+func runLoad(b *testing.B, streams int) (loadResult, time.Duration) {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestLoadGenerator$", "-test.count=1")
+	cmd.Env = append(os.Environ(), loadEnv+"="+strconv.Itoa(streams))
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		stdin.Close()
+		_, _ = io.Copy(io.Discard, stdout)
+		if err := cmd.Wait(); err != nil {
+			b.Errorf("load generator: %v", err)
+		}
+	}()
+	sc := bufio.NewScanner(stdout)
+	line := func(prefix string) string {
+		for sc.Scan() {
+			if v, ok := strings.CutPrefix(sc.Text(), prefix); ok {
+				return v
+			}
+		}
+		b.Fatalf("load generator: no %q line (%v)", prefix, sc.Err())
+		return ""
+	}
+	engineURL := line("engine ")
+	srv := newBenchServer(b, engineURL, nil)
+	front := httptest.NewServer(srv.Handler())
+	defer front.Close()
+	defer srv.closeIdle()
+	c0 := cpuTime()
+	if _, err := fmt.Fprintf(stdin, "proxy %s\n", front.URL); err != nil {
+		b.Fatal(err)
+	}
+	out := line("result ")
+	cpu := cpuTime() - c0
+	var res loadResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		b.Fatal(err)
+	}
+	return res, cpu
+}
+
+// TestLoadGenerator is BenchmarkAddedLatency's child process (it runs only
+// when loadEnv is set): it serves the engine, prints "engine URL", reads
+// "proxy URL" from stdin, drives the streams directly then through the
+// proxy, and prints "result {json}".
+func TestLoadGenerator(t *testing.T) {
+	v := os.Getenv(loadEnv)
+	if v == "" {
+		t.Skip("helper process of BenchmarkAddedLatency")
+	}
+	streams, err := strconv.Atoi(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const events, gap = 100, 20 * time.Millisecond
+	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
 		rc := http.NewResponseController(w)
@@ -63,29 +171,13 @@ func benchAddedLatency(b *testing.B, streams int) {
 		}
 		_, _ = io.WriteString(w, "data: [DONE]\n\n")
 	}))
-	eng.Config.MaxHeaderBytes = 1 << 16
-	eng.Start()
 	defer eng.Close()
-
-	reg := prometheus.NewRegistry()
-	fl, err := fleet.New(fleet.Config{Endpoints: []fleet.EndpointConfig{{Name: "e0", URL: eng.URL, Models: []string{"m"}}},
-		ProbeInterval: -1, ScrapeInterval: -1}, nil, reg)
+	fmt.Printf("engine %s\n", eng.URL)
+	proxyLine, err := bufio.NewReader(os.Stdin).ReadString('\n')
 	if err != nil {
-		b.Fatal(err)
+		t.Fatal(err)
 	}
-	be, err := NewBackend(BackendConfig{Model: "m", Replicas: []string{"e0"}, Policy: "kv"}, nil, nil, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg := Config{Models: []ModelConfig{{Name: "m", Tokenizer: TokenizerNone, Engines: []EngineConfig{{Name: "e0", URL: eng.URL}}}}}
-	cfg.FillDefaults(func(string) string { return "" })
-	srv, err := New(cfg, Deps{Fleet: fl, Routers: map[string]Router{"m": be}}, nil, reg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	front := httptest.NewServer(srv.Handler())
-	defer front.Close()
-	defer srv.closeIdle()
+	proxyURL := strings.TrimSpace(strings.TrimPrefix(proxyLine, "proxy "))
 
 	var prompt bytes.Buffer
 	prompt.WriteString(`{"model":"m","stream":true,"max_tokens":20,"prompt":[`)
@@ -100,7 +192,7 @@ func benchAddedLatency(b *testing.B, streams int) {
 
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: streams, DisableCompression: true}}
 	defer client.CloseIdleConnections()
-	run := func(base, path string) []time.Duration {
+	run := func(base string) []time.Duration {
 		var mu sync.Mutex
 		lat := make([]time.Duration, 0, streams*events)
 		var wg sync.WaitGroup
@@ -112,29 +204,28 @@ func benchAddedLatency(b *testing.B, streams int) {
 				// clients do, not in lockstep bursts of 1,000 events.
 				time.Sleep(gap * time.Duration(i) / time.Duration(streams))
 				own := make([]time.Duration, 0, events)
-				req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, base+path, bytes.NewReader(body))
+				req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, base+"/v1/completions", bytes.NewReader(body))
 				resp, err := client.Do(req)
 				if err != nil {
-					b.Error(err)
+					t.Error(err)
 					return
 				}
 				defer resp.Body.Close()
 				sc := bufio.NewScanner(resp.Body)
 				for sc.Scan() {
-					line := sc.Bytes()
-					v, ok := bytes.CutPrefix(line, []byte(`data: {"t":`))
+					v, ok := bytes.CutPrefix(sc.Bytes(), []byte(`data: {"t":`))
 					if !ok {
 						continue
 					}
 					sent, err := strconv.ParseInt(string(bytes.TrimSuffix(v, []byte("}"))), 10, 64)
 					if err != nil {
-						b.Error(err)
+						t.Error(err)
 						return
 					}
 					own = append(own, time.Duration(time.Now().UnixNano()-sent))
 				}
 				if len(own) != events {
-					b.Errorf("stream got %d events, want %d", len(own), events)
+					t.Errorf("stream got %d events, want %d", len(own), events)
 				}
 				mu.Lock()
 				lat = append(lat, own...)
@@ -152,26 +243,22 @@ func benchAddedLatency(b *testing.B, streams int) {
 		}
 		return d[min(len(d)-1, int(p*float64(len(d))))]
 	}
-	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
-	b.ReportAllocs()
-	var direct, proxied []time.Duration
-	var cpuDirect, cpuProxied time.Duration
-	for b.Loop() {
-		c0 := cpuTime()
-		direct = run(eng.URL, "/v1/completions")
-		c1 := cpuTime()
-		proxied = run(front.URL, "/v1/completions")
-		cpuDirect, cpuProxied = c1-c0, cpuTime()-c1
+	c0 := cpuTime()
+	direct := run(eng.URL)
+	c1 := cpuTime()
+	t0 := time.Now()
+	proxied := run(proxyURL)
+	res := loadResult{
+		Events: len(proxied), ProxiedElapsed: time.Since(t0),
+		DirectP50: pct(direct, 0.5), DirectP99: pct(direct, 0.99),
+		ProxiedP50: pct(proxied, 0.5), ProxiedP99: pct(proxied, 0.99),
+		DirectCPU: c1 - c0, ProxiedCPU: cpuTime() - c1,
 	}
-	// The process's CPU time (user+sys) spent by the proxy per relayed
-	// event: what bounds throughput per core.
-	b.ReportMetric(us(cpuProxied-cpuDirect)/float64(max(len(proxied), 1)), "proxy-cpu-µs/event")
-	b.ReportMetric(us(pct(direct, 0.5)), "direct-p50-µs")
-	b.ReportMetric(us(pct(direct, 0.99)), "direct-p99-µs")
-	b.ReportMetric(us(pct(proxied, 0.5)), "proxy-p50-µs")
-	b.ReportMetric(us(pct(proxied, 0.99)), "proxy-p99-µs")
-	b.ReportMetric(us(pct(proxied, 0.5)-pct(direct, 0.5)), "added-p50-µs")
-	b.ReportMetric(us(pct(proxied, 0.99)-pct(direct, 0.99)), "added-p99-µs")
+	out, err := json.Marshal(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("result %s\n", out)
 }
 
 // cpuTime returns the process's user+system CPU time.

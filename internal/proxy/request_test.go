@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
+	"slices"
 	"testing"
 )
 
@@ -86,6 +87,60 @@ func FuzzParseRequest(f *testing.F) {
 		}
 		if same, _ := r.forwardBody(false); !bytes.Equal(same, body) {
 			t.Fatal("disabled hit report changed the body")
+		}
+	})
+}
+
+func TestAppendIntArray(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want []uint32
+		ok   bool
+	}{
+		{"[1,2,3]", []uint32{1, 2, 3}, true},
+		{" [ 0 , 4294967295 ]\n", []uint32{0, 4294967295}, true},
+		{"[]", nil, true},
+		{"[4294967296]", nil, false},
+		{"[99999999999]", nil, false},
+		{"[01]", nil, false},
+		{"[1.0]", nil, false},
+		{"[1e3]", nil, false},
+		{"[-1]", nil, false},
+		{"[1,]", nil, false},
+		{"[1 2]", nil, false},
+		{"[1]x", nil, false},
+		{"[1", nil, false},
+		{`["a"]`, nil, false},
+	} {
+		got, ok := appendIntArray(nil, []byte(tc.in))
+		if ok != tc.ok || ok && !slices.Equal(got, tc.want) {
+			t.Errorf("appendIntArray(%q) = %v, %v; want %v, %v", tc.in, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+// FuzzAppendIntArray checks the fast token-id path against encoding/json:
+// whatever it accepts, json decodes to the same integers.
+func FuzzAppendIntArray(f *testing.F) {
+	for _, s := range []string{"[1,2,3]", " [0, 4294967295] ", "[]", "[1e3]", "[01]", "[1.5]", "[-0]"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, ok := appendIntArray(nil, b)
+		if !ok {
+			return
+		}
+		var want []float64
+		if err := json.Unmarshal(b, &want); err != nil {
+			t.Fatalf("fast path accepted %q, json: %v", b, err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%q: %v vs json %v", b, got, want)
+		}
+		for i := range got {
+			if float64(got[i]) != want[i] {
+				t.Fatalf("%q: %v vs json %v", b, got, want)
+			}
 		}
 	})
 }
