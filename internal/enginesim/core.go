@@ -152,6 +152,7 @@ type Core struct {
 	spare     []vllm.Event
 	scheduled []scheduledSeq
 	hits      []int32
+	parentBuf []byte // PrefixHashes' chained digest
 }
 
 type scheduledSeq struct {
@@ -334,4 +335,32 @@ func splitmix64(x uint64) uint64 {
 // nextToken is the deterministic output token at position i of s.
 func (c *Core) nextToken(s *seq, i int) uint32 {
 	return uint32(splitmix64(s.seed+uint64(i)) % uint64(c.cfg.VocabSize))
+}
+
+// PrefixHashes appends to dst the block hashes of the full blocks of a
+// plain prompt (no LoRA adapter, no cache_salt), chained as Submit's
+// requests are hashed. Cores with equal BlockSize, HashSeed and hasher
+// compute equal hashes, so one core's answer serves a whole fleet.
+func (c *Core) PrefixHashes(dst []vllm.BlockHash, tokens []uint32) []vllm.BlockHash {
+	bs := c.cfg.BlockSize
+	var parent []byte
+	for i := 0; (i+1)*bs <= len(tokens); i++ {
+		d := c.hasher.HashBlock(parent, tokens[i*bs:(i+1)*bs], nil)
+		c.parentBuf = append(c.parentBuf[:0], d...)
+		parent = c.parentBuf
+		dst = append(dst, vllm.EventValue(d))
+	}
+	return dst
+}
+
+// CachedPrefix is how many leading hashes are held by the GPU prefix cache
+// now, including blocks cached by the step under way (vLLM caches blocks
+// when it schedules them).
+func (c *Core) CachedPrefix(hashes []vllm.BlockHash) int {
+	for i, h := range hashes {
+		if c.pool.lookup(h) == nilBlock {
+			return i
+		}
+	}
+	return len(hashes)
 }

@@ -399,3 +399,35 @@ func TestConfigErrors(t *testing.T) {
 		t.Fatal("max_model_len beyond the cache must fail, as in vLLM")
 	}
 }
+
+// TestCachedPrefix: PrefixHashes are the chained hashes a request's
+// BlockStored carries, and CachedPrefix counts the leading ones the GPU
+// cache holds, from the moment the step caching them is scheduled until
+// they are evicted.
+func TestCachedPrefix(t *testing.T) {
+	const bs = 4
+	c := newTestCore(t, CoreConfig{BlockSize: bs, NumGPUBlocks: 6, MaxModelLen: 20})
+	p := seqTokens(1, 11) // 2 full blocks + 3 tokens
+	hs := c.PrefixHashes(nil, p)
+	if want := chain(NewFastHasher(""), bs, p, "", ""); !slices.Equal(hs, want[:2]) {
+		t.Fatalf("PrefixHashes %v, want %v", hs, want[:2])
+	}
+	if n := c.CachedPrefix(hs); n != 0 {
+		t.Fatalf("cold cache: %d", n)
+	}
+	mustSubmit(t, c, &Request{ID: "a", Tokens: p, MaxTokens: 1})
+	c.Step() // the step under way has cached both full blocks
+	if n := c.CachedPrefix(hs); n != 2 {
+		t.Fatalf("after scheduling: %d, want 2", n)
+	}
+	drain(t, c)
+	other := c.PrefixHashes(nil, seqTokens(100, 19)) // 5 blocks with its output: evicts all of a's
+	mustSubmit(t, c, &Request{ID: "b", Tokens: seqTokens(100, 19), MaxTokens: 1})
+	drain(t, c)
+	if n := c.CachedPrefix(hs); n != 0 {
+		t.Fatalf("after eviction: %d, want 0", n)
+	}
+	if n := c.CachedPrefix(other); n != 4 {
+		t.Fatalf("b's prefix: %d, want 4", n)
+	}
+}

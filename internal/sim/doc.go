@@ -18,9 +18,11 @@
 // cold fleet, each in its own goroutine (Config.Parallel at a time), with
 // its own seeded randomness: a run is reproducible from Config.Seed. Besides
 // routing's policies, "oracle" routes with global knowledge of every cache
-// (an index fed instantly and losslessly) to the replica holding the longest
-// prefix, ties to the least loaded; HitRateBound gives the hit rate no
-// policy can exceed (every earlier block cached everywhere).
+// (each engine's prefix cache read at the decision, Core.CachedPrefix: what
+// an index fed instantly and losslessly at scheduling would hold; it needs
+// no KV events) to the replica holding the longest prefix among those with
+// the fewest waiting; HitRateBound gives the hit rate no policy can exceed
+// (every earlier block cached everywhere).
 //
 // Time in the simulation never reads the wall clock: the index and router
 // get Config.Now functions over the virtual clock. Run returns after all

@@ -23,7 +23,6 @@ var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 type replica struct {
 	name     string
 	core     *enginesim.Core
-	id       kvindex.ReplicaID // in the oracle's index
 	stepping bool              // a step is under way (its end is queued)
 	kicked   bool              // a kick is queued
 	removed  bool              // no longer routable; drains
@@ -49,7 +48,7 @@ type fleet struct {
 	reps   []*replica
 	byName map[string]int
 	router *routing.Router // nil under the oracle
-	ix     *kvindex.Exact  // nil for cache-blind policies
+	ix     *kvindex.Exact  // nil for cache-blind policies and the oracle
 	rng    *rand.Rand      // event loss
 	live   map[string]*inflight
 	run    *report.Run
@@ -57,8 +56,7 @@ type fleet struct {
 	batches []vllm.Batch // in transit, by slot
 	free    []int        // free slots of batches
 	toks    []uint32
-	keys    []kvindex.Key
-	matches []kvindex.Match
+	hashes  []vllm.BlockHash // the oracle's prompt block hashes
 	text    []byte
 }
 
@@ -74,13 +72,10 @@ func newFleet(cfg Config, policy string, w *workload.Workload, seed uint64) (*fl
 		run:    &report.Run{Policy: policy, Samples: make([]report.Sample, len(w.Requests))},
 	}
 	f.run.EngineHitRate = nan()
-	if !cacheBlind(policy) {
+	if !cacheBlind(policy) && policy != PolicyOracle {
 		icfg := cfg.Index
 		icfg.Now = f.clock
 		icfg.BlockSize = f.blockSize()
-		if policy == PolicyOracle {
-			icfg.PredictTTL = -1 // knowledge, not guesses
-		}
 		ix, err := kvindex.NewExact(icfg, nil, nil)
 		if err != nil {
 			return nil, err
@@ -131,8 +126,6 @@ func (f *fleet) addReplicas(n int) error {
 		f.run.Replicas = append(f.run.Replicas, r.name)
 		if f.router != nil {
 			f.router.AddReplica(r.name)
-		} else {
-			r.id = f.ix.AddReplica(r.name)
 		}
 	}
 	return nil
@@ -305,36 +298,35 @@ func (f *fleet) stepEnd(rep int) {
 	f.step(rep)
 }
 
-// publish sends a step's KV events towards the index: at once for the
-// oracle, else after EventDelay unless lost.
+// publish sends a step's KV events towards the index after EventDelay
+// unless lost. Without delay the batch is applied from the core's own
+// slice (valid until its next Step); a delayed batch is copied into a
+// reused slot.
 func (f *fleet) publish(rep int, evs []vllm.Event) {
-	b := vllm.Batch{TS: f.clock().Sub(time.Unix(0, 0)).Seconds(), Events: append([]vllm.Event(nil), evs...)}
-	if f.router == nil {
-		f.ix.Apply(f.reps[rep].name, &b)
-		return
-	}
 	if f.cfg.EventLoss > 0 && f.rng.Float64() < f.cfg.EventLoss {
 		return
 	}
+	ts := f.clock().Sub(time.Unix(0, 0)).Seconds()
 	if f.cfg.EventDelay == 0 {
+		b := vllm.Batch{TS: ts, Events: evs}
 		f.apply(rep, &b)
 		return
 	}
 	slot := len(f.batches)
 	if n := len(f.free); n > 0 {
 		slot, f.free = f.free[n-1], f.free[:n-1]
-		f.batches[slot] = b
 	} else {
-		f.batches = append(f.batches, b)
+		f.batches = append(f.batches, vllm.Batch{})
 	}
+	f.batches[slot] = vllm.Batch{TS: ts, Events: append(f.batches[slot].Events[:0], evs...)}
 	f.q.push(event{at: f.now + f.cfg.EventDelay, kind: evDeliver, rep: rep, i: slot})
 }
 
 func (f *fleet) deliver(rep, slot int) {
-	b := f.batches[slot]
-	f.batches[slot] = vllm.Batch{}
+	f.apply(rep, &f.batches[slot])
+	clear(f.batches[slot].Events) // keep the capacity, not the slices
+	f.batches[slot].Events = f.batches[slot].Events[:0]
 	f.free = append(f.free, slot)
-	f.apply(rep, &b)
 }
 
 // apply feeds a batch to the index unless the replica was removed (the
@@ -369,8 +361,6 @@ func (f *fleet) scale(delta int) error {
 		delta++
 		if f.router != nil {
 			f.router.RemoveReplica(r.name)
-		} else {
-			f.ix.RemoveReplica(r.name)
 		}
 	}
 	return nil
@@ -378,45 +368,35 @@ func (f *fleet) scale(delta int) error {
 
 // oraclePick routes with global knowledge of every engine: among the
 // replicas with the fewest waiting requests (the engine's own queue, read
-// now), the one holding the longest GPU prefix of the prompt (an index fed
-// instantly and losslessly), ties to the fewest running, then the lowest
-// index. Greedy for cache without ever queueing behind a busier replica, it
-// shows the hit rate perfect knowledge reaches at this load.
+// now), the one holding the longest GPU prefix of the prompt (its prefix
+// cache, read now: the blocks of steps under way included, as an index fed
+// instantly and losslessly at scheduling would hold), ties to the fewest
+// running, then the lowest index. Greedy for cache without ever queueing
+// behind a busier replica, it shows the hit rate perfect knowledge reaches
+// at this load. Only replicas with the fewest waiting are probed.
 func (f *fleet) oraclePick() int {
-	f.keys = kvindex.Keys(f.keys, f.toks, f.blockSize(), kvindex.Extras{Root: f.ix.Root()})
-	f.matches = f.ix.Lookup(f.keys, f.matches)
-	best := -1
+	minWait := -1
+	for _, r := range f.reps {
+		if w := r.core.Waiting(); !r.removed && (minWait < 0 || w < minWait) {
+			minWait = w
+		}
+	}
+	// Every core has the same block size and hash seed: one computes the
+	// fleet's hashes.
+	f.hashes = f.reps[0].core.PrefixHashes(f.hashes[:0], f.toks)
+	best, bestHit := -1, -1
 	for i, r := range f.reps {
-		if r.removed {
+		if r.removed || r.core.Waiting() != minWait {
 			continue
 		}
-		if best < 0 {
-			best = i
-			continue
-		}
-		b := f.reps[best]
-		wr, wb := r.core.Waiting(), b.core.Waiting()
-		hr, hb := f.gpu(i), f.gpu(best)
+		hit := r.core.CachedPrefix(f.hashes)
 		switch {
-		case wr != wb:
-			if wr < wb {
-				best = i
-			}
-		case hr != hb:
-			if hr > hb {
-				best = i
-			}
-		case r.core.Running() < b.core.Running():
-			best = i
+		case best < 0, hit > bestHit:
+		case hit == bestHit && r.core.Running() < f.reps[best].core.Running():
+		default:
+			continue
 		}
+		best, bestHit = i, hit
 	}
 	return best
-}
-
-func (f *fleet) gpu(rep int) int32 {
-	id := f.reps[rep].id
-	if int(id) < len(f.matches) {
-		return f.matches[id].GPU
-	}
-	return 0
 }
