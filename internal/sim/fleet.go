@@ -23,9 +23,9 @@ var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 type replica struct {
 	name     string
 	core     *enginesim.Core
-	stepping bool              // a step is under way (its end is queued)
-	kicked   bool              // a kick is queued
-	removed  bool              // no longer routable; drains
+	stepping bool // a step is under way (its end is queued)
+	kicked   bool // a kick is queued
+	removed  bool // no longer routable; drains
 	res      enginesim.StepResult
 	load     int // in-flight requests (oracle's load; also the plot)
 }
