@@ -34,7 +34,8 @@ func cmp64(a, b int64) int {
 
 // pickMin chooses the candidate with the lowest d.Terms[i].Cost; ties go to
 // the lower load, then uniformly at random (reservoir sampling, so no
-// allocation). It fills d's choice and returns it.
+// allocation), or to the first of them when rng is nil (Evaluate: no
+// random state consumed). It fills d's choice and returns it.
 func pickMin(d *Decision, cands []Candidate, rng *lockedRand) Decision {
 	best := 0
 	for i := 1; i < len(cands); i++ {
@@ -59,7 +60,7 @@ func pickMin(d *Decision, cands []Candidate, rng *lockedRand) Decision {
 				chosen, n = i, 1
 			case 0:
 				n++
-				if rng.IntN(n) == 0 {
+				if rng != nil && rng.IntN(n) == 0 {
 					chosen = i
 				}
 			}

@@ -26,7 +26,14 @@ type Dynamo struct {
 var _ Policy = (*Dynamo)(nil)
 
 // Pick implements Policy. Cost is Dynamo's logit, in blocks.
-func (p *Dynamo) Pick(req *Request, cands []Candidate) Decision {
+func (p *Dynamo) Pick(req *Request, cands []Candidate) Decision { return p.decide(req, cands, p.rng) }
+
+// Evaluate implements Evaluator: Pick with ties broken without randomness.
+func (p *Dynamo) Evaluate(req *Request, cands []Candidate) Decision {
+	return p.decide(req, cands, nil)
+}
+
+func (p *Dynamo) decide(req *Request, cands []Candidate, rng *lockedRand) Decision {
 	d := newDecision("dynamo", cands)
 	bs := float64(max(p.blockSize, 1))
 	isl := float64(req.promptTokens())
@@ -41,5 +48,5 @@ func (p *Dynamo) Pick(req *Request, cands []Candidate) Decision {
 		decode := float64(l.ActiveTokens)/bs + math.Max(0, reqBlocks-overlap)
 		t.Cost = p.cfg.OverlapWeight*prefill + decode
 	}
-	return pickMin(&d, cands, p.rng)
+	return pickMin(&d, cands, rng)
 }

@@ -27,7 +27,12 @@ type KV struct {
 var _ Policy = (*KV)(nil)
 
 // Pick implements Policy. Cost is in seconds.
-func (p *KV) Pick(req *Request, cands []Candidate) Decision {
+func (p *KV) Pick(req *Request, cands []Candidate) Decision { return p.decide(req, cands, p.rng) }
+
+// Evaluate implements Evaluator: Pick with ties broken without randomness.
+func (p *KV) Evaluate(req *Request, cands []Candidate) Decision { return p.decide(req, cands, nil) }
+
+func (p *KV) decide(req *Request, cands []Candidate, rng *lockedRand) Decision {
 	d := newDecision("kv", cands)
 	c := &p.cfg
 	wait := c.WaitingPenalty.Seconds()
@@ -57,7 +62,7 @@ func (p *KV) Pick(req *Request, cands []Candidate) Decision {
 			pos(c.DecodeWeight)*float64(l.RunningDecode)/rate(l.DecodeRate) +
 			wait*float64(l.Waiting)
 	}
-	return pickMin(&d, cands, p.rng)
+	return pickMin(&d, cands, rng)
 }
 
 // rate guards a throughput used as a divisor.

@@ -23,7 +23,12 @@ var _ Policy = (*LLMD)(nil)
 
 // Pick implements Policy. Cost is the negated weighted score (-7..0 with the
 // default weights).
-func (p *LLMD) Pick(req *Request, cands []Candidate) Decision {
+func (p *LLMD) Pick(req *Request, cands []Candidate) Decision { return p.decide(req, cands, p.rng) }
+
+// Evaluate implements Evaluator: Pick with ties broken without randomness.
+func (p *LLMD) Evaluate(req *Request, cands []Candidate) Decision { return p.decide(req, cands, nil) }
+
+func (p *LLMD) decide(req *Request, cands []Candidate, rng *lockedRand) Decision {
 	d := newDecision("llmd", cands)
 	queue := func(c *Candidate) float64 {
 		if c.Load.Fresh {
@@ -50,5 +55,5 @@ func (p *LLMD) Pick(req *Request, cands []Candidate) Decision {
 		kv := 1 - min(1, max(0, c.Load.KVUsage))
 		t.Cost = -(p.cfg.QueueWeight*qs + p.cfg.KVUsageWeight*kv + p.cfg.PrefixWeight*ps)
 	}
-	return pickMin(&d, cands, p.rng)
+	return pickMin(&d, cands, rng)
 }

@@ -37,6 +37,18 @@ func newPrefixChars(cfg PrefixCharsConfig, rng *lockedRand) *PrefixChars {
 
 // Pick implements Policy. Cost is minus the matched length in characters.
 func (p *PrefixChars) Pick(req *Request, cands []Candidate) Decision {
+	return p.decide(req, cands, p.rng)
+}
+
+// Evaluate implements Evaluator: Pick without inserting the prompt into the
+// trie, choosing the first candidate at the deepest match instead of a
+// random one.
+func (p *PrefixChars) Evaluate(req *Request, cands []Candidate) Decision {
+	return p.decide(req, cands, nil)
+}
+
+// decide is Pick; rng nil means Evaluate.
+func (p *PrefixChars) decide(req *Request, cands []Candidate, rng *lockedRand) Decision {
 	d := newDecision("prefix_chars", cands)
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -73,7 +85,12 @@ func (p *PrefixChars) Pick(req *Request, cands []Candidate) Decision {
 		d.Terms[i].Cost = -float64(min(matched[i]*p.chunk, len(req.Text)))
 		if matched[i] == depth {
 			k++
-			if p.rng.IntN(k) == 0 {
+			switch {
+			case rng == nil:
+				if chosen < 0 {
+					chosen = i
+				}
+			case rng.IntN(k) == 0:
 				chosen = i
 			}
 		}
@@ -82,7 +99,9 @@ func (p *PrefixChars) Pick(req *Request, cands []Candidate) Decision {
 	if depth == 0 {
 		reason = "no_match"
 	}
-	p.insert(req.Text, cands[chosen].Name)
+	if rng != nil {
+		p.insert(req.Text, cands[chosen].Name)
+	}
 	return d.choose(chosen, cands, reason)
 }
 

@@ -14,3 +14,10 @@ func (p *RoundRobin) Pick(_ *Request, cands []Candidate) Decision {
 	n := p.next.Add(1) - 1
 	return d.choose(int(n%uint64(len(cands))), cands, "round_robin")
 }
+
+// Evaluate implements Evaluator: the candidate the next Pick would choose
+// (absent other Picks in between), without advancing the counter.
+func (p *RoundRobin) Evaluate(_ *Request, cands []Candidate) Decision {
+	d := newDecision("round_robin", cands)
+	return d.choose(int(p.next.Load()%uint64(len(cands))), cands, "round_robin")
+}

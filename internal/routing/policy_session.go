@@ -14,9 +14,22 @@ var _ Policy = (*Session)(nil)
 
 // Pick implements Policy. Cost is the negated rendezvous weight scaled to
 // [-1, 0].
-func (p *Session) Pick(req *Request, cands []Candidate) Decision {
+func (p *Session) Pick(req *Request, cands []Candidate) Decision { return p.decide(req, cands, false) }
+
+// Evaluate implements Evaluator: the rendezvous choice, or the fallback's
+// evaluation (see EvaluatePolicy) for requests without a session key.
+func (p *Session) Evaluate(req *Request, cands []Candidate) Decision {
+	return p.decide(req, cands, true)
+}
+
+func (p *Session) decide(req *Request, cands []Candidate, dry bool) Decision {
 	if req.SessionKey == "" {
-		d := p.Fallback.Pick(req, cands)
+		var d Decision
+		if dry {
+			d = EvaluatePolicy(p.Fallback, req, cands)
+		} else {
+			d = p.Fallback.Pick(req, cands)
+		}
 		d.Reason = "no_session/" + d.Reason
 		return d
 	}

@@ -26,7 +26,14 @@ var _ Policy = (*SGLang)(nil)
 // Pick implements Policy. Cost is the ranking used by the branch taken:
 // in-flight requests (imbalanced), -match rate (prefix), blocks held
 // (no_match).
-func (p *SGLang) Pick(req *Request, cands []Candidate) Decision {
+func (p *SGLang) Pick(req *Request, cands []Candidate) Decision { return p.decide(req, cands, p.rng) }
+
+// Evaluate implements Evaluator: Pick with ties broken without randomness.
+func (p *SGLang) Evaluate(req *Request, cands []Candidate) Decision {
+	return p.decide(req, cands, nil)
+}
+
+func (p *SGLang) decide(req *Request, cands []Candidate, rng *lockedRand) Decision {
 	d := newDecision("sglang", cands)
 	minL, maxL := cands[0].Load.InFlight, cands[0].Load.InFlight
 	for i := range cands {
@@ -36,7 +43,7 @@ func (p *SGLang) Pick(req *Request, cands []Candidate) Decision {
 		for i := range cands {
 			d.Terms[i].Cost = float64(cands[i].Load.InFlight)
 		}
-		d = pickMin(&d, cands, p.rng)
+		d = pickMin(&d, cands, rng)
 		d.Reason = "imbalanced"
 		return d
 	}
@@ -51,7 +58,7 @@ func (p *SGLang) Pick(req *Request, cands []Candidate) Decision {
 		best = max(best, rate)
 	}
 	if best > p.cfg.CacheThreshold {
-		d = pickMin(&d, cands, p.rng)
+		d = pickMin(&d, cands, rng)
 		d.Reason = "prefix"
 		return d
 	}
@@ -62,7 +69,7 @@ func (p *SGLang) Pick(req *Request, cands []Candidate) Decision {
 			d.Terms[i].Cost = float64(cands[i].Load.InFlight)
 		}
 	}
-	d = pickMin(&d, cands, p.rng)
+	d = pickMin(&d, cands, rng)
 	d.Reason = "no_match"
 	return d
 }

@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/zeebo/xxh3"
 
 	"kvrouter/internal/kvindex"
 )
@@ -206,44 +209,11 @@ func (r *Router) Route(req *Request) (Decision, *Lease, error) {
 	s := r.bufs.Get().(*scratch)
 	defer r.bufs.Put(s)
 
-	now := r.cfg.Now()
-	r.mu.RLock()
-	cands := s.cands[:0]
-	reps := s.reps[:0]
-	for _, rep := range r.list {
-		if !rep.healthy.Load() || slices.Contains(req.Exclude, rep.name) {
-			continue
-		}
-		reps = append(reps, rep)
-		cands = append(cands, Candidate{Name: rep.name, ID: rep.id, Held: -1, Load: rep.load(now, r.cfg.GaugeMaxAge)})
-	}
-	r.mu.RUnlock()
-	s.cands, s.reps = cands, reps
+	cands, reps, keys := r.candidates(req, s)
 	if len(cands) == 0 {
 		r.m.noReplica.Add(1)
 		return Decision{Policy: r.cfg.Policy, Index: -1}, nil, ErrNoReplica
 	}
-
-	keys := req.Keys
-	if keys == nil {
-		req.Extras.Root = r.root
-		s.keys = kvindex.Keys(s.keys, req.Tokens, r.cfg.BlockSize, req.Extras)
-		keys = s.keys
-	}
-	if r.ix != nil && len(keys) > 0 {
-		s.matches = r.ix.Lookup(keys, s.matches)
-		for i := range cands {
-			if int(cands[i].ID) < len(s.matches) {
-				cands[i].Match = s.matches[cands[i].ID]
-			}
-		}
-	}
-	if sz, ok := r.ix.(sizer); ok && r.ix != nil {
-		for i := range cands {
-			cands[i].Held = sz.ReplicaBlocks(cands[i].ID)
-		}
-	}
-
 	d := r.policy.Pick(req, cands)
 	if d.Index < 0 || d.Index >= len(cands) {
 		return d, nil, fmt.Errorf("routing: policy %s chose no candidate", r.cfg.Policy)
@@ -275,6 +245,96 @@ func (r *Router) Route(req *Request) (Decision, *Lease, error) {
 			"cached_blocks", t.CachedBlocks, "cost", t.Cost, "prompt_tokens", prompt)
 	}
 	return d, lease, nil
+}
+
+// Evaluate returns the Decision policy p (nil: the router's own policy)
+// makes for req over the router's current state, without recording
+// anything: no Lease, no load, no prediction or approximate insert in the
+// index, no metrics, and no policy state (EvaluatePolicy: no round-robin
+// step, no trie insert, no random draw; ties go to the first candidate in
+// name order among the least loaded). The candidates, block keys, index
+// Lookup, loads and cost terms are exactly those Route uses, so for a
+// policy without randomness (or without ties) Evaluate followed by Route,
+// with no other Route or index change in between, chooses the same replica.
+// It is what an explain endpoint or a shadow policy needs: p may be any
+// Policy, e.g. one made by NewPolicy. Like Route it sets req.Extras.Root
+// and does not retain req. It returns ErrNoReplica (with Index -1) when no
+// healthy replica outside req.Exclude is registered.
+func (r *Router) Evaluate(req *Request, p Policy) (Decision, error) {
+	if p == nil {
+		p = r.policy
+	}
+	s := r.bufs.Get().(*scratch)
+	defer r.bufs.Put(s)
+	cands, _, _ := r.candidates(req, s)
+	if len(cands) == 0 {
+		return Decision{Policy: r.cfg.Policy, Index: -1}, ErrNoReplica
+	}
+	d := EvaluatePolicy(p, req, cands)
+	if d.Index < 0 || d.Index >= len(cands) {
+		return d, fmt.Errorf("routing: policy %s chose no candidate", d.Policy)
+	}
+	return d, nil
+}
+
+// NewPolicy returns a new policy called name configured as the router's
+// (weights, rates, block size learned from the index), for Evaluate: a
+// shadow policy whose choices are computed but not followed. Its random
+// source is its own, seeded from name, so it never shares the router's.
+func (r *Router) NewPolicy(name string) (Policy, error) {
+	cfg := r.cfg
+	seed := xxh3.HashString(name)
+	cfg.Rand = rand.New(rand.NewPCG(seed, seed>>1|1))
+	p, err := NewPolicy(name, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("routing: %w", err)
+	}
+	return p, nil
+}
+
+// candidates fills s with req's candidates (healthy replicas outside
+// req.Exclude, in name order, each with its Load, its Match for the
+// prompt's keys and its Held blocks) and returns them, their replicas and
+// the keys. It records nothing.
+func (r *Router) candidates(req *Request, s *scratch) ([]Candidate, []*replica, []kvindex.Key) {
+	now := r.cfg.Now()
+	r.mu.RLock()
+	cands := s.cands[:0]
+	reps := s.reps[:0]
+	for _, rep := range r.list {
+		if !rep.healthy.Load() || slices.Contains(req.Exclude, rep.name) {
+			continue
+		}
+		reps = append(reps, rep)
+		cands = append(cands, Candidate{Name: rep.name, ID: rep.id, Held: -1, Load: rep.load(now, r.cfg.GaugeMaxAge)})
+	}
+	r.mu.RUnlock()
+	s.cands, s.reps = cands, reps
+	if len(cands) == 0 {
+		return nil, nil, nil
+	}
+
+	keys := req.Keys
+	if keys == nil {
+		req.Extras.Root = r.root
+		s.keys = kvindex.Keys(s.keys, req.Tokens, r.cfg.BlockSize, req.Extras)
+		keys = s.keys
+	}
+	s.matches = s.matches[:0]
+	if r.ix != nil && len(keys) > 0 {
+		s.matches = r.ix.Lookup(keys, s.matches)
+		for i := range cands {
+			if int(cands[i].ID) < len(s.matches) {
+				cands[i].Match = s.matches[cands[i].ID]
+			}
+		}
+	}
+	if sz, ok := r.ix.(sizer); ok && r.ix != nil {
+		for i := range cands {
+			cands[i].Held = sz.ReplicaBlocks(cands[i].ID)
+		}
+	}
+	return cands, reps, keys
 }
 
 // Stats returns the router's counters and each replica's load; it takes only

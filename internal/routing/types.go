@@ -131,6 +131,26 @@ type Policy interface {
 	Pick(req *Request, cands []Candidate) Decision
 }
 
+// Evaluator is the optional part of a Policy that decides without changing
+// any state: Evaluate returns the Decision Pick would make for the same
+// arguments, except that it records nothing (no round-robin step, no trie
+// insert) and draws no randomness: where Pick would choose at random among
+// tied candidates, Evaluate chooses the first of them in candidate order
+// (the Reason still says "tie_random"). Every policy of this package
+// implements it. Evaluate must be safe for concurrent use with Pick.
+type Evaluator interface {
+	Evaluate(req *Request, cands []Candidate) Decision
+}
+
+// EvaluatePolicy returns p.Evaluate(req, cands) when p is an Evaluator and
+// p.Pick(req, cands) otherwise (which may change p's state).
+func EvaluatePolicy(p Policy, req *Request, cands []Candidate) Decision {
+	if e, ok := p.(Evaluator); ok {
+		return e.Evaluate(req, cands)
+	}
+	return p.Pick(req, cands)
+}
+
 // lockedRand is a *rand.Rand shared by concurrent Picks.
 type lockedRand struct {
 	mu sync.Mutex
