@@ -65,11 +65,7 @@ type generation struct {
 	approx    *kvindex.Approx
 	router    *routing.Router
 	serving   string         // policy name that routes
-	shadow    routing.Policy // kv, in shadow mode; nil otherwise
-	explain   routing.Policy // a copy of the serving policy for dry runs
-	idOf      func(string) (kvindex.ReplicaID, bool)
-	lookup    func([]kvindex.Key, []kvindex.Match) []kvindex.Match
-	blocksOf  func(kvindex.ReplicaID) int
+	shadow    routing.Policy // kv, in shadow mode (router.Evaluate'd); nil otherwise
 }
 
 // NewBackend builds a Backend. ixReg and rtReg export the index's and the
@@ -111,33 +107,29 @@ func (b *Backend) build(blockSize int) (*generation, error) {
 			return nil, err
 		}
 		g.exact, ix, g.root, g.blockSize = x, x, x.Root(), x.BlockSize()
-		g.idOf, g.lookup, g.blocksOf = x.ReplicaID, x.Lookup, x.ReplicaBlocks
 	} else {
 		a, err := kvindex.NewApprox(icfg, b.log, b.ixReg)
 		if err != nil {
 			return nil, err
 		}
 		g.approx, ix, g.root, g.blockSize = a, a, a.Root(), a.BlockSize()
-		g.idOf, g.lookup, g.blocksOf = a.ReplicaID, a.Lookup, a.ReplicaBlocks
 	}
 	rcfg := b.cfg.Routing
 	rcfg.BlockSize = 0 // from the index
 	rcfg.Policy = b.cfg.Policy
 	if rcfg.Policy == PolicyShadow {
 		rcfg.Policy = b.cfg.ShadowServe
-		shadow, err := routing.NewPolicy("kv", rcfg)
-		if err != nil {
-			return nil, err
-		}
-		g.shadow = shadow
 	}
 	g.serving = rcfg.Policy
 	r, err := routing.New(rcfg, ix, b.log, b.rtReg)
 	if err != nil {
 		return nil, err
 	}
-	if g.explain, err = routing.NewPolicy(rcfg.Policy, routing.DefaultConfig(rcfg)); err != nil {
-		return nil, err
+	if b.cfg.Policy == PolicyShadow {
+		// Made by the router: same weights and the index's block size.
+		if g.shadow, err = r.NewPolicy("kv"); err != nil {
+			return nil, err
+		}
 	}
 	g.router = r
 	for _, name := range b.cfg.Replicas {
@@ -221,21 +213,19 @@ func (b *Backend) Route(in *RouteInput) (Decision, error) {
 		}
 	}
 	if in.DryRun {
-		d := b.evaluate(g, g.explain, req, in.Candidates)
+		d, err := g.router.Evaluate(req, nil)
 		out := Decision{Replica: d.Name, CachedTokens: cachedTokens(d, g.blockSize, len(in.Tokens)), Explain: explanation(d, g)}
 		if g.shadow != nil {
-			sd := b.evaluate(g, g.shadow, req, in.Candidates)
-			out.Shadow = &ShadowDecision{Replica: sd.Name, CachedTokens: cachedTokens(sd, g.blockSize, len(in.Tokens))}
+			out.Shadow = b.shadowDecision(g, req, len(in.Tokens))
 		}
-		if d.Index < 0 {
-			return out, fmt.Errorf("model %q: %w", b.cfg.Model, routing.ErrNoReplica)
+		if err != nil {
+			return out, fmt.Errorf("model %q: %w", b.cfg.Model, err)
 		}
 		return out, nil
 	}
 	var shadow *ShadowDecision
 	if g.shadow != nil { // before Route records the serving decision
-		sd := b.evaluate(g, g.shadow, req, in.Candidates)
-		shadow = &ShadowDecision{Replica: sd.Name, CachedTokens: cachedTokens(sd, g.blockSize, len(in.Tokens))}
+		shadow = b.shadowDecision(g, req, len(in.Tokens))
 	}
 	d, lease, err := g.router.Route(req)
 	if err != nil {
@@ -251,35 +241,12 @@ func (b *Backend) Route(in *RouteInput) (Decision, error) {
 	}, nil
 }
 
-// evaluate runs policy p over the candidates as Router.Route would (same
-// keys, index lookup and loads) without charging anything: no lease, no
-// predicted blocks.
-func (b *Backend) evaluate(g *generation, p routing.Policy, req *routing.Request, names []string) routing.Decision {
-	ex := req.Extras
-	ex.Root = g.root
-	keys := kvindex.Keys(nil, req.Tokens, g.blockSize, ex)
-	var matches []kvindex.Match
-	if len(keys) > 0 {
-		matches = g.lookup(keys, nil)
-	}
-	sorted := slices.Sorted(slices.Values(names))
-	cands := make([]routing.Candidate, 0, len(sorted))
-	for _, name := range sorted {
-		id, ok := g.idOf(name)
-		load, known := g.router.Load(name)
-		if !ok || !known {
-			continue
-		}
-		c := routing.Candidate{Name: name, ID: id, Held: g.blocksOf(id), Load: load}
-		if int(id) < len(matches) {
-			c.Match = matches[id]
-		}
-		cands = append(cands, c)
-	}
-	if len(cands) == 0 {
-		return routing.Decision{Index: -1}
-	}
-	return p.Pick(req, cands)
+// shadowDecision is what the shadow kv policy would choose for req now, by
+// routing.Router.Evaluate (same keys, lookup and loads as Route; nothing
+// recorded).
+func (b *Backend) shadowDecision(g *generation, req *routing.Request, prompt int) *ShadowDecision {
+	sd, _ := g.router.Evaluate(req, g.shadow) // no replica: Name "", 0 cached
+	return &ShadowDecision{Replica: sd.Name, CachedTokens: cachedTokens(sd, g.blockSize, prompt)}
 }
 
 func cachedTokens(d routing.Decision, blockSize, prompt int) int {
