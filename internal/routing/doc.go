@@ -28,8 +28,8 @@
 // Evaluate(req, p) does steps 1–4 only, with the router's policy or any
 // other (p, e.g. a shadow kv made by Router.NewPolicy), and records nothing:
 // no lease, no prediction, no metrics, no policy state (Evaluator: no
-// round-robin step, no trie insert, no random draw; random tie-breaks go to
-// the first tied candidate). It serves explanations (what would Route do
+// round-robin step, no trie insert, no random draw; a random tie-break
+// becomes a deterministic one, see Evaluator). It serves explanations (what would Route do
 // now, and why) and shadow policies (what would kv have chosen, and how much
 // would it have found cached) with exactly Route's keys, lookup and loads.
 //

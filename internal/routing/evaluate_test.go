@@ -210,3 +210,33 @@ func hold(x *kvindex.Exact, name string, base uint64, toks []uint32) {
 	}
 	x.Apply(name, &vllm.Batch{Events: []vllm.Event{{Type: vllm.BlockStored, BlockHashes: hs, TokenIDs: toks[:n*bs], BlockSize: bs}}})
 }
+
+// TestEvaluateTieBreak: where Pick draws at random among equally loaded
+// ties, Evaluate takes the most confirmed cache, then the first candidate.
+func TestEvaluateTieBreak(t *testing.T) {
+	p, _ := NewPolicy("kv", seeded(1))
+	ld := Load{PrefillRate: 10000, DecodeRate: 2000}
+	cands := []Candidate{
+		{Name: "a", Match: kvindex.Match{Predicted: 20}, Load: ld},
+		{Name: "b", Match: kvindex.Match{GPU: 20}, Load: ld},
+		{Name: "c", Match: kvindex.Match{GPU: 5, Predicted: 15}, Load: ld},
+	}
+	req := &Request{PromptTokens: 320}
+	for range 20 {
+		if d := p.(Evaluator).Evaluate(req, cands); d.Name != "b" || d.Reason != "tie_random" {
+			t.Fatalf("Evaluate %s (%s), want b: all tie, b's cache is confirmed", d.Name, d.Reason)
+		}
+	}
+	cands[1].Match = kvindex.Match{Predicted: 20}
+	cands[2].Match = kvindex.Match{Predicted: 20}
+	if d := p.(Evaluator).Evaluate(req, cands); d.Name != "a" {
+		t.Fatalf("Evaluate %s, want the first of identical candidates", d.Name)
+	}
+	seen := map[string]bool{}
+	for range 100 {
+		seen[p.Pick(req, cands).Name] = true
+	}
+	if len(seen) != 3 {
+		t.Fatalf("Pick no longer breaks ties at random: %v", seen)
+	}
+}

@@ -1,6 +1,10 @@
 package routing
 
-import "math"
+import (
+	"math"
+
+	"kvrouter/internal/kvindex"
+)
 
 // costEps is the cost difference below which two candidates tie (relative to
 // the cost's magnitude, with an absolute floor).
@@ -34,8 +38,10 @@ func cmp64(a, b int64) int {
 
 // pickMin chooses the candidate with the lowest d.Terms[i].Cost; ties go to
 // the lower load, then uniformly at random (reservoir sampling, so no
-// allocation), or to the first of them when rng is nil (Evaluate: no
-// random state consumed). It fills d's choice and returns it.
+// allocation). When rng is nil (Evaluate: no random state consumed) the
+// random step is replaced by a deterministic one: the most confirmed cached
+// blocks (held, not merely predicted), then the first in candidate order.
+// It fills d's choice and returns it.
 func pickMin(d *Decision, cands []Candidate, rng *lockedRand) Decision {
 	best := 0
 	for i := 1; i < len(cands); i++ {
@@ -60,7 +66,12 @@ func pickMin(d *Decision, cands []Candidate, rng *lockedRand) Decision {
 				chosen, n = i, 1
 			case 0:
 				n++
-				if rng != nil && rng.IntN(n) == 0 {
+				switch {
+				case rng == nil:
+					if confirmed(&cands[i].Match) > confirmed(&cands[chosen].Match) {
+						chosen = i
+					}
+				case rng.IntN(n) == 0:
 					chosen = i
 				}
 			}
@@ -75,3 +86,6 @@ func pickMin(d *Decision, cands []Candidate, rng *lockedRand) Decision {
 	}
 	return d.choose(chosen, cands, reason)
 }
+
+// confirmed is m's leading blocks held by the engine (not merely predicted).
+func confirmed(m *kvindex.Match) int32 { return m.GPU + m.CPU + m.Storage }

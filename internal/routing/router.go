@@ -251,8 +251,8 @@ func (r *Router) Route(req *Request) (Decision, *Lease, error) {
 // makes for req over the router's current state, without recording
 // anything: no Lease, no load, no prediction or approximate insert in the
 // index, no metrics, and no policy state (EvaluatePolicy: no round-robin
-// step, no trie insert, no random draw; ties go to the first candidate in
-// name order among the least loaded). The candidates, block keys, index
+// step, no trie insert, no random draw: a random tie-break becomes a
+// deterministic one, see Evaluator). The candidates, block keys, index
 // Lookup, loads and cost terms are exactly those Route uses, so for a
 // policy without randomness (or without ties) Evaluate followed by Route,
 // with no other Route or index change in between, chooses the same replica.

@@ -135,9 +135,13 @@ type Policy interface {
 // any state: Evaluate returns the Decision Pick would make for the same
 // arguments, except that it records nothing (no round-robin step, no trie
 // insert) and draws no randomness: where Pick would choose at random among
-// tied candidates, Evaluate chooses the first of them in candidate order
-// (the Reason still says "tie_random"). Every policy of this package
-// implements it. Evaluate must be safe for concurrent use with Pick.
+// equally loaded tied candidates, Evaluate takes the one with the most
+// confirmed cached blocks (held by the engine, not merely predicted: the
+// choice whose cached-token estimate is most certain), then the first in
+// candidate order; the Reason still says "tie_random". Random's Evaluate
+// and prefix_chars' random pick among equal matches take the first
+// candidate. Every policy of this package implements it. Evaluate must be
+// safe for concurrent use with Pick.
 type Evaluator interface {
 	Evaluate(req *Request, cands []Candidate) Decision
 }
