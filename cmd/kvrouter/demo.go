@@ -207,7 +207,8 @@ func startDemoEngine(ctx context.Context, g *errgroup.Group, i, blocks int, log 
 	srv, err := enginesim.New(enginesim.Config{
 		Core:            enginesim.CoreConfig{NumGPUBlocks: blocks, MaxModelLen: demoMaxModelLen(blocks), Timing: demoTiming()},
 		ServedModelName: demoModel,
-		KVEvents:        enginesim.KVEventsConfig{EnableKVCacheEvents: true, Endpoint: "tcp://*:0", ReplayEndpoint: "tcp://*:0"},
+		KVEvents: enginesim.KVEventsConfig{EnableKVCacheEvents: true,
+			Endpoint: "tcp://127.0.0.1:0", Bind: true, ReplayEndpoint: "tcp://127.0.0.1:0"}, // loopback only
 	}, log.With("engine", i), prometheus.NewRegistry())
 	if err != nil {
 		ln.Close()

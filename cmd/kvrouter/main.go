@@ -54,7 +54,11 @@ func main() {
 // run dispatches to a subcommand and returns the process exit code: 0 on
 // success, 2 on a usage error, 1 on any other error.
 func run(ctx context.Context, args []string, sio stdio) int {
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+	if len(args) == 0 {
+		usage(sio.err)
+		return 2
+	}
+	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		usage(sio.out)
 		return 0
 	}

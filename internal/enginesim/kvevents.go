@@ -35,6 +35,16 @@ type KVEventsConfig struct {
 	MaxQueueSize int `json:"max_queue_size"`
 	// Topic is the first frame of every PUB message ("").
 	Topic string `json:"topic"`
+	// Bind makes the PUB socket bind even when Endpoint names a host, e.g.
+	// "tcp://127.0.0.1:0" to listen on loopback only. Not a vLLM setting
+	// (vLLM can bind only on all interfaces with "*", or on an IPv6 "::"
+	// address), so it cannot be set from --kv-events-config JSON.
+	Bind bool `json:"-"`
+}
+
+// bindPub reports whether the PUB socket binds: vLLM's rule, or Bind.
+func (c KVEventsConfig) bindPub() bool {
+	return c.Bind || shouldBind(c.Endpoint)
 }
 
 // ParseKVEventsConfig decodes --kv-events-config JSON strictly (unknown keys

@@ -109,7 +109,7 @@ func (p *publisher) Run(ctx context.Context) error {
 	if err := pub.SetOption(zmq4.OptionHWM, p.cfg.HWM); err != nil {
 		return fmt.Errorf("kv events: set hwm: %w", err)
 	}
-	if shouldBind(p.cfg.Endpoint) {
+	if p.cfg.bindPub() {
 		if err := pub.Listen(goEndpoint(p.cfg.Endpoint)); err != nil {
 			return fmt.Errorf("kv events: bind %s: %w", p.cfg.Endpoint, err)
 		}
@@ -149,7 +149,7 @@ func (p *publisher) Run(ctx context.Context) error {
 // peer goes away, which for a bound socket is its own listen address, and
 // that dial races with Close (a data race inside zmq4 on shutdown).
 func (p *publisher) pubOptions() []zmq4.Option {
-	if shouldBind(p.cfg.Endpoint) {
+	if p.cfg.bindPub() {
 		return nil
 	}
 	return []zmq4.Option{zmq4.WithDialerMaxRetries(-1), zmq4.WithDialerRetry(250 * time.Millisecond),
