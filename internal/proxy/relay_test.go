@@ -2,7 +2,10 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"testing"
+	"testing/synctest"
+	"time"
 )
 
 // lastEventEndRef is the definition of lastEventEnd: the end of the last
@@ -58,5 +61,59 @@ func FuzzLastEventEnd(f *testing.F) {
 		if got, want := lastEventEnd(b), lastEventEndRef(b); got != want {
 			t.Fatalf("lastEventEnd(%q) = %d, want %d", b, got, want)
 		}
+	})
+}
+
+// TestWatchdog: the first-byte clock runs until the first progress, then
+// the idle clock counts from the latest progress (re-armed by the timer,
+// not per chunk), and stop ends it.
+func TestWatchdog(t *testing.T) {
+	const firstByte, idle = 500 * time.Millisecond, 100 * time.Millisecond
+	run := func(t *testing.T, steps []time.Duration) (error, time.Duration) {
+		var cause error
+		var at time.Duration
+		synctest.Test(t, func(t *testing.T) {
+			start := time.Now()
+			ctx, cancel := context.WithCancelCause(context.Background())
+			wd := newWatchdog(func(err error) { cancel(err); cause, at = err, time.Since(start) }, firstByte, idle)
+			defer wd.stop()
+			for _, d := range steps {
+				time.Sleep(d)
+				wd.progress(time.Now())
+			}
+			<-ctx.Done()
+		})
+		return cause, at
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []time.Duration // sleep, then progress
+		want  error
+		at    time.Duration
+	}{
+		{"no byte", nil, errFirstByteTimeout, firstByte},
+		{"silent after first", []time.Duration{300 * time.Millisecond}, errIdleTimeout, 400 * time.Millisecond},
+		{"chunks then silence", []time.Duration{10 * time.Millisecond, 40 * time.Millisecond, 40 * time.Millisecond, 99 * time.Millisecond}, errIdleTimeout, 289 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cause, at := run(t, tc.steps)
+			if cause != tc.want || at != tc.at {
+				t.Errorf("canceled with %v at %v, want %v at %v", cause, at, tc.want, tc.at)
+			}
+		})
+	}
+	t.Run("stopped", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			fired := false
+			wd := newWatchdog(func(error) { fired = true }, firstByte, idle)
+			wd.progress(time.Now())
+			time.Sleep(50 * time.Millisecond)
+			wd.progress(time.Now())
+			wd.stop()
+			time.Sleep(10 * time.Second)
+			if fired {
+				t.Error("a stopped watchdog canceled")
+			}
+		})
 	})
 }
