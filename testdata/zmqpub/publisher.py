@@ -29,6 +29,11 @@ Batch content is a pure function of (epoch, seq) so the test can check it:
   h(i) = epoch << 48 | seq << 8 | i;  ts = 1754530955.0 + epoch*1000 + seq/2
   data_parallel_rank = --rank
 
+With --history N the process starts as an engine that has already
+published batches 0..N-1 while nobody was subscribed: they are in the replay
+buffer only (made before the sockets are bound, so no subscriber can see them
+live).
+
 On start it prints "ready pub=<endpoint> replay=<endpoint>" with the bound
 endpoints (ports chosen by the OS when the endpoint ends in :0 or :*).
 Run it with Debian's /usr/bin/python3 (python3-zmq, python3-msgpack).
@@ -94,6 +99,11 @@ class Publisher:
     def __init__(self, args):
         self.args = args
         self.topic = args.topic.encode()
+        self.epoch = args.epoch
+        self.seq = 0
+        self.buffer = []  # (seq, payload), oldest first, at most --buffer
+        for _ in range(args.history):
+            self.keep(*self.next_batch())
         self.ctx = zmq.Context()
         self.pub = self.ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.SNDHWM, 100000)
@@ -111,9 +121,6 @@ class Publisher:
             self.router.setsockopt(zmq.LINGER, 0)
             self.router.bind(args.replay)
             self.replay_ep = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.epoch = args.epoch
-        self.seq = 0
-        self.buffer = []  # (seq, payload), oldest first, at most --buffer
 
     def keep(self, seq, payload):
         self.buffer.append((seq, payload))
@@ -220,6 +227,8 @@ def main():
     p.add_argument("--buffer", type=int, default=10000, help="batches kept for replay (vLLM buffer_steps)")
     p.add_argument("--rank", type=int, default=0, help="data_parallel_rank written in payloads")
     p.add_argument("--epoch", type=int, default=0, help="first epoch (changes block hashes)")
+    p.add_argument("--history", type=int, default=0,
+                   help="batches 0..N-1 published before anyone subscribed (replay buffer only)")
     pub = Publisher(p.parse_args())
     try:
         pub.run()

@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"context"
+	"hash/maphash"
 	"kvrouter/internal/vllm"
 	"log/slog"
 	"math"
@@ -15,8 +16,8 @@ import (
 
 // rank is the state of one (engine, rank) stream. Its connection goroutines
 // (dialLoop, or acceptLoop and one goroutine per accepted connection) only
-// move raw messages to process; process alone owns seq, pending and the
-// replayer, and is the only writer of this rank's Updates.
+// move raw messages to process; process alone owns seq, pending, lastSum,
+// conn and the replayer, and is the only writer of this rank's Updates.
 type rank struct {
 	s      *Subscriber
 	idx    int
@@ -26,24 +27,39 @@ type rank struct {
 	m      *rankMetrics
 
 	seq     seqTracker
-	pending ResetReason // reset to attach to the next Update that reaches the queue
-	full    bool        // the queue was full on the last attempt (logs once per episode)
+	pending ResetReason  // reset to attach to the next Update that reaches the queue
+	full    bool         // the queue was full on the last attempt (logs once per episode)
+	seed    maphash.Seed // for lastSum
+	lastSum uint64       // maphash of the payload of seq.applied (reconnect check)
+	conn    uint64       // id of the newest connection; older ones' messages are dropped
 
-	conns     atomic.Int32 // live connections (bind mode may briefly have several)
-	connected atomic.Bool  // a connection was up before: the next one is a reconnect
+	connIDs   atomic.Uint64 // numbers this rank's connections from 1
+	conns     atomic.Int32  // live connections (bind mode may briefly have several)
+	connected atomic.Bool   // a connection was up before: the next one is a reconnect
+}
+
+// liveMsg is what a connection goroutine hands to process: a live message
+// received on connection conn, or (connect true, frames nil) the news that
+// conn is a new connection, subscribed and about to be read. The
+// connect message precedes every message of its connection.
+type liveMsg struct {
+	conn    uint64
+	connect bool
+	frames  [][]byte
 }
 
 func (s *Subscriber) newRank(i int) *rank {
 	return &rank{
 		s: s, idx: i, ep: s.live[i], replay: s.replay[i],
-		log: s.log.With("rank", i, "endpoint", rankEndpoint(s.cfg.Endpoint, i)),
-		m:   s.m.forRank(s.cfg.Engine, i),
+		log:  s.log.With("rank", i, "endpoint", rankEndpoint(s.cfg.Endpoint, i)),
+		m:    s.m.forRank(s.cfg.Engine, i),
+		seed: maphash.MakeSeed(),
 	}
 }
 
 // dialLoop connects to the engine's PUB (connect mode), reads until the
 // connection breaks, and redials with exponential backoff until ctx ends.
-func (r *rank) dialLoop(ctx context.Context, in chan<- [][]byte) error {
+func (r *rank) dialLoop(ctx context.Context, in chan<- liveMsg) error {
 	cfg := r.s.cfg
 	backoff, failing := cfg.ReconnectMin, false
 	for ctx.Err() == nil {
@@ -83,7 +99,7 @@ func (r *rank) dialLoop(ctx context.Context, in chan<- [][]byte) error {
 
 // acceptLoop accepts engines dialling in (bind mode) and serves each
 // connection in its own goroutine until ctx ends.
-func (r *rank) acceptLoop(ctx context.Context, ln net.Listener, in chan<- [][]byte) error {
+func (r *rank) acceptLoop(ctx context.Context, ln net.Listener, in chan<- liveMsg) error {
 	g, gctx := errgroup.WithContext(ctx)
 	stop := context.AfterFunc(gctx, func() { ln.Close() })
 	defer stop()
@@ -124,9 +140,11 @@ func (r *rank) acceptLoop(ctx context.Context, ln net.Listener, in chan<- [][]by
 	return g.Wait()
 }
 
-// serve reads live messages from one connection into in until the
-// connection breaks or ctx ends, then closes it. It returns the read error.
-func (r *rank) serve(ctx context.Context, c *zmtpConn, in chan<- [][]byte) error {
+// serve announces a new connection to process (which then checks the
+// engine by replay, see onConnect), reads live messages from it into in
+// until the connection breaks or ctx ends, then closes it. It returns the
+// read error.
+func (r *rank) serve(ctx context.Context, c *zmtpConn, in chan<- liveMsg) error {
 	defer c.close()
 	stop := context.AfterFunc(ctx, func() { c.close() })
 	defer stop()
@@ -142,27 +160,44 @@ func (r *rank) serve(ctx context.Context, c *zmtpConn, in chan<- [][]byte) error
 			r.m.connected.Set(0)
 		}
 	}()
+	id := r.connIDs.Add(1)
+	select {
+	case in <- liveMsg{conn: id, connect: true}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 	for {
 		frames, err := c.recv()
 		if err != nil {
 			return err
 		}
 		select {
-		case in <- frames:
+		case in <- liveMsg{conn: id, frames: frames}:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
 }
 
-// process handles this rank's live messages in order until ctx ends.
-func (r *rank) process(ctx context.Context, in <-chan [][]byte) error {
+// process handles this rank's connections and live messages in order until
+// ctx ends. Messages of a connection older than the newest one (bind mode:
+// an engine dialled in again before its old connection was seen to break)
+// are dropped: whatever they carry is either in the replay the new
+// connection triggered, or found as a gap.
+func (r *rank) process(ctx context.Context, in <-chan liveMsg) error {
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case frames := <-in:
-			r.onLive(ctx, frames)
+		case m := <-in:
+			switch {
+			case m.connect:
+				r.onConnect(ctx, m.conn)
+			case m.conn < r.conn:
+				r.log.Debug("message of a replaced connection dropped", "conn", m.conn, "newest", r.conn)
+			default:
+				r.onLive(ctx, m.frames)
+			}
 		}
 	}
 }
@@ -191,14 +226,15 @@ func (r *rank) onLive(ctx context.Context, frames [][]byte) {
 			r.count(&r.s.stats.gaps, r.m.gaps)
 			r.log.Warn("sequence gap", "missing_from", st.missFrom, "missing_to", seq-1)
 		}
-		r.fill(ctx, st.missFrom, seq, st.fresh)
+		r.fill(ctx, st.missFrom, st.fresh)
 	}
 	r.handle(seq, payload, false)
 }
 
 // fill asks the replay endpoint for the batches from `from` on and handles
-// them. Whatever it cannot fill is found by handle as a hole.
-func (r *rank) fill(ctx context.Context, from, liveSeq uint64, fresh bool) {
+// them. Whatever it cannot fill is found by handle as a hole. fresh: nothing
+// of this epoch is applied yet (a catch-up; a missing prefix loses nothing).
+func (r *rank) fill(ctx context.Context, from uint64, fresh bool) {
 	if r.replay == nil {
 		return
 	}
@@ -220,7 +256,7 @@ func (r *rank) fill(ctx context.Context, from, liveSeq uint64, fresh bool) {
 			lvl = slog.LevelDebug // catch-up of an epoch's prefix: nothing indexed is lost
 		}
 		r.log.Log(ctx, lvl, "replay could not start at the requested seq (no longer buffered)",
-			"from", from, "first", res.first, "replayed", res.batches, "live_seq", liveSeq)
+			"from", from, "first", res.first, "replayed", res.batches)
 	default:
 		r.log.Info("replay done", "from", from, "to", res.last, "replayed", res.batches)
 	}
@@ -238,6 +274,7 @@ func (r *rank) handle(seq uint64, payload []byte, replayed bool) {
 		}
 		return
 	}
+	r.lastSum = maphash.Bytes(r.seed, payload)
 	if hole {
 		r.count(&r.s.stats.unrecoverable, r.m.unrecoverable)
 		r.setPending(ResetGapLost)

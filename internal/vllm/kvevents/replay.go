@@ -44,7 +44,8 @@ type replayResult struct {
 // ["", "", ffx8, ""] and ["", ffx8, ""]. A data reply whose seq is
 // ff..ff but whose payload is not empty is data, not the end.
 //
-// The whole request, connection included, is bounded by r.timeout and ctx.
+// The whole request, connection included, is bounded by r.timeout and ctx;
+// a failing dial is retried for up to dialRetryFor.
 // When the engine buffers nothing from `from` on (all older), it starts at
 // its oldest batch: callers compare result.first with from. An error from fn
 // stops the replay and is returned. The result covers the replies handled
@@ -53,7 +54,7 @@ func (r *replayer) replay(ctx context.Context, from uint64, fn func(seq uint64, 
 	var res replayResult
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
-	c, err := dialZMTP(ctx, r.ep, zmq4.Dealer)
+	c, err := r.dial(ctx)
 	if err != nil {
 		return res, fmt.Errorf("replay: dial %s: %w", r.ep.addr, err)
 	}
@@ -87,6 +88,24 @@ func (r *replayer) replay(ctx context.Context, from uint64, fn func(seq uint64, 
 		if err := fn(seq, payload); err != nil {
 			return res, err
 		}
+	}
+}
+
+// dialRetryFor is how long a failing replay dial is retried: vLLM binds its
+// ROUTER just after its PUB, so a subscriber reconnecting to a starting
+// engine can find the PUB up and the ROUTER not yet.
+const dialRetryFor = 500 * time.Millisecond
+
+// dial connects a DEALER to the ROUTER, retrying every 20ms for up to
+// dialRetryFor (and within ctx) while the dial fails.
+func (r *replayer) dial(ctx context.Context) (*zmtpConn, error) {
+	give := time.Now().Add(dialRetryFor)
+	for {
+		c, err := dialZMTP(ctx, r.ep, zmq4.Dealer)
+		if err == nil || ctx.Err() != nil || time.Now().After(give) {
+			return c, err
+		}
+		sleepCtx(ctx, 20*time.Millisecond)
 	}
 }
 

@@ -24,18 +24,27 @@ type ResetReason uint8
 const (
 	// ResetNone: apply the batch on top of the existing state.
 	ResetNone ResetReason = iota
-	// ResetRestart: a live seq went backwards, the engine process restarted
-	// and its cache is empty (vLLM sends no AllBlocksCleared on restart).
+	// ResetRestart: the engine process was replaced and the new one's
+	// cache holds none of the old blocks (vLLM sends no AllBlocksCleared
+	// on restart). Seen either as a live seq going backwards, or on
+	// reconnection by replay: the new process's buffer lacks the last
+	// applied batch, or holds a different batch under its seq.
 	ResetRestart
 	// ResetGapLost: batches were lost for good: missed and not replayable
 	// (no replay endpoint, replay failed or timed out, or the engine no
-	// longer buffers them), or a batch could not be decoded.
+	// longer buffers them, also on reconnection), or a batch could not be
+	// decoded.
 	ResetGapLost
 	// ResetOverflow: the consumer queue was full and batches were dropped.
 	ResetOverflow
+	// ResetReconnect: the connection to the engine rank was re-established
+	// and nothing could tell whether the engine process is still the one
+	// whose batches were applied (no replay endpoint, or the replay request
+	// failed), so its state may be stale: a conservative reset.
+	ResetReconnect
 )
 
-// String returns "none", "restart", "gap_lost" or "overflow".
+// String returns "none", "restart", "gap_lost", "overflow" or "reconnect".
 func (r ResetReason) String() string {
 	switch r {
 	case ResetNone:
@@ -46,19 +55,30 @@ func (r ResetReason) String() string {
 		return "gap_lost"
 	case ResetOverflow:
 		return "overflow"
+	case ResetReconnect:
+		return "reconnect"
 	}
 	return fmt.Sprintf("ResetReason(%d)", uint8(r))
 }
 
 // Update is one decoded batch handed to the consumer, in sequence order per
 // (Engine, Rank). Updates of different ranks interleave.
+//
+// A reset found while no batch follows (on reconnection: the engine
+// restarted and is idle, or the reconnection could not be checked) comes
+// at once in an Update without a batch: Reset set, Seq 0, Replayed false,
+// Batch{DataParallelRank: Rank} with no events and TS 0. It is not one of
+// the engine's batches (not counted in batches); the consumer drops the
+// rank's state and applies the empty batch, i.e. nothing. Only when the
+// queue is full does such a reset wait for the rank's next Update.
 type Update struct {
 	// Engine is SubscriberConfig.Engine.
 	Engine string
 	// Rank is the data-parallel rank of the subscription (port offset) the
 	// batch came from. Batch.DataParallelRank is what the engine wrote.
 	Rank int
-	// Seq is the engine's sequence number of the batch within its process.
+	// Seq is the engine's sequence number of the batch within its process
+	// (0 in an Update without a batch).
 	Seq uint64
 	// Replayed is true when the batch came from the replay endpoint rather
 	// than the live stream.
@@ -263,7 +283,7 @@ func (s *Subscriber) Run(ctx context.Context, apply func(Update)) error {
 	g, ctx := errgroup.WithContext(ctx)
 	for r := range s.live {
 		rs := s.newRank(r)
-		in := make(chan [][]byte, 64)
+		in := make(chan liveMsg, 64)
 		if ln := lns[r]; ln != nil {
 			g.Go(guard("accept", func() error { return rs.acceptLoop(ctx, ln, in) }))
 		} else {
