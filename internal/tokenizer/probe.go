@@ -97,6 +97,7 @@ type MismatchError struct {
 	LocalPiece, RemotePiece string
 }
 
+// Error says where local and engine ids first differ and shows both.
 func (e *MismatchError) Error() string {
 	return fmt.Sprintf("tokenizer mismatch with engine %s on the %s probe at token %d (after %q): local %d %q, engine %d %q (lengths %d vs %d)",
 		e.Engine, e.Probe, e.Index, e.Context, e.Local, e.LocalPiece, e.Remote, e.RemotePiece, e.LocalLen, e.RemoteLen)

@@ -57,6 +57,7 @@ type EngineError struct {
 	Message  string // the engine's error message, or the start of the body
 }
 
+// Error names the endpoint, the HTTP status and the engine's message.
 func (e *EngineError) Error() string {
 	return fmt.Sprintf("engine %s: HTTP %d: %s", e.Endpoint, e.Status, e.Message)
 }
