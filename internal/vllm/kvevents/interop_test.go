@@ -236,21 +236,23 @@ func checkResetOnly(t *testing.T, u Update, rank int, reset ResetReason) {
 }
 
 // firstLive publishes one batch at a time until the subscriber delivers
-// something, which must be seq 0 of epoch with no reset, then checks the
-// rest of what was published; it returns the publisher's next seq.
-func firstLive(t *testing.T, p *pyPub, rs *runningSub, epoch uint64) uint64 {
+// something, which must be seq from of epoch with no reset, then checks the
+// rest of what was published; it returns the publisher's next seq. Batches
+// lost before the subscription reached the publisher are caught up by
+// replay when a later one arrives.
+func firstLive(t *testing.T, p *pyPub, rs *runningSub, epoch, from uint64) uint64 {
 	t.Helper()
 	for attempt := 0; attempt < 25; attempt++ {
 		next := p.do("publish 1")
 		if u, ok := rs.tryNext(300 * time.Millisecond); ok {
-			checkPyUpdate(t, u, epoch, 0, ResetNone)
-			for seq := uint64(1); seq < next; seq++ {
+			checkPyUpdate(t, u, epoch, from, ResetNone)
+			for seq := from + 1; seq < next; seq++ {
 				checkPyUpdate(t, rs.next(t), epoch, seq, ResetNone)
 			}
 			return next
 		}
 	}
-	t.Fatalf("subscriber received nothing from the publisher of epoch %d", epoch)
+	t.Fatalf("subscriber received nothing from the publisher of epoch %d after seq %d", epoch, from)
 	return 0
 }
 
@@ -276,7 +278,7 @@ func TestInteropPython(t *testing.T) {
 			// subscription reached the publisher is caught up by replay when
 			// the next one arrives, so the consumer gets every batch from
 			// seq 0 on, once, in order, no reset.
-			next := firstLive(t, p, rs, 0)
+			next := firstLive(t, p, rs, 0, 0)
 			rs.none(t)
 			if st := rs.s.Stats(); st.Gaps != 0 || st.UnrecoverableGaps != 0 || st.Restarts != 0 {
 				t.Fatalf("after start: %+v", st)
@@ -345,7 +347,7 @@ func TestInteropPython(t *testing.T) {
 			// Its batches then apply from seq 0 with no further reset (a seq
 			// 0 lost before the subscription reached the new process is
 			// caught up by replay when seq 1 arrives).
-			next = firstLive(t, p2, rs, 2)
+			firstLive(t, p2, rs, 2, 0)
 			next = p2.do("publish 2")
 			for seq := next - 2; seq < next; seq++ {
 				checkPyUpdate(t, rs.next(t), 2, seq, ResetNone)

@@ -250,7 +250,9 @@ func (r *rank) fill(ctx context.Context, from uint64, fresh bool) {
 		}
 		r.count(&r.s.stats.replayErrors, r.m.replayErrors)
 		r.log.Warn("replay failed", "from", from, "replayed", res.batches, "err", err)
-	case res.batches == 0 || res.first > from:
+	case res.batches == 0:
+		r.log.Debug("replay: nothing buffered from the requested seq on", "from", from)
+	case res.first > from:
 		lvl := slog.LevelWarn
 		if fresh {
 			lvl = slog.LevelDebug // catch-up of an epoch's prefix: nothing indexed is lost
