@@ -53,7 +53,8 @@ func TestServeFlagErrors(t *testing.T) {
 		{"config and quick form", []string{"--config", good, "--model", "m"}, true, "excludes"},
 		{"bad policy", []string{"--model", "m", "--engine", "http://a:1", "--policy", "best"}, true, `unknown policy "best"`},
 		{"bad url", []string{"--model", "m", "--engine", "a:1"}, true, "want http(s)"},
-		{"unknown field in file", []string{"--config", bad}, false, "line 5: field event not found"},
+		{"unknown field in file", []string{"--config", bad}, false, `models[0].engines[0].event (line 5): unknown field "event"`},
+		{"udp events", []string{"--model", "m", "--engine", "http://a:1", "--events", "udp://x"}, true, `models[0].engines[0].events: "udp://x": unsupported transport`},
 		{"missing file", []string{"--config", filepath.Join(dir, "nope.yaml")}, false, "no such file"},
 	}
 	for _, tt := range tests {

@@ -210,12 +210,12 @@ func (c *Config) FillDefaults(getenv func(string) string) {
 		if len(m.SessionHeaders) == 0 {
 			m.SessionHeaders = dm.SessionHeaders
 		}
-		switch {
-		case m.Retries == 0:
+		switch m.Retries {
+		case 0:
 			m.Retries = dm.Retries
-		case m.Retries < 0:
+		case -1:
 			m.Retries = 0
-		}
+		} // other negatives are left for Validate to reject
 		if m.Timeouts.Connect == 0 {
 			m.Timeouts.Connect = dm.Timeouts.Connect
 		}
@@ -317,14 +317,21 @@ func (c *Config) Validate() error {
 				errs = append(errs, ferr(fmt.Sprintf("%q: want http(s)://host:port", e.URL), "models", i, "engines", j, "url"))
 			}
 			for _, f := range []struct{ name, v string }{{"events", e.Events}, {"replay", e.Replay}} {
-				if f.v != "" && !strings.Contains(f.v, "://") {
-					errs = append(errs, ferr(fmt.Sprintf("%q: want a ZeroMQ address such as tcp://host:port", f.v), "models", i, "engines", j, f.name))
+				if f.v == "" {
+					continue
 				}
+				if msg := checkZMQEndpoint(f.v, e.DPSize); msg != "" {
+					errs = append(errs, ferr(msg, "models", i, "engines", j, f.name))
+				}
+			}
+			if e.Replay != "" && e.Events == "" {
+				errs = append(errs, ferr("replay without events", "models", i, "engines", j, "replay"))
 			}
 			if e.DPSize < 1 {
 				errs = append(errs, ferr("must be >= 1", "models", i, "engines", j, "dp_size"))
 			}
 		}
 	}
+	errs = append(errs, c.validateNumbers()...)
 	return errors.Join(errs...)
 }

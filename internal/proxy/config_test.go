@@ -78,8 +78,14 @@ func TestParseConfigErrors(t *testing.T) {
 		name, src string
 		want      []string
 	}{
-		{"unknown field names field and line", "listen: x\nmodels:\n  - name: m\n    polcy: kv\n", []string{"line 4", "polcy"}},
-		{"wrong type", "body_limit: lots\n", []string{"line 1", "body_limit"}},
+		{"unknown field names field and line", "listen: x\nmodels:\n  - name: m\n    polcy: kv\n", []string{`models[0].polcy (line 4): unknown field "polcy"`}},
+		{"wrong type", "body_limit: lots\n", []string{"body_limit (line 1): cannot unmarshal !!str `lots` into int64"}},
+		{"sequence for a string names the field", "listen: [1,2]\n", []string{"listen (line 1): cannot unmarshal !!seq into string"}},
+		{"block sequence for a string", "models:\n  - name: m\n    tokenizer:\n      - a\n", []string{"models[0].tokenizer (line 4): cannot unmarshal !!seq into string"}},
+		{"map for an int, same line as a scalar", "models: [{name: m, retries: {a: 1}}]\n", []string{"models[0].retries (line 1): cannot unmarshal !!map into int"}},
+		{"nested sequence for a string", modelWith("tokenizer: [[a]]"), []string{"models[0].tokenizer (line 3): cannot unmarshal !!seq into string"}},
+		{"wrong element type", "models:\n  - name: m\n    session_headers: [x, [y]]\n", []string{"models[0].session_headers[1] (line 3): cannot unmarshal !!seq into string"}},
+		{"bad duration", "drain_timeout: soon\n", []string{"drain_timeout (line 1): cannot unmarshal !!str `soon` into time.Duration"}},
 		{"empty file", "", []string{"empty"}},
 		{"no models", "listen: ':1'\n", []string{"models (line 1): at least one model"}},
 		{"bad engine url with line", "models:\n  - name: m\n    engines:\n      - url: ftp://x\n", []string{"models[0].engines[0].url (line 4)", "want http(s)"}},
@@ -88,6 +94,25 @@ func TestParseConfigErrors(t *testing.T) {
 		{"duplicate model and engine", "models:\n  - name: m\n    engines: [{url: 'http://a:1'}]\n  - name: m\n    engines: [{url: 'http://a:1'}]\n",
 			[]string{"models[1].name (line 4): duplicate model", "models[1].engines[0] (line 5): engine \"http://a:1\" already listed"}},
 		{"missing name and engines", "models:\n  - policy: kv\n", []string{"models[0].name (line 2): required", "models[0].engines (line 2)"}},
+		{"negative kv weight", modelWith("routing: {kv: {gpu_weight: -1}}"), []string{"models[0].routing.kv.gpu_weight (line 3): -1: must be a finite number >= 0"}},
+		{"negative rates and weights", modelWith("routing:\n  prefill_rate: -5\n  decode_rate: 0\n  llmd: {prefix_weight: -3}\n  kv: {decode_weight: -0.5, waiting_penalty: -1s}"),
+			[]string{"models[0].routing.prefill_rate (line 4): -5", "models[0].routing.llmd.prefix_weight (line 6)", "models[0].routing.kv.decode_weight (line 7)", "models[0].routing.kv.waiting_penalty (line 7)"}},
+		{"sglang threshold out of range", modelWith("routing: {sglang: {cache_threshold: 1.5, balance_rel_threshold: 0.5}}"),
+			[]string{"routing.sglang.cache_threshold (line 3): 1.5: must be in [0, 1]", "routing.sglang.balance_rel_threshold (line 3)"}},
+		{"session fallback", modelWith("routing: {session_fallback: session}"), []string{"routing.session_fallback (line 3)"}},
+		{"absurd index size", modelWith("index: {max_entries: 99999999999, approx_ttl: -1s}"),
+			[]string{"models[0].index.max_entries (line 3): 99999999999: must be in 0..1073741824", "models[0].index.approx_ttl (line 3)"}},
+		{"retries below -1", modelWith("retries: -5"), []string{"models[0].retries (line 3): -5: must be >= -1"}},
+		{"negative timeout", modelWith("timeouts: {idle: -1s}"), []string{"models[0].timeouts.idle (line 3): must not be negative"}},
+		{"health numbers", "health: {probe_timeout: -1s, eject_after_server_errors: -2, backoff_base: 10s, backoff_max: 1s}\n" + modelWith(""),
+			[]string{"health.probe_timeout (line 1)", "health.eject_after_server_errors (line 1)", "health.backoff_max (line 1): 1s is less than backoff_base 10s"}},
+		{"udp events", "models:\n  - name: m\n    engines:\n      - url: http://a:1\n        events: udp://x\n",
+			[]string{`models[0].engines[0].events (line 5): "udp://x": unsupported transport "udp"`}},
+		{"events without port", "models:\n  - name: m\n    engines:\n      - url: http://a:1\n        events: tcp://x\n", []string{"models[0].engines[0].events (line 5)", "want tcp://host:port"}},
+		{"events bind wildcard", "models:\n  - name: m\n    engines:\n      - url: http://a:1\n        events: 'tcp://*:5557'\n", []string{"models[0].engines[0].events (line 5)", "not a bind wildcard"}},
+		{"bad replay port", "models:\n  - name: m\n    engines:\n      - url: http://a:1\n        events: tcp://x:1\n        replay: tcp://x:70000\n", []string{"models[0].engines[0].replay (line 6)", "1..65535"}},
+		{"replay without events", "models:\n  - name: m\n    engines:\n      - url: http://a:1\n        replay: tcp://x:1\n", []string{"models[0].engines[0].replay (line 5): replay without events"}},
+		{"dp ranks past the last port", "models:\n  - name: m\n    engines:\n      - {url: 'http://a:1', events: 'tcp://x:65535', dp_size: 2}\n", []string{"dp_size 2 needs ports up to 65536"}},
 		{"bad mismatch reaction", "models:\n  - name: m\n    tokenizer_mismatch: panic\n    engines: [{url: 'http://a:1'}]\n", []string{"tokenizer_mismatch (line 3)"}},
 	}
 	for _, tt := range tests {
@@ -102,5 +127,31 @@ func TestParseConfigErrors(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// modelWith returns a one-model config whose model has extra (YAML lines at
+// the model's indentation, starting on line 3).
+func modelWith(extra string) string {
+	var b strings.Builder
+	b.WriteString("models:\n  - name: m\n")
+	for l := range strings.Lines(extra) {
+		b.WriteString("    " + strings.TrimRight(l, "\n") + "\n")
+	}
+	b.WriteString("    engines: [{url: 'http://a:1'}]\n")
+	return b.String()
+}
+
+func TestParseConfigAccepts(t *testing.T) {
+	for _, src := range []string{
+		modelWith("retries: -1"),
+		modelWith("routing: {kv: {credit_decay: -1s}}\nindex: {predict_ttl: -1s}"), // documented: off
+		modelWith("routing: {sglang: {cache_threshold: 1, balance_rel_threshold: 1}}"),
+		"health: {probe_interval: -1s, scrape_interval: -1s}\n" + modelWith(""),
+		"models:\n  - name: m\n    engines:\n      - {url: 'http://a:1', events: 'ipc:///tmp/ev', replay: 'tcp://[::1]:5558'}\n",
+	} {
+		if _, _, err := ParseConfig([]byte(src), func(string) string { return "" }); err != nil {
+			t.Errorf("%s: %v", src, err)
+		}
 	}
 }

@@ -5,6 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
@@ -62,41 +66,108 @@ func (p Positions) line(path []any) int {
 	return line
 }
 
-// pathAt returns the path of the mapping key on line, or "".
-func (p Positions) pathAt(line int) string {
-	if p.root == nil {
-		return ""
-	}
-	var walk func(n *yaml.Node, path []any) string
-	walk = func(n *yaml.Node, path []any) string {
-		switch n.Kind {
-		case yaml.DocumentNode:
-			for _, c := range n.Content {
-				if r := walk(c, path); r != "" {
-					return r
-				}
-			}
-		case yaml.MappingNode:
-			for i := 0; i+1 < len(n.Content); i += 2 {
-				k, v := n.Content[i], n.Content[i+1]
-				sub := append(append([]any{}, path...), k.Value)
-				if k.Line == line && v.Kind == yaml.ScalarNode {
-					return pathString(sub)
-				}
-				if r := walk(v, sub); r != "" {
-					return r
-				}
-			}
-		case yaml.SequenceNode:
-			for i, c := range n.Content {
-				if r := walk(c, append(append([]any{}, path...), i)); r != "" {
-					return r
-				}
+// walk calls visit for every mapping entry (key and value) and sequence
+// element (key nil) under n, depth first, parents before children, until
+// visit returns true.
+func walk(n *yaml.Node, path []any, visit func(path []any, key, val *yaml.Node) bool) bool {
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			if walk(c, path, visit) {
+				return true
 			}
 		}
-		return ""
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			sub := append(slices.Clip(path), k.Value)
+			if visit(sub, k, v) || walk(v, sub, visit) {
+				return true
+			}
+		}
+	case yaml.SequenceNode:
+		for i, c := range n.Content {
+			sub := append(slices.Clip(path), i)
+			if visit(sub, nil, c) || walk(c, sub, visit) {
+				return true
+			}
+		}
 	}
-	return walk(p.root, nil)
+	return false
+}
+
+// yaml.v3's per-field decoding errors (go.yaml.in/yaml/v3 decode.go).
+var (
+	reCannot  = regexp.MustCompile("^line (\\d+): cannot unmarshal (!!\\w+)(?: `([^`]*)`)? into (.+)$")
+	reUnknown = regexp.MustCompile(`^line (\d+): field (.+) not found in type .+$`)
+	reSet     = regexp.MustCompile(`^line (\d+): field (.+) already set in type .+$`)
+	reDupKey  = regexp.MustCompile(`^line (\d+): mapping key "(.*)" already defined at line (\d+)$`)
+)
+
+// describe rewrites one of yaml.v3's decoding errors ("line 4: cannot
+// unmarshal !!seq into string") to name the field first, as validation
+// errors do: "listen (line 4): cannot unmarshal !!seq into string". An
+// error it cannot place is returned unchanged.
+func (p Positions) describe(e string) string {
+	if p.root == nil {
+		return e
+	}
+	find := func(match func(path []any, key, val *yaml.Node) bool) string {
+		var out string
+		walk(p.root, nil, func(path []any, k, v *yaml.Node) bool {
+			if match(path, k, v) {
+				out = pathString(path)
+				return true
+			}
+			return false
+		})
+		return out
+	}
+	if m := reCannot.FindStringSubmatch(e); m != nil {
+		line, _ := strconv.Atoi(m[1])
+		tag, value, into := m[2], m[3], m[4]
+		path := find(func(path []any, _, v *yaml.Node) bool {
+			if v.Line != line || v.ShortTag() != tag {
+				return false
+			}
+			if t := configTypeAt(path); t == nil || t.String() != into {
+				return false
+			}
+			if v.Kind != yaml.ScalarNode {
+				return true
+			}
+			return v.Value == value || strings.HasSuffix(value, "...") && strings.HasPrefix(v.Value, strings.TrimSuffix(value, "..."))
+		})
+		if path != "" {
+			got := tag
+			if strings.Contains(e, " `") {
+				got += " `" + value + "`"
+			}
+			return fmt.Sprintf("%s (line %d): cannot unmarshal %s into %s", path, line, got, into)
+		}
+		return e
+	}
+	for _, re := range []*regexp.Regexp{reUnknown, reSet, reDupKey} {
+		m := re.FindStringSubmatch(e)
+		if m == nil {
+			continue
+		}
+		line, _ := strconv.Atoi(m[1])
+		name := m[2]
+		path := find(func(_ []any, k, _ *yaml.Node) bool { return k != nil && k.Line == line && k.Value == name })
+		if path == "" {
+			return e
+		}
+		switch re {
+		case reUnknown:
+			return fmt.Sprintf("%s (line %d): unknown field %q", path, line, name)
+		case reSet:
+			return fmt.Sprintf("%s (line %d): field %q given twice", path, line, name)
+		default:
+			return fmt.Sprintf("%s (line %d): key %q already given at line %s", path, line, name, m[3])
+		}
+	}
+	return e
 }
 
 // ParseConfig decodes router.yaml strictly (unknown fields are errors that
@@ -121,13 +192,7 @@ func ParseConfig(data []byte, getenv func(string) string) (Config, Positions, er
 		if errors.As(err, &te) {
 			msgs := make([]string, len(te.Errors))
 			for i, e := range te.Errors {
-				msgs[i] = e
-				var line int
-				if _, serr := fmt.Sscanf(e, "line %d:", &line); serr == nil {
-					if path := pos.pathAt(line); path != "" {
-						msgs[i] = e + " (field " + path + ")"
-					}
-				}
+				msgs[i] = pos.describe(e)
 			}
 			return cfg, pos, fmt.Errorf("parse config: %s", strings.Join(msgs, "; "))
 		}
@@ -158,4 +223,36 @@ func (p Positions) annotate(err error) error {
 		out = append(out, e)
 	}
 	return fmt.Errorf("invalid config: %w", errors.Join(out...))
+}
+
+// configTypeAt returns the Go type that decodes the YAML at path in a
+// Config, or nil when path names no field.
+func configTypeAt(path []any) reflect.Type {
+	t := reflect.TypeFor[Config]()
+	for _, step := range path {
+		switch s := step.(type) {
+		case int:
+			if t.Kind() != reflect.Slice {
+				return nil
+			}
+			t = t.Elem()
+		case string:
+			if t.Kind() != reflect.Struct {
+				return nil
+			}
+			var next reflect.Type
+			for i := range t.NumField() {
+				f := t.Field(i)
+				if name, _, _ := strings.Cut(f.Tag.Get("yaml"), ","); name == s {
+					next = f.Type
+					break
+				}
+			}
+			if next == nil {
+				return nil
+			}
+			t = next
+		}
+	}
+	return t
 }
