@@ -3,11 +3,23 @@
 // A Subscriber owns one engine (all its data-parallel ranks: rank r on
 // port+r): it receives [topic, seq8, payload] messages, tracks sequence
 // numbers per rank, fills gaps from the engine's replay endpoint with a
-// DEALER socket (both the 4-frame and the older 3-frame reply forms), detects
-// restarts (a live seq that goes backwards), and hands decoded batches to the
-// consumer through a bounded queue. The consumer contract is Update: any
-// Reset other than ResetNone means "drop everything known for (Engine, Rank),
-// then apply Batch".
+// DEALER socket (both the 4-frame and the older 3-frame reply forms), and
+// hands decoded batches to the consumer through a bounded queue.
+//
+// On every connection of a rank (first and later ones) it asks the replay
+// endpoint at once, without waiting for a live batch (an idle engine sends
+// none): from seq 0 when the consumer holds nothing of the rank (catch-up),
+// else from the last applied seq L, whose reply tells the same engine
+// process (batch L buffered, byte for byte the one applied) from a new one
+// (batch L missing or different: a restart). Restarts are also detected
+// when a live seq goes backwards. A reconnection that cannot be checked (no
+// replay endpoint, replay failed) is reset conservatively. See reconnect.go
+// for every case.
+//
+// The consumer contract is Update: any Reset other than ResetNone means
+// "drop everything known for (Engine, Rank), then apply Batch"; Batch may be
+// empty (a reset found on reconnection is handed on at once, without
+// waiting for the engine's next batch).
 //
 // Goroutines start only in Subscriber.Run, which returns after they have all
 // exited. Metrics (kvrouter_vllm_*, labels engine and rank) live in a

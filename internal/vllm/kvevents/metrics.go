@@ -44,8 +44,8 @@ type SubscriberMetrics struct {
 //	kvrouter_vllm_gaps_total               live seq jumps past the next expected seq
 //	kvrouter_vllm_replays_total            replay requests sent
 //	kvrouter_vllm_replay_errors_total      replay requests that failed or timed out
-//	kvrouter_vllm_unrecoverable_gaps_total gaps nothing could fill (consumer told to drop state)
-//	kvrouter_vllm_restarts_total           live seq went backwards (engine restarted)
+//	kvrouter_vllm_unrecoverable_gaps_total gaps nothing could fill, and reconnections that could not be checked (consumer told to drop state)
+//	kvrouter_vllm_restarts_total           engine restarts: live seq went backwards, or found by replay on reconnection
 //	kvrouter_vllm_queue_drops_total        batches dropped because the consumer queue was full
 //	kvrouter_vllm_malformed_total          messages or payloads that could not be decoded
 //	kvrouter_vllm_duplicates_total         live batches skipped because replay delivered them
@@ -67,8 +67,8 @@ func NewSubscriberMetrics(reg prometheus.Registerer) (*SubscriberMetrics, error)
 		gaps:          counter("gaps_total", "Live sequence numbers that skipped past the next expected one."),
 		replays:       counter("replays_total", "Replay requests sent to the engine's replay endpoint."),
 		replayErrors:  counter("replay_errors_total", "Replay requests that failed or timed out."),
-		unrecoverable: counter("unrecoverable_gaps_total", "Gaps that could not be filled; the consumer was told to drop this engine rank's state."),
-		restarts:      counter("restarts_total", "Engine restarts detected (live sequence number went backwards)."),
+		unrecoverable: counter("unrecoverable_gaps_total", "Gaps that could not be filled, and reconnections that could not be checked; the consumer was told to drop this engine rank's state."),
+		restarts:      counter("restarts_total", "Engine restarts detected (live sequence number went backwards, or found by replay on reconnection)."),
 		queueDrops:    counter("queue_drops_total", "Batches dropped because the consumer queue was full."),
 		malformed:     counter("malformed_total", "Messages or payloads that could not be decoded."),
 		duplicates:    counter("duplicates_total", "Live batches skipped because a replay had already delivered them."),

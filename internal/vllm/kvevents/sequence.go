@@ -12,7 +12,8 @@ package kvevents
 //     same seqs still arrive live and are duplicates, skipped by applied.
 //
 // An epoch is one engine process. At the start of an epoch (first message
-// ever, or after a restart) nothing of that epoch has been applied; a missing
+// ever, after a restart, or after any reset on reconnection, which starts
+// from a zero seqTracker) nothing of that epoch has been applied; a missing
 // prefix of the epoch is then caught up by replay if possible, and losing it
 // costs nothing already indexed, so it is not a state-losing gap.
 type seqTracker struct {
