@@ -105,18 +105,45 @@ func runServe(ctx context.Context, args []string, sio stdio) error {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(sio.err, &slog.HandlerOptions{Level: fl.logLevel}))
-	ln, err := net.Listen("tcp", fl.cfg.Listen)
+	// Everything that can reject the configuration runs before the socket
+	// opens: a start-up error never follows "listening on".
+	app, err := buildServe(ctx, fl, log)
 	if err != nil {
 		return err
 	}
+	ln, err := net.Listen("tcp", fl.cfg.Listen)
+	if err != nil {
+		app.close()
+		return err
+	}
 	fmt.Fprintf(sio.err, "kvrouter serve: listening on http://%s\n", ln.Addr())
-	return serve(ctx, fl, ln, log)
+	return app.run(ctx, ln)
 }
 
-// serve wires the fleet, one routing backend per model, the event
-// subscribers, the tokenizers and the HTTP server, and runs them until ctx
-// ends. It owns ln.
+// serve builds the router (buildServe) and runs it on ln until ctx ends. It
+// owns ln.
 func serve(ctx context.Context, fl *serveFlags, ln net.Listener, log *slog.Logger) error {
+	app, err := buildServe(ctx, fl, log)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	return app.run(ctx, ln)
+}
+
+// serveApp is a built router, not yet serving.
+type serveApp struct {
+	// run serves on ln until ctx ends, then drains; it owns ln.
+	run func(ctx context.Context, ln net.Listener) error
+	// close releases what was built when run will not be called.
+	close func()
+}
+
+// buildServe wires the fleet, one routing backend per model, the event
+// subscribers, the tokenizers (with their mismatch check against the
+// engine) and the HTTP server, starting nothing; every configuration error
+// is returned here, before anything listens.
+func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveApp, error) {
 	cfg := fl.cfg
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -141,14 +168,12 @@ func serve(ctx context.Context, fl *serveFlags, ln net.Listener, log *slog.Logge
 	}
 	flt, err := fleet.New(fcfg, log, reg)
 	if err != nil {
-		ln.Close()
-		return fmt.Errorf("fleet: %w", err)
+		return nil, fmt.Errorf("fleet: %w", err)
 	}
 
 	subMetrics, err := kvevents.NewSubscriberMetrics(reg)
 	if err != nil {
-		ln.Close()
-		return err
+		return nil, err
 	}
 	ixReg := kvindexprom.Wrap(reg)
 	var subs []func(context.Context) error
@@ -196,9 +221,14 @@ func serve(ctx context.Context, fl *serveFlags, ln net.Listener, log *slog.Logge
 			probes = append(probes, probe)
 		}
 	}
+	closeProbes := func() {
+		for _, p := range probes {
+			p.Close()
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
-		ln.Close()
-		return err
+		closeProbes()
+		return nil, err
 	}
 	var subscribed []string // engines whose KV event stream must be connected for /ready
 	for _, m := range cfg.Models {
@@ -211,32 +241,34 @@ func serve(ctx context.Context, fl *serveFlags, ln net.Listener, log *slog.Logge
 	ready := func() bool { return eventsConnected(reg, subscribed) }
 	srv, err := proxy.New(cfg, proxy.Deps{Fleet: flt, Routers: routers, Tokenizers: toks, Gatherer: reg, Ready: ready}, log, reg)
 	if err != nil {
-		ln.Close()
-		return err
+		return nil, err
 	}
 	for _, p := range probes {
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		err := p.Check(pctx)
 		cancel()
 		if errors.Is(err, tokenizer.ErrMismatch) {
-			ln.Close()
-			return err
+			closeProbes()
+			return nil, err
 		}
 		if err != nil {
 			log.Warn("tokenizer probe could not ask the engine; retrying in the background", "err", err)
 		}
 	}
 
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return ignoreCanceled(flt.Run(gctx)) })
-	for _, run := range subs {
-		g.Go(func() error { return run(gctx) })
+	run := func(ctx context.Context, ln net.Listener) error {
+		g, gctx := errgroup.WithContext(ctx)
+		g.Go(func() error { return ignoreCanceled(flt.Run(gctx)) })
+		for _, run := range subs {
+			g.Go(func() error { return run(gctx) })
+		}
+		for _, p := range probes {
+			g.Go(func() error { defer p.Close(); return ignoreCanceled(p.Run(gctx)) })
+		}
+		g.Go(func() error { return srv.Run(gctx, ln) })
+		return g.Wait()
 	}
-	for _, p := range probes {
-		g.Go(func() error { defer p.Close(); return ignoreCanceled(p.Run(gctx)) })
-	}
-	g.Go(func() error { return srv.Run(gctx, ln) })
-	return g.Wait()
+	return &serveApp{run: run, close: closeProbes}, nil
 }
 
 // newTokenSource builds a model's token source: nil for "none"; the engine's

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -78,15 +79,30 @@ func TestServeFlagErrors(t *testing.T) {
 	}
 }
 
-// TestServeCommand runs "kvrouter serve" through run() as main does, with a
-// bad tokenizer path: start-up fails naming the field and line.
+// TestServeCommandStartupError runs "kvrouter serve" through run() as main
+// does with configurations that cannot start: start-up fails naming the
+// field and line, and never after opening the socket or printing
+// "listening on".
 func TestServeCommandStartupError(t *testing.T) {
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "router.yaml")
-	os.WriteFile(cfg, []byte("listen: 127.0.0.1:0\nmodels:\n  - name: m\n    tokenizer: /nonexistent/tok.json\n    engines: [{url: 'http://127.0.0.1:1'}]\n"), 0o644)
-	var out, errb bytes.Buffer
-	code := run(context.Background(), []string{"serve", "--config", cfg}, stdio{out: &out, err: &errb})
-	if code != 1 || !strings.Contains(errb.String(), "models[0].tokenizer (line 4)") {
-		t.Errorf("exit %d, stderr %q", code, errb.String())
+	tests := []struct{ name, model, want string }{
+		{"bad tokenizer path", "    tokenizer: /nonexistent/tok.json\n    engines: [{url: 'http://127.0.0.1:1'}]\n", "models[0].tokenizer (line 4)"},
+		{"bad events endpoint", "    engines: [{url: 'http://127.0.0.1:1', events: 'udp://x'}]\n", "models[0].engines[0].events (line 4)"},
+		{"absurd max_entries", "    index: {max_entries: 4000000000}\n    engines: [{url: 'http://127.0.0.1:1'}]\n", "models[0].index.max_entries (line 4)"},
+		{"negative weight", "    routing: {kv: {gpu_weight: -1}}\n    engines: [{url: 'http://127.0.0.1:1'}]\n", "models[0].routing.kv.gpu_weight (line 4)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			port := e2eFreePort(t)
+			cfg := filepath.Join(t.TempDir(), "router.yaml")
+			os.WriteFile(cfg, []byte(fmt.Sprintf("listen: 127.0.0.1:%d\nmodels:\n  - name: m\n%s", port, tt.model)), 0o644)
+			var out, errb bytes.Buffer
+			code := run(context.Background(), []string{"serve", "--config", cfg, "--log-level", "error"}, stdio{out: &out, err: &errb})
+			if code != 1 || !strings.Contains(errb.String(), tt.want) {
+				t.Errorf("exit %d, stderr %q, want 1 and %q", code, errb.String(), tt.want)
+			}
+			if strings.Contains(errb.String(), "listening on") {
+				t.Errorf("printed listening before failing: %q", errb.String())
+			}
+		})
 	}
 }
