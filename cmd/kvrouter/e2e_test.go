@@ -138,7 +138,7 @@ func startE2ERouter(t *testing.T, modelYAML string, sims ...*e2eSim) *e2eRouter 
 	})
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		resp, err := r.client.Get(r.url + "/ready")
+		resp, err := r.client.Get(r.url + "/ready?full=1")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {

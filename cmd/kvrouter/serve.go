@@ -230,16 +230,8 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		closeProbes()
 		return nil, err
 	}
-	var subscribed []string // engines whose KV event stream must be connected for /ready
-	for _, m := range cfg.Models {
-		for j, e := range m.Engines {
-			if e.Events != "" {
-				subscribed = append(subscribed, flt.Endpoints(m.Name)[j].Name())
-			}
-		}
-	}
-	ready := func() bool { return eventsConnected(reg, subscribed) }
-	srv, err := proxy.New(cfg, proxy.Deps{Fleet: flt, Routers: routers, Tokenizers: toks, Gatherer: reg, Ready: ready}, log, reg)
+	srv, err := proxy.New(cfg, proxy.Deps{Fleet: flt, Routers: routers, Tokenizers: toks, Gatherer: reg,
+		EventsConnected: func() map[string]bool { return connectedEngines(reg) }}, log, reg)
 	if err != nil {
 		return nil, err
 	}
@@ -305,18 +297,15 @@ func newTokenSource(m proxy.ModelConfig, ep *fleet.Endpoint, log *slog.Logger, r
 	return src, probe, nil
 }
 
-// eventsConnected reports whether every engine in names has its KV event
-// stream connected on rank 0 (kvrouter_vllm_connected == 1): the index is
-// subscribed.
-func eventsConnected(g prometheus.Gatherer, names []string) bool {
-	if len(names) == 0 {
-		return true
-	}
+// connectedEngines returns the engines whose KV event streams are all
+// connected (kvrouter_vllm_connected == 1 on rank 0 and on every other rank
+// that has a series).
+func connectedEngines(g prometheus.Gatherer) map[string]bool {
 	mfs, err := g.Gather()
 	if err != nil {
-		return false
+		return nil
 	}
-	up := map[string]bool{}
+	up, down := map[string]bool{}, map[string]bool{}
 	for _, mf := range mfs {
 		if mf.GetName() != "kvrouter_vllm_connected" {
 			continue
@@ -331,17 +320,18 @@ func eventsConnected(g prometheus.Gatherer, names []string) bool {
 					rank = l.GetValue()
 				}
 			}
-			if rank == "0" && m.GetGauge().GetValue() == 1 {
+			switch {
+			case m.GetGauge().GetValue() != 1:
+				down[engine] = true
+			case rank == "0":
 				up[engine] = true
 			}
 		}
 	}
-	for _, n := range names {
-		if !up[n] {
-			return false
-		}
+	for e := range down {
+		delete(up, e)
 	}
-	return true
+	return up
 }
 
 func ignoreCanceled(err error) error {

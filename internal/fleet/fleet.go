@@ -263,3 +263,35 @@ func (f *Fleet) Ready() bool {
 	}
 	return true
 }
+
+// EndpointState is one endpoint's health at one moment.
+type EndpointState struct {
+	// Name is the endpoint's label.
+	Name string
+	// Up: the endpoint may receive traffic now (not ejected, or its
+	// backoff is over when probes are off).
+	Up bool
+	// Probed: a /health probe has succeeded since start (always true when
+	// probes are off).
+	Probed bool
+}
+
+// Routable reports whether the endpoint is up and has passed a probe: what
+// readiness counts.
+func (s EndpointState) Routable() bool { return s.Up && s.Probed }
+
+// States returns the state of every endpoint of model in configuration
+// order; nil for an unknown model.
+func (f *Fleet) States(model string) []EndpointState {
+	eps := f.byModel[model]
+	if eps == nil {
+		return nil
+	}
+	now := f.cfg.Now()
+	out := make([]EndpointState, len(eps))
+	for i, ep := range eps {
+		up, _ := ep.usable(now, f.cfg.ProbeInterval < 0)
+		out[i] = EndpointState{Name: ep.name, Up: up, Probed: ep.wasProbed()}
+	}
+	return out
+}

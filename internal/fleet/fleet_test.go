@@ -188,6 +188,9 @@ func TestProbes(t *testing.T) {
 		if f.Ready() {
 			t.Fatal("ready before any probe")
 		}
+		if st := f.States("m"); len(st) != 2 || st[0] != (EndpointState{Name: "a:1", Up: true}) || st[0].Routable() {
+			t.Fatalf("states before any probe: %+v", st)
+		}
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan error)
 		go func() { done <- f.Run(ctx) }()
@@ -200,6 +203,15 @@ func TestProbes(t *testing.T) {
 		synctest.Wait()
 		if b.Up() || !a.Up() {
 			t.Fatalf("after failing probe: a up %v, b up %v", a.Up(), b.Up())
+		}
+		if st := f.States("m"); !st[0].Routable() || st[1] != (EndpointState{Name: "b:1", Up: false, Probed: true}) || st[1].Routable() {
+			t.Fatalf("states with b failing: %+v", st)
+		}
+		if !f.Ready() {
+			t.Fatal("one of two endpoints down made the model not ready")
+		}
+		if f.States("nope") != nil {
+			t.Fatal("states of an unknown model")
 		}
 		fe.set("b:1", true)
 		time.Sleep(6 * time.Second)

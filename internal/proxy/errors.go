@@ -7,11 +7,22 @@ import (
 	"time"
 )
 
+// Error types: the one vocabulary of the "type" field of every error the
+// router itself answers (OpenAI's names; docs/serve.md lists which status
+// gets which). Errors an engine answers are relayed as they are.
+const (
+	typeInvalidRequest     = "invalid_request_error"     // 400, 413, 415
+	typeAuthentication     = "authentication_error"      // 401
+	typeNotFound           = "not_found_error"           // 404: unknown model or path
+	typeServer             = "server_error"              // 500, 502, 504, a stream broken mid-way
+	typeServiceUnavailable = "service_unavailable_error" // 503: no replica up
+)
+
 // apiError is an error answered to the client in OpenAI's error shape:
 // {"error": {"message", "type", "param", "code"}}.
 type apiError struct {
 	status  int
-	typ     string // invalid_request_error, not_found_error, ...
+	typ     string // one of the type* constants
 	param   string // the offending request field, or ""
 	message string
 	// retryAfter, when positive, is sent as Retry-After (whole seconds,
@@ -22,7 +33,7 @@ type apiError struct {
 func (e *apiError) Error() string { return e.message }
 
 func badRequest(param, msg string) *apiError {
-	return &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", param: param, message: msg}
+	return &apiError{status: http.StatusBadRequest, typ: typeInvalidRequest, param: param, message: msg}
 }
 
 // errorBody is OpenAI's error JSON.
@@ -60,10 +71,15 @@ func (e *apiError) write(w http.ResponseWriter) {
 // sseError is the event that ends a stream broken after its first byte:
 // OpenAI clients raise an API error when an event's data has an "error" key.
 func sseError(msg string, code int) []byte {
-	d := errorDetail{Message: msg, Type: "upstream_error", Code: code}
+	d := errorDetail{Message: msg, Type: typeServer, Code: code}
 	b, _ := json.Marshal(errorBody{Error: d})
 	out := make([]byte, 0, len(b)+8)
 	out = append(out, "data: "...)
 	out = append(out, b...)
 	return append(out, "\n\n"...)
+}
+
+// serverError is a 500 of the router's own making.
+func serverError(msg string) *apiError {
+	return &apiError{status: http.StatusInternalServerError, typ: typeServer, message: msg}
 }

@@ -46,7 +46,7 @@ func (s *Server) forward(x *exchange) {
 		}
 		d, err := s.decide(x, s.routeInput(x, cands, false))
 		if err != nil {
-			s.fail(x, &apiError{status: http.StatusInternalServerError, typ: "internal_error", message: "routing: " + err.Error()}, outcomeUpstream)
+			s.fail(x, serverError("routing: "+err.Error()), outcomeUpstream)
 			return
 		}
 		ep := s.deps.Fleet.Endpoint(d.Replica)
@@ -54,7 +54,7 @@ func (s *Server) forward(x *exchange) {
 			if d.Release != nil {
 				d.Release()
 			}
-			s.fail(x, &apiError{status: http.StatusInternalServerError, typ: "internal_error", message: fmt.Sprintf("router chose unknown replica %q", d.Replica)}, outcomeUpstream)
+			s.fail(x, serverError(fmt.Sprintf("router chose unknown replica %q", d.Replica)), outcomeUpstream)
 			return
 		}
 		s.observeDecision(x, d)
@@ -104,7 +104,7 @@ func (s *Server) try(x *exchange, ep *fleet.Endpoint, d Decision, canRetry bool)
 
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.URL()+x.req.kind.path(), bytes.NewReader(x.fwd))
 	if err != nil {
-		s.fail(x, &apiError{status: http.StatusInternalServerError, typ: "internal_error", message: err.Error()}, outcomeUpstream)
+		s.fail(x, serverError(err.Error()), outcomeUpstream)
 		return false
 	}
 	outHeaders(req.Header, x.r.Header, x.id, ep.APIKey())
@@ -138,8 +138,8 @@ func (s *Server) upstreamFailed(x *exchange, ep *fleet.Endpoint, ctx context.Con
 		x.status, x.outcome = 499, outcomeClientClosed
 		return false
 	case errors.Is(cause, errFirstByteTimeout):
-		s.fail(x, &apiError{status: http.StatusGatewayTimeout, typ: "timeout_error",
-			message: fmt.Sprintf("replica %s sent nothing within %v", ep.Name(), x.m.cfg.Timeouts.FirstByte)}, outcomeTimeout)
+		s.fail(x, &apiError{status: http.StatusGatewayTimeout, typ: typeServer,
+			message: fmt.Sprintf("replica %s sent nothing within %v (request id %s)", ep.Name(), x.m.cfg.Timeouts.FirstByte, x.id)}, outcomeTimeout)
 		return false
 	}
 	s.deps.Fleet.Report(ep, fleet.OutcomeConnError)
@@ -147,9 +147,11 @@ func (s *Server) upstreamFailed(x *exchange, ep *fleet.Endpoint, ctx context.Con
 		s.m.retries.WithLabelValues(x.req.model, "conn_error").Inc()
 		return true
 	}
-	s.fail(x, &apiError{status: http.StatusBadGateway, typ: "upstream_error",
-		message: fmt.Sprintf("replica %s: %v", ep.Name(), err)}, outcomeUpstream)
-	x.err = err
+	// The cause (addresses, syscalls) goes to the log line with the
+	// request id, not to the client.
+	s.fail(x, &apiError{status: http.StatusBadGateway, typ: typeServer,
+		message: fmt.Sprintf("replica %s could not be reached (request id %s)", ep.Name(), x.id)}, outcomeUpstream)
+	x.err = fmt.Errorf("replica %s: %w", ep.Name(), err)
 	return false
 }
 

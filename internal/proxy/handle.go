@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"mime"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"kvrouter/internal/fleet"
@@ -93,11 +95,15 @@ func (s *Server) prepare(x *exchange, k kind) bool {
 }
 
 func (s *Server) readBody(x *exchange) ([]byte, bool) {
+	if e := checkContentType(x.r.Header.Get("Content-Type")); e != nil {
+		s.fail(x, e, outcomeBadRequest)
+		return nil, false
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(x.w, x.r.Body, s.cfg.BodyLimit))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			s.fail(x, &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error",
+			s.fail(x, &apiError{status: http.StatusRequestEntityTooLarge, typ: typeInvalidRequest,
 				message: fmt.Sprintf("request body larger than %d bytes", s.cfg.BodyLimit)}, outcomeBadRequest)
 			return nil, false
 		}
@@ -111,6 +117,20 @@ func (s *Server) readBody(x *exchange) ([]byte, bool) {
 	return body, true
 }
 
+// checkContentType accepts what vLLM (FastAPI) reads as JSON: no
+// Content-Type, application/json, or application/*+json. Anything else
+// (text/plain, curl -d's form type) is a 400, as vLLM answers it.
+func checkContentType(ct string) *apiError {
+	if ct == "" {
+		return nil
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	if err == nil && (mt == "application/json" || strings.HasPrefix(mt, "application/") && strings.HasSuffix(mt, "+json")) {
+		return nil
+	}
+	return badRequest("", fmt.Sprintf("Content-Type %q: the body must be JSON (Content-Type: application/json)", ct))
+}
+
 func (s *Server) parse(x *exchange, k kind, body []byte) bool {
 	req, aerr := parseRequest(k, body)
 	if aerr != nil {
@@ -120,7 +140,7 @@ func (s *Server) parse(x *exchange, k kind, body []byte) bool {
 	x.req = req
 	m, ok := s.models[req.model]
 	if !ok {
-		s.fail(x, &apiError{status: http.StatusNotFound, typ: "NotFoundError", param: "model",
+		s.fail(x, &apiError{status: http.StatusNotFound, typ: typeNotFound, param: "model",
 			message: fmt.Sprintf("The model `%s` does not exist.", req.model)}, outcomeBadRequest)
 		return false
 	}
@@ -204,7 +224,7 @@ func (s *Server) explain(x *exchange) {
 	}
 	d, err := s.decide(x, s.routeInput(x, names(eps), true))
 	if err != nil {
-		s.fail(x, &apiError{status: http.StatusInternalServerError, typ: "internal_error", message: "routing: " + err.Error()}, outcomeUpstream)
+		s.fail(x, serverError("routing: "+err.Error()), outcomeUpstream)
 		return
 	}
 	if d.Release != nil {
@@ -226,7 +246,7 @@ func (s *Server) explain(x *exchange) {
 	}
 	b, err := json.Marshal(out)
 	if err != nil {
-		s.fail(x, &apiError{status: http.StatusInternalServerError, typ: "internal_error", message: "encoding decision: " + err.Error()}, outcomeUpstream)
+		s.fail(x, serverError("encoding decision: "+err.Error()), outcomeUpstream)
 		return
 	}
 	h := x.w.Header()
@@ -239,7 +259,7 @@ func (s *Server) explain(x *exchange) {
 }
 
 func (s *Server) noReplica(x *exchange, retry time.Duration, err error) {
-	s.fail(x, &apiError{status: http.StatusServiceUnavailable, typ: "service_unavailable",
+	s.fail(x, &apiError{status: http.StatusServiceUnavailable, typ: typeServiceUnavailable,
 		message: fmt.Sprintf("no healthy replica for model %q", x.req.model), retryAfter: max(retry, time.Second)}, outcomeNoReplica)
 	x.err = err
 }

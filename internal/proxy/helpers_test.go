@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -188,6 +189,19 @@ type rig struct {
 	front   *httptest.Server
 	reg     *prometheus.Registry
 	client  *http.Client
+
+	mu        sync.Mutex
+	connected map[string]bool // Deps.EventsConnected's answer
+}
+
+// setConnected sets whose KV event streams count as connected.
+func (rg *rig) setConnected(names ...string) {
+	rg.mu.Lock()
+	defer rg.mu.Unlock()
+	rg.connected = map[string]bool{}
+	for _, n := range names {
+		rg.connected[n] = true
+	}
 }
 
 type rigOption func(*Config, *fleet.Config)
@@ -219,7 +233,12 @@ func newRig(t *testing.T, n int, opts ...rigOption) *rig {
 		t.Fatal(err)
 	}
 	rg.fleet = fl
-	srv, err := New(cfg, Deps{Fleet: fl, Routers: map[string]Router{"m": rg.router}, Gatherer: rg.reg}, nil, rg.reg)
+	events := func() map[string]bool {
+		rg.mu.Lock()
+		defer rg.mu.Unlock()
+		return maps.Clone(rg.connected)
+	}
+	srv, err := New(cfg, Deps{Fleet: fl, Routers: map[string]Router{"m": rg.router}, Gatherer: rg.reg, EventsConnected: events}, nil, rg.reg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,7 +39,7 @@ func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
 		Data   []json.RawMessage `json:"data"`
 	}{"list", cards})
 	if err != nil {
-		(&apiError{status: http.StatusInternalServerError, typ: "internal_error", message: err.Error()}).write(w)
+		(serverError(err.Error())).write(w)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")

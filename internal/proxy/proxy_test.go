@@ -147,10 +147,39 @@ func TestValidation(t *testing.T) {
 		{"image-only content routed by load", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]}`, 200, ""},
 		{"batch of token prompts", "/v1/completions", `{"model":"m","prompt":[[1,2],[3]]}`, 200, ""},
 		{"string list", "/v1/completions", `{"model":"m","prompt":["a","b"]}`, 200, ""},
+		{"duplicate model", "/v1/completions", `{"model":"a","model":"m","prompt":"x"}`, 400, ""},
+		{"duplicate model escaped", "/v1/completions", `{"model":"m","\u006dodel":"b","prompt":"x"}`, 400, ""},
+		{"duplicate nested key", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"a","content":"b"}]}`, 400, ""},
+		{"case-folded router key", "/v1/completions", `{"model":"m","Model":"x","prompt":"x"}`, 400, ""},
+		{"invalid UTF-8 in prompt", "/v1/completions", "{\"model\":\"m\",\"prompt\":\"a\xff\xfeb\"}", 400, ""},
+		{"invalid UTF-8 in message", "/v1/chat/completions", "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\xc3\"}]}", 400, ""},
+		{"text/plain", "/v1/completions", `{"model":"m","prompt":"x"}`, 400, ""},
+		{"form (curl -d)", "/v1/completions", `{"model":"m","prompt":"x"}`, 400, ""},
+		{"route text/plain", "/v1/route", `{"model":"m","prompt":"x"}`, 400, ""},
+		{"json with charset", "/v1/completions", `{"model":"m","prompt":"x"}`, 200, ""},
+		{"vendor +json", "/v1/completions", `{"model":"m","prompt":"x"}`, 200, ""},
+		{"no content type", "/v1/completions", `{"model":"m","prompt":"x"}`, 200, ""},
+	}
+	// Content-Type other than application/json, by test name ("-": none).
+	cts := map[string]string{
+		"text/plain":        "text/plain",
+		"form (curl -d)":    "application/x-www-form-urlencoded",
+		"route text/plain":  "text/plain; charset=utf-8",
+		"json with charset": "application/json; charset=utf-8",
+		"vendor +json":      "application/vnd.api+json",
+		"no content type":   "-",
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			resp := rg.post(tt.path, tt.body)
+			var hdr []string
+			switch ct := cts[tt.name]; ct {
+			case "":
+			case "-":
+				hdr = []string{"Content-Type", ""}
+			default:
+				hdr = []string{"Content-Type", ct}
+			}
+			resp := rg.post(tt.path, tt.body, hdr...)
 			body := readAll(t, resp)
 			if resp.StatusCode != tt.status {
 				t.Fatalf("status %d, want %d: %s", resp.StatusCode, tt.status, body)
@@ -169,6 +198,9 @@ func TestValidation(t *testing.T) {
 			if err := json.Unmarshal([]byte(body), &e); err != nil || e.Error.Message == "" || e.Error.Type == "" || e.Error.Code != tt.status {
 				t.Fatalf("not OpenAI's error shape: %s (%v)", body, err)
 			}
+			if want := map[int]string{400: typeInvalidRequest, 404: typeNotFound}[tt.status]; e.Error.Type != want {
+				t.Errorf("type %q, want %q", e.Error.Type, want)
+			}
 			if got := ""; e.Error.Param != nil {
 				got = *e.Error.Param
 				if got != tt.param {
@@ -182,8 +214,8 @@ func TestValidation(t *testing.T) {
 			}
 		})
 	}
-	if n := rg.engines[0].requests.Load(); n != 3 {
-		t.Errorf("engine got %d requests, want only the 3 valid ones", n)
+	if n := rg.engines[0].requests.Load(); n != 6 {
+		t.Errorf("engine got %d requests, want only the 6 valid ones", n)
 	}
 }
 

@@ -103,6 +103,7 @@ func (s *Server) relay(x *exchange, ep *fleet.Endpoint, ctx context.Context, wd 
 		return
 	}
 	var werr *writeError
+	var public string // what the client is told: the engine's name, no addresses
 	switch cause := context.Cause(ctx); {
 	case errors.As(err, &werr) || x.r.Context().Err() != nil:
 		// The client left: the deferred cancel closes the engine request.
@@ -110,15 +111,18 @@ func (s *Server) relay(x *exchange, ep *fleet.Endpoint, ctx context.Context, wd 
 		return
 	case errors.Is(cause, errFirstByteTimeout) || errors.Is(cause, errIdleTimeout):
 		x.outcome, x.err = outcomeTimeout, fmt.Errorf("replica %s: %w", ep.Name(), cause)
+		public = fmt.Sprintf("replica %s: %v", ep.Name(), cause)
 	default:
 		x.outcome, x.err = outcomeUpstream, fmt.Errorf("replica %s: reading: %w", ep.Name(), err)
+		public = fmt.Sprintf("replica %s stopped answering mid-response", ep.Name())
 		s.deps.Fleet.Report(ep, fleet.OutcomeConnError)
 	}
 	if !sse {
 		x.abort = true
 		return
 	}
-	_, _ = x.w.Write(sseError(x.err.Error(), http.StatusBadGateway))
+	// The detail (addresses, syscalls) is in the request's log line.
+	_, _ = x.w.Write(sseError(public+" (request id "+x.id+")", http.StatusBadGateway))
 	_ = http.NewResponseController(x.w).Flush()
 }
 

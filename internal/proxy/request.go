@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"unicode/utf8"
 )
 
 // kind is which OpenAI endpoint a request body is for.
@@ -65,9 +66,17 @@ func parseRequest(k kind, body []byte) (*request, *apiError) {
 	if len(trimmed) == 0 || trimmed[0] != '{' {
 		return nil, badRequest("", "request body must be a JSON object")
 	}
+	if !utf8.Valid(trimmed) {
+		// encoding/json would replace the bytes with U+FFFD and route a
+		// prompt that is not the one sent; Python's json (vLLM) refuses it.
+		return nil, badRequest("", "request body is not valid UTF-8")
+	}
 	var w wire
 	if err := json.Unmarshal(trimmed, &w); err != nil {
 		return nil, badRequest("", fmt.Sprintf("malformed JSON: %v", err))
+	}
+	if d := ambiguousKey(trimmed); d != "" {
+		return nil, badRequest("", "ambiguous JSON: "+d)
 	}
 	r := &request{kind: k, body: body}
 	if isNull(w.Model) {

@@ -26,9 +26,10 @@ type Deps struct {
 	// Tokenizers turn requests into token ids, per model name; a missing or
 	// nil entry means tokenizer "none".
 	Tokenizers map[string]Tokenizer
-	// Ready, when not nil, must also report true for GET /ready (e.g. every
-	// event subscriber connected).
-	Ready func() bool
+	// EventsConnected, when not nil, returns the engines (by name) whose KV
+	// event stream is connected now; GET /ready calls it once per request.
+	// Nil: no engine counts as connected.
+	EventsConnected func() map[string]bool
 	// Gatherer serves GET /metrics; nil: 404.
 	Gatherer prometheus.Gatherer
 	// Now is the clock (default time.Now).
@@ -85,6 +86,13 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 		return nil, err
 	}
 	s.m = m
+	// Every configured replica has its in-flight series from the start (0),
+	// not from its first request.
+	for _, mc := range cfg.Models {
+		for _, ep := range deps.Fleet.Endpoints(mc.Name) {
+			m.inFlight.WithLabelValues(ep.Name()).Set(0)
+		}
+	}
 	s.handler = s.routes()
 	return s, nil
 }
@@ -115,7 +123,7 @@ func (s *Server) routes() http.Handler {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(s.deps.Gatherer, promhttp.HandlerOpts{}))
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		(&apiError{status: http.StatusNotFound, typ: "not_found_error", message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)}).write(w)
+		(&apiError{status: http.StatusNotFound, typ: typeNotFound, message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)}).write(w)
 	})
 	return mux
 }
@@ -131,19 +139,11 @@ func (s *Server) auth(h http.HandlerFunc) http.HandlerFunc {
 	want := "Bearer " + s.cfg.APIKey
 	return func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != want {
-			(&apiError{status: http.StatusUnauthorized, typ: "authentication_error", message: "invalid API key"}).write(w)
+			(&apiError{status: http.StatusUnauthorized, typ: typeAuthentication, message: "invalid API key"}).write(w)
 			return
 		}
 		h(w, r)
 	}
-}
-
-func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
-	if !s.deps.Fleet.Ready() || (s.deps.Ready != nil && !s.deps.Ready()) {
-		http.Error(w, "not ready", http.StatusServiceUnavailable)
-		return
-	}
-	w.WriteHeader(http.StatusOK)
 }
 
 // Run serves on ln until ctx is done, then stops accepting, lets requests

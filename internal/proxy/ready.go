@@ -1,0 +1,113 @@
+package proxy
+
+import (
+	"encoding/json"
+	"net/http"
+)
+
+// readiness is the body of GET /ready.
+type readiness struct {
+	// Ready is the verdict the status code carries (200 or 503).
+	Ready bool `json:"ready"`
+	// Mode is "any" (default: every model has one usable engine) or "all"
+	// (?full=1: every engine is usable).
+	Mode   string         `json:"mode"`
+	Models []modelReadies `json:"models"`
+}
+
+type modelReadies struct {
+	Model string `json:"model"`
+	Ready bool   `json:"ready"`
+	// Index is "exact" (fed by KV events: an engine counts only with its
+	// stream connected) or "approx".
+	Index   string        `json:"index"`
+	Engines []engineReady `json:"engines"`
+}
+
+type engineReady struct {
+	Name string `json:"name"`
+	// Up: not ejected. Probed: a /health probe has succeeded.
+	Up     bool `json:"up"`
+	Probed bool `json:"probed"`
+	// Events: "connected", "disconnected", or "none" (no events endpoint).
+	Events string `json:"events"`
+	// Ready: this engine counts towards its model's readiness.
+	Ready bool `json:"ready"`
+}
+
+// exact reports whether the model routes with the event-fed index: when any
+// of its engines has an events endpoint (as cmd/kvrouter builds it).
+func (m ModelConfig) exact() bool {
+	for _, e := range m.Engines {
+		if e.Events != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// readiness evaluates GET /ready. An engine is ready when it is up, has
+// passed a probe, and, for a model on the event-fed index, has its KV event
+// stream connected (an engine of such a model without events, or with its
+// stream down, serves but is not counted: the index does not see it). A
+// model is ready when one of its engines is; the server when every model
+// is — or, with all, when every engine is.
+func (s *Server) readiness(all bool) readiness {
+	var connected map[string]bool
+	if s.deps.EventsConnected != nil {
+		connected = s.deps.EventsConnected()
+	}
+	out := readiness{Ready: true, Mode: "any"}
+	if all {
+		out.Mode = "all"
+	}
+	for _, mc := range s.cfg.Models {
+		exact := mc.exact()
+		mr := modelReadies{Model: mc.Name, Index: "approx"}
+		if exact {
+			mr.Index = "exact"
+		}
+		states := s.deps.Fleet.States(mc.Name)
+		allReady := len(states) > 0
+		for j, st := range states {
+			er := engineReady{Name: st.Name, Up: st.Up, Probed: st.Probed, Events: "none"}
+			if j < len(mc.Engines) && mc.Engines[j].Events != "" {
+				er.Events = "disconnected"
+				if connected[st.Name] {
+					er.Events = "connected"
+				}
+			}
+			er.Ready = st.Routable() && (!exact || er.Events == "connected")
+			mr.Ready = mr.Ready || er.Ready
+			allReady = allReady && er.Ready
+			mr.Engines = append(mr.Engines, er)
+		}
+		if all {
+			mr.Ready = allReady
+		}
+		out.Ready = out.Ready && mr.Ready
+		out.Models = append(out.Models, mr)
+	}
+	return out
+}
+
+// serveReady answers GET /ready: 200 when ready, else 503, with the
+// per-model, per-engine state as JSON either way. ?full=1 asks for every
+// engine (for tests and demos that need the whole fleet), not one per
+// model (the Kubernetes readiness semantics: losing one of N replicas
+// degrades, it does not take the router out).
+func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
+	v := r.URL.Query().Get("full")
+	rd := s.readiness(v != "" && v != "0" && v != "false")
+	b, err := json.Marshal(rd)
+	if err != nil {
+		(&apiError{status: http.StatusInternalServerError, typ: typeServer, message: "encoding readiness"}).write(w)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	if !rd.Ready {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}
+	_, _ = w.Write(b)
+}
