@@ -226,7 +226,11 @@ func TestE2EStreamDiesNoDuplicate(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
-	var tokens, errs int
+	// Strict: exactly 3 content events from one engine response (one id,
+	// one role chunk: a replay elsewhere would repeat both), then exactly
+	// one error event, last, and no [DONE].
+	var tokens, errs, roles int
+	ids := map[string]bool{}
 	for l := range strings.Lines(body) {
 		data, ok := strings.CutPrefix(strings.TrimSpace(l), "data: ")
 		if !ok {
@@ -237,9 +241,10 @@ func TestE2EStreamDiesNoDuplicate(t *testing.T) {
 			continue
 		}
 		var ev struct {
+			ID      string                    `json:"id"`
 			Error   *struct{ Message string } `json:"error"`
 			Choices []struct {
-				Delta struct{ Content string } `json:"delta"`
+				Delta struct{ Role, Content string } `json:"delta"`
 			} `json:"choices"`
 		}
 		if err := json.Unmarshal([]byte(data), &ev); err != nil {
@@ -247,14 +252,24 @@ func TestE2EStreamDiesNoDuplicate(t *testing.T) {
 		}
 		if ev.Error != nil {
 			errs++
+			if strings.Contains(ev.Error.Message, "127.0.0.1") {
+				t.Errorf("error event shows the engine's address: %q", ev.Error.Message)
+			}
 			continue
+		}
+		if errs > 0 {
+			t.Errorf("event after the error event: %s", data)
+		}
+		ids[ev.ID] = true
+		if len(ev.Choices) > 0 && ev.Choices[0].Delta.Role != "" {
+			roles++
 		}
 		if len(ev.Choices) > 0 && ev.Choices[0].Delta.Content != "" {
 			tokens++
 		}
 	}
-	if tokens != 3 || errs != 1 {
-		t.Errorf("%d tokens and %d error events, want 3 and 1:\n%s", tokens, errs, body)
+	if tokens != 3 || errs != 1 || roles != 1 || len(ids) != 1 {
+		t.Errorf("%d tokens, %d error events, %d role chunks, %d response ids; want 3, 1, 1, 1:\n%s", tokens, errs, roles, len(ids), body)
 	}
 	if n := e2eMetric(t, r.url, "kvrouter_proxy_retries_total"); n != 0 {
 		t.Errorf("retried after the first byte: %v", n)

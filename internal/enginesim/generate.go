@@ -247,7 +247,8 @@ func (o *responder) model() string {
 // stream writes SSE chunks as tokens arrive: one chunk per token per
 // choice, the finish reason on the last one, then the usage chunk when
 // stream_options.include_usage, then "data: [DONE]". dieAfter >= 0 cuts the
-// connection after that many tokens (fault).
+// connection after exactly that many token chunks, counted over all
+// choices and checked per token (fault).
 func (o *responder) stream(dieAfter int) {
 	h := o.w.Header()
 	h.Set("Content-Type", "text/event-stream")
@@ -279,6 +280,9 @@ func (o *responder) stream(dieAfter int) {
 	}
 	for {
 		err := o.collect(func(c *choiceState, i int, tok uint32, last bool) {
+			if dieAfter >= 0 && sent >= dieAfter {
+				return // the engine dies at exactly dieAfter tokens, whatever the batch holds
+			}
 			var reason *string
 			if last {
 				r := c.reason

@@ -409,6 +409,25 @@ func TestFaults(t *testing.T) {
 		}
 		waitFor(t, "abort after death", func() bool { return s.state.Load().running == 0 })
 	})
+	// Exactly k token chunks, even when one step yields more (n choices
+	// decode together: 3 tokens per step).
+	t.Run("die after exactly k tokens", func(t *testing.T) {
+		s := startServer(t, Config{Faults: Faults{DieRate: 1, DieAfterTokens: 2}})
+		for _, n := range []int{1, 3} {
+			for range 5 {
+				b, _ := json.Marshal(map[string]any{"prompt": "a", "max_tokens": 50, "stream": true, "n": n})
+				resp, err := http.Post(s.url+"/v1/completions", "application/json", bytes.NewReader(b))
+				if err != nil {
+					t.Fatal(err)
+				}
+				data, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if got := strings.Count(string(data), `"text":`); got != 2 {
+					t.Fatalf("n=%d: %d token chunks before dying, want 2:\n%s", n, got, data)
+				}
+			}
+		}
+	})
 	t.Run("hang", func(t *testing.T) {
 		s := startServer(t, Config{Faults: Faults{HangRate: 1}})
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
