@@ -93,6 +93,9 @@ func parseEngineSimFlags(args []string, getenv func(string) string, sio stdio) (
 	}
 
 	var errs []error
+	if *port < 0 || *port > 65535 {
+		errs = append(errs, fmt.Errorf("--port %d: want 0..65535 (0 picks a free one)", *port))
+	}
 	kv, err := enginesim.ParseKVEventsConfig(*kvEvents)
 	errs = append(errs, err)
 	cfg := enginesim.Config{
@@ -122,7 +125,7 @@ func parseEngineSimFlags(args []string, getenv func(string) string, sio stdio) (
 	if *hashAlgo == "fast" {
 		cfg.NewHasher = func() (enginesim.BlockHasher, error) { return enginesim.NewFastHasher(seed), nil }
 	} else if algo, err := vllm.ParseHashAlgo(*hashAlgo); err != nil {
-		errs = append(errs, fmt.Errorf("--prefix-caching-hash-algo: %w", err))
+		errs = append(errs, fmt.Errorf("--prefix-caching-hash-algo %q: want sha256, sha256_cbor, xxhash, xxhash_cbor or fast", *hashAlgo))
 	} else {
 		cfg.NewHasher = func() (enginesim.BlockHasher, error) { return vllm.NewBlockHasher(algo, seed, nil) }
 	}

@@ -81,15 +81,26 @@ func TestEngineSimFlags(t *testing.T) {
 	if !bytes.Equal(a, b) || len(a) != 32 {
 		t.Fatalf("seeded sha256_cbor hasher: %x %x", a, b)
 	}
-	for _, bad := range [][]string{
-		{"--prefix-caching-hash-algo", "md5"},
-		{"--kv-events-config", `{"nope":1}`},
-		{"--port", "x"},
-		{"extra"},
+	for _, bad := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--prefix-caching-hash-algo", "md5"}, `"md5": want sha256, sha256_cbor, xxhash, xxhash_cbor or fast`},
+		{[]string{"--kv-events-config", `{"nope":1}`}, ""},
+		{[]string{"--port", "x"}, ""},
+		{[]string{"--port", "-5"}, "--port -5: want 0..65535"},
+		{[]string{"--port", "65536"}, "--port 65536"},
+		{[]string{"extra"}, ""},
 	} {
-		if _, err := parseEngineSimFlags(bad, func(string) string { return "" }, stdio{err: io.Discard}); !errors.Is(err, errUsage) {
-			t.Errorf("%q: %v, want a usage error", bad, err)
+		_, err := parseEngineSimFlags(bad.args, func(string) string { return "" }, stdio{err: io.Discard})
+		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%q: %v, want a usage error with %q", bad.args, err, bad.want)
 		}
+	}
+	// Through run(), as main: usage errors exit 2.
+	var errb bytes.Buffer
+	if code := run(context.Background(), []string{"engine-sim", "--port", "-5"}, stdio{out: io.Discard, err: &errb}); code != 2 {
+		t.Errorf("--port -5: exit %d, want 2 (%s)", code, errb.String())
 	}
 }
 
