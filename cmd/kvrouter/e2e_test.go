@@ -89,8 +89,15 @@ type e2eRouter struct {
 }
 
 // startE2ERouter runs serve with a router.yaml whose models[0] has the given
-// extra lines and the sims as engines.
+// extra lines and the sims as engines, and waits until every engine is
+// ready (/ready?full=1).
 func startE2ERouter(t *testing.T, modelYAML string, sims ...*e2eSim) *e2eRouter {
+	t.Helper()
+	return startE2ERouterWait(t, "/ready?full=1", modelYAML, sims...)
+}
+
+// startE2ERouterWait is startE2ERouter waiting for readyPath to answer 200.
+func startE2ERouterWait(t *testing.T, readyPath, modelYAML string, sims ...*e2eSim) *e2eRouter {
 	t.Helper()
 	var b strings.Builder
 	b.WriteString("health: {probe_interval: 200ms, scrape_interval: 200ms, backoff_base: 30s, backoff_max: 60s}\nmodels:\n  - name: m\n")
@@ -138,7 +145,7 @@ func startE2ERouter(t *testing.T, modelYAML string, sims ...*e2eSim) *e2eRouter 
 	})
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		resp, err := r.client.Get(r.url + "/ready?full=1")
+		resp, err := r.client.Get(r.url + readyPath)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
