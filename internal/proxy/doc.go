@@ -6,8 +6,10 @@
 // not, token-id prompts accepted), POST /v1/route (the routing decision
 // without forwarding; also any inference request with the header
 // x-kvrouter-route-only: 1), GET /v1/models (union of up engines' models),
-// GET /health (alive), GET /ready (every model has a probed engine and the
-// Ready hook agrees), GET /metrics (the registry given to Deps).
+// GET /health (alive), GET /ready (every model has one engine up, probed
+// and, on the event-fed index, with its KV event stream connected; a JSON
+// body lists every engine's state; ?full=1 wants every engine), GET
+// /metrics (the registry given to Deps).
 //
 // Forwarding: the body is forwarded as received, except that
 // vllm_xargs.kv_cache_report_mode = "full" is merged in (Config
@@ -29,9 +31,14 @@
 // A client that disconnects cancels the engine request at once (logged as
 // 499). Timeouts: connect, first byte (from sending the request to the
 // first body byte), and idle between body chunks. Errors before the first
-// byte are answered in OpenAI's error JSON: 400 for malformed requests, 404
-// for an unknown model, 413 over the body limit, 503 with Retry-After when
-// no replica is up, 502/504 for upstream failures.
+// byte are answered in OpenAI's error JSON with one vocabulary of types
+// (errors.go): 400 invalid_request_error for malformed requests (bad JSON,
+// invalid UTF-8, repeated keys, a non-JSON Content-Type, wrong fields), 401
+// authentication_error, 404 not_found_error (unknown model or path), 413
+// over the body limit, 503 service_unavailable_error with Retry-After when
+// no replica is up, 500/502/504 server_error. Messages name replicas by
+// their configured name and carry the request id; causes (addresses,
+// socket errors) go only to the log line.
 //
 // Times are seconds; token counts are tokens. A Server is safe for
 // concurrent use; it starts goroutines only in Run (the listener and
