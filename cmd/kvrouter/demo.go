@@ -55,7 +55,8 @@ var startRouter routerFactory = func(ctx context.Context, policy string, engines
 	done := make(chan error, 1)
 	go func() { done <- serve(ctx, &serveFlags{cfg: cfg}, ln, log) }()
 	stop := func() error { cancel(); return <-done }
-	if err := waitReady(ctx, url+"/ready?full=1", done) // every engine probed and subscribed; err != nil {
+	// /ready?full=1: every engine probed and its event stream connected.
+	if err := waitReady(ctx, url+"/ready?full=1", done); err != nil {
 		return "", nil, errors.Join(err, stop())
 	}
 	return url, stop, nil
