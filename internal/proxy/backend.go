@@ -44,15 +44,11 @@ type BackendConfig struct {
 // wrong block size never matches), losing what the old index held. Safe for
 // concurrent use.
 type Backend struct {
-	cfg   BackendConfig
-	log   *slog.Logger
-	ixReg kvindex.Registerer
-	rtReg routing.Registerer
-	mu    sync.Mutex // serializes rebuilds
-	// applyMu serializes Apply across engines: kvindex.Exact.Apply reads
-	// its confirmation buffer after unlocking, so concurrent Applies race
-	// (reported; harmless to keep once fixed).
-	applyMu  sync.Mutex
+	cfg      BackendConfig
+	log      *slog.Logger
+	ixReg    kvindex.Registerer
+	rtReg    routing.Registerer
+	mu       sync.Mutex // serializes rebuilds
 	cur      atomic.Pointer[generation]
 	rebuilds atomic.Int64
 }
@@ -189,8 +185,6 @@ func (b *Backend) Apply(u kvevents.Update) {
 	if g.exact == nil {
 		return
 	}
-	b.applyMu.Lock()
-	defer b.applyMu.Unlock()
 	if u.Reset != kvevents.ResetNone {
 		g.exact.Reset(u.Engine, u.Rank)
 	}
