@@ -259,6 +259,9 @@ func (c *Core) cacheFull(s *seq, upTo int) {
 		return
 	}
 	c.ensureHashes(s, full)
+	if full-s.numCached > 1 {
+		c.pool.warm(s.hashes[s.numCached:full])
+	}
 	for i := s.numCached; i < full; i++ {
 		var m blockMeta
 		if c.pool.meta != nil {
