@@ -18,7 +18,8 @@ type Config struct {
 	// BlockStored events of another size (Stats.Mismatched).
 	BlockSize int `yaml:"block_size"`
 	// MaxEntries caps the (block, engine rank) entries of Exact and the
-	// (block, replica) entries of Approx; the least recent are evicted.
+	// (block, replica) entries of Approx; the least recent are evicted
+	// (Exact: approximately, by CLOCK; see the package doc).
 	// Default 8,388,608 (about 0.5 GB); at most 2^30.
 	MaxEntries int `yaml:"max_entries"`
 	// PredictTTL is how long Exact counts a routed request's blocks for

@@ -32,8 +32,13 @@
 // no copies. BlockRemoved drops one copy through the engine-hash table;
 // AllBlocksCleared and Reset drop only that engine and rank's entries. Only
 // full-attention groups are indexed (vllm.Event.IsFullAttention). The number
-// of entries is capped (Config.MaxEntries), evicting the least recently stored
-// or reported entry.
+// of entries is capped (Config.MaxEntries), evicting by CLOCK, an
+// approximation of least recently used: storing or reporting an entry marks
+// it hot; the eviction hand sweeps the entries in slab order, cooling the hot
+// ones it passes and evicting the first cold one, so an entry stored or
+// reported since the hand last passed it outlives one that was not. (A
+// doubly linked LRU list cost a removal two more cache misses, the list
+// neighbours, in a large index.)
 //
 // Exact also keeps predicted blocks: Routed(replica, keys) records the keys of
 // a request just sent to replica; they count for it (Match.Predicted) until a

@@ -72,6 +72,7 @@ func NewExact(cfg Config, log *slog.Logger, reg Registerer) (*Exact, error) {
 		reps:  newReplicas(),
 		srcOf: make(map[srcKey]uint32),
 	}
+	x.st.clock = true
 	if cfg.PredictTTL > 0 {
 		x.pred = newPredictor(cfg.PredictTTL, cfg.MaxPredicted, &x.c)
 	}
@@ -339,16 +340,20 @@ func (x *Exact) removed(id ReplicaID, rank int32, ev *vllm.Event) {
 		x.c.unknownRemoved.Add(int64(len(ev.BlockHashes)))
 		return
 	}
+	t := &x.st.srcs[src].tab
 	for _, h := range ev.BlockHashes {
-		idx := x.st.find(src, uint64(h))
-		if idx == 0 || x.st.ent(idx).refs[m] == 0 {
+		i := t.slot(&x.st, uint64(h))
+		if i < 0 || x.st.ent(t.get(i)).refs[m] == 0 {
 			x.c.unknownRemoved.Add(1)
 			continue
 		}
+		idx := t.get(i)
 		left := x.st.ent(idx).refs
 		left[m]--
 		if left == [3]uint16{} {
-			x.st.remove(idx)
+			// The slot is known: delete it without a second probe.
+			t.deleteSlot(&x.st, i)
+			x.st.drop(idx)
 			x.c.removed.Add(1)
 			continue
 		}

@@ -241,3 +241,58 @@ func TestConfigErrors(t *testing.T) {
 		t.Fatal("want errors")
 	}
 }
+
+// TestExactCapClock checks the CLOCK eviction of Exact's cap: stores and
+// hit reports mark entries hot, the hand cools hot entries and evicts the
+// first cold one, so an entry reported since the hand's last pass outlives
+// colder ones; freed entries are skipped and the cap always holds.
+func TestExactCapClock(t *testing.T) {
+	x := testExact(newClock(), func(c *Config) { c.MaxEntries = 4 })
+	blocks := make([][]uint32, 10)
+	store := func(i int) {
+		blocks[i] = seq(1000*(i+1), 4)
+		x.Apply("e", batch(0, storedEv(nil, []uint64{uint64(i + 1)}, blocks[i], "")))
+	}
+	held := func(i int) bool { return lookupOf(x, "e", blocks[i], Extras{}).GPU == 1 }
+	check := func(step string, want ...int) {
+		t.Helper()
+		if s := x.Stats(); s.Entries > 4 {
+			t.Fatalf("%s: Entries %d over the cap", step, s.Entries)
+		}
+		in := map[int]bool{}
+		for _, i := range want {
+			in[i] = true
+		}
+		for i := range blocks {
+			if blocks[i] != nil && held(i) != in[i] {
+				t.Fatalf("%s: block %d held %v, want %v", step, i, held(i), in[i])
+			}
+		}
+	}
+	for i := range 5 {
+		store(i)
+	}
+	// The fifth store found every entry hot: the hand cooled them all and
+	// evicted the first one, block 0.
+	check("five stores", 1, 2, 3, 4)
+	// Block 2 is reported again (hot); the next stores evict the cold
+	// blocks 1 and 3, passing over block 2.
+	x.Apply("e", batch(0, storedEv(nil, []uint64{3}, blocks[2], "")))
+	store(5)
+	store(6)
+	check("after the report", 2, 4, 5, 6)
+	// A removed entry is freed; the cap keeps holding as stores go on.
+	x.Apply("e", batch(0, removedEv("", 5)))
+	check("after the removal", 2, 5, 6)
+	for i := 7; i < 10; i++ {
+		store(i)
+	}
+	// Evictions: one per store from the fifth on (3), none for the store
+	// that refilled the removed entry's room, then two.
+	if s := x.Stats(); s.Entries != 4 || s.Evicted != 5 {
+		t.Fatalf("Entries %d Evicted %d, want 4 and 5", s.Entries, s.Evicted)
+	}
+	if !held(9) || !held(8) {
+		t.Fatal("the latest stores were evicted")
+	}
+}

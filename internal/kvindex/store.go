@@ -17,7 +17,16 @@ type entry struct {
 	src         uint32
 	// refs counts copies per medium (vllm.MediumGPU, CPU, Storage).
 	refs [3]uint16
+	// ref is the CLOCK state of a store with clock set (0 free, refCold,
+	// refHot); it sits in what would be padding.
+	ref uint8
 }
+
+// CLOCK states of entry.ref.
+const (
+	refCold uint8 = 1 // live, not stored or reported since the hand passed
+	refHot  uint8 = 2 // live, stored or reported since the hand passed
+)
 
 const entrySize = int64(unsafe.Sizeof(entry{}))
 
@@ -57,9 +66,16 @@ type store struct {
 	// perSrcLRU keeps one LRU list per source (approximate index: capacity
 	// per replica); otherwise list 0 is global.
 	perSrcLRU bool
-	auxKeyed  bool    // source tables keyed by aux (exact) rather than key
-	n         int     // live entries
-	held      []int32 // live entries by ReplicaID
+	// clock replaces the LRU list by CLOCK (second chance): touching an
+	// entry only marks it hot, removing one unlinks nothing, and oldest
+	// sweeps the slab from hand for a cold entry, cooling the hot ones it
+	// passes. That spares the two neighbour loads (cache misses in a large
+	// index) of every unlink. Only with a single list (perSrcLRU false).
+	clock    bool
+	hand     uint32
+	auxKeyed bool    // source tables keyed by aux (exact) rather than key
+	n        int     // live entries
+	held     []int32 // live entries by ReplicaID
 	holderSets
 }
 
@@ -157,6 +173,10 @@ func (s *store) insert(src uint32, k Key, aux uint64, m int) uint32 {
 
 func (s *store) pushFront(l *lru, idx uint32) {
 	e := s.ent(idx)
+	if s.clock {
+		e.ref = refHot
+		return
+	}
 	e.prev, e.lnext = 0, l.head
 	if l.head != 0 {
 		s.ent(l.head).prev = idx
@@ -168,6 +188,9 @@ func (s *store) pushFront(l *lru, idx uint32) {
 }
 
 func (s *store) unlinkLRU(l *lru, idx uint32) {
+	if s.clock {
+		return
+	}
 	e := s.ent(idx)
 	if e.prev != 0 {
 		s.ent(e.prev).lnext = e.lnext
@@ -184,6 +207,10 @@ func (s *store) unlinkLRU(l *lru, idx uint32) {
 
 // touch makes idx the most recent entry of its list.
 func (s *store) touch(idx uint32) {
+	if s.clock {
+		s.ent(idx).ref = refHot
+		return
+	}
 	l := s.listOf(s.ent(idx).src)
 	if l.head == idx {
 		return
@@ -259,8 +286,36 @@ func (s *store) clearSource(src uint32) int {
 }
 
 // oldest returns the least recent entry of the list of src (or the global
-// list), or 0.
-func (s *store) oldest(src uint32) uint32 { return s.listOf(src).tail }
+// list), or 0. With clock it is the next cold entry from the hand instead.
+func (s *store) oldest(src uint32) uint32 {
+	if s.clock {
+		return s.sweep()
+	}
+	return s.listOf(src).tail
+}
+
+// sweep advances the CLOCK hand to the next cold live entry, cooling the hot
+// ones it passes, and returns it (0 when the store is empty). Every entry it
+// passes was stored or reported since the hand last passed it, so a sweep
+// costs O(1) amortised.
+func (s *store) sweep() uint32 {
+	if s.n == 0 {
+		return 0
+	}
+	for {
+		s.hand++
+		if s.hand >= s.nents {
+			s.hand = 1
+		}
+		e := s.ent(s.hand)
+		switch e.ref {
+		case refHot:
+			e.ref = refCold
+		case refCold:
+			return s.hand
+		}
+	}
+}
 
 // bytes estimates the memory the store holds.
 func (s *store) bytes() int64 {

@@ -3,7 +3,7 @@ package kvindex
 import "kvrouter/internal/vllm"
 
 // Applying a batch costs a few cache misses per block (table slots, the
-// entry, its key's slot, its LRU neighbours), each on the previous one's
+// entry, its key's slot), each on the previous one's
 // result. The warm passes below load, ahead of the real work, what it will
 // touch, in loops whose iterations do not depend on each other, so that the
 // processor overlaps the misses of many blocks instead of taking them one
@@ -16,7 +16,7 @@ import "kvrouter/internal/vllm"
 const warmMin = 1 << 16
 
 // warmRemovals touches, for every BlockRemoved hash of b, its source-table
-// slot, then its entry, its key's key-table slot and its LRU neighbours.
+// slot, then its entry and its key's key-table slot.
 // Caller holds x.mu.
 func (x *Exact) warmRemovals(id ReplicaID, rank int32, b *vllm.Batch) {
 	if x.st.n < warmMin {
@@ -50,7 +50,7 @@ func (x *Exact) warmRemovals(id ReplicaID, rank int32, b *vllm.Batch) {
 					continue
 				}
 				e := st.ent(idx)
-				sink += uint64(st.keys.get(int(mix(uint64(e.key))&kmask))) + uint64(st.ent(e.prev).src) + uint64(st.ent(e.lnext).src)
+				sink += uint64(st.keys.get(int(mix(uint64(e.key)) & kmask)))
 			}
 		}
 	}
