@@ -42,14 +42,17 @@ type blockMeta struct {
 // The index is lazy: evicting a block whose hash has no other copy leaves
 // its slot in place (eviction touches no index memory, which dominated the
 // fleet simulator's profile as cache misses), and a slot counts only while
-// its block still holds that hash as head. A hash has at most one slot;
-// stale slots are reused when their hash is cached again and dropped by a
-// rebuild from the blocks when the table is 70% full.
+// its block still holds that hash as head. A slot is 8 bytes: the block id
+// and a 32-bit tag of the hash (its low half), the full hash being checked
+// on the block; so a hash may have stale slots besides its live one, all
+// dropped by a rebuild from the blocks when the table is half full. The
+// table has at least 4 slots per block (1 MiB for 27,000 blocks), so probes
+// stay short and mostly within one cache line.
 type blockPool struct {
 	blocks     []gpuBlock
 	head, tail int32
 	numFree    int
-	index      []hashSlot // open addressing, linear probing; v = block id + 1
+	index      []poolSlot // open addressing, linear probing
 	mask       uint64
 	shift      uint
 	slotsUsed  int // non-empty slots, live or stale
@@ -68,17 +71,17 @@ type blockPool struct {
 // cached block's blockMeta for onEvict.
 func newBlockPool(n int, keepMeta bool) *blockPool {
 	size := 16
-	for size < 2*n {
+	for size < 4*n {
 		size *= 2
 	}
 	p := &blockPool{
 		blocks:  make([]gpuBlock, n),
 		head:    nilBlock,
 		tail:    nilBlock,
-		index:   make([]hashSlot, size),
+		index:   make([]poolSlot, size),
 		mask:    uint64(size - 1),
 		shift:   uint(64 - bits.TrailingZeros(uint(size))),
-		maxUsed: size * 7 / 10,
+		maxUsed: size / 2,
 	}
 	if keepMeta {
 		p.meta = make([]blockMeta, n)
@@ -129,28 +132,39 @@ func (p *blockPool) home(h vllm.BlockHash) uint64 {
 	return (uint64(h) * 0x9e3779b97f4a7c15) >> p.shift
 }
 
-// slotOf returns the index of h's slot (live or stale), or -1.
+// poolSlot is one slot of the pool's index: v is the block id plus one
+// (zero: empty), tag the low 32 bits of the hash it was set for.
+type poolSlot struct {
+	tag uint32
+	v   int32
+}
+
+func tagOf(h vllm.BlockHash) uint32 { return uint32(h) }
+
+// slotOf returns the index of h's live slot (pointing at the head copy of
+// h), or -1.
 func (p *blockPool) slotOf(h vllm.BlockHash) int {
+	tag := tagOf(h)
 	for i := p.home(h); ; i = (i + 1) & p.mask {
-		s := &p.index[i]
+		s := p.index[i]
 		if s.v == 0 {
 			return -1
 		}
-		if s.key == h {
+		if s.tag == tag && p.holdsHead(s.v-1, h) {
 			return int(i)
 		}
 	}
 }
 
-// live reports whether slot s points at the head copy of its hash.
-func (p *blockPool) live(s hashSlot) bool {
-	b := &p.blocks[s.v-1]
-	return b.hashed && b.head && b.hash == s.key
+// holdsHead reports whether block id is the head copy of h.
+func (p *blockPool) holdsHead(id int32, h vllm.BlockHash) bool {
+	b := &p.blocks[id]
+	return b.hashed && b.head && b.hash == h
 }
 
 // lookup returns a block holding hash, or nilBlock.
 func (p *blockPool) lookup(h vllm.BlockHash) int32 {
-	if i := p.slotOf(h); i >= 0 && p.live(p.index[i]) {
+	if i := p.slotOf(h); i >= 0 {
 		return p.index[i].v - 1
 	}
 	return nilBlock
@@ -170,7 +184,7 @@ func (p *blockPool) rebuild() {
 		for p.index[i].v != 0 {
 			i = (i + 1) & p.mask
 		}
-		p.index[i] = hashSlot{key: b.hash, v: int32(id) + 1}
+		p.index[i] = poolSlot{tag: tagOf(b.hash), v: int32(id) + 1}
 		p.slotsUsed++
 	}
 }
@@ -249,32 +263,27 @@ func (p *blockPool) cache(id int32, h vllm.BlockHash, m blockMeta) {
 	}
 	b := &p.blocks[id]
 	b.dup = nilBlock
+	tag := tagOf(h)
 	i := p.home(h)
 	for ; ; i = (i + 1) & p.mask {
-		s := &p.index[i]
+		s := p.index[i]
 		if s.v == 0 {
 			break
 		}
-		if s.key != h {
-			continue
-		}
-		if p.live(*s) { // another copy is head: chain behind it
+		if s.tag == tag && p.holdsHead(s.v-1, h) { // another copy is head: chain behind it
 			first := s.v - 1
 			b.hashed, b.head, b.hash = true, false, h
 			b.dup = p.blocks[first].dup
 			p.blocks[first].dup = id
 			return
 		}
-		s.v = id + 1 // h's stale slot
-		b.hashed, b.head, b.hash = true, true, h
-		return
 	}
 	b.hashed, b.head, b.hash = true, true, h
 	if p.slotsUsed >= p.maxUsed {
 		p.rebuild() // places h too
 		return
 	}
-	p.index[i] = hashSlot{key: h, v: id + 1}
+	p.index[i] = poolSlot{tag: tag, v: id + 1}
 	p.slotsUsed++
 }
 
