@@ -17,8 +17,9 @@ type gpuBlock struct {
 	// chain).
 	head bool
 	hash vllm.BlockHash
-	// prev, next link the block into the free queue (ref == 0) only.
-	prev, next int32
+	// gen is bumped each time the block enters the free queue; a queue
+	// entry is live while it carries the block's gen and ref is 0.
+	gen uint32
 	// dup chains other blocks holding the same hash (vLLM keeps every
 	// physical copy in cached_block_hash_to_block).
 	dup int32
@@ -34,7 +35,10 @@ type blockMeta struct {
 }
 
 // blockPool is vLLM's BlockPool: a fixed array of blocks, a free queue that
-// is also the LRU of cached blocks (evict from the head, free to the tail),
+// is also the LRU of cached blocks (evict from the head, free to the tail;
+// a ring of (block, gen) entries where taking a block out of the middle
+// just leaves a dead entry, so popping a run of blocks reads the ring in
+// order instead of chasing list links from block to block),
 // and the index from hash to the blocks holding it (the head copy; others
 // chain through dup). Block 0 is the null block and never allocated, as in
 // vLLM. Nothing is allocated after newBlockPool.
@@ -49,14 +53,16 @@ type blockMeta struct {
 // table has at least 4 slots per block (1 MiB for 27,000 blocks), so probes
 // stay short and mostly within one cache line.
 type blockPool struct {
-	blocks     []gpuBlock
-	head, tail int32
-	numFree    int
-	index      []poolSlot // open addressing, linear probing
-	mask       uint64
-	shift      uint
-	slotsUsed  int // non-empty slots, live or stale
-	maxUsed    int // rebuild above this
+	blocks    []gpuBlock
+	fq        []freeEntry // ring; len a power of two >= 2 * len(blocks)
+	fqHead    int         // index of the oldest entry
+	fqLen     int         // entries, live or dead
+	numFree   int
+	index     []poolSlot // open addressing, linear probing
+	mask      uint64
+	shift     uint
+	slotsUsed int // non-empty slots, live or stale
+	maxUsed   int // rebuild above this
 	// meta, one per block, is kept only when newBlockPool was asked to
 	// (offload events need it); nil otherwise.
 	meta []blockMeta
@@ -76,8 +82,7 @@ func newBlockPool(n int, keepMeta bool) *blockPool {
 	}
 	p := &blockPool{
 		blocks:  make([]gpuBlock, n),
-		head:    nilBlock,
-		tail:    nilBlock,
+		fq:      make([]freeEntry, size/2),
 		index:   make([]poolSlot, size),
 		mask:    uint64(size - 1),
 		shift:   uint(64 - bits.TrailingZeros(uint(size))),
@@ -87,7 +92,7 @@ func newBlockPool(n int, keepMeta bool) *blockPool {
 		p.meta = make([]blockMeta, n)
 	}
 	for i := range p.blocks {
-		p.blocks[i] = gpuBlock{prev: nilBlock, next: nilBlock, dup: nilBlock}
+		p.blocks[i] = gpuBlock{dup: nilBlock}
 	}
 	p.blocks[0].ref = 1 // the null block
 	for i := 1; i < n; i++ {
@@ -99,32 +104,55 @@ func newBlockPool(n int, keepMeta bool) *blockPool {
 // usable is the number of blocks requests can hold.
 func (p *blockPool) usable() int { return len(p.blocks) - 1 }
 
+// freeEntry is one free-queue entry: live while blocks[id].gen == gen and
+// the block is unreferenced.
+type freeEntry struct {
+	id  int32
+	gen uint32
+}
+
+// pushTail appends unreferenced block id to the free queue. A full ring is
+// first compacted to its live entries (at most len(blocks), so at least
+// half of the ring is free again; a block's gen cannot wrap around while
+// an old entry of it survives).
 func (p *blockPool) pushTail(id int32) {
-	b := &p.blocks[id]
-	b.prev, b.next = p.tail, nilBlock
-	if p.tail != nilBlock {
-		p.blocks[p.tail].next = id
-	} else {
-		p.head = id
+	mask := len(p.fq) - 1
+	if p.fqLen == len(p.fq) {
+		n := 0
+		for k := 0; k < p.fqLen; k++ {
+			e := p.fq[(p.fqHead+k)&mask]
+			if p.liveEntry(e) {
+				p.fq[(p.fqHead+n)&mask] = e
+				n++
+			}
+		}
+		p.fqLen = n
 	}
-	p.tail = id
+	b := &p.blocks[id]
+	b.gen++
+	p.fq[(p.fqHead+p.fqLen)&mask] = freeEntry{id: id, gen: b.gen}
+	p.fqLen++
 	p.numFree++
 }
 
-func (p *blockPool) unlink(id int32) {
-	b := &p.blocks[id]
-	if b.prev != nilBlock {
-		p.blocks[b.prev].next = b.next
-	} else {
-		p.head = b.next
+func (p *blockPool) liveEntry(e freeEntry) bool {
+	b := &p.blocks[e.id]
+	return b.ref == 0 && b.gen == e.gen
+}
+
+// popHead removes and returns the least recently freed block. The caller
+// checked numFree.
+func (p *blockPool) popHead() int32 {
+	mask := len(p.fq) - 1
+	for {
+		e := p.fq[p.fqHead]
+		p.fqHead = (p.fqHead + 1) & mask
+		p.fqLen--
+		if p.liveEntry(e) {
+			p.numFree--
+			return e.id
+		}
 	}
-	if b.next != nilBlock {
-		p.blocks[b.next].prev = b.prev
-	} else {
-		p.tail = b.prev
-	}
-	b.prev, b.next = nilBlock, nilBlock
-	p.numFree--
 }
 
 // home is h's first slot (Fibonacci hashing).
@@ -194,7 +222,7 @@ func (p *blockPool) rebuild() {
 func (p *blockPool) touch(id int32) {
 	b := &p.blocks[id]
 	if b.ref == 0 {
-		p.unlink(id)
+		p.numFree-- // its queue entry dies with ref > 0
 	}
 	b.ref++
 }
@@ -202,8 +230,7 @@ func (p *blockPool) touch(id int32) {
 // alloc pops the least recently freed block, evicting its hash. The caller
 // checked numFree.
 func (p *blockPool) alloc() int32 {
-	id := p.head
-	p.unlink(id)
+	id := p.popHead()
 	b := &p.blocks[id]
 	if b.hashed {
 		p.uncache(id)

@@ -2,6 +2,7 @@ package enginesim
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"kvrouter/internal/vllm"
@@ -103,8 +104,9 @@ func (p *blockPool) numHashed() int {
 // caching (with duplicate copies of a hash), frees and evictions, many
 // index rebuilds included, and checks after every operation that lookup
 // finds a block holding the hash exactly when one exists, that every copy
-// of a hash is on its head's chain, and that each evicted block is
-// reported once.
+// of a hash is on its head's chain, that each evicted block is reported
+// once, and that blocks are reused in LRU order (a plain list as the
+// model). Hashes share their low 32 bits (the index's tag) in groups of 16.
 func TestBlockPoolIndex(t *testing.T) {
 	const n = 64
 	r := rand.New(rand.NewPCG(3, 4))
@@ -116,16 +118,30 @@ func TestBlockPoolIndex(t *testing.T) {
 		}
 		evicted++
 	}
+	key := func(h int) vllm.BlockHash { return vllm.BlockHash(h%16) | vllm.BlockHash(h/16)<<40 }
 	var held []int32
+	lru := make([]int32, 0, n) // the free queue, oldest first
+	for id := 1; id < n; id++ {
+		lru = append(lru, int32(id))
+	}
+	freeModel := func(id int32) {
+		if p.blocks[id].ref == 0 {
+			lru = append(lru, id)
+		}
+	}
 	rebuilds := 0
 	for op := range 20000 {
 		switch k := r.IntN(10); {
 		case k < 5 && p.numFree > 0:
 			id := p.alloc()
+			if id != lru[0] {
+				t.Fatalf("op %d: alloc = %d, least recently freed is %d", op, id, lru[0])
+			}
+			lru = lru[1:]
 			held = append(held, id)
 			if r.IntN(4) > 0 { // cache it under one of 3n hashes
 				used := p.slotsUsed
-				p.cache(id, vllm.BlockHash(r.IntN(3*n)), blockMeta{})
+				p.cache(id, key(r.IntN(3*n)), blockMeta{})
 				if p.slotsUsed < used {
 					rebuilds++
 				}
@@ -133,15 +149,23 @@ func TestBlockPoolIndex(t *testing.T) {
 		case k < 9 && len(held) > 0:
 			i := r.IntN(len(held))
 			p.free(held[i : i+1])
+			freeModel(held[i])
 			held = append(held[:i], held[i+1:]...)
-		case k == 9 && len(held) > 0: // another reference on a held block
-			id := held[r.IntN(len(held))]
+		case k == 9: // a reference on a cached block, free or held
+			id := int32(1 + r.IntN(n-1))
 			if p.blocks[id].hashed {
+				if p.blocks[id].ref == 0 {
+					lru = slices.DeleteFunc(lru, func(x int32) bool { return x == id })
+				}
 				p.touch(id)
 				held = append(held, id)
 			}
 		}
-		for h := vllm.BlockHash(0); h < 3*n; h++ {
+		if p.numFree != len(lru) {
+			t.Fatalf("op %d: numFree %d, model %d", op, p.numFree, len(lru))
+		}
+		for hi := 0; hi < 3*n; hi++ {
+			h := key(hi)
 			holders := map[int32]bool{}
 			for id := range p.blocks {
 				if b := &p.blocks[id]; b.hashed && b.hash == h {
@@ -174,4 +198,39 @@ func TestBlockPoolIndex(t *testing.T) {
 		t.Fatalf("rebuilds %d, evictions %d: the test did not exercise them", rebuilds, evicted)
 	}
 	t.Logf("%d rebuilds, %d evictions", rebuilds, evicted)
+}
+
+// TestBlockPoolFreeQueueRing re-references and frees cached free blocks
+// many times without allocating, so the free-queue ring fills with dead
+// entries and is compacted again and again, and checks that allocation
+// still follows LRU order.
+func TestBlockPoolFreeQueueRing(t *testing.T) {
+	const n = 8
+	r := rand.New(rand.NewPCG(5, 6))
+	p := newBlockPool(n, false)
+	var lru []int32
+	for range n - 1 {
+		id := p.alloc()
+		p.cache(id, vllm.BlockHash(id)<<32, blockMeta{})
+		p.free([]int32{id})
+		lru = append(lru, id)
+	}
+	for i := range 5000 {
+		id := lru[r.IntN(len(lru))]
+		p.touch(id)
+		lru = slices.DeleteFunc(lru, func(x int32) bool { return x == id })
+		p.free([]int32{id})
+		lru = append(lru, id)
+		if p.fqLen > len(p.fq) || p.numFree != n-1 {
+			t.Fatalf("step %d: ring holds %d of %d, numFree %d", i, p.fqLen, len(p.fq), p.numFree)
+		}
+	}
+	for _, want := range lru {
+		if got := p.alloc(); got != want {
+			t.Fatalf("alloc = %d, want %d (LRU order %v)", got, want, lru)
+		}
+	}
+	if p.numFree != 0 {
+		t.Fatalf("numFree %d after allocating every block", p.numFree)
+	}
 }
