@@ -217,6 +217,7 @@ func (c *Core) Submit(r *Request) error {
 	}
 	s.tokens = make([]uint32, len(r.Tokens), len(r.Tokens)+min(r.MaxTokens, 4096))
 	copy(s.tokens, r.Tokens)
+	s.hashes = make([]vllm.BlockHash, 0, cap(s.tokens)/c.cfg.BlockSize)
 	s.seed = promptSeed(s.tokens)
 	if r.LoRAName != "" {
 		name := r.LoRAName

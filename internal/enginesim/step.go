@@ -1,6 +1,10 @@
 package enginesim
 
-import "kvrouter/internal/vllm"
+import (
+	"slices"
+
+	"kvrouter/internal/vllm"
+)
 
 // Step runs one engine step and returns what it did; the step's outputs and
 // events take effect Duration after it starts (the owner waits Duration
@@ -143,6 +147,10 @@ func (c *Core) allocate(s *seq, n int) bool {
 	if extra > c.pool.numFree {
 		return false
 	}
+	if extra > 1 {
+		c.pool.warmFree(extra)
+	}
+	s.blocks = slices.Grow(s.blocks, extra)
 	for range extra {
 		s.blocks = append(s.blocks, c.pool.alloc())
 	}
@@ -214,6 +222,10 @@ func (c *Core) admit(s *seq, hits []int32, cpuHit, computed, n int) bool {
 	if s.reportHits && len(hits) > 0 && !c.cfg.NoEvents {
 		c.pending = append(c.pending, c.storedEvent(s, 0, len(hits), vllm.MediumGPU, false))
 	}
+	if newBlocks > 1 {
+		c.pool.warmFree(newBlocks)
+	}
+	s.blocks = slices.Grow(s.blocks, newBlocks)
 	for range newBlocks {
 		s.blocks = append(s.blocks, c.pool.alloc())
 	}
