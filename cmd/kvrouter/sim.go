@@ -1,11 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -80,6 +82,9 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 	extra, err := parseScale(*scale)
 	if err != nil {
 		return fmt.Errorf("%w: --scale: %v", errUsage, err)
+	}
+	if err := checkSimSize(*replicas, *requests, extra); err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	if *routingFile != "" {
 		if cfg.Routing, err = loadRoutingConfig(*routingFile); err != nil {
@@ -219,6 +224,32 @@ func parseScale(s string) ([]sim.Scale, error) {
 		out = append(out, sim.Scale{At: d, Delta: n})
 	}
 	return out, nil
+}
+
+// maxSimReplicas bounds the simulated fleet at any moment: each replica is a
+// whole engine core with its own prefix cache (about 1 MB of index tables
+// and its block pool), so an unbounded --scale could exhaust memory.
+const maxSimReplicas = 1024
+
+// checkSimSize rejects fleet sizes and request counts the simulator cannot
+// run: --replicas outside 1..maxSimReplicas, a negative --requests, or
+// --scale steps that take the fleet above maxSimReplicas at any time.
+func checkSimSize(replicas, requests int, scale []sim.Scale) error {
+	if replicas < 1 || replicas > maxSimReplicas {
+		return fmt.Errorf("--replicas %d: want 1..%d", replicas, maxSimReplicas)
+	}
+	if requests < 0 {
+		return fmt.Errorf("--requests %d: must not be negative", requests)
+	}
+	steps := slices.Clone(scale)
+	slices.SortStableFunc(steps, func(a, b sim.Scale) int { return cmp.Compare(a.At, b.At) })
+	n := replicas
+	for _, st := range steps {
+		if n += st.Delta; n > maxSimReplicas {
+			return fmt.Errorf("--scale: %v%+d makes %d replicas, more than %d", st.At, st.Delta, n, maxSimReplicas)
+		}
+	}
+	return nil
 }
 
 // splitList splits a comma-separated flag value, dropping empty items.

@@ -99,3 +99,19 @@ func TestSimUsageErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestSimRejectsSizes(t *testing.T) {
+	for _, args := range [][]string{
+		{"--replicas", "0"},
+		{"--replicas", "1025"},
+		{"--requests", "-5"},
+		{"--replicas", "2", "--scale", "2s:+100000"},
+		{"--replicas", "1000", "--scale", "1s:+10,2s:+20"},
+	} {
+		var out, errb bytes.Buffer
+		code := run(context.Background(), append([]string{"sim"}, args...), stdio{strings.NewReader(""), &out, &errb})
+		if code != 2 || !strings.Contains(errb.String(), "usage") {
+			t.Errorf("sim %q: exit %d, stderr %q; want a usage error", args, code, errb.String())
+		}
+	}
+}
