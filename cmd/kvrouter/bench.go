@@ -148,6 +148,10 @@ func runBench(ctx context.Context, args []string, sio stdio) error {
 		}
 	}
 	log := slog.New(slog.NewTextHandler(sio.err, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if len(cfgs) > 1 && !*reset {
+		// Each run after the first starts on caches the previous one warmed.
+		log.Warn("several policies against the same engines without --reset: later runs start with warm caches, so the comparison favours them")
+	}
 	var runs []*report.Run
 	for _, c := range cfgs {
 		run, err := bench.Run(ctx, c, w, nil, log)
