@@ -38,6 +38,7 @@ type engine struct {
 	chunks    int           // content events per stream (default 3)
 	failAfter int           // break the connection after this many events (0: never)
 	block     bool          // hold the request until the client cancels
+	noDone    bool          // end streams cleanly without data: [DONE] (an engine stopped by SIGTERM)
 	gap       time.Duration // pause between events
 	step      chan struct{} // when set, wait for a token before each event
 	bodies    [][]byte
@@ -100,7 +101,7 @@ func (e *engine) serve(w http.ResponseWriter, r *http.Request) {
 	e.mu.Lock()
 	e.bodies = append(e.bodies, body)
 	e.headers = append(e.headers, r.Header.Clone())
-	status, chunks, failAfter, block, gap, step := e.status, e.chunks, e.failAfter, e.block, e.gap, e.step
+	status, chunks, failAfter, block, gap, step, noDone := e.status, e.chunks, e.failAfter, e.block, e.gap, e.step, e.noDone
 	e.mu.Unlock()
 	if block {
 		<-r.Context().Done()
@@ -148,7 +149,9 @@ func (e *engine) serve(w http.ResponseWriter, r *http.Request) {
 			time.Sleep(gap)
 		}
 	}
-	io.WriteString(w, "data: [DONE]\n\n")
+	if !noDone {
+		io.WriteString(w, "data: [DONE]\n\n")
+	}
 }
 
 // testRouter picks by a function, default: the first candidate; it counts

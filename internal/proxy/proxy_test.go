@@ -238,6 +238,76 @@ func TestMidStreamFailure(t *testing.T) {
 	}
 }
 
+// TestStreamWithoutDone: an engine that closes its stream cleanly after k
+// events but without data: [DONE] (vLLM stopped by SIGTERM) is a failure
+// after the first byte: exactly the k events, one error event, no [DONE],
+// outcome upstream_error, the replica reported, nothing left in flight.
+func TestStreamWithoutDone(t *testing.T) {
+	rg := newRig(t, 2)
+	const k = 4
+	rg.engines[0].set(func(e *engine) { e.chunks = k; e.noDone = true })
+	resp := rg.post("/v1/chat/completions", chatStream)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	body := readAll(t, resp)
+	lines := dataLines(body)
+	if len(lines) != k+1 {
+		t.Fatalf("want %d events and an error, got %q", k, lines)
+	}
+	for i := range k {
+		if !strings.Contains(lines[i], `"t`+string(rune('0'+i))+`"`) {
+			t.Errorf("event %d = %s", i, lines[i])
+		}
+	}
+	var e struct {
+		Error struct {
+			Message string
+			Code    int
+		} `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(lines[k], "data: ")), &e); err != nil || e.Error.Message == "" || e.Error.Code != http.StatusBadGateway {
+		t.Errorf("last event is not an error: %s", lines[k])
+	}
+	if strings.Contains(body, "[DONE]") {
+		t.Errorf("[DONE] relayed after a truncated stream: %q", body)
+	}
+	if rg.engines[1].requests.Load() != 0 {
+		t.Error("retried after the first byte")
+	}
+	if rg.outcome("e0", outcomeUpstream) != 1 || rg.outcome("e0", outcomeOK) != 0 {
+		t.Errorf("outcomes: upstream_error %v ok %v", rg.outcome("e0", outcomeUpstream), rg.outcome("e0", outcomeOK))
+	}
+	// A whole stream still counts ok (on e1 if e0 was ejected).
+	rg.engines[0].set(func(e *engine) { e.noDone = false })
+	if body := readAll(t, rg.post("/v1/chat/completions", chatStream)); !strings.HasSuffix(body, "data: [DONE]\n\n") {
+		t.Errorf("whole stream: %q", body)
+	}
+	if rg.outcome("e0", outcomeOK)+rg.outcome("e1", outcomeOK) != 1 {
+		t.Error("whole stream not counted ok")
+	}
+}
+
+func TestEndsWithDone(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want bool
+	}{
+		{"data: [DONE]\n\n", true},
+		{"data: {}\n\ndata: [DONE]\n\n", true},
+		{"data:[DONE]\r\n\r\n", true},
+		{"data: [DONE]", true},
+		{"data: {}\n\n", false},
+		{"data: {\"x\":\"[DONE]\"}\n\n", false},
+		{"xdata: [DONE]\n\n", false},
+		{"", false},
+	} {
+		if got := endsWithDone([]byte(tc.in)); got != tc.want {
+			t.Errorf("endsWithDone(%q) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+}
+
 // TestMidBodyFailureNonStreaming: a non-event body cut short is cut short
 // for the client too (connection aborted), never completed.
 func TestMidBodyFailureNonStreaming(t *testing.T) {

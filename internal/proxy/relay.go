@@ -95,7 +95,14 @@ func (s *Server) relay(x *exchange, ep *fleet.Endpoint, ctx context.Context, wd 
 	defer bufPool.Put(bp)
 	var err error
 	if sse {
-		err = s.copyEvents(x, wd, resp.Body, *bp, firstToken)
+		var done bool
+		done, err = s.copyEvents(x, wd, resp.Body, *bp, firstToken)
+		if err == nil && !done && resp.StatusCode < 300 {
+			// vLLM ends every successful stream with data: [DONE]; an
+			// engine stopped mid-generation (SIGTERM) closes cleanly
+			// without it. The client must not take that as a whole answer.
+			err = errNoDone
+		}
 	} else {
 		err = copyBody(x.w, wd, resp.Body, *bp, firstToken)
 	}
@@ -112,6 +119,10 @@ func (s *Server) relay(x *exchange, ep *fleet.Endpoint, ctx context.Context, wd 
 	case errors.Is(cause, errFirstByteTimeout) || errors.Is(cause, errIdleTimeout):
 		x.outcome, x.err = outcomeTimeout, fmt.Errorf("replica %s: %w", ep.Name(), cause)
 		public = fmt.Sprintf("replica %s: %v", ep.Name(), cause)
+	case errors.Is(err, errNoDone):
+		x.outcome, x.err = outcomeUpstream, fmt.Errorf("replica %s: %w", ep.Name(), err)
+		public = fmt.Sprintf("replica %s ended the stream before it was complete", ep.Name())
+		s.deps.Fleet.Report(ep, fleet.OutcomeConnError)
 	default:
 		x.outcome, x.err = outcomeUpstream, fmt.Errorf("replica %s: reading: %w", ep.Name(), err)
 		public = fmt.Sprintf("replica %s stopped answering mid-response", ep.Name())
@@ -125,6 +136,10 @@ func (s *Server) relay(x *exchange, ep *fleet.Endpoint, ctx context.Context, wd 
 	_, _ = x.w.Write(sseError(public+" (request id "+x.id+")", http.StatusBadGateway))
 	_ = http.NewResponseController(x.w).Flush()
 }
+
+// errNoDone marks an event stream that ended without vLLM's final
+// "data: [DONE]" event.
+var errNoDone = errors.New("event stream ended without data: [DONE]")
 
 // writeError marks a failure to write to the client.
 type writeError struct{ err error }
@@ -164,14 +179,15 @@ const maxPendingEvent = 1 << 20
 // copyEvents relays a server-sent event stream, writing and flushing only
 // whole events (ended by a blank line), so that a stream cut short never
 // leaves half an event before the error event. It observes time to first
-// token and inter-token latency per flushed write.
-func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byte, firstToken func()) error {
+// token and inter-token latency per flushed write. done reports whether the
+// last event relayed was "data: [DONE]" (the stream's normal end).
+func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byte, firstToken func()) (done bool, err error) {
 	rc := http.NewResponseController(x.w)
 	var pending []byte
 	var last time.Time
 	ttft, itl := s.m.ttft.WithLabelValues(x.req.model), s.m.itl.WithLabelValues(x.req.model)
 	for {
-		n, err := body.Read(buf)
+		n, rerr := body.Read(buf)
 		if n > 0 {
 			// One clock read per chunk: the idle clock, and the event's
 			// arrival for TTFT/ITL (the write follows within microseconds).
@@ -187,11 +203,12 @@ func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byt
 				end = len(chunk)
 			}
 			if end > 0 {
+				done = endsWithDone(chunk[:end])
 				if _, werr := x.w.Write(chunk[:end]); werr != nil {
-					return &writeError{werr}
+					return done, &writeError{werr}
 				}
 				if ferr := rc.Flush(); ferr != nil {
-					return &writeError{ferr}
+					return done, &writeError{ferr}
 				}
 				if last.IsZero() {
 					firstToken()
@@ -203,18 +220,36 @@ func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byt
 			}
 			pending = append(pending[:0], chunk[end:]...)
 		}
-		if err == io.EOF {
+		if rerr == io.EOF {
 			if len(pending) > 0 { // a final event without its blank line
+				done = endsWithDone(pending)
 				if _, werr := x.w.Write(pending); werr != nil {
-					return &writeError{werr}
+					return done, &writeError{werr}
 				}
 			}
-			return nil
+			return done, nil
 		}
-		if err != nil {
-			return err
+		if rerr != nil {
+			return done, rerr
 		}
 	}
+}
+
+// endsWithDone reports whether the last event in b (whole events, or a
+// final event without its blank line) is "data: [DONE]" (the space after
+// the colon is optional in SSE). It looks at the tail only.
+func endsWithDone(b []byte) bool {
+	b = bytes.TrimRight(b, "\r\n")
+	if !bytes.HasSuffix(b, []byte("[DONE]")) {
+		return false
+	}
+	b = bytes.TrimSuffix(b, []byte("[DONE]"))
+	b = bytes.TrimSuffix(b, []byte(" "))
+	if !bytes.HasSuffix(b, []byte("data:")) {
+		return false
+	}
+	b = bytes.TrimSuffix(b, []byte("data:"))
+	return len(b) == 0 || b[len(b)-1] == '\n'
 }
 
 // lastEventEnd returns the index just past the last event terminator
