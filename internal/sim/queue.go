@@ -20,34 +20,38 @@ const (
 type event struct {
 	at   time.Duration
 	kind evKind
-	seq  uint64 // insertion order: ties stay deterministic
+	seq  uint64 // insertion order, set by push: ties stay deterministic
 	rep  int    // replica index (step end, delivery, kick)
 	i    int    // request index (arrival), scale index, delivery slot
+}
+
+// qent is a queued event packed into 24 bytes: ord is kind<<56 | seq, so
+// that (at, ord) orders as (at, kind, seq) while seq < 2^56.
+type qent struct {
+	at     time.Duration
+	ord    uint64
+	rep, i int32
 }
 
 // queue is a binary min-heap of events by (at, kind, seq), without
 // interface boxing (millions of events per run).
 type queue struct {
-	evs []event
+	evs []qent
 	seq uint64
 }
 
 func (q *queue) len() int { return len(q.evs) }
 
-func less(x, y *event) bool {
+func less(x, y *qent) bool {
 	if x.at != y.at {
 		return x.at < y.at
 	}
-	if x.kind != y.kind {
-		return x.kind < y.kind
-	}
-	return x.seq < y.seq
+	return x.ord < y.ord
 }
 
 func (q *queue) push(e event) {
 	q.seq++
-	e.seq = q.seq
-	q.evs = append(q.evs, e)
+	q.evs = append(q.evs, qent{at: e.at, ord: uint64(e.kind)<<56 | q.seq, rep: int32(e.rep), i: int32(e.i)})
 	i := len(q.evs) - 1
 	for i > 0 {
 		p := (i - 1) / 2
@@ -79,5 +83,5 @@ func (q *queue) pop() event {
 		q.evs[i], q.evs[m] = q.evs[m], q.evs[i]
 		i = m
 	}
-	return top
+	return event{at: top.at, kind: evKind(top.ord >> 56), seq: top.ord &^ (0xff << 56), rep: int(top.rep), i: int(top.i)}
 }
