@@ -209,17 +209,15 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 			}
 			subs = append(subs, func(ctx context.Context) error { return sub.Run(ctx, b.Apply) })
 		}
-		src, probe, err := newTokenSource(m, eps[0], log, reg)
+		tok, mprobes, err := newTokenSource(m, eps, log, reg)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", fl.pos.Field("models", i, "tokenizer"), err))
 			continue
 		}
-		if src != nil {
-			toks[m.Name] = proxy.TokenSource{Src: src}
+		if tok != nil {
+			toks[m.Name] = tok
 		}
-		if probe != nil {
-			probes = append(probes, probe)
-		}
+		probes = append(probes, mprobes...)
 	}
 	closeProbes := func() {
 		for _, p := range probes {
@@ -263,38 +261,52 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 	return &serveApp{run: run, close: closeProbes}, nil
 }
 
-// newTokenSource builds a model's token source: nil for "none"; the engine's
-// render endpoints (first engine) for "render"; else a local tokenizer from
-// the path, with the engine as fallback and a mismatch probe.
-func newTokenSource(m proxy.ModelConfig, ep *fleet.Endpoint, log *slog.Logger, reg prometheus.Registerer) (*tokenizer.Source, *tokenizer.Probe, error) {
+// newTokenSource builds a model's tokenizer: nil for "none"; else one token
+// source per engine (the engine's render endpoints for "render"; a local
+// tokenizer from the path with that engine as fallback, and a mismatch
+// probe of that engine, otherwise), behind a proxy.FailoverTokenizer that
+// asks the first up engine and fails over on connection errors, so one
+// engine down never turns routing into load-only routing.
+func newTokenSource(m proxy.ModelConfig, eps []*fleet.Endpoint, log *slog.Logger, reg prometheus.Registerer) (proxy.Tokenizer, []*tokenizer.Probe, error) {
 	if m.Tokenizer == proxy.TokenizerNone {
 		return nil, nil, nil
 	}
-	remote, err := tokenizer.NewRemote(tokenizer.RemoteConfig{URL: ep.URL(), Model: m.Name}, log, reg)
+	var local *tokenizer.Local
+	if m.Tokenizer != proxy.TokenizerRender {
+		tok, err := tokenizer.Load(m.Tokenizer)
+		if err != nil {
+			return nil, nil, err
+		}
+		if local, err = tokenizer.NewLocal(tok, tokenizer.ContentAuto); err != nil {
+			return nil, nil, err
+		}
+	}
+	var engines []proxy.EngineTokenizer
+	var probes []*tokenizer.Probe
+	for _, ep := range eps {
+		remote, err := tokenizer.NewRemote(tokenizer.RemoteConfig{URL: ep.URL(), Model: m.Name}, log, reg)
+		if err != nil {
+			return nil, nil, err
+		}
+		src, err := tokenizer.NewSource(local, remote)
+		if err != nil {
+			return nil, nil, err
+		}
+		engines = append(engines, proxy.EngineTokenizer{Endpoint: ep, Tok: proxy.TokenSource{Src: src}})
+		if local == nil {
+			continue
+		}
+		probe, err := tokenizer.NewProbe(tokenizer.ProbeConfig{Engine: ep.Name(), Reaction: tokenizer.Reaction(m.TokenizerMismatch)}, local, remote, src, log, reg)
+		if err != nil {
+			return nil, nil, err
+		}
+		probes = append(probes, probe)
+	}
+	ft, err := proxy.NewFailoverTokenizer(m.Name, engines, log)
 	if err != nil {
 		return nil, nil, err
 	}
-	if m.Tokenizer == proxy.TokenizerRender {
-		src, err := tokenizer.NewSource(nil, remote)
-		return src, nil, err
-	}
-	tok, err := tokenizer.Load(m.Tokenizer)
-	if err != nil {
-		return nil, nil, err
-	}
-	local, err := tokenizer.NewLocal(tok, tokenizer.ContentAuto)
-	if err != nil {
-		return nil, nil, err
-	}
-	src, err := tokenizer.NewSource(local, remote)
-	if err != nil {
-		return nil, nil, err
-	}
-	probe, err := tokenizer.NewProbe(tokenizer.ProbeConfig{Engine: ep.Name(), Reaction: tokenizer.Reaction(m.TokenizerMismatch)}, local, remote, src, log, reg)
-	if err != nil {
-		return nil, nil, err
-	}
-	return src, probe, nil
+	return ft, probes, nil
 }
 
 // connectedEngines returns the engines whose KV event streams are all

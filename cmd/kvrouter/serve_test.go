@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -104,5 +105,54 @@ func TestServeCommandStartupError(t *testing.T) {
 				t.Errorf("printed listening before failing: %q", errb.String())
 			}
 		})
+	}
+}
+
+// TestServeRenderFailover: tokenizer "render" with two engines; the first
+// dies: requests are still tokenized (by the second engine), so routing
+// stays cache-aware (with both down, requests are routed by load and
+// kvrouter_proxy_tokenizer_unavailable_total counts them ; that part is
+// proxy's TestFailoverTokenizer).
+func TestServeRenderFailover(t *testing.T) {
+	e2eLeakCheck(t)
+	a, b := startE2ESim(t), startE2ESim(t)
+	r := startE2ERouter(t, "tokenizer: render\n", a, b)
+	body := e2eChat("You are terse.", "What is the capital of France?")
+	route := func() (tokenized bool, prompt int) {
+		t.Helper()
+		resp, out := r.post("/v1/route", body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("/v1/route: %d %s", resp.StatusCode, out)
+		}
+		var d struct {
+			Tokenized    bool `json:"tokenized"`
+			PromptTokens int  `json:"prompt_tokens"`
+		}
+		if err := json.Unmarshal([]byte(out), &d); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		return d.Tokenized, d.PromptTokens
+	}
+	if tok, n := route(); !tok || n == 0 {
+		t.Fatalf("both engines up: tokenized %v, %d prompt tokens", tok, n)
+	}
+	a.stop()
+	// At once (a's death not yet noticed by the prober: connection error,
+	// fail over) and after a is ejected (skipped).
+	for range 3 {
+		if tok, n := route(); !tok || n == 0 {
+			t.Fatalf("first engine down: tokenized %v, %d prompt tokens", tok, n)
+		}
+	}
+	if n := e2eMetric(t, r.url, "kvrouter_proxy_tokenizer_unavailable_total"); n != 0 {
+		t.Errorf("tokenizer unavailable counted %v times with one engine up", n)
+	}
+	// The chosen engine is the live one.
+	resp, out := r.post("/v1/chat/completions", body)
+	if resp.StatusCode != 200 || resp.Header.Get("X-Kvrouter-Replica") != "e1" {
+		t.Errorf("chat: %d via %q: %s", resp.StatusCode, resp.Header.Get("X-Kvrouter-Replica"), out)
+	}
+	if n := e2eMetric(t, r.url, "kvrouter_proxy_prompt_tokens_count"); n < 1 {
+		t.Errorf("the forwarded request was not tokenized (prompt_tokens count %v)", n)
 	}
 }

@@ -170,6 +170,9 @@ func (s *Server) tokenize(x *exchange) []uint32 {
 	s.m.tokenize.WithLabelValues(req.model).Observe(time.Since(t0).Seconds())
 	if err != nil {
 		s.m.tokenizeErrors.WithLabelValues(req.model).Inc()
+		if errors.Is(err, ErrNoTokenizerEngine) {
+			s.m.tokenizeNoEngine.WithLabelValues(req.model).Inc()
+		}
 		if s.log.Enabled(x.r.Context(), slog.LevelDebug) {
 			s.log.Debug("tokenize failed, routing by load", "request_id", x.id, "model", req.model, "err", err)
 		}

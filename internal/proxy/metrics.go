@@ -18,6 +18,7 @@ type metrics struct {
 	retries            *prometheus.CounterVec
 	tokenize           *prometheus.HistogramVec
 	tokenizeErrors     *prometheus.CounterVec
+	tokenizeNoEngine   *prometheus.CounterVec
 	shadowDecisions    *prometheus.CounterVec
 	shadowCachedTokens *prometheus.HistogramVec
 }
@@ -72,6 +73,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvrouter_proxy_tokenize_errors_total",
 			Help: "Requests whose token ids could not be obtained (routed by load).",
 		}, []string{"model"}),
+		tokenizeNoEngine: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_proxy_tokenizer_unavailable_total",
+			Help: "Requests routed by load because no engine of the model could tokenize them (every render engine down or unreachable); also counted in kvrouter_proxy_tokenize_errors_total.",
+		}, []string{"model"}),
 		shadowDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_proxy_shadow_decisions_total",
 			Help: "Shadow mode: requests by whether the shadow policy (kv) chose the replica that served (agree=true|false).",
@@ -87,7 +92,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	var errs []error
 	for _, c := range []prometheus.Collector{m.requests, m.decision, m.promptTokens, m.cachedTokens, m.ttft, m.itl,
-		m.inFlight, m.retries, m.tokenize, m.tokenizeErrors, m.shadowDecisions, m.shadowCachedTokens} {
+		m.inFlight, m.retries, m.tokenize, m.tokenizeErrors, m.tokenizeNoEngine, m.shadowDecisions, m.shadowCachedTokens} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}

@@ -1,0 +1,114 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"sync/atomic"
+
+	"kvrouter/internal/fleet"
+)
+
+// ErrNoTokenizerEngine is returned (wrapped) by FailoverTokenizer when no
+// engine of the model could tokenize a request: the request is routed by
+// load and kvrouter_proxy_tokenizer_unavailable_total counts it.
+var ErrNoTokenizerEngine = errors.New("no engine could tokenize")
+
+// EngineTokenizer is one engine's tokenizer: its render endpoints, or a
+// local tokenizer that falls back to them.
+type EngineTokenizer struct {
+	// Endpoint is the engine, for its health (Up).
+	Endpoint *fleet.Endpoint
+	// Tok tokenizes through that engine.
+	Tok Tokenizer
+}
+
+// FailoverTokenizer tokenizes through the first up engine of a model (in
+// configuration order), trying the next up engine after a connection
+// error or timeout; an engine's own answer (an HTTP error status) is
+// final. When no engine is up it tries the first engine anyway (its state
+// may be stale; a local tokenizer needs no engine). It logs a warning when
+// tokenization becomes unavailable and an info line when it recovers (once
+// per state change). It is safe for concurrent use.
+type FailoverTokenizer struct {
+	model   string
+	engines []EngineTokenizer
+	log     *slog.Logger
+	down    atomic.Bool
+}
+
+var _ Tokenizer = (*FailoverTokenizer)(nil)
+
+// NewFailoverTokenizer returns a FailoverTokenizer over engines (at least
+// one). A nil log discards.
+func NewFailoverTokenizer(model string, engines []EngineTokenizer, log *slog.Logger) (*FailoverTokenizer, error) {
+	if len(engines) == 0 {
+		return nil, fmt.Errorf("model %s: tokenizer: no engine", model)
+	}
+	for i, e := range engines {
+		if e.Endpoint == nil || e.Tok == nil {
+			return nil, fmt.Errorf("model %s: tokenizer: engine %d has no endpoint or tokenizer", model, i)
+		}
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &FailoverTokenizer{model: model, engines: engines, log: log.With("model", model)}, nil
+}
+
+// Tokens implements Tokenizer.
+func (f *FailoverTokenizer) Tokens(ctx context.Context, chat bool, body []byte, text string) ([]uint32, error) {
+	var errs []error
+	tried := 0
+	for _, e := range f.engines {
+		if !e.Endpoint.Up() {
+			continue
+		}
+		tried++
+		ids, err := e.Tok.Tokens(ctx, chat, body, text)
+		if err == nil {
+			f.recovered()
+			return ids, nil
+		}
+		if !connError(ctx, err) {
+			return nil, err // the engine answered, or the request is at fault
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", e.Endpoint.Name(), err))
+	}
+	if tried == 0 {
+		e := f.engines[0]
+		ids, err := e.Tok.Tokens(ctx, chat, body, text)
+		if err == nil {
+			f.recovered()
+			return ids, nil
+		}
+		if !connError(ctx, err) {
+			return nil, err
+		}
+		errs = append(errs, fmt.Errorf("%s (down): %w", e.Endpoint.Name(), err))
+	}
+	err := fmt.Errorf("model %s: %w: %w", f.model, ErrNoTokenizerEngine, errors.Join(errs...))
+	if ctx.Err() == nil && !f.down.Swap(true) {
+		f.log.Warn("no engine can tokenize; routing by load until one can", "err", err)
+	}
+	return nil, err
+}
+
+func (f *FailoverTokenizer) recovered() {
+	if f.down.Load() && f.down.CompareAndSwap(true, false) {
+		f.log.Info("an engine tokenizes again; routing by cache")
+	}
+}
+
+// connError reports whether err means the engine could not be reached (or
+// timed out) while ctx, the request's own context, is still alive: worth
+// trying another engine.
+func connError(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	var ue *url.Error
+	return errors.As(err, &ue) || errors.Is(err, context.DeadlineExceeded)
+}
