@@ -3,10 +3,15 @@ package enginesim
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net"
+	"os"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 )
 
 // KVEventsConfig is vLLM's --kv-events-config, the same JSON
@@ -123,4 +128,32 @@ func offsetEndpoint(endpoint string, r int) (string, error) {
 // tcp://*:p becomes tcp://0.0.0.0:p and tcp://[::]:p stays.
 func goEndpoint(endpoint string) string {
 	return strings.Replace(endpoint, "tcp://*:", "tcp://0.0.0.0:", 1)
+}
+
+// removeStaleIPC removes the socket file of an ipc:// endpoint that nobody
+// listens on (left by a killed process), as libzmq does before binding
+// ipc. A file that is not a socket, or a socket that accepts a connection
+// (another live engine), is left alone: the bind then fails with
+// "address already in use". Other endpoints are not touched.
+func removeStaleIPC(endpoint string) error {
+	path, ok := strings.CutPrefix(endpoint, "ipc://")
+	if !ok {
+		return nil
+	}
+	fi, err := os.Lstat(path)
+	if err != nil || fi.Mode().Type() != fs.ModeSocket {
+		return nil
+	}
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		c.Close()
+		return nil
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return nil
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove stale ipc socket %s: %w", path, err)
+	}
+	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -36,8 +37,9 @@ type replayItem struct {
 // get consecutive sequence numbers from 0, are kept in a replay buffer and
 // sent on a PUB socket as [topic, seq8, payload]; a ROUTER socket answers
 // replay requests. Faults: dropEvery drops every k-th batch after
-// buffering it (as the HWM does), stall pauses sending, restart resets the
-// sequence and the buffer (a new engine process).
+// buffering it (as the HWM does), stall pauses sending, restart closes the
+// sockets and opens new ones on the same endpoints with an empty buffer
+// and the sequence from 0 (a new engine process).
 type publisher struct {
 	cfg       KVEventsConfig // endpoints already offset for the rank
 	layout    vllm.Layout
@@ -54,10 +56,15 @@ type publisher struct {
 	// next is the sequence number of the next batch.
 	next uint64
 
-	// ready is closed once the sockets are listening (tests wait on it).
+	// ready is closed once the first sockets are listening.
 	ready chan struct{}
-	// addr and replayAddr are the bound addresses, set before ready closes.
+	// addr and replayAddr are the bound endpoints, set before ready closes.
 	addr, replayAddr string
+	// pubListen and replayListen are the endpoints to bind again at a
+	// restart ("" until bound; only open touches them).
+	pubListen, replayListen string
+	// opened is set by the first open.
+	opened bool
 }
 
 func newPublisher(cfg KVEventsConfig, rank int, legacy bool, dropEvery int, clock Clock, log *slog.Logger, m *metrics) (*publisher, error) {
@@ -99,48 +106,134 @@ func (p *publisher) control(ctx context.Context, m pubMsg) error {
 	}
 }
 
-// Run owns the sockets until ctx ends.
-func (p *publisher) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	g, gctx := errgroup.WithContext(ctx)
-	pub := zmq4.NewPub(gctx, p.pubOptions()...)
-	defer pub.Close()
-	if err := pub.SetOption(zmq4.OptionHWM, p.cfg.HWM); err != nil {
-		return fmt.Errorf("kv events: set hwm: %w", err)
+// sockets are one engine incarnation's PUB and replay ROUTER. A simulated
+// restart closes them (subscribers see their connections drop, as when a
+// vLLM process exits) and opens new ones on the same endpoints.
+type sockets struct {
+	ctx    context.Context // the sockets' context, cancelled by close
+	cancel context.CancelFunc
+	pub    zmq4.Socket
+	router zmq4.Socket // nil without replay
+}
+
+// close cancels the sockets' context and closes them. zmq4 v0.17's PUB
+// Close leaves its writer goroutine behind (see main_test.go), one per
+// incarnation.
+func (s *sockets) close() {
+	s.cancel()
+	s.pub.Close()
+	if s.router != nil {
+		s.router.Close()
+	}
+}
+
+// open makes and binds one incarnation's sockets: the PUB (bound by vLLM's
+// rule or Bind; otherwise dialled later by Run) and the replay ROUTER. The
+// first call binds the configured endpoints and records the bound ones
+// (a tcp port 0 resolved), later calls (restarts) bind those again, so a
+// restarted engine is found on the same ports. A stale ipc socket file (a
+// killed process's) is removed first, as libzmq does.
+func (p *publisher) open(ctx context.Context) (_ *sockets, err error) {
+	sctx, cancel := context.WithCancel(ctx)
+	s := &sockets{ctx: sctx, cancel: cancel, pub: zmq4.NewPub(sctx, p.pubOptions()...)}
+	defer func() {
+		if err != nil {
+			s.close()
+		}
+	}()
+	if err := s.pub.SetOption(zmq4.OptionHWM, p.cfg.HWM); err != nil {
+		return nil, fmt.Errorf("kv events: set hwm: %w", err)
 	}
 	if p.cfg.bindPub() {
-		if err := pub.Listen(goEndpoint(p.cfg.Endpoint)); err != nil {
-			return fmt.Errorf("kv events: bind %s: %w", p.cfg.Endpoint, err)
+		ep := p.pubListen
+		if ep == "" {
+			ep = p.cfg.Endpoint
 		}
-		p.addr = "tcp://" + pub.Addr().String()
-	} else {
+		if ep, err = listen(s.pub, ep); err != nil {
+			return nil, fmt.Errorf("kv events: bind %s: %w", p.cfg.Endpoint, err)
+		}
+		p.pubListen = ep
+	}
+	if p.cfg.ReplayEndpoint != "" {
+		s.router = zmq4.NewRouter(sctx, zmq4.WithID(zmq4.SocketIdentity("enginesim-replay")))
+		ep := p.replayListen
+		if ep == "" {
+			ep = p.cfg.ReplayEndpoint
+		}
+		if ep, err = listen(s.router, ep); err != nil {
+			return nil, fmt.Errorf("kv events: bind replay %s: %w", p.cfg.ReplayEndpoint, err)
+		}
+		p.replayListen = ep
+	}
+	if !p.opened {
+		p.opened = true
+		p.addr, p.replayAddr = p.pubListen, p.replayListen
+		close(p.ready)
+	}
+	return s, nil
+}
+
+// listen binds sck on a ZeroMQ endpoint, removing a stale ipc socket file
+// first, and returns the bound endpoint (tcp with the port chosen for 0).
+func listen(sck zmq4.Socket, ep string) (string, error) {
+	if err := removeStaleIPC(ep); err != nil {
+		return "", err
+	}
+	if err := sck.Listen(goEndpoint(ep)); err != nil {
+		return "", err
+	}
+	if strings.HasPrefix(ep, "tcp://") {
+		return "tcp://" + sck.Addr().String(), nil
+	}
+	return ep, nil
+}
+
+// Run publishes until ctx ends, on the sockets s made by open and, after
+// every simulated restart, on new ones. It closes the sockets it was given.
+func (p *publisher) Run(ctx context.Context, s *sockets) error {
+	for {
+		restart, err := p.session(s)
+		if err != nil || !restart || ctx.Err() != nil {
+			return err
+		}
+		// A new engine process: empty replay buffer, seq from 0.
+		p.mu.Lock()
+		p.buf, p.next = p.buf[:0], 0
+		p.mu.Unlock()
+		if s, err = p.open(ctx); err != nil {
+			return fmt.Errorf("kv events: restart: %w", err)
+		}
+		p.log.Info("kv events: restarted, sockets re-opened", "endpoint", p.cfg.Endpoint, "replay_endpoint", p.cfg.ReplayEndpoint)
+	}
+}
+
+// session serves one incarnation's sockets until ctx ends (false) or a
+// restart message (true), then closes them after its goroutines returned.
+func (p *publisher) session(s *sockets) (restart bool, err error) {
+	g, gctx := errgroup.WithContext(s.ctx)
+	defer s.close()
+	if !p.cfg.bindPub() {
 		g.Go(func() error {
-			if err := pub.Dial(p.cfg.Endpoint); err != nil && gctx.Err() == nil {
+			if err := s.pub.Dial(p.cfg.Endpoint); err != nil && gctx.Err() == nil {
 				p.log.Warn("kv events: connect failed", "endpoint", p.cfg.Endpoint, "err", err)
 			}
 			return nil
 		})
 	}
-	if p.cfg.ReplayEndpoint != "" {
-		router := zmq4.NewRouter(gctx, zmq4.WithID(zmq4.SocketIdentity("enginesim-replay")))
-		defer router.Close()
-		if err := router.Listen(goEndpoint(p.cfg.ReplayEndpoint)); err != nil {
-			return fmt.Errorf("kv events: bind replay %s: %w", p.cfg.ReplayEndpoint, err)
-		}
-		p.replayAddr = "tcp://" + router.Addr().String()
-		g.Go(func() error { return p.serveReplay(gctx, router) })
+	if s.router != nil {
+		g.Go(func() error { return p.serveReplay(gctx, s.router) })
 	}
-	close(p.ready)
 	g.Go(func() error {
-		defer cancel()
-		return p.loop(gctx, pub)
+		defer s.cancel()
+		var err error
+		restart, err = p.loop(gctx, s.pub)
+		return err
 	})
-	err := g.Wait()
+	err = g.Wait()
 	if errors.Is(err, context.Canceled) {
 		err = nil
 	}
-	return err
+	return restart && err == nil, err
 }
 
 // pubOptions are the PUB socket's options. Only a connecting socket
@@ -156,21 +249,20 @@ func (p *publisher) pubOptions() []zmq4.Option {
 		zmq4.WithAutomaticReconnect(true)}
 }
 
-func (p *publisher) loop(ctx context.Context, pub zmq4.Socket) error {
+// loop sends queued batches until ctx ends or a restart message (true).
+// A stall ends with the incarnation.
+func (p *publisher) loop(ctx context.Context, pub zmq4.Socket) (restart bool, err error) {
 	var stallUntil time.Time
 	for {
 		var m pubMsg
 		select {
 		case <-ctx.Done():
-			return nil
+			return false, nil
 		case m = <-p.in:
 		}
 		switch {
 		case m.restart:
-			p.mu.Lock()
-			p.buf, p.next = p.buf[:0], 0
-			p.mu.Unlock()
-			continue
+			return true, nil
 		case m.stall > 0:
 			stallUntil = p.clock.Now().Add(m.stall)
 			continue
@@ -178,13 +270,13 @@ func (p *publisher) loop(ctx context.Context, pub zmq4.Socket) error {
 		if wait := stallUntil.Sub(p.clock.Now()); wait > 0 {
 			select {
 			case <-ctx.Done():
-				return nil
+				return false, nil
 			case <-p.clock.After(wait):
 			}
 		}
 		payload, err := vllm.AppendBatch(nil, &m.batch, p.layout)
 		if err != nil {
-			return fmt.Errorf("kv events: %w", err)
+			return false, fmt.Errorf("kv events: %w", err)
 		}
 		p.mu.Lock()
 		seq := p.next
@@ -202,7 +294,7 @@ func (p *publisher) loop(ctx context.Context, pub zmq4.Socket) error {
 		binary.BigEndian.PutUint64(seq8[:], seq)
 		if err := pub.SendMulti(zmq4.NewMsgFrom([]byte(p.cfg.Topic), seq8[:], payload)); err != nil {
 			if ctx.Err() != nil {
-				return nil
+				return false, nil
 			}
 			p.log.Warn("kv events: send failed", "seq", seq, "err", err)
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"kvrouter/internal/vllm"
+	"kvrouter/internal/vllm/kvevents"
 )
 
 // subscriber is a SUB socket bound on loopback (the engine connects, as
@@ -39,7 +40,10 @@ func startSubscriber(t *testing.T) *subscriber {
 		for {
 			m, err := sub.Recv()
 			if err != nil {
-				return
+				if ctx.Err() != nil {
+					return
+				}
+				continue // a publisher went away (a restart); others may come
 			}
 			select {
 			case s.msgs <- m:
@@ -219,14 +223,49 @@ func TestDropEveryKAndRestart(t *testing.T) {
 	if r, b := post(t, s.url+"/admin/restart", nil); r.StatusCode != 200 {
 		t.Fatalf("restart: %d %s", r.StatusCode, b)
 	}
-	post(t, s.url+"/v1/completions", map[string]any{"prompt": strings.Repeat("after restart ", 4), "max_tokens": 1})
-	m := sub.next(t)
-	b, err := vllm.DecodeBatch(m.Frames[2])
+	// The restarted PUB dials the SUB again; batches before it connects are
+	// lost, as with libzmq. The first one received has an even seq (odd
+	// ones are dropped) and the replay buffer holds only the new process's
+	// batches, from seq 0.
+	first := connect(t, s, sub)
+	if first%2 == 1 {
+		t.Fatalf("after restart: seq %d should have been dropped", first)
+	}
+	seqs := replaySeqs(t, s)
+	if len(seqs) == 0 || seqs[0] != 0 || seqs[len(seqs)-1] < first || len(seqs) > 250 {
+		t.Fatalf("after restart: replayed seqs %v, first live %d", seqs, first)
+	}
+}
+
+// replaySeqs asks the replay endpoint for everything from seq 0 and returns
+// the replied seqs.
+func replaySeqs(t *testing.T, s *testServer) []uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, replayAddr, err := s.KVEventsAddrs(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if seq := binary.BigEndian.Uint64(m.Frames[1]); seq != 0 || b.Events[0].Type != vllm.BlockStored {
-		t.Fatalf("after restart: seq %d events %+v", seq, b.Events)
+	dealer := zmq4.NewDealer(ctx)
+	defer dealer.Close()
+	if err := dealer.Dial(replayAddr); err != nil {
+		t.Fatal(err)
+	}
+	if err := dealer.Send(zmq4.NewMsgFrom([]byte{}, binary.BigEndian.AppendUint64(nil, 0))); err != nil {
+		t.Fatal(err)
+	}
+	var seqs []uint64
+	for {
+		r, err := dealer.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		seq := binary.BigEndian.Uint64(r.Frames[2])
+		if seq == endSeq {
+			return seqs
+		}
+		seqs = append(seqs, seq)
 	}
 }
 
@@ -313,5 +352,101 @@ func TestBoundPublisherSubscribersLeave(t *testing.T) {
 		}
 		scancel()
 		sub.Close()
+	}
+}
+
+// TestRestartSeenBySubscriber: kvrouter's own subscriber follows an
+// engine-sim that published batches; POST /admin/restart with no request
+// after it must reach the consumer as a ResetRestart within a few seconds
+// (the sockets close and reopen, the reconnection's replay check finds an
+// empty buffer), and the next batch has seq 0. Both wirings: the engine
+// binds its PUB and the subscriber dials, and the reverse.
+func TestRestartSeenBySubscriber(t *testing.T) {
+	for _, subBinds := range []bool{false, true} {
+		t.Run(fmt.Sprintf("subscriber_binds=%v", subBinds), func(t *testing.T) {
+			endpoint := "tcp://127.0.0.1:0"
+			if subBinds { // a free port for the subscriber to bind
+				ln, err := net.Listen("tcp", "127.0.0.1:0")
+				if err != nil {
+					t.Fatal(err)
+				}
+				endpoint = "tcp://" + ln.Addr().String()
+				ln.Close()
+			}
+			s := startServer(t, Config{KVEvents: KVEventsConfig{EnableKVCacheEvents: true, Endpoint: endpoint,
+				Bind: !subBinds, ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv"}})
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			pubAddr, replayAddr, err := s.KVEventsAddrs(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !subBinds {
+				endpoint = pubAddr
+			}
+			sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{Endpoint: endpoint, ReplayEndpoint: replayAddr,
+				Topic: "kv", Bind: subBinds, ReconnectMin: 10 * time.Millisecond, ReconnectMax: 50 * time.Millisecond,
+				ReplayTimeout: 2 * time.Second, DialTimeout: 2 * time.Second}, nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			updates := make(chan kvevents.Update, 1024)
+			sctx, scancel := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- sub.Run(sctx, func(u kvevents.Update) { updates <- u }) }()
+			defer func() {
+				scancel()
+				if err := <-done; err != nil {
+					t.Errorf("subscriber: %v", err)
+				}
+			}()
+
+			// Batches flow (live or replayed) before the restart.
+			got := false
+			for i := 0; i < 200 && !got; i++ {
+				post(t, s.url+"/v1/completions", map[string]any{"prompt": fmt.Sprintf("before %03d %s", i, strings.Repeat("b", 40)), "max_tokens": 1})
+				select {
+				case u := <-updates:
+					got = len(u.Batch.Events) > 0
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+			if !got {
+				t.Fatal("no batch before the restart")
+			}
+			time.Sleep(50 * time.Millisecond) // let the last batches arrive
+			for len(updates) > 0 {
+				if u := <-updates; u.Reset != kvevents.ResetNone {
+					t.Fatalf("reset %v before the restart", u.Reset)
+				}
+			}
+
+			if r, b := post(t, s.url+"/admin/restart", nil); r.StatusCode != 200 {
+				t.Fatalf("restart: %d %s", r.StatusCode, b)
+			}
+			deadline := time.After(5 * time.Second)
+			for reset := false; !reset; {
+				select {
+				case u := <-updates:
+					if u.Reset == kvevents.ResetRestart {
+						reset = true
+					} else if u.Reset != kvevents.ResetNone || len(u.Batch.Events) > 0 {
+						t.Fatalf("before the restart reset: %+v", u)
+					}
+				case <-deadline:
+					t.Fatalf("no restart reset within 5 s of an idle restart; stats %+v", sub.Stats())
+				}
+			}
+
+			post(t, s.url+"/v1/completions", map[string]any{"prompt": "after " + strings.Repeat("a", 40), "max_tokens": 1})
+			select {
+			case u := <-updates:
+				if u.Seq != 0 || u.Reset != kvevents.ResetNone || len(u.Batch.Events) == 0 || u.Batch.Events[0].Type != vllm.BlockStored {
+					t.Fatalf("first update after the restart: %+v", u)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("no batch after the restart")
+			}
+		})
 	}
 }

@@ -178,8 +178,9 @@ func (s *Server) Run(ctx context.Context) error {
 	return s.Serve(ctx, ln)
 }
 
-// Serve serves HTTP on ln, runs the engine loop and the KV-event publisher,
-// and returns when ctx ends (nil) or one of them fails, after all stopped.
+// Serve binds the KV-event sockets, then serves HTTP on ln, runs the
+// engine loop and the KV-event publisher, and returns when ctx ends (nil)
+// or one of them fails, after all stopped; a bind error returns at once.
 // It closes ln.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	g, ctx := errgroup.WithContext(ctx)
@@ -188,10 +189,17 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		ReadHeaderTimeout: 10 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 	}
-	g.Go(func() error { return recoverErr("engine", func() error { return s.eng.run(ctx) }) })
 	if s.pub != nil {
-		g.Go(func() error { return recoverErr("publisher", func() error { return s.pub.Run(ctx) }) })
+		// Bind the event sockets before anything runs, so that "serving"
+		// means every socket is bound and a bind error ends Serve at once.
+		socks, err := s.pub.open(ctx)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("enginesim: %w", err)
+		}
+		g.Go(func() error { return recoverErr("publisher", func() error { return s.pub.Run(ctx, socks) }) })
 	}
+	g.Go(func() error { return recoverErr("engine", func() error { return s.eng.run(ctx) }) })
 	g.Go(func() error {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -227,8 +235,12 @@ func (s *Server) KVEventsAddrs(ctx context.Context) (pub, replay string, err err
 
 // Restart simulates an engine process restart (POST /admin/restart,
 // SIGHUP in the command): in-flight requests are cut off, the cache and the
-// counters are empty, KV-event sequence numbers start again at 0, and no
-// AllBlocksCleared is sent.
+// counters are empty (and the hasher is made again: a new random NONE_HASH
+// without a fixed seed), and the KV-event sockets are closed, dropping
+// their connections, and opened again on the same endpoints with an empty
+// replay buffer and sequence numbers from 0; no AllBlocksCleared is sent.
+// HTTP keeps serving. It returns once the publisher has the restart queued
+// (behind the batches before it); new batches go out on the new sockets.
 func (s *Server) Restart(ctx context.Context) error {
 	return s.eng.send(ctx, command{restart: true, reply: make(chan error, 1)})
 }
