@@ -150,6 +150,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 
 	backends := map[string]*proxy.Backend{}
 	modelOf := map[string]string{} // engine name -> model
+	dpOf := map[string]int{}       // engine name -> data-parallel size
 	var fcfg fleet.Config
 	var errs []error
 	for _, m := range cfg.Models {
@@ -164,6 +165,14 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 	fcfg.OnMetrics = func(ep *fleet.Endpoint, m enginemetrics.Metrics) {
 		if b := backends[modelOf[ep.Name()]]; b != nil {
 			b.Observe(ep.Name(), m, time.Now())
+		}
+	}
+	fcfg.OnRestart = func(ep *fleet.Endpoint) {
+		// The path a kvevents reset takes: drop every rank's entries.
+		if b := backends[modelOf[ep.Name()]]; b != nil {
+			for r := range max(dpOf[ep.Name()], 1) {
+				b.Apply(kvevents.Update{Engine: ep.Name(), Rank: r, Reset: kvevents.ResetRestart})
+			}
 		}
 	}
 	flt, err := fleet.New(fcfg, log, reg)
@@ -187,6 +196,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 			name := eps[j].Name()
 			bc.Replicas = append(bc.Replicas, name)
 			modelOf[name] = m.Name
+			dpOf[name] = e.DPSize
 			bc.Exact = bc.Exact || e.Events != ""
 		}
 		rtReg := routingprom.Wrap(prometheus.WrapRegistererWith(prometheus.Labels{"model": m.Name}, reg))

@@ -67,6 +67,9 @@ type Endpoint struct {
 	serverErrs int
 	backpress  int
 	probed     bool // a probe has succeeded (or probes are off)
+	// counters are the monotonic vllm: counters of the last scrape that
+	// had them (see restartedLocked); nil before.
+	counters map[string]float64
 }
 
 // Name is the endpoint's label (metrics, logs, x-kvrouter-replica).

@@ -60,6 +60,14 @@ type Config struct {
 	// endpoint's /metrics (load gauges, block size, number of GPU blocks).
 	// It is called from Run's goroutines and must not block.
 	OnMetrics func(ep *Endpoint, m enginemetrics.Metrics)
+	// OnRestart, if not nil, is called when a scrape finds a monotonic
+	// vllm: counter (prefix_cache_queries_total, prefix_cache_hits_total,
+	// num_preemptions_total) lower than at the previous scrape: the engine
+	// process restarted, its prefix cache is empty. This catches a restart
+	// that keeps the KV event connection (an idle engine sends no event that
+	// would reveal it). Called from Run's goroutines before OnMetrics; must
+	// not block.
+	OnRestart func(ep *Endpoint)
 	// Client sends probes, scrapes and model listings (default: a client
 	// with its own transport).
 	Client *http.Client

@@ -371,3 +371,46 @@ func TestScrape(t *testing.T) {
 		t.Errorf("scraped %+v", m)
 	}
 }
+
+// TestScrapeRestart: a monotonic counter that goes backwards between two
+// scrapes (100 -> 5, what a restarted vLLM shows) is one engine restart:
+// OnRestart once, kvrouter_fleet_engine_restarts_total 1; growth, a first
+// scrape and a scrape without the counter are not.
+func TestScrapeRestart(t *testing.T) {
+	var queries atomic.Pointer[string]
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine=\"0\"} 0\n")
+		if q := queries.Load(); q != nil {
+			io.WriteString(w, "# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total{engine=\"0\"} "+*q+"\n")
+		}
+	}))
+	defer srv.Close()
+	var restarts []string
+	f, _ := newTestFleet(t, Config{Endpoints: []EndpointConfig{{Name: "e0", URL: srv.URL, Models: []string{"m"}}},
+		ProbeInterval: -1, ScrapeInterval: -1,
+		OnRestart: func(ep *Endpoint) { restarts = append(restarts, ep.Name()) }})
+	defer f.cfg.Client.CloseIdleConnections()
+	ep := f.Endpoint("e0")
+	for i, step := range []struct {
+		queries string // "" = counter absent
+		want    int    // restarts so far
+	}{
+		{"100", 0}, {"150", 0}, {"5", 1}, {"", 1}, {"6", 1}, {"6", 1}, {"0", 2},
+	} {
+		if step.queries == "" {
+			queries.Store(nil)
+		} else {
+			queries.Store(&step.queries)
+		}
+		f.scrape(t.Context(), ep)
+		if len(restarts) != step.want {
+			t.Fatalf("step %d (%s): %d restarts, want %d", i, step.queries, len(restarts), step.want)
+		}
+	}
+	if restarts[0] != "e0" {
+		t.Errorf("restart of %q", restarts[0])
+	}
+	if n := testutil.ToFloat64(f.m.restarts.WithLabelValues("e0")); n != 2 {
+		t.Errorf("kvrouter_fleet_engine_restarts_total = %v, want 2", n)
+	}
+}

@@ -12,6 +12,7 @@ type metrics struct {
 	ejections *prometheus.CounterVec
 	probes    *prometheus.CounterVec
 	scrapes   *prometheus.CounterVec
+	restarts  *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -32,12 +33,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvrouter_fleet_scrapes_total",
 			Help: "GET /metrics scrapes by result (ok, error).",
 		}, []string{"endpoint", "result"}),
+		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_fleet_engine_restarts_total",
+			Help: "Engine restarts seen in /metrics scrapes (a vllm: counter such as prefix_cache_queries_total went backwards).",
+		}, []string{"endpoint"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.up, m.ejections, m.probes, m.scrapes} {
+	for _, c := range []prometheus.Collector{m.up, m.ejections, m.probes, m.scrapes, m.restarts} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}

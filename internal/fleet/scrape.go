@@ -3,12 +3,15 @@ package fleet
 import (
 	"context"
 	"io"
+	"slices"
 
 	"kvrouter/internal/vllm/enginemetrics"
 )
 
 // scrape reads ep's /metrics and hands the parsed vllm: figures to
-// Config.OnMetrics.
+// Config.OnMetrics. A monotonic counter lower than at the previous scrape
+// means the engine process restarted (vLLM's counters start at 0): that is
+// logged, counted and handed to Config.OnRestart before OnMetrics.
 func (f *Fleet) scrape(ctx context.Context, ep *Endpoint) {
 	var m enginemetrics.Metrics
 	err := f.get(ctx, ep, "/metrics", func(r io.Reader) error {
@@ -22,7 +25,43 @@ func (f *Fleet) scrape(ctx context.Context, ep *Endpoint) {
 		return
 	}
 	f.m.scrapes.WithLabelValues(ep.name, "ok").Inc()
+	if name, from, to, ok := ep.restarted(m); ok {
+		f.m.restarts.WithLabelValues(ep.name).Inc()
+		f.log.Warn("engine restarted (a counter went backwards); dropping its cached blocks", "endpoint", ep.name, "counter", name, "from", from, "to", to)
+		if f.cfg.OnRestart != nil {
+			f.cfg.OnRestart(ep)
+		}
+	}
 	if f.cfg.OnMetrics != nil {
 		f.cfg.OnMetrics(ep, m)
 	}
+}
+
+// restarted records m's monotonic counters (the ones present) and reports
+// the first that is lower than at the previous scrape that had it, with its
+// two values. A counter absent from one scrape keeps its last value.
+func (e *Endpoint) restarted(m enginemetrics.Metrics) (name string, from, to float64, ok bool) {
+	cur := [...]struct {
+		name string
+		v    float64
+	}{
+		{"vllm:prefix_cache_queries_total", m.PrefixCacheQueries},
+		{"vllm:prefix_cache_hits_total", m.PrefixCacheHits},
+		{"vllm:num_preemptions_total", m.Preemptions},
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.counters == nil {
+		e.counters = make(map[string]float64, len(cur))
+	}
+	for _, c := range cur {
+		if slices.Contains(m.Missing, c.name) {
+			continue
+		}
+		if last, seen := e.counters[c.name]; seen && c.v < last && !ok {
+			name, from, to, ok = c.name, last, c.v, true
+		}
+		e.counters[c.name] = c.v
+	}
+	return name, from, to, ok
 }
