@@ -96,8 +96,10 @@ type command struct {
 	submit  []submission
 	abort   []string
 	restart bool
-	reset   bool
-	reply   chan error
+	// pubReopened, with restart, gets the publisher's reopen outcome.
+	pubReopened chan<- error
+	reset       bool
+	reply       chan error
 }
 
 // engine owns a Core and the streams of its requests; only its loop
@@ -247,7 +249,7 @@ func (e *engine) apply(ctx context.Context, c command) {
 		err = errors.New("prefix cache in use: requests hold blocks")
 	}
 	if c.restart {
-		err = e.restart(ctx)
+		err = e.restart(ctx, c.pubReopened)
 	}
 	e.publishState()
 	if c.reply != nil {
@@ -258,7 +260,8 @@ func (e *engine) apply(ctx context.Context, c command) {
 // restart models an engine process restart: in-flight requests die, the
 // cache is empty, counters and KV-event sequence numbers start again at 0
 // and no AllBlocksCleared is sent.
-func (e *engine) restart(ctx context.Context) error {
+// reopened (may be nil) gets the outcome of the publisher's new sockets.
+func (e *engine) restart(ctx context.Context, reopened chan<- error) error {
 	core, err := e.newCore()
 	if err != nil {
 		return err
@@ -268,7 +271,7 @@ func (e *engine) restart(ctx context.Context) error {
 	e.epoch++
 	e.startedAt = e.clock.Now()
 	if e.pub != nil {
-		return e.pub.control(ctx, pubMsg{restart: true})
+		return e.pub.control(ctx, pubMsg{restart: true, reopened: reopened})
 	}
 	return nil
 }

@@ -25,6 +25,9 @@ type pubMsg struct {
 	batch   vllm.Batch
 	restart bool
 	stall   time.Duration
+	// reopened, if not nil, gets the restart's outcome once the new
+	// sockets are bound (buffered, capacity 1).
+	reopened chan<- error
 }
 
 // replayItem is one buffered batch.
@@ -50,6 +53,8 @@ type publisher struct {
 	m         *metrics
 
 	in chan pubMsg
+	// stopped is closed when Run returns.
+	stopped chan struct{}
 
 	mu  sync.Mutex // guards buf and next (read by the replay goroutine)
 	buf []replayItem
@@ -78,7 +83,7 @@ func newPublisher(cfg KVEventsConfig, rank int, legacy bool, dropEvery int, cloc
 	p := &publisher{
 		cfg: cfg, oldReplay: legacy, dropEvery: dropEvery, clock: clock, log: log, m: m,
 		in:    make(chan pubMsg, cfg.MaxQueueSize),
-		ready: make(chan struct{}),
+		ready: make(chan struct{}), stopped: make(chan struct{}),
 	}
 	if legacy {
 		p.layout = vllm.LayoutArray
@@ -191,25 +196,34 @@ func listen(sck zmq4.Socket, ep string) (string, error) {
 // Run publishes until ctx ends, on the sockets s made by open and, after
 // every simulated restart, on new ones. It closes the sockets it was given.
 func (p *publisher) Run(ctx context.Context, s *sockets) error {
+	defer close(p.stopped)
 	for {
 		restart, err := p.session(s)
-		if err != nil || !restart || ctx.Err() != nil {
+		if err != nil || restart == nil || ctx.Err() != nil {
 			return err
 		}
 		// A new engine process: empty replay buffer, seq from 0.
 		p.mu.Lock()
 		p.buf, p.next = p.buf[:0], 0
 		p.mu.Unlock()
-		if s, err = p.open(ctx); err != nil {
-			return fmt.Errorf("kv events: restart: %w", err)
+		s, err = p.open(ctx)
+		if err != nil {
+			err = fmt.Errorf("kv events: restart: %w", err)
+		}
+		if restart.reopened != nil {
+			restart.reopened <- err
+		}
+		if err != nil {
+			return err
 		}
 		p.log.Info("kv events: restarted, sockets re-opened", "endpoint", p.cfg.Endpoint, "replay_endpoint", p.cfg.ReplayEndpoint)
 	}
 }
 
-// session serves one incarnation's sockets until ctx ends (false) or a
-// restart message (true), then closes them after its goroutines returned.
-func (p *publisher) session(s *sockets) (restart bool, err error) {
+// session serves one incarnation's sockets until ctx ends (nil) or a
+// restart message (returned), then closes them after its goroutines
+// returned.
+func (p *publisher) session(s *sockets) (restart *pubMsg, err error) {
 	g, gctx := errgroup.WithContext(s.ctx)
 	defer s.close()
 	if !p.cfg.bindPub() {
@@ -233,7 +247,10 @@ func (p *publisher) session(s *sockets) (restart bool, err error) {
 	if errors.Is(err, context.Canceled) {
 		err = nil
 	}
-	return restart && err == nil, err
+	if err != nil {
+		return nil, err
+	}
+	return restart, nil
 }
 
 // pubOptions are the PUB socket's options. Only a connecting socket
@@ -249,20 +266,20 @@ func (p *publisher) pubOptions() []zmq4.Option {
 		zmq4.WithAutomaticReconnect(true)}
 }
 
-// loop sends queued batches until ctx ends or a restart message (true).
-// A stall ends with the incarnation.
-func (p *publisher) loop(ctx context.Context, pub zmq4.Socket) (restart bool, err error) {
+// loop sends queued batches until ctx ends (nil) or a restart message
+// (returned). A stall ends with the incarnation.
+func (p *publisher) loop(ctx context.Context, pub zmq4.Socket) (restart *pubMsg, err error) {
 	var stallUntil time.Time
 	for {
 		var m pubMsg
 		select {
 		case <-ctx.Done():
-			return false, nil
+			return nil, nil
 		case m = <-p.in:
 		}
 		switch {
 		case m.restart:
-			return true, nil
+			return &m, nil
 		case m.stall > 0:
 			stallUntil = p.clock.Now().Add(m.stall)
 			continue
@@ -270,13 +287,13 @@ func (p *publisher) loop(ctx context.Context, pub zmq4.Socket) (restart bool, er
 		if wait := stallUntil.Sub(p.clock.Now()); wait > 0 {
 			select {
 			case <-ctx.Done():
-				return false, nil
+				return nil, nil
 			case <-p.clock.After(wait):
 			}
 		}
 		payload, err := vllm.AppendBatch(nil, &m.batch, p.layout)
 		if err != nil {
-			return false, fmt.Errorf("kv events: %w", err)
+			return nil, fmt.Errorf("kv events: %w", err)
 		}
 		p.mu.Lock()
 		seq := p.next
@@ -294,7 +311,7 @@ func (p *publisher) loop(ctx context.Context, pub zmq4.Socket) (restart bool, er
 		binary.BigEndian.PutUint64(seq8[:], seq)
 		if err := pub.SendMulti(zmq4.NewMsgFrom([]byte(p.cfg.Topic), seq8[:], payload)); err != nil {
 			if ctx.Err() != nil {
-				return false, nil
+				return nil, nil
 			}
 			p.log.Warn("kv events: send failed", "seq", seq, "err", err)
 		}

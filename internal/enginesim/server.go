@@ -239,10 +239,25 @@ func (s *Server) KVEventsAddrs(ctx context.Context) (pub, replay string, err err
 // without a fixed seed), and the KV-event sockets are closed, dropping
 // their connections, and opened again on the same endpoints with an empty
 // replay buffer and sequence numbers from 0; no AllBlocksCleared is sent.
-// HTTP keeps serving. It returns once the publisher has the restart queued
-// (behind the batches before it); new batches go out on the new sockets.
+// HTTP keeps serving. It returns once the new sockets are bound (the
+// publisher first sends the batches queued before the restart, and
+// finishes a stall in progress), or when ctx ends.
 func (s *Server) Restart(ctx context.Context) error {
-	return s.eng.send(ctx, command{restart: true, reply: make(chan error, 1)})
+	var reopened chan error
+	if s.pub != nil {
+		reopened = make(chan error, 1)
+	}
+	if err := s.eng.send(ctx, command{restart: true, pubReopened: reopened, reply: make(chan error, 1)}); err != nil || reopened == nil {
+		return err
+	}
+	select {
+	case err := <-reopened:
+		return err
+	case <-s.pub.stopped:
+		return errStopped
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // ResetPrefixCache is vLLM's /reset_prefix_cache: it clears the cache and
