@@ -208,7 +208,7 @@ func (b *Backend) Route(in *RouteInput) (Decision, error) {
 	}
 	if in.DryRun {
 		d, err := g.router.Evaluate(req, nil)
-		out := Decision{Replica: d.Name, CachedTokens: cachedTokens(d, g.blockSize, len(in.Tokens)), Explain: explanation(d, g)}
+		out := Decision{Replica: d.Name, CachedTokens: cachedTokens(d, g.blockSize, len(in.Tokens)), Explain: explanation(d, g, len(in.Tokens))}
 		if g.shadow != nil {
 			out.Shadow = b.shadowDecision(g, req, len(in.Tokens))
 		}
@@ -231,7 +231,7 @@ func (b *Backend) Route(in *RouteInput) (Decision, error) {
 		Release:      lease.Release,
 		FirstToken:   lease.FirstToken,
 		Shadow:       shadow,
-		Explain:      explanation(d, g),
+		Explain:      explanation(d, g, len(in.Tokens)),
 	}, nil
 }
 
@@ -251,23 +251,56 @@ func cachedTokens(d routing.Decision, blockSize, prompt int) int {
 	return n
 }
 
-// explanation is the JSON record of a decision for POST /v1/route.
-func explanation(d routing.Decision, g *generation) any {
+// costUnits names the unit of each policy's cost (routing's Pick docs);
+// round_robin and random have no cost, so their candidates carry none.
+var costUnits = map[string]string{
+	"kv":           "seconds",
+	"dynamo":       "blocks",
+	"least_load":   "requests",
+	"llmd":         "negated_score",
+	"prefix_chars": "negated_matched_chars",
+	"session":      "negated_rendezvous_weight",
+	"sglang":       "branch_rank",
+}
+
+// explanation is the JSON record of a decision for POST /v1/route. The
+// token terms mean the same under every policy: cached_tokens is the
+// candidate's indexed prefix (cached_blocks * block_size, at most the
+// prompt) and new_tokens the prompt tokens left to prefill there
+// (prompt - cached_tokens); credited_tokens is the part the policy
+// counted as cached after its tier weights and decay (kv, dynamo only).
+// cost and cost_unit are present only for policies that compute a cost.
+func explanation(d routing.Decision, g *generation, prompt int) any {
 	type term struct {
-		Replica      string  `json:"replica"`
-		CachedBlocks int     `json:"cached_blocks"`
-		CachedTokens int     `json:"cached_tokens"`
-		NewTokens    float64 `json:"new_tokens"`
-		Cost         float64 `json:"cost"`
+		Replica        string   `json:"replica"`
+		CachedBlocks   int      `json:"cached_blocks"`
+		CachedTokens   int      `json:"cached_tokens"`
+		NewTokens      int      `json:"new_tokens"`
+		CreditedTokens *float64 `json:"credited_tokens,omitempty"`
+		Cost           *float64 `json:"cost,omitempty"`
 	}
+	unit := costUnits[d.Policy]
 	out := struct {
 		Policy     string `json:"policy"`
 		Reason     string `json:"reason"`
 		BlockSize  int    `json:"block_size"`
+		CostUnit   string `json:"cost_unit,omitempty"`
 		Candidates []term `json:"candidates"`
-	}{d.Policy, d.Reason, g.blockSize, make([]term, 0, len(d.Terms))}
+	}{d.Policy, d.Reason, g.blockSize, unit, make([]term, 0, len(d.Terms))}
+	credits := d.Policy == "kv" || d.Policy == "dynamo"
 	for _, t := range d.Terms {
-		out.Candidates = append(out.Candidates, term{t.Name, t.CachedBlocks, t.CachedBlocks * g.blockSize, t.NewTokens, t.Cost})
+		cached := t.CachedBlocks * g.blockSize
+		if prompt > 0 {
+			cached = min(cached, prompt)
+		}
+		tm := term{Replica: t.Name, CachedBlocks: t.CachedBlocks, CachedTokens: cached, NewTokens: max(prompt-cached, 0)}
+		if credits {
+			tm.CreditedTokens = &t.Credit
+		}
+		if unit != "" {
+			tm.Cost = &t.Cost
+		}
+		out.Candidates = append(out.Candidates, tm)
 	}
 	return out
 }

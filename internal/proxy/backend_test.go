@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"encoding/json"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -133,5 +134,69 @@ func TestBackendReset(t *testing.T) {
 	d, err := b.Route(&RouteInput{Model: "m", Tokens: prompt, Candidates: []string{"a", "b"}, DryRun: true})
 	if err != nil || d.CachedTokens != 0 {
 		t.Errorf("after reset: %+v %v", d, err)
+	}
+}
+
+// TestExplainTerms: the explain record means the same under every policy:
+// new_tokens = prompt - cached_tokens; cost (with its unit) only for
+// policies that compute one; the shadow decision serialises snake_case.
+func TestExplainTerms(t *testing.T) {
+	prompt := append(seq(1408), 1, 2, 3, 4, 5, 6, 7, 8, 9) // 1417 tokens, 88 blocks of 16 cached on b
+	for _, tc := range []struct {
+		policy, unit string
+		credits      bool
+	}{
+		{"round_robin", "", false}, {"random", "", false}, {"kv", "seconds", true},
+		{"least_load", "requests", false}, {"dynamo", "blocks", true}, {PolicyShadow, "", false},
+	} {
+		t.Run(tc.policy, func(t *testing.T) {
+			b := newTestBackend(t, tc.policy)
+			b.Apply(stored(prompt, 16))
+			d, err := b.Route(&RouteInput{Model: "m", Tokens: prompt, Candidates: []string{"a", "b"}, DryRun: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			raw, err := json.Marshal(struct {
+				Shadow  *ShadowDecision `json:"shadow,omitempty"`
+				Explain any             `json:"explain"`
+			}{d.Shadow, d.Explain})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got struct {
+				Shadow  map[string]any `json:"shadow"`
+				Explain struct {
+					CostUnit   string           `json:"cost_unit"`
+					Candidates []map[string]any `json:"candidates"`
+				} `json:"explain"`
+			}
+			if err := json.Unmarshal(raw, &got); err != nil {
+				t.Fatal(err)
+			}
+			if got.Explain.CostUnit != tc.unit {
+				t.Errorf("cost_unit %q, want %q", got.Explain.CostUnit, tc.unit)
+			}
+			for _, c := range got.Explain.Candidates {
+				cached, newTok := c["cached_tokens"].(float64), c["new_tokens"].(float64)
+				want := 0.0
+				if c["replica"] == "b" {
+					want = 1408
+				}
+				if cached != want || newTok != float64(len(prompt))-want {
+					t.Errorf("%s: %s", tc.policy, raw)
+				}
+				if _, ok := c["cost"]; ok != (tc.unit != "") {
+					t.Errorf("cost present %v, want %v: %s", ok, tc.unit != "", raw)
+				}
+				if _, ok := c["credited_tokens"]; ok != tc.credits {
+					t.Errorf("credited_tokens present %v, want %v: %s", ok, tc.credits, raw)
+				}
+			}
+			if tc.policy == PolicyShadow {
+				if got.Shadow["replica"] != "b" || got.Shadow["cached_tokens"] != 1408.0 {
+					t.Errorf("shadow %s", raw)
+				}
+			}
+		})
 	}
 }

@@ -59,12 +59,13 @@ type Decision struct {
 	Explain any
 }
 
-// ShadowDecision is the compared policy's choice in shadow mode.
+// ShadowDecision is the compared policy's choice in shadow mode; POST
+// /v1/route shows it as "shadow": {"replica", "cached_tokens"}.
 type ShadowDecision struct {
-	// Replica the shadow policy would have chosen.
-	Replica string
-	// CachedTokens it would have found cached there.
-	CachedTokens int
+	// Replica the shadow policy would have chosen ("" when none).
+	Replica string `json:"replica"`
+	// CachedTokens it would have found cached there, in tokens.
+	CachedTokens int `json:"cached_tokens"`
 }
 
 // Tokenizer turns a request into the token ids the engine will compute.
