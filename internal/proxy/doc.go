@@ -27,7 +27,8 @@
 // connection error or a 429/502/503 answer. After the first byte, an
 // engine failure ends a stream with an OpenAI error event and aborts other
 // bodies (the client sees a truncated response), so output is never
-// duplicated. Each attempt's load lease is released on every exit path.
+// duplicated. A 2xx event stream that ends without "data: [DONE]" (an
+// engine stopped by SIGTERM closes cleanly) is such a failure too. Each attempt's load lease is released on every exit path.
 // A client that disconnects cancels the engine request at once (logged as
 // 499). Timeouts: connect, first byte (from sending the request to the
 // first body byte), and idle between body chunks. Errors before the first
