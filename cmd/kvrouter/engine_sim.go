@@ -61,6 +61,7 @@ func parseEngineSimFlags(args []string, getenv func(string) string, sio stdio) (
 		perSeq     = fs.Duration("decode-per-seq", 0, "time each decoding sequence adds to a step (default: the profile's)")
 		cpuLoad    = fs.Float64("cpu-load-tokens-per-sec", 0, "CPU tier reload rate in tokens/s (default: the profile's)")
 		defMax     = fs.Int("default-max-tokens", 0, "max_tokens of chat requests that set none (default 256; completions default to 16 as in vLLM)")
+		kvBind     = fs.Bool("kv-events-bind", false, "bind the KV event PUB socket even when the --kv-events-config endpoint names a host, e.g. tcp://127.0.0.1:5557 for loopback only (engine-sim only, not a vLLM flag: vLLM binds only for *, :: addresses, ipc:// and inproc://, and connects otherwise)")
 		vocab      = fs.Int("vocab-size", 0, "token ids must be below this (default 128256, or 262144 with --tokenizer)")
 		f          enginesim.Faults
 		loras      listFlag
@@ -83,7 +84,8 @@ func parseEngineSimFlags(args []string, getenv func(string) string, sio stdio) (
 		fmt.Fprintf(sio.err, "usage: kvrouter engine-sim [flags]\n\n"+
 			"A simulated vLLM engine: OpenAI API, prefix cache with vLLM's KV events over ZeroMQ,\n"+
 			"continuous-batching timing model, faults. POST /admin/restart or SIGHUP restarts the\n"+
-			"engine (empty cache, event seq from 0); POST /admin/stall-events?duration=5s stalls\n"+
+			"engine (empty cache; the KV event sockets close and reopen on the same endpoints, empty\n"+
+			"replay buffer, event seq from 0); POST /admin/stall-events?duration=5s stalls\n"+
 			"the publisher; POST /reset_prefix_cache clears the cache (AllBlocksCleared).\n"+
 			"PYTHONHASHSEED in the environment seeds the block hashes, as for vLLM.\n\nflags:\n")
 		fs.PrintDefaults()
@@ -98,6 +100,7 @@ func parseEngineSimFlags(args []string, getenv func(string) string, sio stdio) (
 	}
 	kv, err := enginesim.ParseKVEventsConfig(*kvEvents)
 	errs = append(errs, err)
+	kv.Bind = *kvBind
 	cfg := enginesim.Config{
 		Core: enginesim.CoreConfig{
 			BlockSize: *blockSize, NumGPUBlocks: *gpuBlocks, NumCPUBlocks: *cpuBlocks, MaxNumSeqs: *maxSeqs,

@@ -209,7 +209,15 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		}
 		return nil
 	})
-	s.log.Info("engine-sim serving", "addr", ln.Addr().String(), "model", s.cfg.ServedModelName)
+	attrs := []any{"addr", ln.Addr().String(), "model", s.cfg.ServedModelName}
+	if s.pub != nil {
+		ev := s.pub.addr // bound, with the port chosen for 0
+		if ev == "" {
+			ev = "connect " + s.pub.cfg.Endpoint
+		}
+		attrs = append(attrs, "kv_events", ev, "kv_replay", s.pub.replayAddr)
+	}
+	s.log.Info("engine-sim serving", attrs...)
 	g.Go(func() error {
 		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("enginesim: http: %w", err)
