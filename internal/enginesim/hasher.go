@@ -2,7 +2,6 @@ package enginesim
 
 import (
 	"encoding/binary"
-	"slices"
 
 	"github.com/zeebo/xxh3"
 )
@@ -44,11 +43,8 @@ func (h *FastHasher) HashBlock(parent []byte, tokens []uint32, extraKeys []any) 
 		parent = h.none[:]
 	}
 	b := append(h.buf[:0], parent...)
-	n := len(b)
-	b = slices.Grow(b, 4*len(tokens))[:n+4*len(tokens)]
-	tb := b[n:]
-	for i, t := range tokens {
-		binary.LittleEndian.PutUint32(tb[4*i:], t)
+	for _, t := range tokens {
+		b = binary.LittleEndian.AppendUint32(b, t)
 	}
 	for _, k := range extraKeys {
 		b = append(b, 0xff) // separator: keys cannot be confused with tokens

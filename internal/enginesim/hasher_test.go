@@ -9,8 +9,10 @@ import (
 	"github.com/zeebo/xxh3"
 )
 
-// refFastHash is FastHasher's definition written plainly (one append per
-// token): the optimised HashBlock must give the same digests.
+// refFastHash is FastHasher's digest as documented (XXH3-64 over the parent
+// digest or NONE_HASH, tokens little-endian, 0xff-separated extra keys),
+// written independently of HashBlock: the two must agree, so a change to
+// HashBlock cannot silently change the fast algorithm's digests.
 func refFastHash(seed string, parent []byte, tokens []uint32, extra []any) []byte {
 	var none [8]byte
 	binary.BigEndian.PutUint64(none[:], xxh3.HashString(seed))
