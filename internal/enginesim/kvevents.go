@@ -42,8 +42,9 @@ type KVEventsConfig struct {
 	Topic string `json:"topic"`
 	// Bind makes the PUB socket bind even when Endpoint names a host, e.g.
 	// "tcp://127.0.0.1:0" to listen on loopback only. Not a vLLM setting
-	// (vLLM can bind only on all interfaces with "*", or on an IPv6 "::"
-	// address), so it cannot be set from --kv-events-config JSON.
+	// (vLLM binds only for "*", "::", ipc:// and inproc://), so it cannot
+	// be set from --kv-events-config JSON; the command's --kv-events-bind
+	// sets it.
 	Bind bool `json:"-"`
 }
 
