@@ -45,7 +45,11 @@
 // channel, and a ZeroMQ publisher (github.com/go-zeromq/zmq4) sends every
 // step's events as vLLM's [topic, seq, payload] frames with a replay ROUTER.
 // Faults inject errors, latency spikes, broken streams, hangs, slow starts,
-// dropped event batches, publisher stalls and engine restarts.
+// dropped event batches, publisher stalls and engine restarts. A restart
+// (/admin/restart, SIGHUP) looks like a new vLLM process on the wire: the
+// cache and sequence numbers reset, and the PUB and replay sockets are
+// closed (dropping every connection), emptied and reopened on the same
+// endpoints.
 //
 // Concurrency: Core is not safe for concurrent use. Server is; New starts
 // nothing, Run/Serve start the HTTP server, the engine loop and the publisher
