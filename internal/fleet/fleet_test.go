@@ -414,3 +414,27 @@ func TestScrapeRestart(t *testing.T) {
 		t.Errorf("kvrouter_fleet_engine_restarts_total = %v, want 2", n)
 	}
 }
+
+// TestRunAndListModelsRecoverPanics: a panic on a probe or list goroutine
+// (here from the transport) comes back as an error instead of crashing the
+// process, and Run stops its other loops.
+func TestRunAndListModelsRecoverPanics(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := rtFunc(func(r *http.Request) (*http.Response, error) {
+			if r.URL.Host == "b:1" {
+				panic("boom")
+			}
+			return &http.Response{StatusCode: 200, Body: io.NopCloser(strings.NewReader(`{"data":[{"id":"m"}]}`)), Request: r}, nil
+		})
+		f, _ := newTestFleet(t, Config{Endpoints: twoEndpoints(), ProbeInterval: 5 * time.Second,
+			ScrapeInterval: -1, Client: &http.Client{Transport: rt}})
+		err := f.Run(t.Context())
+		if err == nil || errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "probe of b:1 panicked: boom") {
+			t.Fatalf("Run = %v, want the probe panic", err)
+		}
+		cards, errs := f.ListModels(t.Context())
+		if len(cards) != 1 || len(errs) != 1 || !strings.Contains(errs[0].Error(), "panicked: boom") {
+			t.Fatalf("ListModels = %d cards, errs %v; want 1 card and the panic", len(cards), errs)
+		}
+	})
+}

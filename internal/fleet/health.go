@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
@@ -45,20 +46,43 @@ func (f *Fleet) Report(ep *Endpoint, o Outcome) {
 }
 
 // Run probes and scrapes every endpoint until ctx is done, then returns
-// ctx's error after all its goroutines have returned.
+// ctx's error after all its goroutines have returned. A panic in a probe or
+// scrape stops every loop and is returned as an error instead.
 func (f *Fleet) Run(ctx context.Context) error {
-	var wg sync.WaitGroup
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		panics []error
+	)
+	guard := func(what string, ep *Endpoint, fn func()) func() {
+		return func() {
+			defer func() {
+				if r := recover(); r != nil {
+					mu.Lock()
+					panics = append(panics, fmt.Errorf("fleet: %s of %s panicked: %v", what, ep.name, r))
+					mu.Unlock()
+					cancel()
+				}
+			}()
+			fn()
+		}
+	}
 	for _, ep := range f.all {
 		rng := rand.New(rand.NewPCG(hashString(ep.base), 0x6b76726f75746572))
 		if f.cfg.ProbeInterval > 0 {
-			wg.Go(func() { f.loop(ctx, ep, f.cfg.ProbeInterval, rng, f.probe) })
+			wg.Go(guard("probe", ep, func() { f.loop(ctx, ep, f.cfg.ProbeInterval, rng, f.probe) }))
 		}
 		if f.cfg.ScrapeInterval > 0 {
 			srng := rand.New(rand.NewPCG(hashString(ep.base), 0x736372617065))
-			wg.Go(func() { f.loop(ctx, ep, f.cfg.ScrapeInterval, srng, f.scrape) })
+			wg.Go(guard("scrape", ep, func() { f.loop(ctx, ep, f.cfg.ScrapeInterval, srng, f.scrape) }))
 		}
 	}
 	wg.Wait()
+	if err := errors.Join(panics...); err != nil {
+		return err
+	}
 	return ctx.Err()
 }
 

@@ -21,6 +21,11 @@ func (f *Fleet) ListModels(ctx context.Context) (cards []json.RawMessage, errs [
 			continue
 		}
 		wg.Go(func() {
+			defer func() {
+				if r := recover(); r != nil {
+					errv[i] = fmt.Errorf("fleet: list models of %s panicked: %v", ep.name, r)
+				}
+			}()
 			errv[i] = f.get(ctx, ep, "/v1/models", func(r io.Reader) error {
 				var err error
 				res[i], err = decodeModelList(r)
