@@ -228,20 +228,26 @@ func (p *publisher) session(s *sockets) (restart *pubMsg, err error) {
 	defer s.close()
 	if !p.cfg.bindPub() {
 		g.Go(func() error {
-			if err := s.pub.Dial(p.cfg.Endpoint); err != nil && gctx.Err() == nil {
-				p.log.Warn("kv events: connect failed", "endpoint", p.cfg.Endpoint, "err", err)
-			}
-			return nil
+			return recoverErr("kv events dial", func() error {
+				if err := s.pub.Dial(p.cfg.Endpoint); err != nil && gctx.Err() == nil {
+					p.log.Warn("kv events: connect failed", "endpoint", p.cfg.Endpoint, "err", err)
+				}
+				return nil
+			})
 		})
 	}
 	if s.router != nil {
-		g.Go(func() error { return p.serveReplay(gctx, s.router) })
+		g.Go(func() error {
+			return recoverErr("kv events replay", func() error { return p.serveReplay(gctx, s.router) })
+		})
 	}
 	g.Go(func() error {
 		defer s.cancel()
-		var err error
-		restart, err = p.loop(gctx, s.pub)
-		return err
+		return recoverErr("kv events publisher", func() error {
+			var err error
+			restart, err = p.loop(gctx, s.pub)
+			return err
+		})
 	})
 	err = g.Wait()
 	if errors.Is(err, context.Canceled) {

@@ -492,3 +492,18 @@ func TestRestartCutsStreams(t *testing.T) {
 		t.Fatalf("hit after restart: %s", body)
 	}
 }
+
+// TestRecoverErr: every goroutine of Serve and of a publisher session runs
+// under recoverErr, which turns a panic into an error and passes results on.
+func TestRecoverErr(t *testing.T) {
+	if err := recoverErr("x", func() error { panic("boom") }); err == nil || err.Error() != "enginesim: x panicked: boom" {
+		t.Errorf("panic: got %v", err)
+	}
+	want := errors.New("plain")
+	if err := recoverErr("x", func() error { return want }); err != want {
+		t.Errorf("error: got %v, want %v", err, want)
+	}
+	if err := recoverErr("x", func() error { return nil }); err != nil {
+		t.Errorf("nil: got %v", err)
+	}
+}
