@@ -287,3 +287,28 @@ func FuzzSSE(f *testing.F) {
 		}
 	})
 }
+
+// TestRunSendPanic: a panic while sending one request (here from the
+// transport) is recorded as that sample's Err "panic", releases its target
+// and does not crash the run.
+func TestRunSendPanic(t *testing.T) {
+	client := &http.Client{Transport: rtFunc(func(r *http.Request) (*http.Response, error) {
+		if r.URL.Path == "/v1/completions" {
+			panic("boom")
+		}
+		return nil, errors.New("down") // metrics scrape
+	})}
+	run, err := Run(t.Context(), Config{Model: "m", Targets: []string{"http://127.0.0.1:1"}, Policy: PolicyLeastLoad}, smallWorkload(t, 4), client, nil)
+	if err != nil || len(run.Samples) != 4 {
+		t.Fatalf("run %+v, %v", run, err)
+	}
+	for _, s := range run.Samples {
+		if s.Err != "panic" {
+			t.Errorf("sample %s err %q, want panic", s.ID, s.Err)
+		}
+	}
+}
+
+type rtFunc func(*http.Request) (*http.Response, error)
+
+func (f rtFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

@@ -45,8 +45,15 @@ type result struct {
 // send posts r to base (an engine or kvrouter URL without path) and reads
 // the stream. start is the run's time origin; replica names the endpoint
 // when the response does not (direct mode). Failures are reported in the
-// sample's Err, never as an error: the run goes on.
+// sample's Err, never as an error: the run goes on; a panic (it runs on
+// its own goroutine) becomes Err "panic".
 func (c *runner) send(ctx context.Context, base, replica string, r *workload.Request, start time.Time) (res result) {
+	defer func() {
+		if v := recover(); v != nil {
+			c.log.Error("request panicked", "request_id", r.ID, "panic", v)
+			res.s.Err = "panic"
+		}
+	}()
 	out := max(r.OutputTokens, 1)
 	body := completionBody{Model: c.cfg.Model, Prompt: r.Tokens(), MaxTokens: out, Stream: true, IgnoreEOS: true}
 	body.StreamOptions.IncludeUsage = true
