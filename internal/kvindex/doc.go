@@ -88,7 +88,8 @@
 // run the index on a virtual clock.
 //
 // Memory: an entry costs 40 bytes plus its share of two open-addressing
-// tables (5 bytes a slot: entry index and displacement) and, for keys with a
+// tables (5 bytes a slot: entry index and a tag byte, 4 bits of displacement
+// and a 4-bit fingerprint of the hashed value) and, for keys with a
 // holder record, of the record (16 + 16*ceil(replicas/64) bytes); measured
 // bytes per entry are in docs/routing.md. Stats.Bytes reports the index's own
 // allocation.

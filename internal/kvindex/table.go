@@ -3,19 +3,27 @@ package kvindex
 // table is an open-addressing hash set of entry indices with linear probing.
 // The keys live in the entries themselves (byAux: entry.aux, else entry.key)
 // or, for a key table value tagged recTag, in the key's holder record, so a
-// slot costs 4 bytes plus one byte of displacement, kept together so that a
-// probe loads one cache line: how far the slot is from
-// its value's home slot (saturating at dispMax). The displacement lets
-// probes skip values of other homes and deletions shift values back without
-// reading their entries, the cache misses that dominated both. 0 marks an
-// empty slot (entry 0 is a sentinel).
+// slot costs 4 bytes plus one tag byte, kept together so that a probe loads
+// one cache line. The tag's low 4 bits are the displacement: how far the
+// slot is from its value's home slot (saturating at dispMax); its high 4 bits
+// are a fingerprint of the hashed value (fpOf). The displacement lets probes
+// skip values of other homes and deletions shift values back without reading
+// their entries; the fingerprint lets probes skip 15 in 16 values of the same
+// home without loading their entries (the key compare is a cache miss in a
+// large index). 0 marks an empty slot (entry 0 is a sentinel).
 type table struct {
 	b     []byte // 5 bytes a slot: value (little endian), displacement
 	n     int
 	byAux bool
 }
 
-const dispMax = 255
+// dispMax is the saturated displacement: a slot this far or farther from its
+// home says so, and deletion reads its key to find the home.
+const dispMax = 15
+
+// fpOf returns h's fingerprint, in the tag byte's high 4 bits: bits 60..63
+// of mix(h), which the home slot (low bits) does not use.
+func fpOf(m uint64) uint8 { return uint8(m>>56) & 0xf0 }
 
 // mix spreads a 64-bit value over the slot range (keys and engine hashes are
 // hashes already, but tests and traces use small integers).
@@ -38,7 +46,10 @@ func (t *table) get(i int) uint32 {
 }
 
 // dispAt returns slot i's displacement.
-func (t *table) dispAt(i int) uint8 { return t.b[5*i+4] }
+func (t *table) dispAt(i int) uint8 { return t.b[5*i+4] & dispMax }
+
+// tagAt returns slot i's tag byte: fingerprint | displacement.
+func (t *table) tagAt(i int) uint8 { return t.b[5*i+4] }
 
 // put replaces slot i's value by one of the same key.
 func (t *table) put(i int, v uint32) {
@@ -46,9 +57,10 @@ func (t *table) put(i int, v uint32) {
 	p[0], p[1], p[2], p[3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
 }
 
-func (t *table) set(i int, v uint32, d uint8) {
+// set writes slot i's value and tag byte.
+func (t *table) set(i int, v uint32, tag uint8) {
 	t.put(i, v)
-	t.b[5*i+4] = d
+	t.b[5*i+4] = tag
 }
 
 func (t *table) keyOf(s *store, idx uint32) uint64 {
@@ -75,13 +87,15 @@ func (t *table) slot(s *store, h uint64) int {
 		return -1
 	}
 	mask := uint64(t.size() - 1)
+	m := mix(h)
+	fp := fpOf(m)
 	d := uint8(0)
-	for i := mix(h) & mask; ; i = (i + 1) & mask {
+	for i := m & mask; ; i = (i + 1) & mask {
 		idx := t.get(int(i))
 		if idx == 0 {
 			return -1
 		}
-		if t.dispAt(int(i)) == d && t.keyOf(s, idx) == h {
+		if t.tagAt(int(i)) == fp|d && t.keyOf(s, idx) == h {
 			return int(i)
 		}
 		if d < dispMax {
@@ -102,7 +116,8 @@ func (t *table) insert(s *store, h uint64, idx uint32) {
 // place puts idx in the first free slot from h's home.
 func (t *table) place(h uint64, idx uint32) {
 	mask := uint64(t.size() - 1)
-	i := mix(h) & mask
+	m := mix(h)
+	i := m & mask
 	d := uint8(0)
 	for t.get(int(i)) != 0 {
 		i = (i + 1) & mask
@@ -110,7 +125,7 @@ func (t *table) place(h uint64, idx uint32) {
 			d++
 		}
 	}
-	t.set(int(i), idx, d)
+	t.set(int(i), idx, fpOf(m)|d)
 }
 
 func (t *table) grow(s *store) {
@@ -145,7 +160,7 @@ func (t *table) deleteSlot(s *store, i int) {
 		}
 		// Move idx into the hole at i unless its home lies cyclically in (i, j].
 		if (i <= j && (home <= i || home > j)) || (i > j && home <= i && home > j) {
-			t.set(i, idx, uint8(min((i-home)&mask, dispMax)))
+			t.set(i, idx, t.tagAt(j)&^dispMax|uint8(min((i-home)&mask, dispMax)))
 			i = j
 		}
 	}

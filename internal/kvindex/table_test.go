@@ -6,7 +6,7 @@ import (
 )
 
 // TestTableCollidingHomes fills a source table with 300 engine hashes that
-// share one home slot (displacements beyond dispMax, so the saturated path
+// share one home slot (displacements reaching dispMax, so the saturated path
 // reads entries) among random ones, deletes in random order and checks that
 // every remaining hash is found and every deleted one is not.
 func TestTableCollidingHomes(t *testing.T) {
