@@ -53,7 +53,9 @@ var startRouter routerFactory = func(ctx context.Context, policy string, engines
 	url := "http://" + ln.Addr().String()
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- serve(ctx, &serveFlags{cfg: cfg}, ln, log) }()
+	go func() {
+		done <- recovered("router", func() error { return serve(ctx, &serveFlags{cfg: cfg}, ln, log) })()
+	}()
 	stop := func() error { cancel(); return <-done }
 	// /ready?full=1: every engine probed and its event stream connected.
 	if err := waitReady(ctx, url+"/ready?full=1", done); err != nil {
@@ -215,7 +217,7 @@ func startDemoEngine(ctx context.Context, g *errgroup.Group, i, blocks int, log 
 		ln.Close()
 		return demoEngine{}, fmt.Errorf("engine %d: %w", i, err)
 	}
-	g.Go(func() error { return srv.Serve(ctx, ln) })
+	g.Go(recovered(fmt.Sprintf("engine %d", i), func() error { return srv.Serve(ctx, ln) }))
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	pub, replay, err := srv.KVEventsAddrs(wctx)

@@ -195,22 +195,26 @@ func runEngineSim(ctx context.Context, args []string, sio stdio) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan struct{})
+	var hupErr error // a panic of the SIGHUP goroutine, read after done
 	go func() {
 		defer close(done)
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-hup:
-				log.Info("SIGHUP: restarting the simulated engine")
-				if err := srv.Restart(ctx); err != nil && ctx.Err() == nil {
-					log.Warn("restart failed", "err", err)
+		hupErr = recovered("SIGHUP handler", func() error {
+			for {
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-hup:
+					log.Info("SIGHUP: restarting the simulated engine")
+					if err := srv.Restart(ctx); err != nil && ctx.Err() == nil {
+						log.Warn("restart failed", "err", err)
+					}
 				}
 			}
-		}
+		})()
+		cancel() // a panic stops the engine too
 	}()
 	err = srv.Run(ctx)
 	cancel()
 	<-done
-	return err
+	return errors.Join(err, hupErr)
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime/debug"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -258,14 +259,14 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 
 	run := func(ctx context.Context, ln net.Listener) error {
 		g, gctx := errgroup.WithContext(ctx)
-		g.Go(func() error { return ignoreCanceled(flt.Run(gctx)) })
+		g.Go(recovered("fleet", func() error { return ignoreCanceled(flt.Run(gctx)) }))
 		for _, run := range subs {
-			g.Go(func() error { return run(gctx) })
+			g.Go(recovered("kv events", func() error { return run(gctx) }))
 		}
 		for _, p := range probes {
-			g.Go(func() error { defer p.Close(); return ignoreCanceled(p.Run(gctx)) })
+			g.Go(recovered("tokenizer probe", func() error { defer p.Close(); return ignoreCanceled(p.Run(gctx)) }))
 		}
-		g.Go(func() error { return srv.Run(gctx, ln) })
+		g.Go(recovered("proxy", func() error { return srv.Run(gctx, ln) }))
 		return g.Wait()
 	}
 	return &serveApp{run: run, close: closeProbes}, nil
@@ -361,4 +362,18 @@ func ignoreCanceled(err error) error {
 		return nil
 	}
 	return err
+}
+
+// recovered wraps a goroutine's body so that a panic in it comes back as an
+// error naming what panicked, with its stack, instead of crashing the
+// process (style: no panic crosses a goroutine boundary).
+func recovered(what string, f func() error) func() error {
+	return func() (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("%s panicked: %v\n%s", what, r, debug.Stack())
+			}
+		}()
+		return f()
+	}
 }
