@@ -39,6 +39,7 @@ type Exact struct {
 	lastSrc uint32
 	// writer scratch
 	keyBuf  []Key
+	warmBuf []warmItem
 	sink    uint64 // keeps warm's loads alive
 	confirm []confirmation
 	warned  bool

@@ -16,46 +16,66 @@ import "kvrouter/internal/vllm"
 const warmMin = 1 << 16
 
 // warmRemovals touches, for every BlockRemoved hash of b, its source-table
-// slot, then its entry and its key's key-table slot.
-// Caller holds x.mu.
+// slot, then its entry, then its key's key-table slot. It first gathers the
+// removals into x.warmBuf, so that each pass is a short loop over a compact
+// array: the processor then has many more of its loads in flight than a loop
+// over the batch's events would allow. Caller holds x.mu.
 func (x *Exact) warmRemovals(id ReplicaID, rank int32, b *vllm.Batch) {
 	if x.st.n < warmMin {
 		return
 	}
-	var sink uint64
 	st := &x.st
-	for pass := range 2 {
-		for i := range b.Events {
-			ev := &b.Events[i]
-			if ev.Type != vllm.BlockRemoved || len(ev.BlockHashes) < 1 {
-				continue
-			}
-			src, ok := x.source(id, rank, int32(ev.Group()), false)
-			if !ok {
-				continue
-			}
-			t := &st.srcs[src].tab
-			if t.n == 0 {
-				continue
-			}
-			mask := uint64(t.size() - 1)
-			kmask := uint64(st.keys.size() - 1)
-			for _, h := range ev.BlockHashes {
-				if pass == 0 {
-					sink += uint64(t.get(int(mix(uint64(h)) & mask)))
-					continue
-				}
-				idx := t.find(st, uint64(h))
-				if idx == 0 {
-					continue
-				}
-				e := st.ent(idx)
-				sink += uint64(st.keys.get(int(mix(uint64(e.key)) & kmask)))
+	buf := x.warmBuf[:0]
+	for i := range b.Events {
+		ev := &b.Events[i]
+		if ev.Type != vllm.BlockRemoved || len(ev.BlockHashes) < 1 {
+			continue
+		}
+		src, ok := x.source(id, rank, int32(ev.Group()), false)
+		if !ok || st.srcs[src].tab.n == 0 {
+			continue
+		}
+		mask := uint64(st.srcs[src].tab.size() - 1)
+		for _, h := range ev.BlockHashes {
+			buf = append(buf, warmItem{h: uint64(h), src: src, slot: uint32(mix(uint64(h)) & mask)})
+		}
+	}
+	x.warmBuf = buf
+	if len(buf) == 0 {
+		return
+	}
+	var sink uint64
+	for _, w := range buf {
+		sink += uint64(st.srcs[w.src].tab.b[5*w.slot])
+	}
+	kmask := uint64(st.keys.size() - 1)
+	for k := range buf {
+		w := &buf[k]
+		idx := st.srcs[w.src].tab.find(st, w.h)
+		w.slot = noWarm
+		if idx != 0 {
+			w.slot = uint32(mix(uint64(st.ent(idx).key)) & kmask)
+		}
+	}
+	if st.keys.size() > 0 {
+		for _, w := range buf {
+			if w.slot != noWarm {
+				sink += uint64(st.keys.b[5*w.slot])
 			}
 		}
 	}
 	x.sink += sink
 }
+
+// warmItem is a removal gathered by warmRemovals: the engine hash, its
+// source and a table slot to load (noWarm: none).
+type warmItem struct {
+	h    uint64
+	src  uint32
+	slot uint32
+}
+
+const noWarm = ^uint32(0)
 
 // warmStores touches the source-table slots of a BlockStored event's hashes
 // and the key-table slots of its keys. Caller holds x.mu.
