@@ -41,6 +41,7 @@ func NewApprox(cfg Config, log *slog.Logger, reg Registerer) (*Approx, error) {
 		st:   newStore(true, false, false),
 		reps: newReplicas(),
 	}
+	a.st.keys.reserve(cfg.ExpectedEntries)
 	if err := newMetrics(reg, "approx", cfg, a.Stats); err != nil {
 		return nil, err
 	}

@@ -162,15 +162,30 @@ func buildReplay(tb testing.TB, reqs []mooncakeReq, replicas, capacity int) (ste
 // engines of 32,768 blocks as block-level operations (lookups, stores with
 // re-hashing of token_ids, removals) on one core. ops/s is per wall second,
 // ops/cpu-s per second of CPU the process used (GC included): on a shared
-// machine the latter is the throughput of one core.
+// machine the latter is the throughput of one core. index=growing starts
+// from an empty index whose key table doubles as it fills; index=sized sets
+// Config.ExpectedEntries to the fleet's 16 x 32,768 blocks, as a router
+// told its fleet's capacity would (the steady state of a long-lived index).
 func BenchmarkMooncakeReplay(b *testing.B) {
 	reqs := loadMooncake(b, 4000)
 	steps, ops := buildReplay(b, reqs, 16, 32768)
+	for _, bc := range []struct {
+		name     string
+		expected int
+	}{{"growing", 0}, {"sized", 16 * 32768}} {
+		b.Run("index="+bc.name, func(b *testing.B) {
+			cfg := Config{Model: "mooncake", BlockSize: 16, PredictTTL: -1, ExpectedEntries: bc.expected}
+			benchReplay(b, cfg, steps, ops)
+		})
+	}
+}
+
+func benchReplay(b *testing.B, cfg Config, steps []replayStep, ops int) {
 	b.ReportAllocs()
 	var last Stats
 	cpu := cpuTime()
 	for b.Loop() {
-		x, err := NewExact(Config{Model: "mooncake", BlockSize: 16, PredictTTL: -1}, nil, nil)
+		x, err := NewExact(cfg, nil, nil)
 		if err != nil {
 			b.Fatal(err)
 		}

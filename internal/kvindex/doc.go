@@ -92,5 +92,6 @@
 // and a 4-bit fingerprint of the hashed value) and, for keys with a
 // holder record, of the record (16 + 16*ceil(replicas/64) bytes); measured
 // bytes per entry are in docs/routing.md. Stats.Bytes reports the index's own
-// allocation.
+// allocation. Config.ExpectedEntries allocates the key table for a known
+// fleet capacity at creation instead of doubling it as the index fills.
 package kvindex

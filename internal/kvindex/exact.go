@@ -74,6 +74,7 @@ func NewExact(cfg Config, log *slog.Logger, reg Registerer) (*Exact, error) {
 		srcOf: make(map[srcKey]uint32),
 	}
 	x.st.clock = true
+	x.st.keys.reserve(cfg.ExpectedEntries)
 	if cfg.PredictTTL > 0 {
 		x.pred = newPredictor(cfg.PredictTTL, cfg.MaxPredicted, &x.c)
 	}

@@ -142,6 +142,21 @@ func (t *table) grow(s *store) {
 	}
 }
 
+// reserve sizes an empty table for n values without growing: the smallest
+// power of two of at least 16 slots that holds n at a load of at most 3/4.
+func (t *table) reserve(n int) {
+	if t.n != 0 || n <= 0 {
+		return
+	}
+	size := 16
+	for n*4 > size*3 {
+		size *= 2
+	}
+	if size > t.size() {
+		t.b = make([]byte, 5*size)
+	}
+}
+
 // deleteSlot empties slot i, shifting later entries of its probe run back.
 func (t *table) deleteSlot(s *store, i int) {
 	mask := t.size() - 1
