@@ -28,6 +28,7 @@ type SubscriberMetrics struct {
 	malformed     *prometheus.CounterVec
 	duplicates    *prometheus.CounterVec
 	reconnects    *prometheus.CounterVec
+	rejectedConns *prometheus.CounterVec
 	connected     *prometheus.GaugeVec
 	lag           *prometheus.HistogramVec
 }
@@ -50,6 +51,7 @@ type SubscriberMetrics struct {
 //	kvrouter_vllm_malformed_total          messages or payloads that could not be decoded
 //	kvrouter_vllm_duplicates_total         live batches skipped because replay delivered them
 //	kvrouter_vllm_reconnects_total         connections to the engine lost and re-established
+//	kvrouter_vllm_rejected_conns_total     bind mode: engine connections closed at accept because the rank had max_conns open
 //	kvrouter_vllm_connected                1 while a live connection is up
 //	kvrouter_vllm_lag_seconds              histogram of now - batch ts for live batches
 func NewSubscriberMetrics(reg prometheus.Registerer) (*SubscriberMetrics, error) {
@@ -73,6 +75,7 @@ func NewSubscriberMetrics(reg prometheus.Registerer) (*SubscriberMetrics, error)
 		malformed:     counter("malformed_total", "Messages or payloads that could not be decoded."),
 		duplicates:    counter("duplicates_total", "Live batches skipped because a replay had already delivered them."),
 		reconnects:    counter("reconnects_total", "Connections to the engine lost and re-established."),
+		rejectedConns: counter("rejected_conns_total", "Bind mode: engine connections closed at accept because the rank already had max_conns open."),
 		connected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kvrouter_vllm_connected", Help: "1 while the live event connection to the engine rank is up.",
 		}, er),
@@ -100,7 +103,7 @@ func NewSubscriberMetrics(reg prometheus.Registerer) (*SubscriberMetrics, error)
 func (m *SubscriberMetrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.batches, m.events, m.blocksStored, m.blocksRemoved, m.gaps,
 		m.replays, m.replayErrors, m.unrecoverable, m.restarts, m.queueDrops, m.malformed,
-		m.duplicates, m.reconnects, m.connected, m.lag}
+		m.duplicates, m.reconnects, m.rejectedConns, m.connected, m.lag}
 }
 
 // deleteEngine removes every series of one engine.
@@ -119,6 +122,7 @@ func (m *SubscriberMetrics) deleteEngine(engine string) {
 	m.malformed.DeletePartialMatch(l)
 	m.duplicates.DeletePartialMatch(l)
 	m.reconnects.DeletePartialMatch(l)
+	m.rejectedConns.DeletePartialMatch(l)
 	m.connected.DeletePartialMatch(l)
 	m.lag.DeletePartialMatch(l)
 }
@@ -126,7 +130,7 @@ func (m *SubscriberMetrics) deleteEngine(engine string) {
 // rankMetrics are one (engine, rank)'s children, resolved once.
 type rankMetrics struct {
 	batches, blocksStored, blocksRemoved, gaps, replays, replayErrors,
-	unrecoverable, restarts, queueDrops, malformed, duplicates, reconnects prometheus.Counter
+	unrecoverable, restarts, queueDrops, malformed, duplicates, reconnects, rejectedConns prometheus.Counter
 	stored, removed, cleared prometheus.Counter // events by type
 	connected                prometheus.Gauge
 	lag                      prometheus.Observer
@@ -147,6 +151,7 @@ func (m *SubscriberMetrics) forRank(engine string, rank int) *rankMetrics {
 		malformed:     m.malformed.WithLabelValues(engine, r),
 		duplicates:    m.duplicates.WithLabelValues(engine, r),
 		reconnects:    m.reconnects.WithLabelValues(engine, r),
+		rejectedConns: m.rejectedConns.WithLabelValues(engine, r),
 		stored:        m.events.WithLabelValues(engine, r, vllm.BlockStored.String()),
 		removed:       m.events.WithLabelValues(engine, r, vllm.BlockRemoved.String()),
 		cleared:       m.events.WithLabelValues(engine, r, vllm.AllBlocksCleared.String()),

@@ -36,6 +36,7 @@ type rank struct {
 	connIDs   atomic.Uint64 // numbers this rank's connections from 1
 	conns     atomic.Int32  // live connections (bind mode may briefly have several)
 	connected atomic.Bool   // a connection was up before: the next one is a reconnect
+	accepted  atomic.Int32  // bind mode: accepted connections not yet closed (handshake included)
 }
 
 // liveMsg is what a connection goroutine hands to process: a live message
@@ -98,7 +99,10 @@ func (r *rank) dialLoop(ctx context.Context, in chan<- liveMsg) error {
 }
 
 // acceptLoop accepts engines dialling in (bind mode) and serves each
-// connection in its own goroutine until ctx ends.
+// connection in its own goroutine until ctx ends. At most
+// SubscriberConfig.MaxConns accepted connections are open at once (from
+// accept to close, handshake included); a connection accepted beyond that is
+// closed at once and counted in rejected_conns.
 func (r *rank) acceptLoop(ctx context.Context, ln net.Listener, in chan<- liveMsg) error {
 	g, gctx := errgroup.WithContext(ctx)
 	stop := context.AfterFunc(gctx, func() { ln.Close() })
@@ -114,7 +118,20 @@ func (r *rank) acceptLoop(ctx context.Context, ln net.Listener, in chan<- liveMs
 			sleepCtx(gctx, r.s.cfg.ReconnectMin)
 			continue
 		}
+		if int(r.accepted.Load()) >= r.s.cfg.MaxConns {
+			// A rank has one engine; more than MaxConns connections at
+			// once is a misbehaving peer (or stale half-open sockets not
+			// yet seen to break): the newcomer is closed, the connections
+			// already up keep going.
+			nc.Close()
+			r.count(&r.s.stats.rejectedConns, r.m.rejectedConns)
+			r.log.Warn("engine connection refused: too many connections on this rank",
+				"remote", nc.RemoteAddr().String(), "max_conns", r.s.cfg.MaxConns)
+			continue
+		}
+		r.accepted.Add(1)
 		g.Go(guard("conn", func() error {
+			defer r.accepted.Add(-1)
 			hctx, cancel := context.WithTimeout(gctx, r.s.cfg.DialTimeout)
 			c, err := openZMTP(hctx, nc, zmq4.Sub, true)
 			cancel()

@@ -114,6 +114,13 @@ type SubscriberConfig struct {
 	// Bind makes the router bind the SUB endpoints and the engines dial in
 	// (vLLM connects when its endpoint names a host, not "*").
 	Bind bool `yaml:"bind"`
+	// MaxConns bounds, in bind mode, the engine connections accepted and
+	// open at once per rank (a rank has one engine; a second one appears
+	// briefly when an engine dials in again before its old connection is
+	// seen to break). A connection accepted beyond it is closed at once and
+	// counted (kvrouter_vllm_rejected_conns_total); those already open keep
+	// going. Default 4.
+	MaxConns int `yaml:"max_conns"`
 	// QueueSize bounds the Updates waiting for the consumer. Default 1024.
 	QueueSize int `yaml:"queue_size"`
 	// ReplayTimeout bounds one replay request, connection included.
@@ -136,6 +143,9 @@ func (c SubscriberConfig) withDefaults() SubscriberConfig {
 	}
 	if c.DPSize == 0 {
 		c.DPSize = 1
+	}
+	if c.MaxConns == 0 {
+		c.MaxConns = 4
 	}
 	if c.QueueSize == 0 {
 		c.QueueSize = 1024
@@ -174,12 +184,13 @@ type SubscriberStats struct {
 	Malformed         uint64 `json:"malformed"`
 	Duplicates        uint64 `json:"duplicates"`
 	Reconnects        uint64 `json:"reconnects"`
+	RejectedConns     uint64 `json:"rejected_conns"`
 }
 
 // stats mirrors SubscriberStats with atomics.
 type stats struct {
 	batches, events, blocksStored, blocksRemoved, gaps, replays, replayErrors,
-	unrecoverable, restarts, queueDrops, malformed, duplicates, reconnects atomic.Uint64
+	unrecoverable, restarts, queueDrops, malformed, duplicates, reconnects, rejectedConns atomic.Uint64
 }
 
 // Subscriber follows one vLLM engine's KV events: one live subscription per
@@ -221,6 +232,9 @@ func NewSubscriber(cfg SubscriberConfig, log *slog.Logger, m *SubscriberMetrics)
 	}
 	if cfg.DPSize < 1 || cfg.DPSize > 1024 {
 		errs = append(errs, fmt.Errorf("dp_size %d: want 1..1024", cfg.DPSize))
+	}
+	if cfg.MaxConns < 1 {
+		errs = append(errs, fmt.Errorf("max_conns %d: want >= 1", cfg.MaxConns))
 	}
 	if cfg.QueueSize < 1 {
 		errs = append(errs, fmt.Errorf("queue_size %d: want >= 1", cfg.QueueSize))
@@ -271,10 +285,13 @@ func (s *Subscriber) Run(ctx context.Context, apply func(Update)) error {
 		if !s.cfg.Bind {
 			break
 		}
-		ln, err := listen(s.live[r])
+		ln, err := listen(ctx, s.live[r])
 		if err != nil {
 			for _, l := range lns[:r] {
 				l.Close()
+			}
+			if ctx.Err() != nil {
+				return nil
 			}
 			return fmt.Errorf("vllm subscriber %q rank %d: %w", s.cfg.Engine, r, err)
 		}
@@ -312,7 +329,7 @@ func (s *Subscriber) Stats() SubscriberStats {
 		BlocksRemoved: t.blocksRemoved.Load(), Gaps: t.gaps.Load(), Replays: t.replays.Load(),
 		ReplayErrors: t.replayErrors.Load(), UnrecoverableGaps: t.unrecoverable.Load(),
 		Restarts: t.restarts.Load(), QueueDrops: t.queueDrops.Load(), Malformed: t.malformed.Load(),
-		Duplicates: t.duplicates.Load(), Reconnects: t.reconnects.Load(),
+		Duplicates: t.duplicates.Load(), Reconnects: t.reconnects.Load(), RejectedConns: t.rejectedConns.Load(),
 	}
 }
 

@@ -160,10 +160,14 @@ func (c *zmtpConn) close() error {
 	return err
 }
 
-// listen binds ep for engines to dial in (bind mode).
-func listen(ep zmtpEndpoint) (net.Listener, error) {
+// listen binds ep for engines to dial in (bind mode). A ctx that has
+// already ended binds nothing.
+func listen(ctx context.Context, ep zmtpEndpoint) (net.Listener, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("bind %s: %w", ep.addr, err)
+	}
 	var lc net.ListenConfig
-	ln, err := lc.Listen(context.Background(), ep.network, ep.addr)
+	ln, err := lc.Listen(ctx, ep.network, ep.addr)
 	if err != nil {
 		return nil, fmt.Errorf("bind %s: %w", ep.addr, err)
 	}
