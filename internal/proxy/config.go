@@ -125,6 +125,16 @@ type EngineConfig struct {
 	// (vLLM --kv-events-config endpoint); empty: no events (the router uses
 	// its approximate index for this model).
 	Events string `yaml:"events"`
+	// EventsBind makes kvrouter bind Events and the engine dial in (vLLM
+	// connects when its --kv-events-config endpoint names a host): Events
+	// is then the local address to bind, tcp://127.0.0.1:P (keeps the
+	// stream on loopback), tcp://*:P or ipc:///path, and the engine's
+	// endpoint is that address with kvrouter's host. Replay is still
+	// dialled. One address per engine.
+	EventsBind bool `yaml:"events_bind"`
+	// Topic is the SUB prefix filter, the engine's --kv-events-config
+	// "topic" (default "": every topic).
+	Topic string `yaml:"topic"`
 	// Replay is the engine's replay ROUTER endpoint, e.g.
 	// tcp://10.0.0.1:5558; empty: gaps cannot be replayed.
 	Replay string `yaml:"replay"`
@@ -277,6 +287,7 @@ func (c *Config) Validate() error {
 	}
 	models := map[string]bool{}
 	engines := map[string]string{}
+	var binds bindSet
 	for i, m := range c.Models {
 		if m.Name == "" {
 			errs = append(errs, ferr("required", "models", i, "name"))
@@ -316,12 +327,22 @@ func (c *Config) Validate() error {
 			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 				errs = append(errs, ferr(fmt.Sprintf("%q: want http(s)://host:port", e.URL), "models", i, "engines", j, "url"))
 			}
-			for _, f := range []struct{ name, v string }{{"events", e.Events}, {"replay", e.Replay}} {
+			for _, f := range []struct {
+				name, v string
+				bind    bool
+			}{{"events", e.Events, e.EventsBind}, {"replay", e.Replay, false}} {
 				if f.v == "" {
 					continue
 				}
-				if msg := checkZMQEndpoint(f.v, e.DPSize); msg != "" {
+				if msg := checkZMQEndpoint(f.v, e.DPSize, f.bind); msg != "" {
 					errs = append(errs, ferr(msg, "models", i, "engines", j, f.name))
+				}
+			}
+			if e.EventsBind {
+				if e.Events == "" {
+					errs = append(errs, ferr("events_bind without events (the address to bind)", "models", i, "engines", j, "events_bind"))
+				} else if prev := binds.add(e.Events, e.DPSize, pathString([]any{"models", i, "engines", j, "events"})); prev != "" {
+					errs = append(errs, ferr(fmt.Sprintf("%q: address already bound for %s (one address per engine)", e.Events, prev), "models", i, "engines", j, "events"))
 				}
 			}
 			if e.Replay != "" && e.Events == "" {

@@ -113,6 +113,15 @@ func TestParseConfigErrors(t *testing.T) {
 		{"bad replay port", "models:\n  - name: m\n    engines:\n      - url: http://a:1\n        events: tcp://x:1\n        replay: tcp://x:70000\n", []string{"models[0].engines[0].replay (line 6)", "1..65535"}},
 		{"replay without events", "models:\n  - name: m\n    engines:\n      - url: http://a:1\n        replay: tcp://x:1\n", []string{"models[0].engines[0].replay (line 5): replay without events"}},
 		{"dp ranks past the last port", "models:\n  - name: m\n    engines:\n      - {url: 'http://a:1', events: 'tcp://x:65535', dp_size: 2}\n", []string{"dp_size 2 needs ports up to 65536"}},
+		{"events_bind without events", "models:\n  - name: m\n    engines:\n      - url: http://a:1\n        events_bind: true\n", []string{"models[0].engines[0].events_bind (line 5): events_bind without events"}},
+		{"events_bind without host", "models:\n  - name: m\n    engines:\n      - url: http://a:1\n        events_bind: true\n        events: 'tcp://:5557'\n", []string{"models[0].engines[0].events (line 6)", "to bind"}},
+		{"events_bind type", "models:\n  - name: m\n    engines:\n      - {url: 'http://a:1', events: 'tcp://*:1', events_bind: maybe}\n", []string{"models[0].engines[0].events_bind (line 4): cannot unmarshal"}},
+		{"two engines bind one address", "models:\n  - name: m\n    engines:\n      - {url: 'http://a:1', events: 'tcp://127.0.0.1:5557', events_bind: true}\n  - name: n\n    engines:\n      - url: http://b:1\n        events_bind: true\n        events: 'tcp://127.0.0.1:5557'\n",
+			[]string{`models[1].engines[0].events (line 9): "tcp://127.0.0.1:5557": address already bound for models[0].engines[0].events`}},
+		{"wildcard bind clashes with a host", "models:\n  - name: m\n    engines:\n      - {url: 'http://a:1', events: 'tcp://127.0.0.1:5558', events_bind: true}\n      - {url: 'http://b:1', events: 'tcp://*:5557', events_bind: true, dp_size: 2}\n",
+			[]string{"models[0].engines[1].events (line 5)", "already bound for models[0].engines[0].events"}},
+		{"ipc bound twice", "models:\n  - name: m\n    engines:\n      - {url: 'http://a:1', events: 'ipc:///tmp/e', events_bind: true}\n      - {url: 'http://b:1', events: 'ipc:///tmp/e', events_bind: true}\n",
+			[]string{"models[0].engines[1].events (line 5)", "already bound"}},
 		{"bad mismatch reaction", "models:\n  - name: m\n    tokenizer_mismatch: panic\n    engines: [{url: 'http://a:1'}]\n", []string{"tokenizer_mismatch (line 3)"}},
 	}
 	for _, tt := range tests {
@@ -149,9 +158,27 @@ func TestParseConfigAccepts(t *testing.T) {
 		modelWith("routing: {sglang: {cache_threshold: 1, balance_rel_threshold: 1}}"),
 		"health: {probe_interval: -1s, scrape_interval: -1s}\n" + modelWith(""),
 		"models:\n  - name: m\n    engines:\n      - {url: 'http://a:1', events: 'ipc:///tmp/ev', replay: 'tcp://[::1]:5558'}\n",
+		// Bind mode: loopback or wildcard, distinct ports (dp ranks
+		// included), the same port on two hosts, a topic.
+		"models:\n  - name: m\n    engines:\n      - {url: 'http://a:1', events: 'tcp://127.0.0.1:5557', events_bind: true, dp_size: 2, replay: 'tcp://a:5558', topic: kv}\n" +
+			"      - {url: 'http://b:1', events: 'tcp://*:5559', events_bind: true}\n      - {url: 'http://c:1', events: 'tcp://10.0.0.1:5557', events_bind: true}\n" +
+			"      - {url: 'http://d:1', events: 'tcp://d:5557'}\n",
 	} {
 		if _, _, err := ParseConfig([]byte(src), func(string) string { return "" }); err != nil {
 			t.Errorf("%s: %v", src, err)
 		}
+	}
+}
+
+// TestParseConfigEventsBind: events_bind and topic reach EngineConfig.
+func TestParseConfigEventsBind(t *testing.T) {
+	src := "models:\n  - name: m\n    engines:\n      - {url: 'http://a:1', events: 'tcp://127.0.0.1:5557', events_bind: true, topic: kv, replay: 'tcp://127.0.0.1:5558'}\n"
+	cfg, _, err := ParseConfig([]byte(src), func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := cfg.Models[0].Engines[0]
+	if !e.EventsBind || e.Topic != "kv" || e.Events != "tcp://127.0.0.1:5557" || e.Replay != "tcp://127.0.0.1:5558" {
+		t.Fatalf("engine %+v", e)
 	}
 }

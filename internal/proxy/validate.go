@@ -137,10 +137,11 @@ func validateModelNumbers(m *ModelConfig, i int) []error {
 	return errs
 }
 
-// checkZMQEndpoint checks a ZeroMQ endpoint kvrouter connects to:
-// tcp://host:port (port 1..65535, leaving room for dpSize-1 more ranks on
-// the following ports) or ipc://path.
-func checkZMQEndpoint(v string, dpSize int) string {
+// checkZMQEndpoint checks a ZeroMQ endpoint kvrouter connects to (bind
+// false) or binds (bind true): tcp://host:port (port 1..65535, leaving room
+// for dpSize-1 more ranks on the following ports; host "*" only to bind) or
+// ipc://path.
+func checkZMQEndpoint(v string, dpSize int, bind bool) string {
 	scheme, rest, ok := strings.Cut(v, "://")
 	if !ok {
 		return fmt.Sprintf("%q: want a ZeroMQ address such as tcp://host:port or ipc:///path", v)
@@ -148,8 +149,11 @@ func checkZMQEndpoint(v string, dpSize int) string {
 	switch scheme {
 	case "tcp":
 		host, port, err := net.SplitHostPort(rest)
-		if err != nil || host == "" || host == "*" {
-			return fmt.Sprintf("%q: want tcp://host:port (the engine's address, not a bind wildcard)", v)
+		switch {
+		case bind && (err != nil || host == ""):
+			return fmt.Sprintf("%q: want tcp://host:port to bind (e.g. tcp://127.0.0.1:5557 or tcp://*:5557)", v)
+		case !bind && (err != nil || host == "" || host == "*"):
+			return fmt.Sprintf("%q: want tcp://host:port (the engine's address, not a bind wildcard; events_bind: true binds it)", v)
 		}
 		p, err := strconv.Atoi(port)
 		if err != nil || p < 1 || p > 65535 {
@@ -167,6 +171,56 @@ func checkZMQEndpoint(v string, dpSize int) string {
 		}
 	default:
 		return fmt.Sprintf("%q: unsupported transport %q: want tcp://host:port or ipc:///path", v, scheme)
+	}
+	return ""
+}
+
+// bindSet records the events addresses kvrouter binds (events_bind), to
+// reject two engines on one address: a tcp port (one per data-parallel
+// rank) is taken per host, a wildcard host ("*", 0.0.0.0, ::) taking it on
+// every host; an ipc path once.
+type bindSet struct {
+	tcp map[int][]bound // port -> binds on it
+	ipc map[string]string
+}
+
+type bound struct{ host, field string }
+
+func wildcardHost(h string) bool { return h == "*" || h == "0.0.0.0" || h == "::" }
+
+// add records v (dpSize ranks) for field and returns the field that
+// already holds one of its addresses, or "" (also for an address
+// checkZMQEndpoint rejects).
+func (b *bindSet) add(v string, dpSize int, field string) string {
+	scheme, rest, _ := strings.Cut(v, "://")
+	switch scheme {
+	case "ipc":
+		if prev, ok := b.ipc[rest]; ok {
+			return prev
+		}
+		if b.ipc == nil {
+			b.ipc = map[string]string{}
+		}
+		b.ipc[rest] = field
+	case "tcp":
+		host, port, err := net.SplitHostPort(rest)
+		p, perr := strconv.Atoi(port)
+		if err != nil || perr != nil {
+			return ""
+		}
+		for r := range max(dpSize, 1) {
+			for _, o := range b.tcp[p+r] {
+				if o.host == host || wildcardHost(o.host) || wildcardHost(host) {
+					return o.field
+				}
+			}
+		}
+		if b.tcp == nil {
+			b.tcp = map[int][]bound{}
+		}
+		for r := range max(dpSize, 1) {
+			b.tcp[p+r] = append(b.tcp[p+r], bound{host, field})
+		}
 	}
 	return ""
 }
