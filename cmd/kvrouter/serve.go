@@ -45,6 +45,7 @@ func parseServeFlags(args []string, getenv func(string) string, sio stdio) (*ser
 		replays   listFlag
 		logLevel  slog.Level
 		noHitRepo = fs.Bool("no-hit-report", false, "quick form: do not merge vllm_xargs.kv_cache_report_mode=full into requests")
+		evBind    = fs.Bool("events-bind", false, "quick form: kvrouter binds every --events address and the engines dial in (their endpoint names kvrouter's host)")
 	)
 	fs.Var(&engines, "engine", "quick form: engine base URL, e.g. http://10.0.0.1:8000 (repeatable)")
 	fs.Var(&events, "events", "quick form: KV events endpoint of the n-th --engine, e.g. tcp://10.0.0.1:5557 (repeatable, in --engine order)")
@@ -54,10 +55,10 @@ func parseServeFlags(args []string, getenv func(string) string, sio stdio) (*ser
 		return nil, err
 	}
 	out := &serveFlags{logLevel: logLevel}
-	quick := *model != "" || len(engines) > 0 || len(events) > 0 || len(replays) > 0 || *tok != "" || *policy != "" || *noHitRepo
+	quick := *model != "" || len(engines) > 0 || len(events) > 0 || len(replays) > 0 || *tok != "" || *policy != "" || *noHitRepo || *evBind
 	switch {
 	case *config != "" && quick:
-		return nil, fmt.Errorf("%w: --config excludes --model, --engine, --events, --replay, --tokenizer, --policy", errUsage)
+		return nil, fmt.Errorf("%w: --config excludes --model, --engine, --events, --events-bind, --replay, --tokenizer, --policy", errUsage)
 	case *config != "":
 		data, err := os.ReadFile(*config)
 		if err != nil {
@@ -79,7 +80,7 @@ func parseServeFlags(args []string, getenv func(string) string, sio stdio) (*ser
 		for i, u := range engines {
 			e := proxy.EngineConfig{URL: u}
 			if i < len(events) {
-				e.Events = events[i]
+				e.Events, e.EventsBind = events[i], *evBind
 			}
 			if i < len(replays) {
 				e.Replay = replays[i]
@@ -213,6 +214,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 			}
 			sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{
 				Engine: eps[j].Name(), Endpoint: e.Events, ReplayEndpoint: e.Replay, DPSize: e.DPSize,
+				Bind: e.EventsBind, Topic: e.Topic,
 			}, log, subMetrics)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", fl.pos.Field("models", i, "engines", j, "events"), err))

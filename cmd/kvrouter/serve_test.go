@@ -6,10 +6,19 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"kvrouter/internal/proxy"
 )
 
 func TestServeQuickFlags(t *testing.T) {
@@ -171,5 +180,133 @@ func TestRecovered(t *testing.T) {
 	}
 	if err := recovered("x", func() error { return nil })(); err != nil {
 		t.Errorf("nil: got %v", err)
+	}
+}
+
+// TestServeEventsBind: with events_bind the router binds the engine's events
+// address on loopback and an engine-sim process whose kv-events-config
+// endpoint names that address (so it connects, as vLLM does for a host)
+// dials in, on topic "kv"; replay stays dialled. A request's blocks then
+// reach the index through the events alone (prediction is off): /v1/route
+// shows cached tokens that it did not before.
+func TestServeEventsBind(t *testing.T) {
+	e2eLeakCheck(t)
+	bin := e2eBuild(t)
+	port, ev, rep := e2eFreePort(t), e2eFreePort(t), e2eFreePort(t)
+	events, replay := fmt.Sprintf("tcp://127.0.0.1:%d", ev), fmt.Sprintf("tcp://127.0.0.1:%d", rep)
+	yaml := fmt.Sprintf("health: {probe_interval: 200ms, scrape_interval: 200ms}\nmodels:\n  - name: m\n    tokenizer: %s\n"+
+		"    index: {predict_ttl: -1s}\n    engines:\n      - {name: e0, url: 'http://127.0.0.1:%d', events: '%s', events_bind: true, topic: kv, replay: '%s'}\n",
+		e2eQwen3Dir, port, events, replay)
+	cfg, pos, err := proxy.ParseConfig([]byte(yaml), func(string) string { return "" })
+	if err != nil {
+		t.Fatalf("%v\n%s", err, yaml)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	go func() { done <- serve(ctx, &serveFlags{cfg: cfg, pos: pos}, ln, log) }()
+	r := &e2eRouter{t: t, url: "http://" + ln.Addr().String(), client: &http.Client{Transport: &http.Transport{}}}
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+		r.client.CloseIdleConnections()
+	})
+	// The router binds the events port (not the engine).
+	e2eEventually(t, 10*time.Second, "router bound "+events, func() bool {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", ev))
+		if err != nil {
+			return false
+		}
+		c.Close()
+		return true
+	})
+
+	kv := fmt.Sprintf(`{"enable_kv_cache_events":true,"publisher":"zmq","topic":"kv","endpoint":%q,"replay_endpoint":%q}`, events, replay)
+	cmd := exec.Command(bin, "engine-sim", "--host", "127.0.0.1", "--port", strconv.Itoa(port),
+		"--served-model-name", "m", "--profile", "fast", "--tokenizer", e2eQwen3Dir,
+		"--max-model-len", "32768", "--kv-events-config", kv, "--log-level", "warn")
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		waited := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(waited) }()
+		select {
+		case <-waited:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-waited
+		}
+	})
+	e2eEventually(t, 60*time.Second, "router ready with the engine's events connected", func() bool {
+		resp, err := r.client.Get(r.url + "/ready?full=1")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+
+	body := e2eChat(strings.Repeat("You are a careful assistant for a shipping firm. ", 20), "Where is parcel 42?")
+	cached := func() int {
+		t.Helper()
+		resp, out := r.post("/v1/route", body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("/v1/route: %d %s", resp.StatusCode, out)
+		}
+		var d struct {
+			CachedTokens int `json:"cached_tokens"`
+		}
+		if err := json.Unmarshal([]byte(out), &d); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		return d.CachedTokens
+	}
+	if n := cached(); n != 0 {
+		t.Fatalf("cached tokens before any request = %d", n)
+	}
+	if resp, out := r.post("/v1/chat/completions", body); resp.StatusCode != 200 {
+		t.Fatalf("chat: %d %s", resp.StatusCode, out)
+	}
+	e2eEventually(t, 10*time.Second, "the request's blocks in the index", func() bool { return cached() >= 16 })
+	if n := e2eMetric(t, r.url, "kvrouter_vllm_blocks_stored_total", `engine="e0"`); n == 0 {
+		t.Fatal("no stored blocks counted for e0")
+	}
+	if n := e2eMetric(t, r.url, "kvrouter_vllm_connected", `engine="e0"`); n != 1 {
+		t.Fatalf("kvrouter_vllm_connected{engine=e0} = %v", n)
+	}
+}
+
+// TestServeQuickEventsBind: --events-bind makes kvrouter bind every
+// --events address of the quick form; without it a wildcard is refused.
+func TestServeQuickEventsBind(t *testing.T) {
+	var errb bytes.Buffer
+	sio := stdio{out: &errb, err: &errb}
+	args := []string{"--model", "m", "--engine", "http://a:1", "--engine", "http://b:1", "--events", "tcp://*:5557"}
+	fl, err := parseServeFlags(append(args, "--events-bind"), func(string) string { return "" }, sio)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := fl.cfg.Models[0].Engines; !e[0].EventsBind || e[0].Events != "tcp://*:5557" || e[1].EventsBind {
+		t.Fatalf("engines %+v", e)
+	}
+	if _, err := parseServeFlags(args, func(string) string { return "" }, sio); err == nil || !strings.Contains(err.Error(), "events_bind: true binds it") {
+		t.Fatalf("wildcard without --events-bind: %v", err)
+	}
+	_, err = parseServeFlags([]string{"--model", "m", "--engine", "http://a:1", "--engine", "http://b:1",
+		"--events", "tcp://127.0.0.1:5557", "--events", "tcp://127.0.0.1:5557", "--events-bind"}, func(string) string { return "" }, sio)
+	if err == nil || !strings.Contains(err.Error(), "already bound") {
+		t.Fatalf("two engines on one bound address: %v", err)
 	}
 }

@@ -184,7 +184,7 @@ type SubscriberStats struct {
 	Malformed         uint64 `json:"malformed"`
 	Duplicates        uint64 `json:"duplicates"`
 	Reconnects        uint64 `json:"reconnects"`
-	RejectedConns     uint64 `json:"rejected_conns"`
+	RejectedConns     uint64 `json:"rejected_conns,omitempty"` // bind mode; omitted when 0 (kvrouter events output unchanged)
 }
 
 // stats mirrors SubscriberStats with atomics.
