@@ -96,6 +96,36 @@ func startE2ERouter(t *testing.T, modelYAML string, sims ...*e2eSim) *e2eRouter 
 	return startE2ERouterWait(t, "/ready?full=1", modelYAML, sims...)
 }
 
+// serveYAML runs serve in-process on a loopback port with the router.yaml
+// text and stops it when the test ends; logs go to stderr at level under -v.
+func serveYAML(t *testing.T, yaml string, level slog.Level) *e2eRouter {
+	t.Helper()
+	cfg, pos, err := proxy.ParseConfig([]byte(yaml), func(string) string { return "" })
+	if err != nil {
+		t.Fatalf("%v\n%s", err, yaml)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	}
+	go func() { done <- serve(ctx, &serveFlags{cfg: cfg, pos: pos}, ln, log) }()
+	r := &e2eRouter{t: t, url: "http://" + ln.Addr().String(), client: &http.Client{Transport: &http.Transport{}}}
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+		r.client.CloseIdleConnections()
+	})
+	return r
+}
+
 // startE2ERouterWait is startE2ERouter waiting for readyPath to answer 200.
 func startE2ERouterWait(t *testing.T, readyPath, modelYAML string, sims ...*e2eSim) *e2eRouter {
 	t.Helper()
@@ -112,29 +142,7 @@ func startE2ERouterWait(t *testing.T, readyPath, modelYAML string, sims ...*e2eS
 		}
 		b.WriteString("}\n")
 	}
-	cfg, pos, err := proxy.ParseConfig([]byte(b.String()), func(string) string { return "" })
-	if err != nil {
-		t.Fatalf("%v\n%s", err, b.String())
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if testing.Verbose() {
-		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	}
-	go func() { done <- serve(ctx, &serveFlags{cfg: cfg, pos: pos}, ln, log) }()
-	r := &e2eRouter{t: t, url: "http://" + ln.Addr().String(), client: &http.Client{Transport: &http.Transport{}}}
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-		r.client.CloseIdleConnections()
-	})
+	r := serveYAML(t, b.String(), slog.LevelWarn)
 	// Stop the engines while the router is still subscribed: zmq4 v0.17.0
 	// races (go test -race) when a PUB socket closes after a subscriber
 	// left (socket.Close vs the reconnect in scheduleRmConn).

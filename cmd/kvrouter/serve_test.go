@@ -6,10 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,8 +15,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"kvrouter/internal/proxy"
 )
 
 func TestServeQuickFlags(t *testing.T) {
@@ -197,29 +193,7 @@ func TestServeEventsBind(t *testing.T) {
 	yaml := fmt.Sprintf("health: {probe_interval: 200ms, scrape_interval: 200ms}\nmodels:\n  - name: m\n    tokenizer: %s\n"+
 		"    index: {predict_ttl: -1s}\n    engines:\n      - {name: e0, url: 'http://127.0.0.1:%d', events: '%s', events_bind: true, topic: kv, replay: '%s'}\n",
 		e2eQwen3Dir, port, events, replay)
-	cfg, pos, err := proxy.ParseConfig([]byte(yaml), func(string) string { return "" })
-	if err != nil {
-		t.Fatalf("%v\n%s", err, yaml)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if testing.Verbose() {
-		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	}
-	go func() { done <- serve(ctx, &serveFlags{cfg: cfg, pos: pos}, ln, log) }()
-	r := &e2eRouter{t: t, url: "http://" + ln.Addr().String(), client: &http.Client{Transport: &http.Transport{}}}
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-		r.client.CloseIdleConnections()
-	})
+	r := serveYAML(t, yaml, slog.LevelInfo)
 	// The router binds the events port (not the engine).
 	e2eEventually(t, 10*time.Second, "router bound "+events, func() bool {
 		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", ev))
