@@ -100,3 +100,75 @@ func BenchmarkChurn(b *testing.B) {
 		b.ReportMetric(float64(2*perChain)*float64(b.N)/cpu.Seconds(), "ops/cpu-s")
 	}
 }
+
+// BenchmarkPredictions measures the prediction bookkeeping of one routed
+// request in steady state: 64 replicas all hold a 64-block system prompt;
+// each op routes a new 512-block prompt (the system prompt, then 448 blocks
+// of its own) to a replica (RoutedMatch after a Lookup that sees the
+// predictions of the previous 64 requests), then that replica stores the
+// prompt's blocks in 8 events of 56 (confirming them) and removes the
+// blocks of the prompt it stored 64 ops ago. ns/op is per request;
+// predicted-blocks/s counts the blocks predicted and confirmed.
+func BenchmarkPredictions(b *testing.B) {
+	const replicas, bs, sys, own, chunks, keep = 64, 16, 64, 448, 8, 64
+	x, err := NewExact(Config{Model: "m", BlockSize: bs}, nil, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	names := make([]string, replicas)
+	sysToks := seq(1<<30, sys*bs)
+	sysHashes := make([]vllm.BlockHash, sys)
+	for i := range sysHashes {
+		sysHashes[i] = vllm.BlockHash(1<<40 + i)
+	}
+	for r := range names {
+		names[r] = fmt.Sprintf("replica-%02d", r)
+		x.Apply(names[r], &vllm.Batch{Events: []vllm.Event{{Type: vllm.BlockStored, BlockHashes: sysHashes,
+			TokenIDs: sysToks, BlockSize: bs}}})
+	}
+	type prompt struct {
+		toks   []uint32
+		hashes []vllm.BlockHash
+	}
+	prompts := make([]prompt, keep)
+	var keys []Key
+	out := make([]Match, 0, replicas)
+	n := 0
+	do := func() {
+		p := &prompts[n%keep]
+		r := n % replicas
+		if p.toks != nil {
+			// The prompt stored keep requests ago leaves its replica.
+			x.Apply(names[(n-keep)%replicas], &vllm.Batch{Events: []vllm.Event{{Type: vllm.BlockRemoved, BlockHashes: p.hashes}}})
+		}
+		p.toks = append(append(p.toks[:0], sysToks...), seq(n*own*bs, own*bs)...)
+		p.hashes = p.hashes[:0]
+		for i := range own {
+			p.hashes = append(p.hashes, vllm.BlockHash(n*own+i+1))
+		}
+		keys = Keys(keys[:0], p.toks, bs, Extras{Root: x.Root()})
+		out = x.Lookup(keys, out)
+		x.RoutedMatch(ReplicaID(r), keys, out[r])
+		parent := sysHashes[sys-1]
+		for c := range chunks {
+			lo, hi := c*own/chunks, (c+1)*own/chunks
+			x.Apply(names[r], &vllm.Batch{Events: []vllm.Event{{Type: vllm.BlockStored, BlockHashes: p.hashes[lo:hi],
+				ParentBlockHash: &parent, TokenIDs: p.toks[(sys+lo)*bs : (sys+hi)*bs], BlockSize: bs}}})
+			parent = p.hashes[hi-1]
+		}
+		n++
+	}
+	for range keep {
+		do()
+	}
+	s0 := x.Stats()
+	b.ReportAllocs()
+	for b.Loop() {
+		do()
+	}
+	s := x.Stats()
+	if d := s.Predicted - s0.Predicted; d != int64(own*b.N) || s.Confirmed-s0.Confirmed != d {
+		b.Fatalf("predicted %d confirmed %d, want %d each", d, s.Confirmed-s0.Confirmed, own*b.N)
+	}
+	b.ReportMetric(float64(own*b.N)/b.Elapsed().Seconds(), "predicted-blocks/s")
+}

@@ -35,7 +35,9 @@ type Config struct {
 	// the chosen replica before a BlockStored confirms them. Default 5s;
 	// negative disables prediction.
 	PredictTTL time.Duration `yaml:"predict_ttl"`
-	// MaxPredicted caps predicted (block, replica) pairs. Default 1,048,576.
+	// MaxPredicted caps the keys predictions hold: a routed request's
+	// blocks after those its replica held, plus one, oldest requests dropped
+	// first (8 bytes a key). Default 1,048,576.
 	MaxPredicted int `yaml:"max_predicted"`
 	// ApproxTTL is how long Approx keeps a routed block. Default 120s
 	// (Dynamo's ApproxKvIndexer window).

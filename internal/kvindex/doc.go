@@ -41,10 +41,13 @@
 // neighbours, in a large index.)
 //
 // Exact also keeps predicted blocks: Routed(replica, keys) records the keys of
-// a request just sent to replica; they count for it (Match.Predicted) until a
-// BlockStored of that key by that replica confirms them or Config.PredictTTL
-// passes. Stats.Confirmed/Stats.Predicted is the confirmation rate: a low rate
-// means the router's tokens differ from the engine's.
+// a request just sent to replica; a prompt sharing a prefix with them counts
+// that prefix for replica (Match.Predicted, where it holds no copy) until the
+// replica's BlockStored events have confirmed every block it did not hold, in
+// order, or Config.PredictTTL passes. A routed request costs one copy of its
+// keys, not an entry per block (predict.go). Stats.Confirmed/Stats.Predicted
+// is the confirmation rate: a low rate means the router's tokens differ from
+// the engine's.
 //
 // Approx is for engines without events: Routed inserts the request's keys for
 // the chosen replica, kept for Config.ApproxTTL and at most the replica's

@@ -41,18 +41,12 @@ type Exact struct {
 	keyBuf  []Key
 	warmBuf []warmItem
 	sink    uint64 // keeps warm's loads alive
-	confirm []confirmation
 	warned  bool
 }
 
 type srcKey struct {
 	r           ReplicaID
 	rank, group int32
-}
-
-type confirmation struct {
-	r ReplicaID
-	k Key
 }
 
 // NewExact returns an empty exact index. cfg zero fields take their defaults
@@ -172,7 +166,6 @@ func (x *Exact) Apply(engine string, b *vllm.Batch) {
 	if added {
 		x.c.replicas.Store(int64(len(x.reps.byName)))
 	}
-	x.confirm = x.confirm[:0]
 	x.warmRemovals(id, int32(b.DataParallelRank), b)
 	for i := range b.Events {
 		ev := &b.Events[i]
@@ -192,17 +185,6 @@ func (x *Exact) Apply(engine string, b *vllm.Batch) {
 	}
 	x.c.batches.Add(1)
 	x.publish()
-	// x.confirm is scratch shared by all Applies: settle it before another
-	// Apply (another engine's subscriber) can take x.mu and reuse it.
-	if x.pred != nil && len(x.confirm) > 0 && x.c.predictedLive.Load() > 0 {
-		x.pred.mu.Lock()
-		for _, c := range x.confirm {
-			x.pred.confirm(c.r, c.k)
-		}
-		x.c.predictedLive.Store(int64(x.pred.st.n))
-		x.pred.mu.Unlock()
-	}
-	x.confirm = x.confirm[:0]
 	x.mu.Unlock()
 }
 
@@ -329,9 +311,11 @@ func (x *Exact) stored(id ReplicaID, rank int32, ev *vllm.Event) {
 			x.st.touch(idx)
 			x.c.duplicates.Add(1)
 		}
-		if x.pred != nil {
-			x.confirm = append(x.confirm, confirmation{id, k})
-		}
+	}
+	if x.pred != nil && x.c.predictedLive.Load() > 0 {
+		x.pred.mu.Lock()
+		x.pred.confirm(id, keys)
+		x.pred.mu.Unlock()
 	}
 }
 
@@ -372,7 +356,7 @@ func satInc(v uint16) uint16 {
 
 // Lookup fills out[r] with replica r's Match for keys (a request's Keys, in
 // order) and returns out resized to NumReplicas. It allocates only when out
-// is too short.
+// is too short, or for predictions in fleets beyond 64*maxWords replicas.
 func (x *Exact) Lookup(keys []Key, out []Match) []Match {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
@@ -380,32 +364,40 @@ func (x *Exact) Lookup(keys []Key, out []Match) []Match {
 	if len(out) == 0 {
 		return out
 	}
-	var now uint64
-	predict := x.pred != nil && x.c.predictedLive.Load() > 0
-	if predict {
-		x.pred.mu.RLock()
-		defer x.pred.mu.RUnlock()
-		now = uint64(x.cfg.Now().UnixNano())
-	}
 	if len(out) <= 64*maxWords {
-		var pst *store
-		if predict {
-			pst = &x.pred.st
-		}
-		lookupSets(&x.st, pst, now, keys, out)
+		var buf [64 * maxWords]predCover
+		lookupSets(&x.st, x.covers(buf[:0], keys, len(out)), keys, out)
 		return out
 	}
-	return x.lookupWalk(keys, out, predict, now)
+	return x.lookupWalk(keys, out, x.covers(nil, keys, len(out)))
+}
+
+// covers appends to dst how far each replica's predictions cover keys,
+// sorted (predictor.covers); dst unchanged when prediction is off or none
+// is live. Caller holds x.mu.
+func (x *Exact) covers(dst []predCover, keys []Key, n int) []predCover {
+	if x.pred == nil || x.c.predictedLive.Load() == 0 {
+		return dst
+	}
+	now := x.cfg.Now().UnixNano()
+	x.pred.mu.RLock()
+	defer x.pred.mu.RUnlock()
+	return x.pred.covers(dst, keys, n, now)
 }
 
 // lookupWalk is Lookup for fleets beyond the bit sets' 64*maxWords replicas:
-// it visits every holder of every key on the path. Caller holds x.mu (and
-// x.pred.mu when predict).
-func (x *Exact) lookupWalk(keys []Key, out []Match, predict bool, now uint64) []Match {
+// it visits every holder of every key on the path, and the replicas whose
+// predictions cover it (cov, sorted). Caller holds x.mu.
+func (x *Exact) lookupWalk(keys []Key, out []Match, cov []predCover) []Match {
 	for i, k := range keys {
 		grew := walk(&x.st, k, int32(i), out, tierGPU, 0)
-		if predict {
-			grew += walk(&x.pred.st, k, int32(i), out, tierPredicted, now)
+		for len(cov) > 0 && cov[0].l <= int32(i) {
+			cov = cov[1:]
+		}
+		for _, c := range cov {
+			if out[c.r].visit(int32(i), tierPredicted) {
+				grew++
+			}
 		}
 		if grew == 0 {
 			break
@@ -452,7 +444,7 @@ func (x *Exact) routedFrom(id ReplicaID, keys []Key, held int) {
 		return
 	}
 	x.pred.mu.Lock()
-	x.pred.add(id, keys[held:], now)
+	x.pred.add(id, keys, held, now)
 	x.pred.mu.Unlock()
 }
 

@@ -97,14 +97,7 @@ func (x *Exact) lookupAll(keys []Key) []Match {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	out := resize(nil, len(x.reps.names))
-	predict := x.pred != nil && x.c.predictedLive.Load() > 0
-	var now uint64
-	if predict {
-		x.pred.mu.RLock()
-		defer x.pred.mu.RUnlock()
-		now = uint64(x.cfg.Now().UnixNano())
-	}
-	return x.lookupWalk(keys, out, predict, now)
+	return x.lookupWalk(keys, out, x.covers(nil, keys, len(out)))
 }
 
 // checkRecs verifies the holder records: one per key with 2 or more

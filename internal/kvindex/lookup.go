@@ -11,11 +11,9 @@ const maxWords = 16
 // replicas.
 type tierSets struct{ g, p, c, s [maxWords]uint64 }
 
-// addHolders ORs the holders of key k in st into t: a record's bit sets, or
-// the chain's entries (skipping those with aux < expired when expired != 0).
-// tier is tierPredicted for the predictor's store (every holder counts as
-// predicted), else tierGPU (holders count on their best medium).
-func (t *tierSets) addHolders(st *store, k Key, w, n int, tier uint8, expired uint64) {
+// addHolders ORs the holders of key k in st (an exact index's store) into t
+// by their best medium: a record's bit sets, or the chain's entries.
+func (t *tierSets) addHolders(st *store, k Key, w, n int) {
 	v := st.keys.find(st, uint64(k))
 	if v&recTag != 0 {
 		r := st.rec(v)
@@ -30,19 +28,12 @@ func (t *tierSets) addHolders(st *store, k Key, w, n int, tier uint8, expired ui
 	for idx := v; idx != 0; {
 		e := st.ent(idx)
 		idx = e.next
-		if expired != 0 && e.aux < expired {
-			continue
-		}
 		r := int(st.srcs[e.src].replica)
 		if r >= n {
 			continue
 		}
 		bit := uint64(1) << (uint(r) & 63)
 		j := r >> 6
-		if tier == tierPredicted {
-			t.p[j] |= bit
-			continue
-		}
 		switch entryCode(&e.refs) {
 		case codeGPU:
 			t.g[j] |= bit
@@ -59,8 +50,9 @@ func (t *tierSets) addHolders(st *store, k Key, w, n int, tier uint8, expired ui
 // at the previous block; a replica's Match is credited only when its tier
 // changes or its run ends, so the cost is O(len(keys)*words + tier changes)
 // plus one key-table probe per block and store. out has len(out) <= 64*maxWords
-// and is zeroed; pred (nil: none) is probed with expiry now.
-func lookupSets(st, pred *store, now uint64, keys []Key, out []Match) {
+// and is zeroed; cov (sorted by l) says how far each replica's predictions
+// cover keys.
+func lookupSets(st *store, cov []predCover, keys []Key, out []Match) {
 	n := len(out)
 	w := (n + 63) / 64
 	var act [maxWords]uint64
@@ -70,16 +62,21 @@ func lookupSets(st, pred *store, now uint64, keys []Key, out []Match) {
 	if n%64 != 0 {
 		act[w-1] = 1<<(uint(n)%64) - 1
 	}
+	var pred [maxWords]uint64 // replicas whose predictions cover block i
+	for _, c := range cov {
+		pred[c.r>>6] |= 1 << (uint(c.r) & 63)
+	}
 	var prev, cur tierSets // each active replica's tier at the previous and this block
 	end := 0
 	for i, k := range keys {
+		for len(cov) > 0 && cov[0].l <= int32(i) {
+			pred[cov[0].r>>6] &^= 1 << (uint(cov[0].r) & 63)
+			cov = cov[1:]
+		}
 		for j := range w {
-			cur.g[j], cur.p[j], cur.c[j], cur.s[j] = 0, 0, 0, 0
+			cur.g[j], cur.p[j], cur.c[j], cur.s[j] = 0, pred[j], 0, 0
 		}
-		cur.addHolders(st, k, w, n, tierGPU, 0)
-		if pred != nil {
-			cur.addHolders(pred, k, w, n, tierPredicted, now)
-		}
+		cur.addHolders(st, k, w, n)
 		alive := uint64(0)
 		for j := range w {
 			a := act[j]

@@ -1,102 +1,316 @@
 package kvindex
 
 import (
+	"cmp"
+	"slices"
 	"sync"
 	"time"
 )
 
-// predictor holds Exact's predicted blocks: (key, replica) pairs routed
-// moments ago, each with its expiry in aux. One global LRU list, oldest at the
-// tail; since every prediction lives for the same TTL, the tail also expires
-// first.
+// predictor holds Exact's predicted blocks as runs: one per routed request,
+// the request's keys from just before the blocks its replica held, so a
+// request costs one copy of its keys instead of a table entry per block.
+//
+// Keys chain (each hashes its parent), so two key sequences agree up to some
+// length and differ everywhere after it: a run covers, for a prompt looked
+// up, the prompt's leading blocks up to that length (binary search), and its
+// replica's engine stores the run's blocks in order, so confirming them is a
+// cursor compared with each stored event's keys.
+//
+// A run counts Predicted for its blocks after the held ones, [held, n); the
+// cursor next confirms them in order ([held, next) confirmed). A block
+// predicted twice for one replica (two requests sharing a prefix) is pending
+// in one run only: a new run takes over the pending blocks an older run of
+// the same replica shares with it, so Predicted, Confirmed and Expired count
+// (block, replica) pairs, as the Stats doc says.
+//
+// Runs live in a slice, linked oldest to newest; since every run lives for
+// the same TTL, the oldest also expires first.
 type predictor struct {
 	mu    sync.RWMutex
-	st    store
-	srcOf []uint32 // ReplicaID -> source id + 1
+	runs  []predRun
+	free  []int32   // indices of dead runs, for reuse
+	byRep [][]int32 // ReplicaID -> its live runs
+	head  int32     // oldest live run (-1: none)
+	tail  int32     // newest live run (-1: none)
+	keys  int       // keys held by live runs (bounded by max)
+	live  int       // pending predicted blocks of live runs
 	ttl   time.Duration
 	max   int
 	c     *counters
 }
 
+// predRun is the prediction of one routed request.
+type predRun struct {
+	keys []Key // the request's keys from position off on
+	// k0 is keys[0], kept inline so that a lookup rejects an unrelated run
+	// without loading its keys.
+	k0   Key
+	exp  int64 // expiry, Config.Now in Unix nanoseconds
+	r    ReplicaID
+	off  int32 // position of keys[0]: max(held-1, 0)
+	held int32 // first predicted position
+	next int32 // confirmation cursor: [held, next) confirmed or handed over
+	n    int32 // positions [0, n) are the request's
+	// older and newer link the live runs by age (-1: none).
+	older, newer int32
+	live         bool
+}
+
 func newPredictor(ttl time.Duration, max int, c *counters) *predictor {
-	return &predictor{st: newStore(false, false, false), ttl: ttl, max: max, c: c}
+	return &predictor{head: -1, tail: -1, ttl: ttl, max: max, c: c}
 }
 
-// source returns r's source id, creating it when create is set; ok false
-// when r has none.
-func (p *predictor) source(r ReplicaID, create bool) (uint32, bool) {
-	if int(r) < len(p.srcOf) && p.srcOf[r] != 0 {
-		return p.srcOf[r] - 1, true
+// pending returns how many of run's blocks wait for confirmation.
+func (p *predRun) pending() int { return int(p.n - p.next) }
+
+// key returns the key at position i, which must be in [off, n).
+func (p *predRun) key(i int32) Key { return p.keys[i-p.off] }
+
+// lcp returns how many leading keys of a request with keys q the run shares:
+// 0 when q differs from the run at or before position off (the run then
+// says nothing about q), else at most n.
+func (p *predRun) lcp(q []Key) int32 {
+	if int(p.off) >= len(q) || q[p.off] != p.k0 {
+		return 0
 	}
-	if !create {
-		return 0, false
+	// q[off] matches; find the last matching position in [off, hi).
+	lo, hi := p.off+1, min(p.n, int32(len(q)))
+	for lo < hi {
+		mid := int32(uint32(lo+hi) >> 1)
+		if q[mid] == p.key(mid) {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
 	}
-	for int(r) >= len(p.srcOf) {
-		p.srcOf = append(p.srcOf, 0)
-	}
-	s := p.st.addSource(r, 0, 0)
-	p.srcOf[r] = s + 1
-	return s, true
+	return lo
 }
 
-// add predicts keys for r until now+ttl. Caller holds p.mu.
-func (p *predictor) add(r ReplicaID, keys []Key, now int64) {
+// add predicts keys[held:] for r until now+ttl. Caller holds p.mu.
+func (p *predictor) add(r ReplicaID, keys []Key, held int, now int64) {
 	p.expire(now)
-	src, _ := p.source(r, true)
-	exp := uint64(now + int64(p.ttl))
-	// Reverse order: block 0 ends most recent, so eviction takes deep
-	// blocks first.
-	for i := len(keys) - 1; i >= 0; i-- {
-		k := keys[i]
-		if idx := p.st.find(src, uint64(k)); idx != 0 {
-			p.st.ent(idx).aux = exp
-			p.st.touch(idx)
-			continue
-		}
-		p.st.insert(src, k, exp, -1)
-		p.c.predicted.Add(1)
-		for p.st.n > p.max {
-			p.st.remove(p.st.oldest(0))
-			p.c.expired.Add(1)
-		}
-	}
-	p.c.predictedLive.Store(int64(p.st.n))
-}
-
-// expire drops predictions whose time has passed. Caller holds p.mu.
-func (p *predictor) expire(now int64) {
-	for {
-		idx := p.st.oldest(0)
-		if idx == 0 || p.st.ent(idx).aux >= uint64(now) {
-			break
-		}
-		p.st.remove(idx)
-		p.c.expired.Add(1)
-	}
-	p.c.predictedLive.Store(int64(p.st.n))
-}
-
-// confirm settles the prediction of k for r, if any. Caller holds p.mu.
-func (p *predictor) confirm(r ReplicaID, k Key) {
-	src, ok := p.source(r, false)
-	if !ok {
+	n := len(keys)
+	if held >= n {
 		return
 	}
-	if idx := p.st.find(src, uint64(k)); idx != 0 {
-		p.st.remove(idx)
-		p.c.confirmed.Add(1)
+	off := max(held-1, 0)
+	if n-off > p.max {
+		n = off + p.max // a prompt longer than the whole budget
 	}
+	if held >= n {
+		return
+	}
+	for p.keys+n-off > p.max && p.head >= 0 {
+		p.drop(p.head, true)
+	}
+	i := p.alloc()
+	run := &p.runs[i]
+	run.keys = append(run.keys[:0], keys[off:n]...)
+	run.k0, run.exp, run.r = run.keys[0], now+int64(p.ttl), r
+	run.off, run.held, run.next, run.n = int32(off), int32(held), int32(held), int32(n)
+	fresh := n - held
+	// Take over the pending blocks older runs of r share with this one.
+	for int(r) >= len(p.byRep) {
+		p.byRep = append(p.byRep, nil)
+	}
+	for j := 0; j < len(p.byRep[r]); j++ {
+		o := &p.runs[p.byRep[r][j]]
+		l := min(o.lcpRun(run), o.n)
+		if l <= o.next {
+			continue
+		}
+		// o's blocks [o.next, l) are run's too: those run predicts are
+		// handed over, those below held are held already (confirmed).
+		taken := int(l - max(o.next, run.held))
+		if taken > 0 {
+			fresh -= taken
+		}
+		if below := int(min(l, run.held) - o.next); below > 0 {
+			p.c.confirmed.Add(int64(below))
+		}
+		p.live -= int(l - o.next)
+		o.next = l
+		if o.pending() == 0 {
+			p.drop(p.byRep[r][j], false)
+			j--
+		}
+	}
+	p.link(i)
+	p.c.predicted.Add(int64(fresh))
+	p.live += run.pending()
+	p.keys += len(run.keys)
+	p.byRep[r] = append(p.byRep[r], i)
+	p.c.predictedLive.Store(int64(p.live))
+}
+
+// lcpRun returns how many leading positions runs p and q share, as far as
+// both hold keys there (0 when they differ at the first position both hold).
+func (p *predRun) lcpRun(q *predRun) int32 {
+	a := max(p.off, q.off)
+	if a >= p.n || a >= q.n || p.key(a) != q.key(a) {
+		return 0
+	}
+	lo, hi := a+1, min(p.n, q.n)
+	for lo < hi {
+		mid := int32(uint32(lo+hi) >> 1)
+		if p.key(mid) == q.key(mid) {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	return lo
+}
+
+// alloc returns the index of an unused run, keeping its key buffer.
+func (p *predictor) alloc() int32 {
+	if n := len(p.free); n > 0 {
+		i := p.free[n-1]
+		p.free = p.free[:n-1]
+		return i
+	}
+	p.runs = append(p.runs, predRun{})
+	return int32(len(p.runs) - 1)
+}
+
+// link makes run i the newest live run.
+func (p *predictor) link(i int32) {
+	run := &p.runs[i]
+	run.live, run.older, run.newer = true, p.tail, -1
+	if p.tail >= 0 {
+		p.runs[p.tail].newer = i
+	} else {
+		p.head = i
+	}
+	p.tail = i
+}
+
+// drop removes live run i, counting its pending blocks as expired when
+// expired is set.
+func (p *predictor) drop(i int32, expired bool) {
+	run := &p.runs[i]
+	if expired {
+		p.c.expired.Add(int64(run.pending()))
+	}
+	p.live -= run.pending()
+	p.keys -= len(run.keys)
+	if run.older >= 0 {
+		p.runs[run.older].newer = run.newer
+	} else {
+		p.head = run.newer
+	}
+	if run.newer >= 0 {
+		p.runs[run.newer].older = run.older
+	} else {
+		p.tail = run.older
+	}
+	list := p.byRep[run.r]
+	for j, v := range list {
+		if v == i {
+			list[j] = list[len(list)-1]
+			p.byRep[run.r] = list[:len(list)-1]
+			break
+		}
+	}
+	run.live = false
+	run.keys = run.keys[:0]
+	p.free = append(p.free, i)
+	p.c.predictedLive.Store(int64(p.live))
+}
+
+// expire drops the runs whose time has passed. Caller holds p.mu.
+func (p *predictor) expire(now int64) {
+	for p.head >= 0 && p.runs[p.head].exp < now {
+		p.drop(p.head, true)
+	}
+}
+
+// confirm advances the runs of r over keys, the keys of blocks r just
+// stored, in order. Caller holds p.mu.
+func (p *predictor) confirm(r ReplicaID, keys []Key) {
+	if int(r) >= len(p.byRep) || len(keys) == 0 {
+		return
+	}
+	list := p.byRep[r]
+	for j := 0; j < len(list); j++ {
+		run := &p.runs[list[j]]
+		want := run.key(run.next)
+		at := -1
+		if keys[0] == want {
+			at = 0
+		} else {
+			for k := 1; k < len(keys); k++ {
+				if keys[k] == want {
+					at = k
+					break
+				}
+			}
+		}
+		if at < 0 {
+			continue
+		}
+		from := run.next
+		for at < len(keys) && run.next < run.n && keys[at] == run.key(run.next) {
+			at++
+			run.next++
+		}
+		d := int(run.next - from)
+		p.c.confirmed.Add(int64(d))
+		p.live -= d
+		if run.pending() == 0 {
+			p.drop(list[j], false) // swaps the last run into j
+			list = p.byRep[r]
+			j--
+		}
+	}
+	p.c.predictedLive.Store(int64(p.live))
 }
 
 // dropReplica forgets r's predictions without counting them as expired.
 // Caller holds p.mu.
 func (p *predictor) dropReplica(r ReplicaID) {
-	src, ok := p.source(r, false)
-	if !ok {
+	if int(r) >= len(p.byRep) {
 		return
 	}
-	p.st.clearSource(src)
-	p.st.srcs[src].live = false
-	p.srcOf[r] = 0
-	p.c.predictedLive.Store(int64(p.st.n))
+	for len(p.byRep[r]) > 0 {
+		p.drop(p.byRep[r][0], false)
+	}
+}
+
+// covered returns how many leading blocks of keys the live runs of r
+// predict at now (Unix nanoseconds): the longest prefix keys shares with
+// one of them. Caller holds p.mu (read).
+func (p *predictor) covered(r ReplicaID, keys []Key, now int64) int32 {
+	if int(r) >= len(p.byRep) {
+		return 0
+	}
+	best := int32(0)
+	for _, i := range p.byRep[r] {
+		run := &p.runs[i]
+		if run.exp < now || run.n <= best {
+			continue
+		}
+		best = max(best, run.lcp(keys))
+	}
+	return best
+}
+
+// predCover is how far one replica's predictions cover a looked-up prompt:
+// its first l blocks.
+type predCover struct{ l, r int32 }
+
+// covers appends to dst the covers of keys at now (Unix nanoseconds) of the
+// replicas below n that have some, sorted by l. Caller holds p.mu (read).
+func (p *predictor) covers(dst []predCover, keys []Key, n int, now int64) []predCover {
+	for r := range min(n, len(p.byRep)) {
+		if len(p.byRep[r]) == 0 {
+			continue
+		}
+		if l := p.covered(ReplicaID(r), keys, now); l > 0 {
+			dst = append(dst, predCover{l, int32(r)})
+		}
+	}
+	slices.SortFunc(dst, func(a, b predCover) int { return cmp.Compare(a.l, b.l) })
+	return dst
 }

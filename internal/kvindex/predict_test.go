@@ -1,0 +1,121 @@
+package kvindex
+
+import (
+	"testing"
+	"time"
+)
+
+// predictionStats checks the prediction counters' invariant (every
+// predicted block is confirmed, expired or live, absent RemoveReplica) and
+// the counts wanted.
+func predictionStats(t *testing.T, x *Exact, predicted, confirmed, expired, live int64) {
+	t.Helper()
+	s := x.Stats()
+	if s.Predicted != s.Confirmed+s.Expired+s.PredictedLive {
+		t.Errorf("predicted %d != confirmed %d + expired %d + live %d", s.Predicted, s.Confirmed, s.Expired, s.PredictedLive)
+	}
+	if s.Predicted != predicted || s.Confirmed != confirmed || s.Expired != expired || s.PredictedLive != live {
+		t.Errorf("predicted/confirmed/expired/live = %d/%d/%d/%d, want %d/%d/%d/%d",
+			s.Predicted, s.Confirmed, s.Expired, s.PredictedLive, predicted, confirmed, expired, live)
+	}
+}
+
+// Two requests sharing a prefix, routed to one replica: the shared blocks
+// are one prediction each, the second request's run takes them over, and
+// each run is confirmed by the events that store its blocks, in order.
+func TestPredictionSharedPrefix(t *testing.T) {
+	x := testExact(newClock(), nil)
+	a := x.AddReplica("a")
+	x.AddReplica("b")
+	p1 := seq(0, 32)                           // blocks A..H
+	p2 := append(seq(0, 16), seq(1000, 16)...) // A..D, then E'..H'
+	k1 := Keys(nil, p1, 4, Extras{Root: x.Root()})
+	k2 := Keys(nil, p2, 4, Extras{Root: x.Root()})
+	x.Routed(a, k1)
+	x.Routed(a, k2)
+	predictionStats(t, x, 12, 0, 0, 12)
+	for _, p := range [][]uint32{p1, p2} {
+		if m := lookupOf(x, "a", p, Extras{}); m != (Match{Predicted: 8}) {
+			t.Errorf("lookup on a: %+v, want 8 predicted", m)
+		}
+		if m := lookupOf(x, "b", p, Extras{}); m != (Match{}) {
+			t.Errorf("lookup on b: %+v, want nothing", m)
+		}
+	}
+	// A prompt that leaves p1 after 3 blocks is covered for those 3.
+	q := append(seq(0, 12), seq(5000, 20)...)
+	if m := lookupOf(x, "a", q, Extras{}); m != (Match{Predicted: 3}) {
+		t.Errorf("diverging prompt: %+v, want 3 predicted", m)
+	}
+	// The engine stores p2 in two events: confirms p2's 8 blocks.
+	x.Apply("a", batch(0, storedEv(nil, []uint64{1, 2, 3}, p2[:12], "")))
+	x.Apply("a", batch(0, storedEv(hp(3), []uint64{4, 15, 16, 17, 18}, p2[12:], "")))
+	predictionStats(t, x, 12, 8, 0, 4)
+	if m := lookupOf(x, "a", p1, Extras{}); m != (Match{GPU: 4, Predicted: 4}) {
+		t.Errorf("p1 after p2 stored: %+v", m)
+	}
+	// Then p1's own blocks after the shared ones.
+	x.Apply("a", batch(0, storedEv(hp(4), []uint64{5, 6, 7, 8}, p1[16:], "")))
+	predictionStats(t, x, 12, 12, 0, 0)
+	if m := lookupOf(x, "a", p1, Extras{}); m != (Match{GPU: 8}) {
+		t.Errorf("p1 stored: %+v", m)
+	}
+}
+
+// An event that stores a run's next block after others (a hit report from
+// the first block, or another request's longer chain) confirms from there;
+// events of other content or other replicas confirm nothing.
+func TestPredictionConfirmMidEvent(t *testing.T) {
+	x := testExact(newClock(), nil)
+	a := x.AddReplica("a")
+	p := seq(0, 32)
+	keys := Keys(nil, p, 4, Extras{Root: x.Root()})
+	x.Apply("a", batch(0, storedEv(nil, []uint64{1, 2}, p[:8], "")))
+	x.Routed(a, keys) // A, B held: C..H predicted
+	predictionStats(t, x, 6, 0, 0, 6)
+	x.Apply("b", batch(0, storedEv(nil, []uint64{1, 2, 3, 4, 5}, p[:20], "")))
+	x.Apply("a", batch(0, storedEv(nil, []uint64{9, 10}, seq(700, 8), "")))
+	predictionStats(t, x, 6, 0, 0, 6)
+	x.Apply("a", batch(0, storedEv(nil, []uint64{1, 2, 3, 4, 5}, p[:20], "")))
+	predictionStats(t, x, 6, 3, 0, 3)
+	if m := lookupOf(x, "a", p, Extras{}); m != (Match{GPU: 5, Predicted: 3}) {
+		t.Errorf("after partial confirmation: %+v", m)
+	}
+}
+
+// Predictions expire after PredictTTL, are evicted oldest first beyond
+// MaxPredicted, and leave with their replica without counting as expired.
+func TestPredictionLimits(t *testing.T) {
+	c := newClock()
+	x := testExact(c, func(cfg *Config) { cfg.PredictTTL = 2 * time.Second; cfg.MaxPredicted = 12 })
+	a := x.AddReplica("a")
+	b := x.AddReplica("b")
+	k1 := Keys(nil, seq(0, 32), 4, Extras{Root: x.Root()})
+	k2 := Keys(nil, seq(100, 32), 4, Extras{Root: x.Root()})
+	x.Routed(a, k1)
+	x.Routed(b, k2) // 16 keys > 12: a's run is evicted
+	predictionStats(t, x, 16, 0, 8, 8)
+	if m := lookupOf(x, "a", seq(0, 32), Extras{}); m != (Match{}) {
+		t.Errorf("evicted run still counts: %+v", m)
+	}
+	// A prompt longer than the whole budget keeps its first blocks.
+	x.Routed(a, Keys(nil, seq(200, 64), 4, Extras{Root: x.Root()}))
+	predictionStats(t, x, 28, 0, 16, 12)
+	if m := lookupOf(x, "a", seq(200, 64), Extras{}); m != (Match{Predicted: 12}) {
+		t.Errorf("long prompt: %+v, want its first 12 blocks", m)
+	}
+	c.Add(3 * time.Second)
+	if m := lookupOf(x, "a", seq(200, 64), Extras{}); m != (Match{}) {
+		t.Errorf("expired run still counts: %+v", m)
+	}
+	x.Routed(b, k2) // sweeps the expired run
+	predictionStats(t, x, 36, 0, 28, 8)
+	x.RemoveReplica("b")
+	if s := x.Stats(); s.PredictedLive != 0 || s.Expired != 28 {
+		t.Errorf("after RemoveReplica: %+v", s)
+	}
+	id := x.AddReplica("c") // reuses b's ID
+	if m := lookupOf(x, "c", seq(100, 32), Extras{}); m != (Match{}) || id != b {
+		t.Errorf("replica %d reusing %d inherited %+v", id, b, m)
+	}
+}
