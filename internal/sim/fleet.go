@@ -58,9 +58,21 @@ type fleet struct {
 	toks    []uint32
 	hashes  []vllm.BlockHash // the oracle's prompt block hashes
 	text    []byte
+
+	// ixAt is the index's clock (virtual time): the fleet sets it to now
+	// before it calls into the index, the pipeline's applier to each
+	// batch's apply time.
+	ixAt time.Duration
+	pipe *pipeline // nil: apply on this goroutine
+	// coreFree reports whether a core is free for a pipeline now (under
+	// PipelineAuto); nil means never.
+	coreFree func() bool
 }
 
 func (f *fleet) clock() time.Time { return epoch.Add(f.now) }
+
+// indexClock is the index's Now.
+func (f *fleet) indexClock() time.Time { return epoch.Add(f.ixAt) }
 
 // newFleet builds the cold fleet for one policy.
 func newFleet(cfg Config, policy string, w *workload.Workload, seed uint64) (*fleet, error) {
@@ -74,7 +86,7 @@ func newFleet(cfg Config, policy string, w *workload.Workload, seed uint64) (*fl
 	f.run.EngineHitRate = nan()
 	if !cacheBlind(policy) && policy != PolicyOracle {
 		icfg := cfg.Index
-		icfg.Now = f.clock
+		icfg.Now = f.indexClock
 		icfg.BlockSize = f.blockSize()
 		ix, err := kvindex.NewExact(icfg, nil, nil)
 		if err != nil {
@@ -133,6 +145,10 @@ func (f *fleet) addReplicas(n int) error {
 
 // simulate runs the whole workload and returns the policy's Run.
 func (f *fleet) simulate(ctx context.Context) (*report.Run, error) {
+	defer f.stopPipeline()
+	if f.cfg.Pipeline == PipelineOn {
+		f.startPipeline()
+	}
 	for i := range f.w.Requests {
 		f.q.push(event{at: f.w.Requests[i].At, kind: evArrival, i: i})
 	}
@@ -150,7 +166,9 @@ func (f *fleet) simulate(ctx context.Context) (*report.Run, error) {
 		f.now = e.at
 		switch e.kind {
 		case evArrival:
-			f.arrive(e.i)
+			if err := f.arrive(e.i); err != nil {
+				return nil, err
+			}
 		case evScale:
 			if err := f.scale(f.cfg.Scale[e.i].Delta); err != nil {
 				return nil, err
@@ -161,15 +179,22 @@ func (f *fleet) simulate(ctx context.Context) (*report.Run, error) {
 				f.step(e.rep)
 			}
 		case evStepEnd:
-			f.stepEnd(e.rep)
+			if err := f.stepEnd(e.rep); err != nil {
+				return nil, err
+			}
 		case evDeliver:
-			f.deliver(e.rep, e.i)
+			if err := f.deliver(e.rep, e.i); err != nil {
+				return nil, err
+			}
 		case evGauges:
 			f.gauges()
 			if f.q.len() > 0 {
 				f.q.push(event{at: f.now + f.cfg.GaugeInterval, kind: evGauges})
 			}
 		}
+	}
+	if err := f.syncIndex(); err != nil {
+		return nil, err
 	}
 	var pre int64
 	for _, r := range f.reps {
@@ -182,8 +207,9 @@ func (f *fleet) simulate(ctx context.Context) (*report.Run, error) {
 	return f.run, nil
 }
 
-// arrive routes request i and submits it to the chosen replica's core.
-func (f *fleet) arrive(i int) {
+// arrive routes request i and submits it to the chosen replica's core. It
+// fails only when the pipeline does.
+func (f *fleet) arrive(i int) error {
 	r := &f.w.Requests[i]
 	f.toks = r.AppendTokens(f.toks[:0])
 	out := max(r.OutputTokens, 1)
@@ -198,10 +224,13 @@ func (f *fleet) arrive(i int) {
 		if f.policy == "prefix_chars" {
 			req.Text = f.tokenText()
 		}
+		if err := f.syncIndex(); err != nil {
+			return err
+		}
 		d, l, err := f.router.Route(&req)
 		if err != nil {
 			s.Err = "no_replica"
-			return
+			return nil
 		}
 		rep, lease = f.byName[d.Name], l
 	}
@@ -215,11 +244,12 @@ func (f *fleet) arrive(i int) {
 		if lease != nil {
 			lease.Release()
 		}
-		return
+		return nil
 	}
 	f.live[r.ID] = &inflight{sample: i, rep: rep, lease: lease}
 	f.reps[rep].load++
 	f.kick(rep)
+	return nil
 }
 
 // tokenText renders the prompt as text for prefix_chars: 4 bytes per
@@ -262,8 +292,8 @@ func (f *fleet) step(rep int) {
 }
 
 // stepEnd applies the finished step's outputs and events, then starts the
-// next step if the replica has work.
-func (f *fleet) stepEnd(rep int) {
+// next step if the replica has work. It fails only when the pipeline does.
+func (f *fleet) stepEnd(rep int) error {
 	r := f.reps[rep]
 	r.stepping = false
 	for _, o := range r.res.Outputs {
@@ -293,24 +323,27 @@ func (f *fleet) stepEnd(rep int) {
 		}
 	}
 	if len(r.res.Events) > 0 && f.ix != nil {
-		f.publish(rep, r.res.Events)
+		if err := f.publish(rep, r.res.Events); err != nil {
+			return err
+		}
 	}
 	f.step(rep)
+	return nil
 }
 
 // publish sends a step's KV events towards the index after EventDelay
 // unless lost. Without delay the batch is applied from the core's own
-// slice (valid until its next Step); a delayed batch is copied into a
-// reused slot.
-func (f *fleet) publish(rep int, evs []vllm.Event) {
+// slice (valid until its next Step; the pipeline copies it); a delayed
+// batch is copied into a reused slot (and copied again by the pipeline on
+// delivery).
+func (f *fleet) publish(rep int, evs []vllm.Event) error {
 	if f.cfg.EventLoss > 0 && f.rng.Float64() < f.cfg.EventLoss {
-		return
+		return nil
 	}
 	ts := f.clock().Sub(time.Unix(0, 0)).Seconds()
 	if f.cfg.EventDelay == 0 {
 		b := vllm.Batch{TS: ts, Events: evs}
-		f.apply(rep, &b)
-		return
+		return f.apply(rep, &b)
 	}
 	slot := len(f.batches)
 	if n := len(f.free); n > 0 {
@@ -320,21 +353,34 @@ func (f *fleet) publish(rep int, evs []vllm.Event) {
 	}
 	f.batches[slot] = vllm.Batch{TS: ts, Events: append(f.batches[slot].Events[:0], evs...)}
 	f.q.push(event{at: f.now + f.cfg.EventDelay, kind: evDeliver, rep: rep, i: slot})
+	return nil
 }
 
-func (f *fleet) deliver(rep, slot int) {
-	f.apply(rep, &f.batches[slot])
+func (f *fleet) deliver(rep, slot int) error {
+	err := f.apply(rep, &f.batches[slot])
 	clear(f.batches[slot].Events) // keep the capacity, not the slices
 	f.batches[slot].Events = f.batches[slot].Events[:0]
 	f.free = append(f.free, slot)
+	return err
 }
 
-// apply feeds a batch to the index unless the replica was removed (the
-// index would register it again).
-func (f *fleet) apply(rep int, b *vllm.Batch) {
-	if r := f.reps[rep]; !r.removed {
-		f.ix.Apply(r.name, b)
+// apply feeds a batch to the index now, or queues it on the pipeline,
+// unless the replica was removed (the index would register it again). It
+// fails only when the pipeline does.
+func (f *fleet) apply(rep int, b *vllm.Batch) error {
+	r := f.reps[rep]
+	if r.removed {
+		return nil
 	}
+	if f.pipe != nil {
+		if err := f.pipe.push(r.name, f.now, b); err != nil {
+			return fmt.Errorf("sim %s: %w", f.policy, err)
+		}
+		return nil
+	}
+	f.ixAt = f.now
+	f.ix.Apply(r.name, b)
+	return nil
 }
 
 // gauges refreshes the router's view of every engine's gauges.
@@ -349,6 +395,9 @@ func (f *fleet) gauges() {
 
 // scale adds or removes replicas now.
 func (f *fleet) scale(delta int) error {
+	if err := f.syncIndex(); err != nil {
+		return err
+	}
 	if delta > 0 {
 		return f.addReplicas(delta)
 	}

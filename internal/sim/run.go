@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"sync"
+	"sync/atomic"
 
 	"kvrouter/internal/bench/report"
 	"kvrouter/internal/enginesim"
@@ -37,12 +39,19 @@ func Run(ctx context.Context, cfg Config, w *workload.Workload) ([]*report.Run, 
 	runs := make([]*report.Run, len(cfg.Policies))
 	errs := make([]error, len(cfg.Policies))
 	sem := make(chan struct{}, cfg.Parallel)
+	// Under PipelineAuto a fleet pipelines once fewer policies remain than
+	// cores: then at most that many run, and a core is free for good.
+	var left atomic.Int64
+	left.Store(int64(len(cfg.Policies)))
+	procs := int64(runtime.GOMAXPROCS(0))
+	coreFree := func() bool { return min(left.Load(), int64(cfg.Parallel)) < procs }
 	var wg sync.WaitGroup
 	for _, i := range startOrder(cfg.Policies) {
 		p := cfg.Policies[i]
 		sem <- struct{}{} // start in startOrder, Parallel at a time
 		wg.Go(func() {
 			defer func() { <-sem }()
+			defer left.Add(-1)
 			defer func() {
 				if v := recover(); v != nil {
 					errs[i] = fmt.Errorf("sim %s: panic: %v", p, v)
@@ -52,6 +61,9 @@ func Run(ctx context.Context, cfg Config, w *workload.Workload) ([]*report.Run, 
 			if err != nil {
 				errs[i] = fmt.Errorf("sim %s: %w", p, err)
 				return
+			}
+			if cfg.Pipeline == PipelineAuto {
+				f.coreFree = coreFree
 			}
 			runs[i], errs[i] = f.simulate(ctx)
 		})
