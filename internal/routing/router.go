@@ -201,9 +201,9 @@ func (r *Router) get(name string) *replica {
 // Route chooses a replica for req and charges it: the returned Lease holds
 // the request's load until Release, and the index records the decision. It
 // returns ErrNoReplica when no healthy replica outside req.Exclude is
-// registered. Route sets req.Extras.Root; when req.Keys is nil it hashes
-// req.Tokens into a pooled buffer (req.Keys stays nil). Route does not
-// retain req.
+// registered. Route sets req.Extras.Root; when req.Keys is nil and the
+// router has an index it hashes req.Tokens into a pooled buffer (req.Keys
+// stays nil). Route does not retain req.
 func (r *Router) Route(req *Request) (Decision, *Lease, error) {
 	start := time.Now()
 	s := r.bufs.Get().(*scratch)
@@ -317,8 +317,10 @@ func (r *Router) candidates(req *Request, s *scratch) ([]Candidate, []*replica, 
 	keys := req.Keys
 	if keys == nil {
 		req.Extras.Root = r.root
-		s.keys = kvindex.Keys(s.keys, req.Tokens, r.cfg.BlockSize, req.Extras)
-		keys = s.keys
+		if r.ix != nil { // only the index reads keys
+			s.keys = kvindex.Keys(s.keys, req.Tokens, r.cfg.BlockSize, req.Extras)
+			keys = s.keys
+		}
 	}
 	s.matches = s.matches[:0]
 	if r.ix != nil && len(keys) > 0 {
