@@ -25,9 +25,10 @@ const (
 	PipelineOff PipelineMode = "off"
 )
 
-// Sizes of the pipeline's handoff: a chunk goes to the applier once it holds
-// chunkBatches batches (or at a barrier); the fleet waits while maxChunks
-// chunks are queued, which bounds the copies in flight.
+// Sizes of the pipeline's handoff: a chunk goes to the applier at once
+// while the applier idles, else once it holds chunkBatches batches (or at a
+// barrier); the fleet waits while maxChunks chunks are queued, which bounds
+// the copies in flight.
 const (
 	chunkBatches = 32
 	maxChunks    = 64
@@ -80,12 +81,12 @@ type pipeline struct {
 	free     []*chunk
 	busy     bool // the applier is applying a chunk
 	stopped  bool
-	appWait  bool // the applier waits on work
-	mainWait int  // the fleet waits on idle: 1 for room, 2 for drained
+	mainWait int // the fleet waits on idle: 1 for room, 2 for drained
 	err      error
 
-	abort  atomic.Bool // stop asked: drop what is left
-	exited chan struct{}
+	abort   atomic.Bool // stop asked: drop what is left
+	appIdle atomic.Bool // the applier waits on work (set under mu)
+	exited  chan struct{}
 
 	copied atomic.Int64 // events copied by push (a measure of the copy cost)
 }
@@ -100,14 +101,15 @@ func newPipeline(ix batchApplier, now *time.Duration) *pipeline {
 }
 
 // push queues a batch of engine's events, applied at virtual time at. It
-// copies evs (the Event structs, not the slices they hold). It blocks only
-// when maxChunks chunks wait; it returns the applier's error, if any.
+// copies b.Events (the Event structs, not the slices they hold) and hands
+// the chunk over when the applier idles or the chunk is full. It blocks
+// only when maxChunks chunks wait; it returns the applier's error, if any.
 func (p *pipeline) push(engine string, at time.Duration, b *vllm.Batch) error {
 	c := p.cur
 	lo := len(c.evs)
 	c.evs = append(c.evs, b.Events...)
 	c.items = append(c.items, applyItem{name: engine, at: at, ts: b.TS, rank: b.DataParallelRank, lo: lo, hi: len(c.evs)})
-	if len(c.items) >= chunkBatches {
+	if len(c.items) >= chunkBatches || p.appIdle.Load() {
 		return p.handOver(1)
 	}
 	return nil
@@ -131,7 +133,7 @@ func (p *pipeline) handOver(want int) error {
 		} else {
 			p.cur = &chunk{}
 		}
-		if p.appWait {
+		if p.appIdle.Load() {
 			p.work.Signal()
 		}
 	}
@@ -174,9 +176,9 @@ func (p *pipeline) loop() {
 	p.mu.Lock()
 	for {
 		for len(p.full) == 0 && !p.stopped {
-			p.appWait = true
+			p.appIdle.Store(true)
 			p.work.Wait()
-			p.appWait = false
+			p.appIdle.Store(false)
 		}
 		if p.stopped {
 			p.mu.Unlock()

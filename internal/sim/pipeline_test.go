@@ -6,6 +6,7 @@ import (
 	"errors"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -311,5 +312,76 @@ func TestPipelineConfig(t *testing.T) {
 	}
 	if _, err := (Config{Pipeline: "yes"}).withDefaults(); err == nil || !strings.Contains(err.Error(), `pipeline "yes"`) {
 		t.Fatalf("bad pipeline mode: err %v", err)
+	}
+}
+
+// BenchmarkPipeline runs the issue's workload (the Mooncake conversation
+// trace twice, 24,062 requests, 64 replicas) with the kv policy alone and
+// with the default four policies, under each Config.Pipeline mode; s/run is
+// the wall time (compare with -count and user+sys from /usr/bin/time).
+// Each run takes seconds:
+//
+//	go test -run '^$' -bench BenchmarkPipeline/ -benchtime 1x ./internal/sim/
+func BenchmarkPipeline(b *testing.B) {
+	sc, err := BuildScenario("mooncake", ScenarioOptions{Replicas: 64, Trace: trace(b)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	w, err := workload.Repeat(sc.Workload, 2)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, pol := range []string{"kv", "default"} {
+		for _, mode := range []PipelineMode{PipelineOff, PipelineOn, PipelineAuto} {
+			b.Run("policies="+pol+"/pipeline="+string(mode), func(b *testing.B) {
+				cfg := Config{Replicas: 64, Pipeline: mode}
+				if pol != "default" {
+					cfg.Policies = []string{pol}
+				}
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := Run(b.Context(), cfg, w); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(len(w.Requests)*b.N)/b.Elapsed().Seconds(), "requests/s")
+				b.ReportMetric(b.Elapsed().Seconds()/float64(b.N), "s/run")
+			})
+		}
+	}
+}
+
+// nopApplier applies nothing.
+type nopApplier struct{}
+
+func (nopApplier) Apply(string, *vllm.Batch) {}
+
+// BenchmarkPipelinePush is the fleet goroutine's cost of handing a batch of
+// events to the pipeline (the copy included), with an applier that does
+// nothing:
+//
+//	go test -run '^$' -bench BenchmarkPipelinePush -benchtime 1s ./internal/sim/
+func BenchmarkPipelinePush(b *testing.B) {
+	for _, n := range []int{1, 4, 16} {
+		b.Run("events="+strconv.Itoa(n), func(b *testing.B) {
+			var now time.Duration
+			p := newPipeline(nopApplier{}, &now)
+			defer p.stop()
+			evs := make([]vllm.Event, n)
+			for i := range evs {
+				evs[i] = vllm.Event{Type: vllm.BlockStored, BlockHashes: make([]vllm.BlockHash, 1), TokenIDs: make([]uint32, 16)}
+			}
+			batch := &vllm.Batch{Events: evs}
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := p.push("r00", 0, batch); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := p.sync(); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/event")
+		})
 	}
 }
