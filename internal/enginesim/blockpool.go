@@ -300,6 +300,12 @@ func (p *blockPool) cache(id int32, h vllm.BlockHash, m blockMeta) {
 	if p.meta != nil {
 		p.meta[id] = m
 	}
+	p.cacheHash(id, h)
+}
+
+// cacheHash registers block id under hash h, leaving its meta to the
+// caller.
+func (p *blockPool) cacheHash(id int32, h vllm.BlockHash) {
 	b := &p.blocks[id]
 	b.dup = nilBlock
 	tag := tagOf(h)
@@ -339,11 +345,30 @@ func (p *blockPool) free(ids []int32) {
 	}
 }
 
-// freeReversed frees ids from last to first.
+// freeReversed frees ids from last to first. The blocks are loaded first
+// (warm), so that their memory misses overlap instead of each waiting for
+// the previous free.
 func (p *blockPool) freeReversed(ids []int32) {
-	for i := len(ids) - 1; i >= 0; i-- {
-		p.free(ids[i : i+1])
+	if len(ids) > 1 {
+		p.warmBlocks(ids)
 	}
+	for i := len(ids) - 1; i >= 0; i-- {
+		b := &p.blocks[ids[i]]
+		b.ref--
+		if b.ref == 0 {
+			p.pushTail(ids[i])
+		}
+	}
+}
+
+// warmBlocks loads the blocks ids name, independent loads the CPU overlaps.
+// It changes nothing.
+func (p *blockPool) warmBlocks(ids []int32) {
+	var acc int32
+	for _, id := range ids {
+		acc += p.blocks[id].ref
+	}
+	p.sink += acc
 }
 
 // reset drops every hash; it reports false (and does nothing) when any

@@ -55,8 +55,8 @@ type Output struct {
 }
 
 // StepResult is what one Step did. Outputs and Events are owned by the Core
-// and valid until the next Step; the slices inside Events are never reused
-// and may be kept, read-only.
+// and valid until the next Step; the slices inside Events are never written
+// again (some share a read-only backing array) and may be kept, read-only.
 type StepResult struct {
 	// Duration is how long the step takes under the timing model; zero when
 	// nothing was scheduled.
@@ -113,7 +113,11 @@ type seq struct {
 	loraKeys   []any // []any{lora} shared by blocks > 0
 	salt       string
 	reportHits bool
-	seed       uint64
+	// seed is the FNV-1a state over the first seedLen prompt tokens; it is
+	// folded block by block as the blocks are hashed (see foldSeed) and is
+	// the output-token seed once seedLen == promptLen.
+	seed    uint64
+	seedLen int
 
 	status   seqStatus
 	computed int // num_computed_tokens
@@ -153,6 +157,13 @@ type Core struct {
 	scheduled []scheduledSeq
 	hits      []int32
 	parentBuf []byte // PrefixHashes' chained digest
+
+	// Event slabs: BlockRemoved hashes are carved one by one from
+	// removedSlab (each element written once, a fresh slab when it runs
+	// out); plain BlockStored events share prefixes of noKeys, all nil and
+	// never written.
+	removedSlab []vllm.BlockHash
+	noKeys      [][]any
 }
 
 type scheduledSeq struct {
@@ -215,10 +226,13 @@ func (c *Core) Submit(r *Request) error {
 		reportHits:   r.ReportHits,
 		cachedTokens: -1,
 	}
-	s.tokens = make([]uint32, len(r.Tokens), len(r.Tokens)+min(r.MaxTokens, 4096))
-	copy(s.tokens, r.Tokens)
+	// Copy the prompt with room for the output: appending the room (at
+	// least one token, as MaxTokens >= 1) as zeros to a capacity-capped view
+	// makes one new allocation whose prompt part is copied, not zeroed first.
+	n := len(r.Tokens)
+	s.tokens = append(r.Tokens[:n:n], make([]uint32, min(r.MaxTokens, 4096))...)[:n]
 	s.hashes = make([]vllm.BlockHash, 0, cap(s.tokens)/c.cfg.BlockSize)
-	s.seed = promptSeed(s.tokens)
+	s.seed = fnvOffset
 	if r.LoRAName != "" {
 		name := r.LoRAName
 		s.lora = &name
@@ -314,15 +328,28 @@ func (c *Core) release(s *seq) {
 	s.numCached = 0
 }
 
-// promptSeed derives the output-token seed from the prompt: equal prompts
-// give equal outputs.
-func promptSeed(toks []uint32) uint64 {
-	h := uint64(14695981039346656037)
-	for _, t := range toks {
-		h ^= uint64(t)
-		h *= 1099511628211
+// FNV-1a 64-bit parameters of the output-token seed.
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+// foldSeed folds the prompt tokens before position upTo (at most the
+// prompt's length) into s.seed: FNV-1a over the token values, so equal
+// prompts give equal outputs. ensureHashes calls it block by block, where
+// its serial multiply chain overlaps the block hashing; nextToken finishes
+// the prompt's partial last block.
+func (s *seq) foldSeed(upTo int) {
+	upTo = min(upTo, s.promptLen)
+	if upTo <= s.seedLen {
+		return
 	}
-	return h
+	h := s.seed
+	for _, t := range s.tokens[s.seedLen:upTo] {
+		h ^= uint64(t)
+		h *= fnvPrime
+	}
+	s.seed, s.seedLen = h, upTo
 }
 
 // splitmix64 is a fast integer mixer for pseudo-random output tokens.
@@ -335,6 +362,7 @@ func splitmix64(x uint64) uint64 {
 
 // nextToken is the deterministic output token at position i of s.
 func (c *Core) nextToken(s *seq, i int) uint32 {
+	s.foldSeed(s.promptLen)
 	return uint32(splitmix64(s.seed+uint64(i)) % uint64(c.cfg.VocabSize))
 }
 

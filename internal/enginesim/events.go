@@ -30,7 +30,6 @@ func (c *Core) storedEvent(s *seq, from, to int, medium vllm.Medium, withParent 
 		BlockSize:       bs,
 		Medium:          medium.String(),
 		LoRAName:        s.lora,
-		ExtraKeys:       make([][]any, to-from),
 		GroupIdx:        c.group0,
 		KVCacheSpecKind: vllm.FullAttention,
 	}
@@ -42,10 +41,36 @@ func (c *Core) storedEvent(s *seq, from, to int, medium vllm.Medium, withParent 
 		id := c.loraIDs[*s.lora]
 		e.LoRAID = &id
 	}
+	if s.lora == nil && s.salt == "" {
+		e.ExtraKeys = c.nilKeys(to - from)
+		return e
+	}
+	e.ExtraKeys = make([][]any, to-from)
 	for i := from; i < to; i++ {
 		e.ExtraKeys[i-from] = c.extraKeys(s, i)
 	}
 	return e
+}
+
+// nilKeys returns n nil extra keys (a plain prompt's) from the shared
+// read-only slab, capped at n.
+func (c *Core) nilKeys(n int) [][]any {
+	if n > len(c.noKeys) {
+		c.noKeys = make([][]any, max(n, 1024))
+	}
+	return c.noKeys[:n:n]
+}
+
+// removedHashes returns a one-element slice holding h, carved from the
+// slab so that a run of evictions does not allocate per block.
+func (c *Core) removedHashes(h vllm.BlockHash) []vllm.BlockHash {
+	if len(c.removedSlab) == 0 {
+		c.removedSlab = make([]vllm.BlockHash, 512)
+	}
+	c.removedSlab[0] = h
+	hs := c.removedSlab[:1:1]
+	c.removedSlab = c.removedSlab[1:]
+	return hs
 }
 
 // metaEvent builds a one-block BlockStored from a block's recorded meta.
@@ -75,7 +100,7 @@ func (c *Core) metaEvent(h vllm.BlockHash, m *blockMeta, medium vllm.Medium) vll
 func (c *Core) removedEvent(h vllm.BlockHash, medium vllm.Medium) vllm.Event {
 	return vllm.Event{
 		Type:        vllm.BlockRemoved,
-		BlockHashes: []vllm.BlockHash{h},
+		BlockHashes: c.removedHashes(h),
 		Medium:      medium.String(),
 		GroupIdx:    c.group0,
 	}

@@ -2,6 +2,7 @@ package enginesim
 
 import (
 	"encoding/binary"
+	"unsafe"
 
 	"github.com/zeebo/xxh3"
 )
@@ -43,8 +44,13 @@ func (h *FastHasher) HashBlock(parent []byte, tokens []uint32, extraKeys []any) 
 		parent = h.none[:]
 	}
 	b := append(h.buf[:0], parent...)
-	for _, t := range tokens {
-		b = binary.LittleEndian.AppendUint32(b, t)
+	if littleEndian() {
+		// The tokens' memory already is their little-endian encoding.
+		b = append(b, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(tokens))), 4*len(tokens))...)
+	} else {
+		for _, t := range tokens {
+			b = binary.LittleEndian.AppendUint32(b, t)
+		}
 	}
 	for _, k := range extraKeys {
 		b = append(b, 0xff) // separator: keys cannot be confused with tokens
@@ -58,6 +64,13 @@ func (h *FastHasher) HashBlock(parent []byte, tokens []uint32, extraKeys []any) 
 	h.buf = b
 	binary.BigEndian.PutUint64(h.out[:], xxh3.Hash(b))
 	return h.out[:]
+}
+
+// littleEndian reports whether the machine stores integers little-endian
+// (a constant the compiler folds).
+func littleEndian() bool {
+	x := uint16(1)
+	return *(*byte)(unsafe.Pointer(&x)) == 1
 }
 
 // blockExtraKeys returns a block's extra keys in vLLM's order

@@ -245,6 +245,7 @@ func (c *Core) ensureHashes(s *seq, n int) {
 		d := c.hasher.HashBlock(parent, s.tokens[i*bs:(i+1)*bs], c.extraKeys(s, i))
 		s.lastHash = append(s.lastHash[:0], d...)
 		s.hashes = append(s.hashes, vllm.EventValue(d))
+		s.foldSeed((i + 1) * bs)
 	}
 }
 
@@ -274,12 +275,15 @@ func (c *Core) cacheFull(s *seq, upTo int) {
 	if full-s.numCached > 1 {
 		c.pool.warm(s.hashes[s.numCached:full])
 	}
-	for i := s.numCached; i < full; i++ {
-		var m blockMeta
-		if c.pool.meta != nil {
-			m = c.blockMeta(s, i)
+	if c.pool.meta != nil {
+		for i := s.numCached; i < full; i++ {
+			c.pool.meta[s.blocks[i]] = c.blockMeta(s, i)
+			c.pool.cacheHash(s.blocks[i], s.hashes[i])
 		}
-		c.pool.cache(s.blocks[i], s.hashes[i], m)
+	} else {
+		for i := s.numCached; i < full; i++ {
+			c.pool.cacheHash(s.blocks[i], s.hashes[i])
+		}
 	}
 	if !c.cfg.NoEvents {
 		c.pending = append(c.pending, c.storedEvent(s, s.numCached, full, vllm.MediumGPU, true))

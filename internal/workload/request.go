@@ -2,6 +2,7 @@ package workload
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 )
@@ -34,6 +35,7 @@ func (r *Request) InputTokens() int {
 
 // AppendTokens appends the prompt's token ids to dst and returns it.
 func (r *Request) AppendTokens(dst []uint32) []uint32 {
+	dst = slices.Grow(dst, r.InputTokens())
 	for _, s := range r.Prompt {
 		dst = s.AppendTokens(dst)
 	}

@@ -1,5 +1,7 @@
 package workload
 
+import "slices"
+
 // Token ids produced by segment expansion lie in [TokenBase, TokenBase+TokenSpan):
 // inside the regular vocabulary of the tokenizers kvrouter ships with (Qwen3
 // has 151,643 regular tokens) and clear of the low ids some engines treat
@@ -40,16 +42,28 @@ func mix64(z uint64) uint64 {
 const golden = 0x9e3779b97f4a7c15
 
 // AppendTokens appends the segment's Len token ids to dst and returns it.
+// It grows dst once and fills the new tokens in place; each token after the
+// key digits costs one mix64 of a counter stepped by φ.
 func (s Segment) AppendTokens(dst []uint32) []uint32 {
+	if s.Len <= 0 {
+		return dst
+	}
+	n := len(dst)
+	dst = slices.Grow(dst, s.Len)[:n+s.Len]
+	out := dst[n:]
 	m := mix64(s.Key)
-	for i := 0; i < s.Len; i++ {
-		var d uint64
-		if i < keyDigits {
-			d = m >> (16 * i)
-		} else {
-			d = mix64(m + uint64(i)*golden)
-		}
-		dst = append(dst, TokenBase+uint32(d&0xffff))
+	for i := range min(len(out), keyDigits) {
+		out[i] = TokenBase + uint32(m>>(16*i))&0xffff
+	}
+	if len(out) <= keyDigits {
+		return dst
+	}
+	step := uint64(golden)
+	z := m + keyDigits*step // m + i*φ for i = keyDigits, wrapping
+	rest := out[keyDigits:]
+	for i := range rest {
+		rest[i] = TokenBase + uint32(mix64(z))&0xffff
+		z += step
 	}
 	return dst
 }
