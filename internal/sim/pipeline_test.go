@@ -151,7 +151,8 @@ func (r *recorder) Apply(engine string, b *vllm.Batch) {
 // TestPipelineOrderAndCopy: batches reach the applier in push order, each
 // with its apply time, and intact although the caller reuses its event
 // slice right after push (as a core does at its next Step); sync waits for
-// all of them; more batches than the queue holds make push wait.
+// all of them; more batches than the queue holds make push wait; large
+// batches close a chunk early (chunkEvents).
 func TestPipelineOrderAndCopy(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	var now time.Duration
@@ -159,12 +160,19 @@ func TestPipelineOrderAndCopy(t *testing.T) {
 	p := newPipeline(rec, &now)
 	defer p.stop()
 	n := 3*chunkBatches*maxChunks + 5
-	evs := make([]vllm.Event, 2)
+	buf := make([]vllm.Event, chunkEvents+1)
 	var want []vllm.BlockHash
+	copied := 0
 	for i := range n {
+		evs := buf[:2]
+		if i%251 == 0 {
+			evs = buf
+		}
+		copied += len(evs)
 		for j := range evs { // overwrite the caller's slice, as a core does
-			evs[j] = vllm.Event{Type: vllm.BlockStored, BlockHashes: []vllm.BlockHash{vllm.BlockHash(2*i + j)}}
-			want = append(want, vllm.BlockHash(2*i+j))
+			h := vllm.BlockHash(i<<16 | j)
+			evs[j] = vllm.Event{Type: vllm.BlockStored, BlockHashes: []vllm.BlockHash{h}}
+			want = append(want, h)
 		}
 		if err := p.push(string(rune('a'+i%26)), time.Duration(i), &vllm.Batch{Events: evs}); err != nil {
 			t.Fatal(err)
@@ -189,8 +197,8 @@ func TestPipelineOrderAndCopy(t *testing.T) {
 			t.Fatalf("batch %d: %s at %v", i, rec.got[i], rec.at[i])
 		}
 	}
-	if c := p.copied.Load(); c != int64(2*n) {
-		t.Errorf("copied %d events, want %d", c, 2*n)
+	if c := p.copied.Load(); c != int64(copied) {
+		t.Errorf("copied %d events, want %d", c, copied)
 	}
 	// sync with nothing queued returns at once; stop is idempotent.
 	if err := p.sync(); err != nil {
