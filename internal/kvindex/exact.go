@@ -188,11 +188,11 @@ func (x *Exact) Apply(engine string, b *vllm.Batch) {
 	x.mu.Unlock()
 }
 
-// publish updates the size gauges. Caller holds x.mu.
+// publish updates the size gauges but Bytes, which Stats computes (it
+// visits every table: too slow for every batch). Caller holds x.mu.
 func (x *Exact) publish() {
 	x.c.entries.Store(int64(x.st.n))
 	x.c.keys.Store(int64(x.st.keys.n))
-	x.c.bytes.Store(x.st.bytes())
 }
 
 func (x *Exact) source(id ReplicaID, rank, group int32, create bool) (uint32, bool) {
@@ -474,8 +474,20 @@ func (x *Exact) heldPrefix(id ReplicaID, keys []Key) int {
 	return len(keys)
 }
 
-// Stats returns the index's counters; it takes no lock.
-func (x *Exact) Stats() Stats { return x.c.stats() }
+// Stats returns the index's counters. It takes the read lock to measure
+// Bytes, so it waits for a batch being applied.
+func (x *Exact) Stats() Stats {
+	s := x.c.stats()
+	x.mu.RLock()
+	s.Bytes = x.st.bytes()
+	x.mu.RUnlock()
+	if x.pred != nil {
+		x.pred.mu.RLock()
+		s.Bytes += x.pred.bytes()
+		x.pred.mu.RUnlock()
+	}
+	return s
+}
 
 // ReplicaBlocks returns how many entries replica id holds (its "tree size").
 func (x *Exact) ReplicaBlocks(id ReplicaID) int {

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"unsafe"
 )
 
 // predictor holds Exact's predicted blocks as runs: one per routed request,
@@ -265,6 +266,18 @@ func (p *predictor) confirm(r ReplicaID, keys []Key) {
 		}
 	}
 	p.c.predictedLive.Store(int64(p.live))
+}
+
+// bytes estimates the memory the predictions hold.
+func (p *predictor) bytes() int64 {
+	b := int64(cap(p.runs))*int64(unsafe.Sizeof(predRun{})) + int64(cap(p.free))*4 + int64(cap(p.byRep))*24
+	for i := range p.runs {
+		b += int64(cap(p.runs[i].keys)) * 8
+	}
+	for _, l := range p.byRep {
+		b += int64(cap(l)) * 4
+	}
+	return b
 }
 
 // dropReplica forgets r's predictions without counting them as expired.

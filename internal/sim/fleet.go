@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -88,6 +89,13 @@ func newFleet(cfg Config, policy string, w *workload.Workload, seed uint64) (*fl
 		icfg := cfg.Index
 		icfg.Now = f.indexClock
 		icfg.BlockSize = f.blockSize()
+		if icfg.ExpectedEntries == 0 {
+			n, err := cfg.expectedEntries()
+			if err != nil {
+				return nil, err
+			}
+			icfg.ExpectedEntries = min(n, cmp.Or(icfg.MaxEntries, kvindex.DefaultMaxEntries))
+		}
 		ix, err := kvindex.NewExact(icfg, nil, nil)
 		if err != nil {
 			return nil, err
@@ -115,6 +123,23 @@ func newFleet(cfg Config, policy string, w *workload.Workload, seed uint64) (*fl
 		return nil, err
 	}
 	return f, nil
+}
+
+// expectedEntries is how many blocks the fleet's engines can hold at its
+// largest (GPU and CPU tiers), to size the index for (as kvrouter's
+// index.expected_entries).
+func (cfg *Config) expectedEntries() (int, error) {
+	core, err := enginesim.NewCore(cfg.Engine)
+	if err != nil {
+		return 0, err
+	}
+	ecfg := core.Config()
+	n, peak := cfg.Replicas, cfg.Replicas
+	for _, s := range cfg.Scale { // sorted by time
+		n += s.Delta
+		peak = max(peak, n)
+	}
+	return peak * (ecfg.NumGPUBlocks - 1 + ecfg.NumCPUBlocks), nil
 }
 
 func (f *fleet) blockSize() int {
