@@ -16,7 +16,10 @@
 //
 // Every policy replays the same workload (same arrivals, same tokens) from a
 // cold fleet, each in its own goroutine (Config.Parallel at a time), with
-// its own seeded randomness: a run is reproducible from Config.Seed. Besides
+// its own seeded randomness: a run is reproducible from Config.Seed. Per
+// Config.Pipeline, a policy's fleet may apply its KV events to its index on
+// a second goroutine (pipeline.go): the main loop waits for it before every
+// routing decision and fleet change, so the run is identical either way. Besides
 // routing's policies, "oracle" routes with global knowledge of every cache
 // (each engine's prefix cache read at the decision, Core.CachedPrefix: what
 // an index fed instantly and losslessly at scheduling would hold; it needs
