@@ -172,3 +172,47 @@ func BenchmarkPredictions(b *testing.B) {
 	}
 	b.ReportMetric(float64(own*b.N)/b.Elapsed().Seconds(), "predicted-blocks/s")
 }
+
+// BenchmarkLookupPredicted looks up a 512-block prompt while many routed
+// requests wait unconfirmed (an engine whose events stopped): 64 replicas
+// hold a 64-block system prompt, and runs= requests of 512 blocks (the
+// system prompt, then their own) are predicted across them. The prompt
+// looked up shares the system prompt with every run, so each run is
+// binary-searched.
+func BenchmarkLookupPredicted(b *testing.B) {
+	const replicas, bs, sys, blocks = 64, 16, 64, 512
+	for _, runs := range []int{100, 1000, 10000} {
+		b.Run(fmt.Sprintf("runs=%d", runs), func(b *testing.B) {
+			x, err := NewExact(Config{Model: "m", BlockSize: bs, MaxPredicted: 1 << 24}, nil, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			sysToks := seq(1<<30, sys*bs)
+			hs := make([]vllm.BlockHash, sys)
+			for i := range hs {
+				hs[i] = vllm.BlockHash(i + 1)
+			}
+			for r := range replicas {
+				x.Apply(fmt.Sprintf("replica-%02d", r), &vllm.Batch{Events: []vllm.Event{{Type: vllm.BlockStored,
+					BlockHashes: hs, TokenIDs: sysToks, BlockSize: bs}}})
+			}
+			var keys []Key
+			for i := range runs {
+				keys = Keys(keys[:0], append(append([]uint32(nil), sysToks...), seq(i*blocks*bs, (blocks-sys)*bs)...), bs, Extras{Root: x.Root()})
+				x.Routed(ReplicaID(i%replicas), keys)
+			}
+			if s := x.Stats(); s.PredictedLive != int64(runs*(blocks-sys)) {
+				b.Fatalf("live predictions %d", s.PredictedLive)
+			}
+			keys = Keys(keys[:0], append(append([]uint32(nil), sysToks...), seq(1<<29, (blocks-sys)*bs)...), bs, Extras{Root: x.Root()})
+			out := make([]Match, 0, replicas)
+			b.ReportAllocs()
+			for b.Loop() {
+				out = x.Lookup(keys, out)
+			}
+			if out[0].GPU != sys {
+				b.Fatalf("match %+v", out[0])
+			}
+		})
+	}
+}

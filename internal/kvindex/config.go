@@ -37,7 +37,8 @@ type Config struct {
 	PredictTTL time.Duration `yaml:"predict_ttl"`
 	// MaxPredicted caps the keys predictions hold: a routed request's
 	// blocks after those its replica held, plus one, oldest requests dropped
-	// first (8 bytes a key). Default 1,048,576.
+	// first (8 bytes a key). Default 1,048,576. Independently, at most
+	// 16,384 requests' predictions are kept.
 	MaxPredicted int `yaml:"max_predicted"`
 	// ApproxTTL is how long Approx keeps a routed block. Default 120s
 	// (Dynamo's ApproxKvIndexer window).

@@ -119,3 +119,54 @@ func TestPredictionLimits(t *testing.T) {
 		t.Errorf("replica %d reusing %d inherited %+v", id, b, m)
 	}
 }
+
+// A run's longest common prefix with a prompt, galloping and bisecting
+// over chained keys, equals a position-by-position scan, for every offset,
+// run length, prompt length and divergence point.
+func TestPredRunLCP(t *testing.T) {
+	const blocks = 40
+	full := Keys(nil, seq(0, blocks*4), 4, Extras{})
+	for off := range int32(12) {
+		for n := off + 1; n <= blocks; n++ {
+			run := predRun{keys: full[off:n], k0: full[off], off: off, n: n}
+			if n > off+1 {
+				run.k1 = full[off+1]
+			}
+			for d := 0; d <= blocks; d++ { // q leaves the chain at block d
+				toks := seq(0, blocks*4)
+				if d < blocks {
+					toks[4*d] = 1 << 20
+				}
+				q := Keys(nil, toks, 4, Extras{})
+				for m := 0; m <= blocks; m++ {
+					want := int32(0)
+					if int(off) < m && q[off] == full[off] {
+						want = off
+						for want < min(n, int32(m)) && q[want] == full[want] {
+							want++
+						}
+					}
+					if got := run.lcp(q[:m]); got != want {
+						t.Fatalf("off %d n %d diverge %d len %d: lcp %d, want %d", off, n, d, m, got, want)
+					}
+				}
+			}
+		}
+	}
+}
+
+// At most maxRuns requests keep predictions; the oldest go first.
+func TestPredictionRunCap(t *testing.T) {
+	x := testExact(newClock(), nil)
+	a := x.AddReplica("a")
+	for i := range maxRuns + 10 {
+		x.Routed(a, Keys(nil, seq(i*8, 8), 4, Extras{Root: x.Root()}))
+	}
+	predictionStats(t, x, 2*(maxRuns+10), 0, 20, 2*maxRuns)
+	if m := lookupOf(x, "a", seq(0, 8), Extras{}); m != (Match{}) {
+		t.Errorf("oldest run kept: %+v", m)
+	}
+	if m := lookupOf(x, "a", seq((maxRuns+9)*8, 8), Extras{}); m != (Match{Predicted: 2}) {
+		t.Errorf("newest run: %+v", m)
+	}
+}
