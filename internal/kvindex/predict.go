@@ -49,12 +49,12 @@ type predRun struct {
 	// prompt leaves right after the blocks the run's replica held, without
 	// loading the run's keys.
 	k0, k1 Key
-	exp  int64 // expiry, Config.Now in Unix nanoseconds
-	r    ReplicaID
-	off  int32 // position of keys[0]: max(held-1, 0)
-	held int32 // first predicted position
-	next int32 // confirmation cursor: [held, next) confirmed or handed over
-	n    int32 // positions [0, n) are the request's
+	exp    int64 // expiry, Config.Now in Unix nanoseconds
+	r      ReplicaID
+	off    int32 // position of keys[0]: max(held-1, 0)
+	held   int32 // first predicted position
+	next   int32 // confirmation cursor: [held, next) confirmed or handed over
+	n      int32 // positions [0, n) are the request's
 	// older and newer link the live runs by age (-1: none).
 	older, newer int32
 	live         bool
