@@ -43,3 +43,32 @@ func BenchmarkRun(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPolicy runs the issue's workload (the Mooncake trace twice,
+// 24,062 requests, 64 replicas) with one policy at a time, as
+// `kvrouter sim --scenario mooncake --replicas 64 --repeat 2 --policies P`
+// does (pipelined when a core is free). The goal is at most 10 s a run:
+//
+//	go test -run '^$' -bench 'BenchmarkPolicy/policy=kv' -benchtime 1x ./internal/sim/
+func BenchmarkPolicy(b *testing.B) {
+	sc, err := BuildScenario("mooncake", ScenarioOptions{Replicas: 64, Trace: trace(b)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	w, err := workload.Repeat(sc.Workload, 2)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, p := range DefaultPolicies() {
+		b.Run("policy="+p, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := Run(b.Context(), Config{Replicas: 64, Policies: []string{p}}, w); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(len(w.Requests)*b.N)/b.Elapsed().Seconds(), "requests/s")
+			b.ReportMetric(b.Elapsed().Seconds()/float64(b.N), "s/run")
+		})
+	}
+}
