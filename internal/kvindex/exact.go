@@ -289,16 +289,21 @@ func (x *Exact) stored(id ReplicaID, rank int32, ev *vllm.Event) {
 	// then takes deep blocks before the prefixes they depend on.
 	for i := n - 1; i >= 0; i-- {
 		h, k := ev.BlockHashes[i], keys[i]
-		idx := x.st.find(src, uint64(h))
+		t := &x.st.srcs[src].tab
+		slot, tag, found := t.probe(&x.st, uint64(h))
+		idx := uint32(0)
+		if found {
+			idx = t.get(slot)
+		}
 		if idx != 0 && x.st.ent(idx).key != k {
 			// The engine reused a hash for other content: we missed its
 			// removal. The new content wins.
 			x.st.remove(idx)
-			idx = 0
+			idx, slot = 0, -1
 		}
 		switch {
 		case idx == 0:
-			x.st.insert(src, k, uint64(h), int(m))
+			x.st.insertAt(src, k, uint64(h), int(m), slot, tag)
 			x.c.stored.Add(1)
 		case hit:
 			if x.st.ent(idx).refs[m] == 0 {

@@ -132,6 +132,12 @@ func (s *store) head(k Key) uint32 {
 // insert adds a new entry holding one copy on medium m (m < 0: none) and
 // makes it the most recent of its list.
 func (s *store) insert(src uint32, k Key, aux uint64, m int) uint32 {
+	return s.insertAt(src, k, aux, m, -1, 0)
+}
+
+// insertAt is insert knowing the empty source-table slot and tag a probe for
+// the entry's source-table key returned (slot -1: unknown).
+func (s *store) insertAt(src uint32, k Key, aux uint64, m int, slot int, tag uint8) uint32 {
 	idx := s.free
 	if idx != 0 {
 		s.free = s.ent(idx).next
@@ -151,16 +157,16 @@ func (s *store) insert(src uint32, k Key, aux uint64, m int) uint32 {
 	if s.recs != nil {
 		s.ensureWords(s.srcs[src].replica)
 	}
-	if i := s.keys.slot(s, uint64(k)); i >= 0 {
+	if i, ktag, found := s.keys.probe(s, uint64(k)); found {
 		s.link(i, idx)
 	} else {
-		s.keys.insert(s, uint64(k), idx)
+		s.keys.insertAt(s, uint64(k), i, ktag, idx)
 	}
 	h := uint64(k)
 	if s.auxKeyed {
 		h = aux
 	}
-	s.srcs[src].tab.insert(s, h, idx)
+	s.srcs[src].tab.insertAt(s, h, slot, tag, idx)
 	s.pushFront(s.listOf(src), idx)
 	s.n++
 	r := s.srcs[src].replica

@@ -104,6 +104,43 @@ func (t *table) slot(s *store, h uint64) int {
 	}
 }
 
+// probe looks h up: found, it returns h's slot; otherwise the empty slot
+// where the probe ended, and the tag a value of h placed there gets (-1 when
+// the table has no slots), for insertAt.
+func (t *table) probe(s *store, h uint64) (i int, tag uint8, found bool) {
+	if t.size() == 0 {
+		return -1, 0, false
+	}
+	mask := uint64(t.size() - 1)
+	m := mix(h)
+	fp := fpOf(m)
+	d := uint8(0)
+	for j := m & mask; ; j = (j + 1) & mask {
+		idx := t.get(int(j))
+		if idx == 0 {
+			return int(j), fp | d, false
+		}
+		if t.tagAt(int(j)) == fp|d && t.keyOf(s, idx) == h {
+			return int(j), 0, true
+		}
+		if d < dispMax {
+			d++
+		}
+	}
+}
+
+// insertAt adds idx under h, which must not be present, at the empty slot i
+// with tag that probe returned, unless the table must grow first (or i < 0):
+// then it probes again.
+func (t *table) insertAt(s *store, h uint64, i int, tag uint8, idx uint32) {
+	if i < 0 || (t.n+1)*4 > t.size()*3 {
+		t.insert(s, h, idx)
+		return
+	}
+	t.set(i, idx, tag)
+	t.n++
+}
+
 // insert adds idx under h, which must not be present.
 func (t *table) insert(s *store, h uint64, idx uint32) {
 	if (t.n+1)*4 > t.size()*3 {
