@@ -40,8 +40,12 @@ type Exact struct {
 	// writer scratch
 	keyBuf  []Key
 	warmBuf []warmItem
-	sink    uint64 // keeps warm's loads alive
-	warned  bool
+	warmAt  int // next warmBuf item removed() consumes
+	// warmFrom is the entry count from which Apply runs the warm passes
+	// (warmMin).
+	warmFrom int
+	sink     uint64 // keeps warm's loads alive
+	warned   bool
 }
 
 type srcKey struct {
@@ -66,6 +70,8 @@ func NewExact(cfg Config, log *slog.Logger, reg Registerer) (*Exact, error) {
 		st:    newStore(false, true, true),
 		reps:  newReplicas(),
 		srcOf: make(map[srcKey]uint32),
+
+		warmFrom: warmMin,
 	}
 	x.st.clock = true
 	x.st.keys.reserve(cfg.ExpectedEntries)
@@ -333,7 +339,10 @@ func (x *Exact) removed(id ReplicaID, rank int32, ev *vllm.Event) {
 	}
 	t := &x.st.srcs[src].tab
 	for _, h := range ev.BlockHashes {
-		i := t.slot(&x.st, uint64(h))
+		i := x.warmSlot(src, uint64(h))
+		if i < 0 {
+			i = t.slot(&x.st, uint64(h))
+		}
 		if i < 0 || x.st.ent(t.get(i)).refs[m] == 0 {
 			x.c.unknownRemoved.Add(1)
 			continue

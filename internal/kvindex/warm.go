@@ -12,7 +12,8 @@ import "kvrouter/internal/vllm"
 // (a few MB with its tables) mostly stays in the processor's caches, where
 // the passes are pure overhead, so they are skipped.
 
-// warmMin is the entry count from which Apply warms.
+// warmMin is the entry count from which Apply warms (Exact.warmFrom, which
+// tests change).
 const warmMin = 1 << 16
 
 // warmRemovals touches, for every BlockRemoved hash of b, its source-table
@@ -21,11 +22,12 @@ const warmMin = 1 << 16
 // array: the processor then has many more of its loads in flight than a loop
 // over the batch's events would allow. Caller holds x.mu.
 func (x *Exact) warmRemovals(id ReplicaID, rank int32, b *vllm.Batch) {
-	if x.st.n < warmMin {
+	x.warmBuf, x.warmAt = x.warmBuf[:0], 0
+	if x.st.n < x.warmFrom {
 		return
 	}
 	st := &x.st
-	buf := x.warmBuf[:0]
+	buf := x.warmBuf
 	for i := range b.Events {
 		ev := &b.Events[i]
 		if ev.Type != vllm.BlockRemoved || len(ev.BlockHashes) < 1 {
@@ -51,10 +53,11 @@ func (x *Exact) warmRemovals(id ReplicaID, rank int32, b *vllm.Batch) {
 	kmask := uint64(st.keys.size() - 1)
 	for k := range buf {
 		w := &buf[k]
-		idx := st.srcs[w.src].tab.find(st, w.h)
-		w.slot = noWarm
-		if idx != 0 {
-			w.slot = uint32(mix(uint64(st.ent(idx).key)) & kmask)
+		t := &st.srcs[w.src].tab
+		w.slot, w.tslot, w.idx = noWarm, noWarm, 0
+		if i := t.slot(st, w.h); i >= 0 {
+			w.tslot, w.idx = uint32(i), t.get(i)
+			w.slot = uint32(mix(uint64(st.ent(w.idx).key)) & kmask)
 		}
 	}
 	if st.keys.size() > 0 {
@@ -68,11 +71,14 @@ func (x *Exact) warmRemovals(id ReplicaID, rank int32, b *vllm.Batch) {
 }
 
 // warmItem is a removal gathered by warmRemovals: the engine hash, its
-// source and a table slot to load (noWarm: none).
+// source, a table slot to load (noWarm: none), and the source-table slot
+// and entry the hash had then (noWarm, 0: none), for warmSlot.
 type warmItem struct {
-	h    uint64
-	src  uint32
-	slot uint32
+	h     uint64
+	src   uint32
+	slot  uint32
+	tslot uint32
+	idx   uint32
 }
 
 const noWarm = ^uint32(0)
@@ -81,7 +87,7 @@ const noWarm = ^uint32(0)
 // and the key-table slots of its keys. Caller holds x.mu.
 func (x *Exact) warmStores(src uint32, hs []vllm.BlockHash, keys []Key) {
 	t := &x.st.srcs[src].tab
-	if len(keys) < 2 || x.st.n < warmMin || t.size() == 0 || x.st.keys.size() == 0 {
+	if len(keys) < 2 || x.st.n < x.warmFrom || t.size() == 0 || x.st.keys.size() == 0 {
 		return
 	}
 	var sink uint64
@@ -91,4 +97,23 @@ func (x *Exact) warmStores(src uint32, hs []vllm.BlockHash, keys []Key) {
 		sink += uint64(t.get(int(mix(uint64(hs[i]))&mask))) + uint64(x.st.keys.get(int(mix(uint64(k))&kmask)))
 	}
 	x.sink += sink
+}
+
+// warmSlot returns the source-table slot of removal (src, h) that
+// warmRemovals found, if it is the next removal gathered and the slot still
+// holds h's entry (an earlier event of the batch may have moved or removed
+// it), else -1: the caller probes. Caller holds x.mu.
+func (x *Exact) warmSlot(src uint32, h uint64) int {
+	if x.warmAt >= len(x.warmBuf) {
+		return -1
+	}
+	w := &x.warmBuf[x.warmAt]
+	if w.h != h || w.src != src {
+		return -1
+	}
+	x.warmAt++
+	if w.tslot == noWarm || x.st.srcs[src].tab.get(int(w.tslot)) != w.idx || x.st.ent(w.idx).aux != h {
+		return -1
+	}
+	return int(w.tslot)
 }

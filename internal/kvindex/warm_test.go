@@ -1,6 +1,8 @@
 package kvindex
 
 import (
+	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"kvrouter/internal/vllm"
@@ -55,5 +57,64 @@ func TestWarmLargeIndex(t *testing.T) {
 	_, toks1 := chain(1)
 	if m := lookupOf(x, "e", toks1, Extras{}); m.GPU != per {
 		t.Errorf("untouched chain: %+v", m)
+	}
+}
+
+// TestWarmMatchesCold applies the same random batches to an index that
+// always runs the warm passes (and so reuses the removal slots they found)
+// and to one that never does: stores, removals of held, unknown and
+// repeated hashes, a hash removed and stored again in one batch, clears.
+// Counters and every lookup must agree after every batch.
+func TestWarmMatchesCold(t *testing.T) {
+	const bs, chains, per = 4, 24, 12
+	warm := testExact(newClock(), func(c *Config) { c.PredictTTL = -1 })
+	cold := testExact(newClock(), func(c *Config) { c.PredictTTL = -1 })
+	warm.warmFrom, cold.warmFrom = 0, 1<<62
+	rng := rand.New(rand.NewPCG(7, 7))
+	engines := []string{"e0", "e1", "e2"}
+	hash := func(e, c, j int) uint64 { return uint64(e*100_000 + c*per + j + 1) }
+	toks := func(c int) []uint32 { return seq(c*per*bs+5_000, per*bs) }
+	for step := range 3000 {
+		e := rng.IntN(len(engines))
+		var evs []vllm.Event
+		for range 1 + rng.IntN(6) {
+			c := rng.IntN(chains)
+			switch op := rng.IntN(10); {
+			case op < 4: // store a prefix of chain c
+				n := 1 + rng.IntN(per)
+				hs := make([]uint64, n)
+				for j := range hs {
+					hs[j] = hash(e, c, j)
+				}
+				evs = append(evs, storedEv(nil, hs, toks(c)[:n*bs], ""))
+			case op < 9: // remove blocks, some unknown, some twice
+				var hs []uint64
+				for range 1 + rng.IntN(per) {
+					hs = append(hs, hash(e, c, rng.IntN(per+2)))
+				}
+				evs = append(evs, removedEv("", hs...))
+			default:
+				if rng.IntN(20) == 0 {
+					evs = append(evs, vllm.Event{Type: vllm.AllBlocksCleared})
+				}
+			}
+		}
+		b := batch(0, evs...)
+		warm.Apply(engines[e], b)
+		cold.Apply(engines[e], b)
+		sw, sc := warm.Stats(), cold.Stats()
+		sw.Bytes, sc.Bytes = 0, 0
+		if sw != sc {
+			t.Fatalf("step %d: warm %+v, cold %+v", step, sw, sc)
+		}
+		for c := range chains {
+			a, b := warm.Lookup(Keys(nil, toks(c), bs, Extras{Root: warm.Root()}), nil), cold.Lookup(Keys(nil, toks(c), bs, Extras{Root: cold.Root()}), nil)
+			if !slices.Equal(a, b) {
+				t.Fatalf("step %d chain %d: warm %+v, cold %+v", step, c, a, b)
+			}
+		}
+	}
+	if s := warm.Stats(); s.Removed == 0 || s.UnknownRemoved == 0 || s.Stored == 0 || s.Cleared == 0 {
+		t.Fatalf("the test exercised too little: %+v", s)
 	}
 }
