@@ -324,8 +324,9 @@ func (x *Exact) stored(id ReplicaID, rank int32, ev *vllm.Event) {
 		}
 	}
 	if x.pred != nil && x.c.predictedLive.Load() > 0 {
+		now := x.cfg.Now().UnixNano()
 		x.pred.mu.Lock()
-		x.pred.confirm(id, keys)
+		x.pred.confirm(id, keys, now)
 		x.pred.mu.Unlock()
 	}
 }
@@ -488,11 +489,18 @@ func (x *Exact) heldPrefix(id ReplicaID, keys []Key) int {
 	return len(keys)
 }
 
-// Stats returns the index's counters. It takes the read lock to measure
-// Bytes, so it waits for a batch being applied.
+// Stats returns the index's counters, after expiring the predictions past
+// their time. It takes the locks to expire and to measure Bytes, so it waits
+// for a batch being applied.
 func (x *Exact) Stats() Stats {
-	s := x.c.stats()
 	x.mu.RLock()
+	if x.pred != nil {
+		now := x.cfg.Now().UnixNano()
+		x.pred.mu.Lock()
+		x.pred.expire(now)
+		x.pred.mu.Unlock()
+	}
+	s := x.c.stats()
 	s.Bytes = x.st.bytes()
 	x.mu.RUnlock()
 	if x.pred != nil {

@@ -67,6 +67,11 @@ type predRun struct {
 // with every run sharing the prompt's first blocks; BenchmarkLookupPredicted).
 const maxRuns = 1 << 14
 
+// keepKeys is the largest key buffer a dropped run keeps for reuse, so that
+// the dead runs' buffers hold at most maxRuns*keepKeys keys (8 MiB) whatever
+// prompts went through.
+const keepKeys = 64
+
 func newPredictor(ttl time.Duration, max int, c *counters) *predictor {
 	return &predictor{head: -1, tail: -1, ttl: ttl, max: max, c: c}
 }
@@ -241,6 +246,9 @@ func (p *predictor) drop(i int32, expired bool) {
 	}
 	run.live = false
 	run.keys = run.keys[:0]
+	if cap(run.keys) > keepKeys {
+		run.keys = nil // a long prompt's buffer goes; short ones are reused
+	}
 	p.free = append(p.free, i)
 	p.c.predictedLive.Store(int64(p.live))
 }
@@ -253,8 +261,10 @@ func (p *predictor) expire(now int64) {
 }
 
 // confirm advances the runs of r over keys, the keys of blocks r just
-// stored, in order. Caller holds p.mu.
-func (p *predictor) confirm(r ReplicaID, keys []Key) {
+// stored, in order, after expiring the runs past their time at now. Caller
+// holds p.mu.
+func (p *predictor) confirm(r ReplicaID, keys []Key, now int64) {
+	p.expire(now)
 	if int(r) >= len(p.byRep) || len(keys) == 0 {
 		return
 	}

@@ -1,6 +1,7 @@
 package kvindex
 
 import (
+	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -168,5 +169,56 @@ func TestPredictionRunCap(t *testing.T) {
 	}
 	if m := lookupOf(x, "a", seq((maxRuns+9)*8, 8), Extras{}); m != (Match{Predicted: 2}) {
 		t.Errorf("newest run: %+v", m)
+	}
+}
+
+// Predictions past their time are expired when stats are read and before an
+// event is matched, so a late BlockStored confirms nothing and the live
+// gauge does not stick after traffic stops.
+func TestPredictionLateEvents(t *testing.T) {
+	c := newClock()
+	x := testExact(c, nil)
+	a := x.AddReplica("a")
+	p := seq(0, 32)
+	x.Routed(a, Keys(nil, p, 4, Extras{Root: x.Root()}))
+	c.Add(DefaultPredictTTL + time.Second)
+	predictionStats(t, x, 8, 0, 8, 0)
+	x.Routed(a, Keys(nil, p, 4, Extras{Root: x.Root()}))
+	c.Add(DefaultPredictTTL + time.Second)
+	x.Apply("a", batch(0, storedEv(nil, []uint64{1, 2, 3, 4, 5, 6, 7, 8}, p, "")))
+	predictionStats(t, x, 16, 0, 16, 0)
+}
+
+// Steady routing with 1% very long prompts and no confirmations: the memory
+// the predictions hold stays bounded (dead runs do not keep long prompts'
+// buffers), near the MaxPredicted keys' 8 MiB.
+func TestPredictionMemoryBounded(t *testing.T) {
+	c := newClock()
+	x := testExact(c, nil)
+	var reps []ReplicaID
+	for _, n := range []string{"a", "b", "c", "d"} {
+		reps = append(reps, x.AddReplica(n))
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	long := make([]Key, 8192) // a 131,072-token prompt at block size 16
+	short := make([]Key, 4)
+	maxBytes := int64(0)
+	for i := range 100_000 {
+		k := short
+		if rng.IntN(100) == 0 {
+			k = long
+		}
+		base := rng.Uint64()
+		for j := range k {
+			k[j] = Key(base + uint64(j))
+		}
+		x.Routed(reps[i%4], k)
+		c.Add(1250 * time.Microsecond) // 800 routed requests/s
+		if i%10_000 == 9_999 {
+			maxBytes = max(maxBytes, x.Stats().Bytes)
+		}
+	}
+	if limit := int64(3 * DefaultMaxPredicted * 8); maxBytes > limit {
+		t.Errorf("Stats.Bytes reached %d MB: more than 3x the MaxPredicted keys' %d MB", maxBytes>>20, DefaultMaxPredicted*8>>20)
 	}
 }
