@@ -1,6 +1,7 @@
 package kvindex
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -159,15 +160,19 @@ func TestPredRunLCP(t *testing.T) {
 // At most maxRuns requests keep predictions; the oldest go first.
 func TestPredictionRunCap(t *testing.T) {
 	x := testExact(newClock(), nil)
-	a := x.AddReplica("a")
+	const replicas = 64
+	for r := range replicas {
+		x.AddReplica(fmt.Sprintf("r%02d", r))
+	}
 	for i := range maxRuns + 10 {
-		x.Routed(a, Keys(nil, seq(i*8, 8), 4, Extras{Root: x.Root()}))
+		x.Routed(ReplicaID(i%replicas), Keys(nil, seq(i*8, 8), 4, Extras{Root: x.Root()}))
 	}
 	predictionStats(t, x, 2*(maxRuns+10), 0, 20, 2*maxRuns)
-	if m := lookupOf(x, "a", seq(0, 8), Extras{}); m != (Match{}) {
+	if m := lookupOf(x, "r00", seq(0, 8), Extras{}); m != (Match{}) {
 		t.Errorf("oldest run kept: %+v", m)
 	}
-	if m := lookupOf(x, "a", seq((maxRuns+9)*8, 8), Extras{}); m != (Match{Predicted: 2}) {
+	last := maxRuns + 9
+	if m := lookupOf(x, fmt.Sprintf("r%02d", last%replicas), seq(last*8, 8), Extras{}); m != (Match{Predicted: 2}) {
 		t.Errorf("newest run: %+v", m)
 	}
 }
@@ -196,14 +201,14 @@ func TestPredictionMemoryBounded(t *testing.T) {
 	c := newClock()
 	x := testExact(c, nil)
 	var reps []ReplicaID
-	for _, n := range []string{"a", "b", "c", "d"} {
-		reps = append(reps, x.AddReplica(n))
+	for r := range 16 {
+		reps = append(reps, x.AddReplica(fmt.Sprintf("r%02d", r)))
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	long := make([]Key, 8192) // a 131,072-token prompt at block size 16
 	short := make([]Key, 4)
 	maxBytes := int64(0)
-	for i := range 100_000 {
+	for i := range 50_000 {
 		k := short
 		if rng.IntN(100) == 0 {
 			k = long
@@ -212,7 +217,7 @@ func TestPredictionMemoryBounded(t *testing.T) {
 		for j := range k {
 			k[j] = Key(base + uint64(j))
 		}
-		x.Routed(reps[i%4], k)
+		x.Routed(reps[i%len(reps)], k)
 		c.Add(1250 * time.Microsecond) // 800 routed requests/s
 		if i%10_000 == 9_999 {
 			maxBytes = max(maxBytes, x.Stats().Bytes)
