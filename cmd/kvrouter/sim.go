@@ -62,6 +62,12 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	if strings.TrimSpace(strings.ReplaceAll(*policies, ",", "")) == "" {
+		return fmt.Errorf("%w: --policies is empty (known: %s)", errUsage, strings.Join(sim.Policies(), ", "))
+	}
+	if !(*speed >= 0) {
+		return fmt.Errorf("%w: --speed %v: must be positive (0: from --load)", errUsage, *speed)
+	}
 	switch sim.PipelineMode(*pipeline) {
 	case sim.PipelineAuto, sim.PipelineOn, sim.PipelineOff:
 	default:
@@ -240,7 +246,8 @@ const maxSimReplicas = 1024
 
 // checkSimSize rejects fleet sizes and request counts the simulator cannot
 // run: --replicas outside 1..maxSimReplicas, a negative --requests, or
-// --scale steps that take the fleet above maxSimReplicas at any time.
+// --scale steps that take the fleet above maxSimReplicas or below 1 at any
+// time.
 func checkSimSize(replicas, requests int, scale []sim.Scale) error {
 	if replicas < 1 || replicas > maxSimReplicas {
 		return fmt.Errorf("--replicas %d: want 1..%d", replicas, maxSimReplicas)
@@ -253,7 +260,10 @@ func checkSimSize(replicas, requests int, scale []sim.Scale) error {
 	n := replicas
 	for _, st := range steps {
 		if n += st.Delta; n > maxSimReplicas {
-			return fmt.Errorf("--scale: %v%+d makes %d replicas, more than %d", st.At, st.Delta, n, maxSimReplicas)
+			return fmt.Errorf("--scale: %v:%+d makes %d replicas, more than %d", st.At, st.Delta, n, maxSimReplicas)
+		}
+		if n < 1 {
+			return fmt.Errorf("--scale: %v:%+d leaves %d replicas, need at least 1", st.At, st.Delta, n)
 		}
 	}
 	return nil

@@ -107,11 +107,17 @@ func TestSimRejectsSizes(t *testing.T) {
 		{"--requests", "-5"},
 		{"--replicas", "2", "--scale", "2s:+100000"},
 		{"--replicas", "1000", "--scale", "1s:+10,2s:+20"},
+		{"--replicas", "8", "--scale", "10s:-100"},
+		{"--load", "-1"},
+		{"--load", "NaN"},
+		{"--speed", "-2"},
+		{"--policies", ""},
+		{"--policies", ",,"},
 	} {
 		var out, errb bytes.Buffer
 		code := run(context.Background(), append([]string{"sim"}, args...), stdio{strings.NewReader(""), &out, &errb})
-		if code != 2 || !strings.Contains(errb.String(), "usage") {
-			t.Errorf("sim %q: exit %d, stderr %q; want a usage error", args, code, errb.String())
+		if code != 2 || !strings.Contains(errb.String(), "usage") || errb.Len() > 300 {
+			t.Errorf("sim %q: exit %d, stderr %q; want a one-line usage error", args, code, errb.String())
 		}
 	}
 }

@@ -1,7 +1,9 @@
 package sim
 
 import (
+	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 
 	"kvrouter/internal/workload"
@@ -74,8 +76,21 @@ func BuildScenario(name string, o ScenarioOptions) (*Scenario, error) {
 	if o.Load == 0 {
 		o.Load = DefaultLoad(name)
 	}
-	if o.Replicas < 1 || o.Requests < 0 || !(o.Load > 0) || !(o.PrefillRate > 0) {
-		return nil, fmt.Errorf("scenario %s: invalid options %+v", name, o)
+	var errs []error
+	if o.Replicas < 1 {
+		errs = append(errs, fmt.Errorf("replicas %d: need at least 1", o.Replicas))
+	}
+	if o.Requests < 0 {
+		errs = append(errs, fmt.Errorf("requests %d: must not be negative", o.Requests))
+	}
+	if !(o.Load > 0) || math.IsInf(o.Load, 0) {
+		errs = append(errs, fmt.Errorf("load %v: must be positive and finite", o.Load))
+	}
+	if !(o.PrefillRate > 0) || math.IsInf(o.PrefillRate, 0) {
+		errs = append(errs, fmt.Errorf("prefill rate %v: must be positive and finite", o.PrefillRate))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("scenario %s: %w", name, err)
 	}
 	rng := rand.New(rand.NewPCG(o.Seed, 0x5ce7))
 	sc := &Scenario{Name: name, Replicas: o.Replicas, Load: o.Load}
