@@ -41,7 +41,7 @@ func NewApprox(cfg Config, log *slog.Logger, reg Registerer) (*Approx, error) {
 		st:   newStore(true, false, false),
 		reps: newReplicas(),
 	}
-	a.st.keys.reserve(cfg.ExpectedEntries)
+	a.st.keys.reserve(&a.st, cfg.ExpectedEntries)
 	if err := newMetrics(reg, "approx", cfg, a.Stats); err != nil {
 		return nil, err
 	}

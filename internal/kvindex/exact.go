@@ -74,7 +74,7 @@ func NewExact(cfg Config, log *slog.Logger, reg Registerer) (*Exact, error) {
 		warmFrom: warmMin,
 	}
 	x.st.clock = true
-	x.st.keys.reserve(cfg.ExpectedEntries)
+	x.st.keys.reserve(&x.st, cfg.ExpectedEntries)
 	if cfg.PredictTTL > 0 {
 		x.pred = newPredictor(cfg.PredictTTL, cfg.MaxPredicted, &x.c)
 	}
@@ -82,6 +82,20 @@ func NewExact(cfg Config, log *slog.Logger, reg Registerer) (*Exact, error) {
 		return nil, err
 	}
 	return x, nil
+}
+
+// Reserve sizes the key table for n entries (capped at MaxEntries) unless
+// it is that large already, rehashing the keys present under the write lock
+// (milliseconds per million keys): a router that learns its engines'
+// capacity (vLLM's num_gpu_blocks) calls it so that the table does not
+// double, stalling lookups, while the index fills. Config.ExpectedEntries
+// does the same at creation.
+func (x *Exact) Reserve(n int) {
+	n = min(n, x.cfg.MaxEntries)
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.st.keys.reserve(&x.st, n)
+	x.publish()
 }
 
 // Root returns the key space's root: Extras.Root for the router's Keys.

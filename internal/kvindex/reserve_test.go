@@ -58,6 +58,21 @@ func TestExactExpectedEntries(t *testing.T) {
 	if sized.st.keys.size() != slots {
 		t.Fatalf("sized key table grew from %d to %d slots", slots, sized.st.keys.size())
 	}
+	// Reserve on a filled index rehashes it: lookups unchanged, no
+	// growth until the reserved size; a smaller Reserve changes nothing.
+	plain.Reserve(20_000)
+	if got := plain.st.keys.size(); got != 32768 {
+		t.Fatalf("reserved for 20,000: %d slots, want 32768", got)
+	}
+	plain.Reserve(10)
+	if got := plain.st.keys.size(); got != 32768 {
+		t.Fatalf("Reserve(10) shrank the table to %d slots", got)
+	}
+	for q := range prompts {
+		if got, want := plain.Lookup(keys[q], nil), sized.Lookup(keys[q], nil); !slices.Equal(got, want) {
+			t.Fatalf("prompt %d after Reserve: %v, want %v", q, got, want)
+		}
+	}
 	for _, cfg := range []Config{{ExpectedEntries: -1}, {MaxEntries: 100, ExpectedEntries: 101}} {
 		if _, err := NewExact(cfg, nil, nil); err == nil {
 			t.Errorf("%+v: want an error", cfg)

@@ -170,6 +170,12 @@ func (t *table) grow(s *store) {
 	if t.size() > 0 {
 		size = t.size() * 2
 	}
+	t.rehash(s, size)
+}
+
+// rehash moves the values into a table of size slots (a power of two that
+// holds them).
+func (t *table) rehash(s *store, size int) {
 	old := *t
 	t.b = make([]byte, 5*size)
 	for i := range old.size() {
@@ -179,18 +185,16 @@ func (t *table) grow(s *store) {
 	}
 }
 
-// reserve sizes an empty table for n values without growing: the smallest
-// power of two of at least 16 slots that holds n at a load of at most 3/4.
-func (t *table) reserve(n int) {
-	if t.n != 0 || n <= 0 {
-		return
-	}
+// reserve sizes the table for n values without growing: the smallest power
+// of two of at least 16 slots that holds n at a load of at most 3/4, unless
+// it is that large already; present values are rehashed.
+func (t *table) reserve(s *store, n int) {
 	size := 16
 	for n*4 > size*3 {
 		size *= 2
 	}
 	if size > t.size() {
-		t.b = make([]byte, 5*size)
+		t.rehash(s, size)
 	}
 }
 

@@ -51,6 +51,9 @@ type Backend struct {
 	mu       sync.Mutex // serializes rebuilds
 	cur      atomic.Pointer[generation]
 	rebuilds atomic.Int64
+
+	capMu    sync.Mutex
+	capacity map[string]int // engine -> GPU blocks over its DP ranks (Observe)
 }
 
 // generation is an index and router built for one block size.
@@ -62,6 +65,7 @@ type generation struct {
 	router    *routing.Router
 	serving   string         // policy name that routes
 	shadow    routing.Policy // kv, in shadow mode (router.Evaluate'd); nil otherwise
+	reserved  atomic.Int64   // entries exact was sized for from the engines' capacity
 }
 
 // NewBackend builds a Backend. ixReg and rtReg export the index's and the
@@ -166,9 +170,39 @@ func (b *Backend) Observe(engine string, m enginemetrics.Metrics, at time.Time) 
 	b.setBlockSize(m.BlockSize, "metrics")
 	g := b.cur.Load()
 	g.router.ObserveGauges(engine, routing.Gauges{Waiting: int(m.Waiting), Running: int(m.Running), KVUsage: m.KVCacheUsage, At: at})
-	if g.approx != nil && m.NumGPUBlocks > 0 {
-		g.approx.SetCapacity(engine, m.NumGPUBlocks*max(m.Engines, 1))
+	if m.NumGPUBlocks <= 0 {
+		return
 	}
+	blocks := m.NumGPUBlocks * max(m.Engines, 1)
+	if g.approx != nil {
+		g.approx.SetCapacity(engine, blocks)
+	}
+	if g.exact != nil && b.cfg.Index.ExpectedEntries == 0 {
+		b.sizeIndex(g, engine, blocks)
+	}
+}
+
+// sizeIndex records engine's capacity in blocks and, when the engines' sum
+// outgrows what g's exact index was sized for, reserves that many entries
+// (kvindex.Exact.Reserve), so that the index does not rehash while filling.
+// Configured index.expected_entries disables it.
+func (b *Backend) sizeIndex(g *generation, engine string, blocks int) {
+	b.capMu.Lock()
+	if b.capacity == nil {
+		b.capacity = make(map[string]int)
+	}
+	b.capacity[engine] = blocks
+	total := 0
+	for _, n := range b.capacity {
+		total += n
+	}
+	b.capMu.Unlock()
+	if int64(total) <= g.reserved.Load() {
+		return
+	}
+	g.reserved.Store(int64(total))
+	g.exact.Reserve(total)
+	b.log.Info("index sized for the engines' KV cache", "entries", total, "engines", len(b.capacity))
 }
 
 // Apply takes one KV event update of engine (from its kvevents.Subscriber):

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"kvrouter/internal/kvindex"
 	"kvrouter/internal/routing"
 	"kvrouter/internal/vllm"
 	"kvrouter/internal/vllm/enginemetrics"
@@ -198,5 +199,39 @@ func TestExplainTerms(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestBackendSizesIndexFromMetrics: the engines' num_gpu_blocks (times
+// their DP ranks) size the exact index's key table once their sum outgrows
+// it, keeping what it holds; a configured expected_entries turns it off.
+func TestBackendSizesIndexFromMetrics(t *testing.T) {
+	b := newTestBackend(t, "kv")
+	prompt := seq(320)
+	b.Apply(stored(prompt, 16))
+	before := b.cur.Load().exact.Stats().Bytes
+	b.Observe("a", enginemetrics.Metrics{BlockSize: 16, NumGPUBlocks: 100_000}, time.Now())
+	b.Observe("b", enginemetrics.Metrics{BlockSize: 16, NumGPUBlocks: 50_000, Engines: 2}, time.Now())
+	g := b.cur.Load()
+	if g.reserved.Load() != 200_000 {
+		t.Fatalf("reserved %d entries, want 200,000", g.reserved.Load())
+	}
+	// 200,000 entries at a load <= 3/4: 262,144 slots of 5 bytes.
+	if after := g.exact.Stats().Bytes; after-before < 262_144*5-16*5 {
+		t.Errorf("index bytes %d -> %d: key table not sized", before, after)
+	}
+	d, err := b.Route(&RouteInput{Model: "m", Tokens: prompt, Candidates: []string{"a", "b"}, DryRun: true})
+	if err != nil || d.Replica != "b" || d.CachedTokens != 320 {
+		t.Errorf("after sizing: %+v %v, want b with 320 cached tokens", d, err)
+	}
+
+	fixed, err := NewBackend(BackendConfig{Model: "m", Replicas: []string{"a"}, Exact: true,
+		Index: kvindex.Config{ExpectedEntries: 1000}}, nil, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fixed.Observe("a", enginemetrics.Metrics{BlockSize: 16, NumGPUBlocks: 100_000}, time.Now())
+	if r := fixed.cur.Load().reserved.Load(); r != 0 {
+		t.Errorf("configured expected_entries, yet reserved %d from metrics", r)
 	}
 }
