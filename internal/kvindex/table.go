@@ -86,22 +86,10 @@ func (t *table) slot(s *store, h uint64) int {
 	if t.n == 0 {
 		return -1
 	}
-	mask := uint64(t.size() - 1)
-	m := mix(h)
-	fp := fpOf(m)
-	d := uint8(0)
-	for i := m & mask; ; i = (i + 1) & mask {
-		idx := t.get(int(i))
-		if idx == 0 {
-			return -1
-		}
-		if t.tagAt(int(i)) == fp|d && t.keyOf(s, idx) == h {
-			return int(i)
-		}
-		if d < dispMax {
-			d++
-		}
+	if i, _, found := t.probe(s, h); found {
+		return i
 	}
+	return -1
 }
 
 // probe looks h up: found, it returns h's slot; otherwise the empty slot

@@ -51,14 +51,7 @@ func BenchmarkRun(b *testing.B) {
 //
 //	go test -run '^$' -bench 'BenchmarkPolicy/policy=kv' -benchtime 1x ./internal/sim/
 func BenchmarkPolicy(b *testing.B) {
-	sc, err := BuildScenario("mooncake", ScenarioOptions{Replicas: 64, Trace: trace(b)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	w, err := workload.Repeat(sc.Workload, 2)
-	if err != nil {
-		b.Fatal(err)
-	}
+	w := issueWorkload(b)
 	for _, p := range DefaultPolicies() {
 		b.Run("policy="+p, func(b *testing.B) {
 			b.ReportAllocs()
@@ -71,4 +64,19 @@ func BenchmarkPolicy(b *testing.B) {
 			b.ReportMetric(b.Elapsed().Seconds()/float64(b.N), "s/run")
 		})
 	}
+}
+
+// issueWorkload is issue 7's simulator workload: the Mooncake conversation
+// trace twice (24,062 requests) at the load the mooncake scenario gives 64
+// replicas.
+func issueWorkload(b *testing.B) *workload.Workload {
+	sc, err := BuildScenario("mooncake", ScenarioOptions{Replicas: 64, Trace: trace(b)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	w, err := workload.Repeat(sc.Workload, 2)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return w
 }

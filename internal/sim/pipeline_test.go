@@ -331,14 +331,7 @@ func TestPipelineConfig(t *testing.T) {
 //
 //	go test -run '^$' -bench BenchmarkPipeline/ -benchtime 1x ./internal/sim/
 func BenchmarkPipeline(b *testing.B) {
-	sc, err := BuildScenario("mooncake", ScenarioOptions{Replicas: 64, Trace: trace(b)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	w, err := workload.Repeat(sc.Workload, 2)
-	if err != nil {
-		b.Fatal(err)
-	}
+	w := issueWorkload(b)
 	for _, pol := range []string{"kv", "default"} {
 		for _, mode := range []PipelineMode{PipelineOff, PipelineOn, PipelineAuto} {
 			b.Run("policies="+pol+"/pipeline="+string(mode), func(b *testing.B) {
