@@ -35,6 +35,7 @@ type predictor struct {
 	head  int32     // oldest live run (-1: none)
 	tail  int32     // newest live run (-1: none)
 	keys  int       // keys held by live runs (bounded by max)
+	spare int       // capacity of the key buffers dead runs keep (bounded by max)
 	live  int       // pending predicted blocks of live runs
 	ttl   time.Duration
 	max   int
@@ -67,10 +68,16 @@ type predRun struct {
 // with every run sharing the prompt's first blocks; BenchmarkLookupPredicted).
 const maxRuns = 1 << 14
 
-// keepKeys is the largest key buffer a dropped run keeps for reuse, so that
-// the dead runs' buffers hold at most maxRuns*keepKeys keys (8 MiB) whatever
-// prompts went through.
-const keepKeys = 64
+// Key buffers of dead runs are kept for reuse while they hold at most max
+// keys in all (predictor.spare); a reused buffer more than slack times the
+// keys it gets (and over minKeep) is dropped instead, so that a live run
+// holds at most about slack times its keys. Steady traffic then allocates
+// nothing, and no mix of prompt lengths makes the memory grow beyond about
+// (1 + slack) x MaxPredicted keys.
+const (
+	slack   = 4
+	minKeep = 64
+)
 
 func newPredictor(ttl time.Duration, max int, c *counters) *predictor {
 	return &predictor{head: -1, tail: -1, ttl: ttl, max: max, c: c}
@@ -134,6 +141,10 @@ func (p *predictor) add(r ReplicaID, keys []Key, held int, now int64) {
 	}
 	i := p.alloc()
 	run := &p.runs[i]
+	p.spare -= cap(run.keys)
+	if c := cap(run.keys); c > slack*(n-off) && c > minKeep {
+		run.keys = nil
+	}
 	run.keys = append(run.keys[:0], keys[off:n]...)
 	run.k0, run.k1, run.exp, run.r = run.keys[0], 0, now+int64(p.ttl), r
 	if len(run.keys) > 1 {
@@ -246,9 +257,10 @@ func (p *predictor) drop(i int32, expired bool) {
 	}
 	run.live = false
 	run.keys = run.keys[:0]
-	if cap(run.keys) > keepKeys {
-		run.keys = nil // a long prompt's buffer goes; short ones are reused
+	if p.spare+cap(run.keys) > p.max {
+		run.keys = nil
 	}
+	p.spare += cap(run.keys)
 	p.free = append(p.free, i)
 	p.c.predictedLive.Store(int64(p.live))
 }
