@@ -66,7 +66,9 @@ type Config struct {
 	Scale []Scale
 	// SLO is the goodput threshold (default TTFT 2s, TPOT 100ms).
 	SLO report.SLO
-	// Seed makes runs reproducible (routing tie-breaks, event loss).
+	// Seed makes runs reproducible (routing tie-breaks, event loss). Each
+	// policy's randomness derives from Seed and the policy's name, so a
+	// policy's run does not depend on the other policies listed.
 	Seed uint64
 	// Parallel is how many policies run at once (default GOMAXPROCS).
 	Parallel int

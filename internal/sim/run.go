@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math"
 	"runtime"
 	"sync"
@@ -57,7 +58,7 @@ func Run(ctx context.Context, cfg Config, w *workload.Workload) ([]*report.Run, 
 					errs[i] = fmt.Errorf("sim %s: panic: %v", p, v)
 				}
 			}()
-			f, err := newFleet(cfg, p, w, cfg.Seed+uint64(i)*0x9e3779b97f4a7c15)
+			f, err := newFleet(cfg, p, w, policySeed(cfg.Seed, p))
 			if err != nil {
 				errs[i] = fmt.Errorf("sim %s: %w", p, err)
 				return
@@ -89,4 +90,13 @@ func startOrder(policies []string) []int {
 		}
 	}
 	return order
+}
+
+// policySeed is policy's seed in a run seeded with seed: from its name, not
+// its place in Config.Policies, so that a policy's run is the same whichever
+// other policies run with it.
+func policySeed(seed uint64, policy string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(policy))
+	return seed ^ h.Sum64()
 }

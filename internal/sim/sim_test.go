@@ -115,6 +115,32 @@ func TestRunDeterministic(t *testing.T) {
 	}
 }
 
+// TestRunPolicyIndependentOfList: a policy's run (its random tie-breaks and
+// event losses included) is the same alone and listed with others, in any
+// order.
+func TestRunPolicyIndependentOfList(t *testing.T) {
+	w := small(t, 60)
+	cfg := Config{Replicas: 3, Engine: smallEngine, Seed: 5, EventDelay: 20 * time.Millisecond, EventLoss: 0.2}
+	runs := map[string][]*report.Run{}
+	for _, list := range [][]string{{"random", "kv"}, {"kv", "random"}, {"kv"}, {"random"}} {
+		cfg.Policies = list
+		rs, err := Run(t.Context(), cfg, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rs {
+			runs[r.Policy] = append(runs[r.Policy], r)
+		}
+	}
+	for p, rs := range runs {
+		for _, r := range rs[1:] {
+			if !slices.Equal(r.Samples, rs[0].Samples) {
+				t.Errorf("%s: the run depends on the policies listed with it", p)
+			}
+		}
+	}
+}
+
 // TestEventDelayAndLoss: the index only knows what events tell it, so
 // losing all of them (and predictions off) leaves kv blind.
 func TestEventDelayAndLoss(t *testing.T) {
