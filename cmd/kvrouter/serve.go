@@ -49,7 +49,7 @@ func parseServeFlags(args []string, getenv func(string) string, sio stdio) (*ser
 	)
 	fs.Var(&engines, "engine", "quick form: engine base URL, e.g. http://10.0.0.1:8000 (repeatable)")
 	fs.Var(&events, "events", "quick form: KV events endpoint of the n-th --engine, e.g. tcp://10.0.0.1:5557 (repeatable, in --engine order)")
-	fs.Var(&replays, "replay", "quick form: replay endpoint of the n-th --engine, e.g. tcp://10.0.0.1:5558 (repeatable, in --engine order)")
+	fs.Var(&replays, "replay", "quick form: replay endpoint of the n-th --engine, e.g. tcp://10.0.0.1:5600 (repeatable, in --engine order)")
 	fs.TextVar(&logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err

@@ -136,7 +136,8 @@ type EngineConfig struct {
 	// "topic" (default "": every topic).
 	Topic string `yaml:"topic"`
 	// Replay is the engine's replay ROUTER endpoint, e.g.
-	// tcp://10.0.0.1:5558; empty: gaps cannot be replayed.
+	// tcp://10.0.0.1:5600 (apart from the events ports: rank r binds both
+	// at port+r; checked); empty: gaps cannot be replayed.
 	Replay string `yaml:"replay"`
 	// DPSize is the engine's data-parallel size: rank r publishes on the
 	// events and replay ports + r (default 1).
@@ -347,6 +348,11 @@ func (c *Config) Validate() error {
 			}
 			if e.Replay != "" && e.Events == "" {
 				errs = append(errs, ferr("replay without events", "models", i, "engines", j, "replay"))
+			}
+			if !e.EventsBind {
+				if msg := portsOverlap(e.Events, e.Replay, e.DPSize); msg != "" {
+					errs = append(errs, ferr(msg, "models", i, "engines", j, "replay"))
+				}
 			}
 			if e.DPSize < 1 {
 				errs = append(errs, ferr("must be >= 1", "models", i, "engines", j, "dp_size"))

@@ -24,7 +24,7 @@ models:
     engines:
       - url: http://10.0.0.1:8000
         events: tcp://10.0.0.1:5557
-        replay: tcp://10.0.0.1:5558
+        replay: tcp://10.0.0.1:5600
         dp_size: 2
         api_key_env: LLAMA_KEY
       - url: http://10.0.0.2:8000
@@ -111,6 +111,8 @@ func TestParseConfigErrors(t *testing.T) {
 		{"events without port", "models:\n  - name: m\n    engines:\n      - url: http://a:1\n        events: tcp://x\n", []string{"models[0].engines[0].events (line 5)", "want tcp://host:port"}},
 		{"events bind wildcard", "models:\n  - name: m\n    engines:\n      - url: http://a:1\n        events: 'tcp://*:5557'\n", []string{"models[0].engines[0].events (line 5)", "not a bind wildcard"}},
 		{"bad replay port", "models:\n  - name: m\n    engines:\n      - url: http://a:1\n        events: tcp://x:1\n        replay: tcp://x:70000\n", []string{"models[0].engines[0].replay (line 6)", "1..65535"}},
+		{"replay ports overlap the events ports", "models:\n  - name: m\n    engines:\n      - url: http://a:1\n        events: tcp://x:5557\n        replay: tcp://x:5558\n        dp_size: 2\n", []string{"models[0].engines[0].replay (line 6)", "overlap the events ports 5557..5558"}},
+		{"replay on the events port", "models:\n  - name: m\n    engines:\n      - url: http://a:1\n        events: tcp://x:5557\n        replay: tcp://x:5557\n", []string{"models[0].engines[0].replay (line 6)", "overlap"}},
 		{"replay without events", "models:\n  - name: m\n    engines:\n      - url: http://a:1\n        replay: tcp://x:1\n", []string{"models[0].engines[0].replay (line 5): replay without events"}},
 		{"dp ranks past the last port", "models:\n  - name: m\n    engines:\n      - {url: 'http://a:1', events: 'tcp://x:65535', dp_size: 2}\n", []string{"dp_size 2 needs ports up to 65536"}},
 		{"events_bind without events", "models:\n  - name: m\n    engines:\n      - url: http://a:1\n        events_bind: true\n", []string{"models[0].engines[0].events_bind (line 5): events_bind without events"}},

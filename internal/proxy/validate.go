@@ -224,3 +224,33 @@ func (b *bindSet) add(v string, dpSize int, field string) string {
 	}
 	return ""
 }
+
+// portsOverlap reports, as an error message, an engine whose events and
+// replay endpoints are tcp on one host with overlapping port ranges: vLLM's
+// data-parallel rank r binds both at port+r, so e.g. events 5557 and replay
+// 5558 with dp_size 2 put rank 1's events on rank 0's replay port. "" when
+// they do not overlap or are not both tcp on one host.
+func portsOverlap(events, replay string, dpSize int) string {
+	ep, eh, ok1 := tcpPort(events)
+	rp, rh, ok2 := tcpPort(replay)
+	n := max(dpSize, 1)
+	if !ok1 || !ok2 || eh != rh || ep+n <= rp || rp+n <= ep {
+		return ""
+	}
+	return fmt.Sprintf("%q: ports %d..%d overlap the events ports %d..%d (rank r binds both at port+r; keep the base ports at least dp_size apart)",
+		replay, rp, rp+n-1, ep, ep+n-1)
+}
+
+// tcpPort splits a tcp:// endpoint into port and host.
+func tcpPort(v string) (port int, host string, ok bool) {
+	rest, found := strings.CutPrefix(v, "tcp://")
+	if !found {
+		return 0, "", false
+	}
+	host, ps, err := net.SplitHostPort(rest)
+	if err != nil {
+		return 0, "", false
+	}
+	p, err := strconv.Atoi(ps)
+	return p, host, err == nil
+}
