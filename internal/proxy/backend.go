@@ -278,9 +278,18 @@ func (b *Backend) shadowDecision(g *generation, req *routing.Request, prompt int
 }
 
 func cachedTokens(d routing.Decision, blockSize, prompt int) int {
-	n := d.Chosen().CachedBlocks * blockSize
-	if prompt > 0 {
-		n = min(n, prompt)
+	return engineHit(d.Chosen().CachedBlocks, blockSize, prompt)
+}
+
+// engineHit is the prefix-cache hit in tokens an engine holding the
+// prompt's first blocks reports: whole blocks, at most prompt-1 tokens (vLLM
+// computes at least the prompt's last token, so a fully cached prompt hits
+// one block less: KVCacheManager.get_computed_blocks). prompt 0: unknown,
+// no cap.
+func engineHit(blocks, blockSize, prompt int) int {
+	n := blocks * blockSize
+	if prompt > 0 && blockSize > 0 {
+		n = min(n, (prompt-1)/blockSize*blockSize)
 	}
 	return n
 }
@@ -323,10 +332,7 @@ func explanation(d routing.Decision, g *generation, prompt int) any {
 	}{d.Policy, d.Reason, g.blockSize, unit, make([]term, 0, len(d.Terms))}
 	credits := d.Policy == "kv" || d.Policy == "dynamo"
 	for _, t := range d.Terms {
-		cached := t.CachedBlocks * g.blockSize
-		if prompt > 0 {
-			cached = min(cached, prompt)
-		}
+		cached := engineHit(t.CachedBlocks, g.blockSize, prompt)
 		tm := term{Replica: t.Name, CachedBlocks: t.CachedBlocks, CachedTokens: cached, NewTokens: max(prompt-cached, 0)}
 		if credits {
 			tm.CreditedTokens = &t.Credit

@@ -82,7 +82,7 @@ func TestBackendDryRunAndExclusion(t *testing.T) {
 	prompt := seq(320)
 	b.Apply(stored(prompt, 16))
 	d, err := b.Route(&RouteInput{Model: "m", Tokens: prompt, Candidates: []string{"a", "b"}, DryRun: true})
-	if err != nil || d.Release != nil || d.Replica != "b" || d.CachedTokens != 320 {
+	if err != nil || d.Release != nil || d.Replica != "b" || d.CachedTokens != 304 { // a fully cached prompt: the engine computes its last block
 		t.Fatalf("dry run: %+v %v", d, err)
 	}
 	if l, _ := b.cur.Load().router.Load("b"); l.InFlight != 0 {
@@ -116,8 +116,8 @@ func TestBackendShadow(t *testing.T) {
 			t.Fatal(err)
 		}
 		served[d.Replica]++
-		if d.Shadow == nil || d.Shadow.Replica != "b" || d.Shadow.CachedTokens != 320 {
-			t.Errorf("shadow %+v, want b with 320 cached", d.Shadow)
+		if d.Shadow == nil || d.Shadow.Replica != "b" || d.Shadow.CachedTokens != 304 {
+			t.Errorf("shadow %+v, want b with 304 cached (all but the last block)", d.Shadow)
 		}
 		d.Release()
 	}
@@ -221,8 +221,8 @@ func TestBackendSizesIndexFromMetrics(t *testing.T) {
 		t.Errorf("index bytes %d -> %d: key table not sized", before, after)
 	}
 	d, err := b.Route(&RouteInput{Model: "m", Tokens: prompt, Candidates: []string{"a", "b"}, DryRun: true})
-	if err != nil || d.Replica != "b" || d.CachedTokens != 320 {
-		t.Errorf("after sizing: %+v %v, want b with 320 cached tokens", d, err)
+	if err != nil || d.Replica != "b" || d.CachedTokens != 304 {
+		t.Errorf("after sizing: %+v %v, want b with 304 cached tokens", d, err)
 	}
 
 	fixed, err := NewBackend(BackendConfig{Model: "m", Replicas: []string{"a"}, Exact: true,
@@ -233,5 +233,22 @@ func TestBackendSizesIndexFromMetrics(t *testing.T) {
 	fixed.Observe("a", enginemetrics.Metrics{BlockSize: 16, NumGPUBlocks: 100_000}, time.Now())
 	if r := fixed.cur.Load().reserved.Load(); r != 0 {
 		t.Errorf("configured expected_entries, yet reserved %d from metrics", r)
+	}
+}
+
+// TestEngineHit: the reported hit is whole blocks, at most prompt-1 tokens,
+// as vLLM's prefix cache gives it.
+func TestEngineHit(t *testing.T) {
+	for _, c := range []struct{ blocks, bs, prompt, want int }{
+		{50, 16, 800, 784}, // fully cached, block-aligned: one block less
+		{50, 16, 801, 800}, // the last token is in a partial block
+		{10, 16, 800, 160},
+		{0, 16, 800, 0},
+		{3, 16, 0, 48}, // prompt unknown
+		{1, 16, 16, 0},
+	} {
+		if got := engineHit(c.blocks, c.bs, c.prompt); got != c.want {
+			t.Errorf("engineHit(%d, %d, %d) = %d, want %d", c.blocks, c.bs, c.prompt, got, c.want)
+		}
 	}
 }
