@@ -32,6 +32,8 @@ type rank struct {
 	seed    maphash.Seed // for lastSum
 	lastSum uint64       // maphash of the payload of seq.applied (reconnect check)
 	conn    uint64       // id of the newest connection; older ones' messages are dropped
+	// idleFailing: the last idle check's replay failed (it warned once)
+	idleFailing bool
 
 	connIDs   atomic.Uint64 // numbers this rank's connections from 1
 	conns     atomic.Int32  // live connections (bind mode may briefly have several)
@@ -201,7 +203,18 @@ func (r *rank) serve(ctx context.Context, c *zmtpConn, in chan<- liveMsg) error 
 // an engine dialled in again before its old connection was seen to break)
 // are dropped: whatever they carry is either in the replay the new
 // connection triggered, or found as a gap.
+//
+// After IdleCheck without messages it checks the engine's replay buffer
+// for batches after the last applied one (checkIdle), and again every
+// IdleCheck while the rank stays idle.
 func (r *rank) process(ctx context.Context, in <-chan liveMsg) error {
+	var idle <-chan time.Time
+	var t *time.Timer
+	if d := r.s.cfg.IdleCheck; d > 0 {
+		t = time.NewTimer(d)
+		defer t.Stop()
+		idle = t.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -215,6 +228,11 @@ func (r *rank) process(ctx context.Context, in <-chan liveMsg) error {
 			default:
 				r.onLive(ctx, m.frames)
 			}
+		case <-idle:
+			r.checkIdle(ctx)
+		}
+		if t != nil {
+			t.Reset(r.s.cfg.IdleCheck)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"hash/maphash"
 	"kvrouter/internal/vllm"
+	"log/slog"
 )
 
 // What a (re)connection may find, and how it is told apart.
@@ -80,7 +81,7 @@ func (r *rank) onConnect(ctx context.Context, conn uint64) {
 			"last_seq", r.seq.applied)
 		r.newEpoch(ResetReconnect)
 	default:
-		r.checkReconnect(ctx)
+		r.checkReconnect(ctx, false)
 	}
 	if ctx.Err() == nil {
 		r.flushReset()
@@ -89,8 +90,16 @@ func (r *rank) onConnect(ctx context.Context, conn uint64) {
 
 // checkReconnect replays from the last applied seq L and decides whether the
 // engine process is the one that published L (see the comment above
-// errNewProcess).
-func (r *rank) checkReconnect(ctx context.Context) {
+// errNewProcess), applying what the engine published after L. idle marks
+// the check made after IdleCheck without live messages on a standing
+// connection (checkIdle): it finds batches the live stream dropped at the
+// end of a burst, which no later live batch reveals while the engine is
+// idle, and a process that changed without the connection breaking.
+func (r *rank) checkReconnect(ctx context.Context, idle bool) {
+	what := "reconnected"
+	if idle {
+		what = "idle check"
+	}
 	last, sum := r.seq.applied, r.lastSum
 	v := verdictNone
 	r.count(&r.s.stats.replays, r.m.replays)
@@ -109,7 +118,7 @@ func (r *rank) checkReconnect(ctx context.Context) {
 			default:
 				v = verdictRolled
 				r.count(&r.s.stats.unrecoverable, r.m.unrecoverable)
-				r.log.Warn("reconnected: the last applied batch is no longer buffered (new engine process, or more than buffer_steps batches missed), dropping this rank's state",
+				r.log.Warn(what+": the last applied batch is no longer buffered (new engine process, or more than buffer_steps batches missed), dropping this rank's state",
 					"last_seq", last, "first_replayed", seq)
 				r.newEpoch(ResetGapLost)
 			}
@@ -122,6 +131,17 @@ func (r *rank) checkReconnect(ctx context.Context) {
 	}
 	if err != nil && !errors.Is(err, errNewProcess) {
 		r.count(&r.s.stats.replayErrors, r.m.replayErrors)
+		if idle {
+			// The connection stands: a failed check changes nothing. Warn
+			// once per run of failures; the checks go on every IdleCheck.
+			lvl := slog.LevelWarn
+			if r.idleFailing {
+				lvl = slog.LevelDebug
+			}
+			r.idleFailing = true
+			r.log.Log(ctx, lvl, "idle check: replay failed", "last_seq", last, "err", err)
+			return
+		}
 		if v == verdictNone {
 			r.count(&r.s.stats.unrecoverable, r.m.unrecoverable)
 			r.log.Warn("reconnected: replay failed, cannot tell whether the engine restarted, dropping this rank's state",
@@ -134,9 +154,17 @@ func (r *rank) checkReconnect(ctx context.Context) {
 		r.log.Warn("reconnected: replay failed part way", "from", last, "replayed", res.batches, "err", err)
 		return
 	}
+	r.idleFailing = false
 	switch v {
 	case verdictSame:
-		r.log.Info("reconnected to the same engine process", "last_seq", last, "replayed", max(res.batches-1, 0))
+		missed := max(res.batches-1, 0)
+		switch {
+		case !idle:
+			r.log.Info("reconnected to the same engine process", "last_seq", last, "replayed", missed)
+		case missed > 0:
+			r.count(&r.s.stats.gaps, r.m.gaps)
+			r.log.Warn("idle check: batches the live stream dropped, replayed", "last_seq", last, "replayed", missed)
+		}
 	case verdictRolled:
 		// Reset and applied above.
 	default: // verdictNone, verdictChanged
@@ -145,9 +173,23 @@ func (r *rank) checkReconnect(ctx context.Context) {
 		if v == verdictChanged {
 			why = "its replay buffer holds another batch under the last applied seq"
 		}
-		r.log.Warn("engine restart detected on reconnect: "+why+", dropping this rank's state", "last_seq", last)
+		r.log.Warn("engine restart detected ("+what+"): "+why+", dropping this rank's state", "last_seq", last)
 		r.newEpoch(ResetRestart)
 		r.fill(ctx, 0, true)
+	}
+}
+
+// checkIdle runs checkReconnect(idle) when the rank has applied state, a
+// replay endpoint and a live connection (a broken one is checked on
+// reconnect instead); then hands a reset that no batch follows to the
+// consumer.
+func (r *rank) checkIdle(ctx context.Context) {
+	if r.replay == nil || r.conns.Load() == 0 || !r.seq.haveApplied {
+		return
+	}
+	r.checkReconnect(ctx, true)
+	if ctx.Err() == nil {
+		r.flushReset()
 	}
 }
 

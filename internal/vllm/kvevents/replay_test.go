@@ -310,3 +310,48 @@ func TestReplayCatchUpAtStart(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// TestIdleCheckReplaysTrailingDrops: the live stream drops the last batches
+// of a burst (seqs 3 and 4) and the engine then goes idle, so no later live
+// batch reveals the gap; after IdleCheck the subscriber asks the replay
+// endpoint from the last applied seq and delivers them. While idle and
+// caught up it keeps checking without delivering anything.
+func TestIdleCheckReplaysTrailingDrops(t *testing.T) {
+	base := freePorts(t, 2)
+	var mu sync.Mutex
+	published := uint64(0) // the engine's buffer holds seqs 0..published-1
+	router := newGoRouter(t, base+1, func(req [][]byte) [][][]byte {
+		from := binary.BigEndian.Uint64(req[len(req)-1])
+		mu.Lock()
+		defer mu.Unlock()
+		var out [][][]byte
+		for s := from; s < published; s++ {
+			out = append(out, [][]byte{nil, nil, seq8(s), testPayload(t, 0, s)})
+		}
+		return append(out, [][]byte{nil, nil, seq8(endSeq), nil})
+	})
+	g := newGoPub(t, "", base, 1, false)
+	rs := startSub(t, SubscriberConfig{
+		Engine: "e-idle", Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base),
+		ReplayEndpoint: router.ep, IdleCheck: 300 * time.Millisecond,
+	})
+	g.waitSubscribed()
+	for s := range uint64(5) {
+		mu.Lock()
+		published = s + 1
+		mu.Unlock()
+		g.publish(0, s >= 3) // 3 and 4 dropped by the live stream
+	}
+	for s := range uint64(5) {
+		u := rs.next(t)
+		checkGoUpdate(t, u, 0, s, ResetNone)
+		if u.Replayed != (s >= 3) {
+			t.Fatalf("seq %d replayed=%v", s, u.Replayed)
+		}
+	}
+	time.Sleep(700 * time.Millisecond) // two more idle checks, nothing new
+	rs.none(t)
+	if st := rs.s.Stats(); st.Gaps != 1 || st.UnrecoverableGaps != 0 || st.Restarts != 0 || st.Replays < 3 {
+		t.Fatalf("stats %+v", st)
+	}
+}

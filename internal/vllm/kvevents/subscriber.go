@@ -129,6 +129,13 @@ type SubscriberConfig struct {
 	// DialTimeout bounds one connection attempt (TCP connect and ZMTP
 	// handshake) to an engine. Default 5s.
 	DialTimeout time.Duration `yaml:"dial_timeout"`
+	// IdleCheck is how long a rank may go without live messages before the
+	// subscriber asks the replay endpoint for batches after the last one
+	// applied (and again every IdleCheck while idle): the live stream drops
+	// batches silently under load, and a drop at the end of a burst is
+	// otherwise found only when the engine next publishes. One replay
+	// request per idle rank per IdleCheck. Default 5s; negative: off.
+	IdleCheck time.Duration `yaml:"idle_check"`
 	// ReconnectMin and ReconnectMax bound the exponential backoff between
 	// connection attempts in connect mode. Defaults 100ms and 2s.
 	ReconnectMin time.Duration `yaml:"reconnect_min"`
@@ -155,6 +162,9 @@ func (c SubscriberConfig) withDefaults() SubscriberConfig {
 	}
 	if c.DialTimeout == 0 {
 		c.DialTimeout = 5 * time.Second
+	}
+	if c.IdleCheck == 0 {
+		c.IdleCheck = 5 * time.Second
 	}
 	if c.ReconnectMin == 0 {
 		c.ReconnectMin = 100 * time.Millisecond
