@@ -32,7 +32,9 @@ type rank struct {
 	seed    maphash.Seed // for lastSum
 	lastSum uint64       // maphash of the payload of seq.applied (reconnect check)
 	conn    uint64       // id of the newest connection; older ones' messages are dropped
-	// idleFailing: the last idle check's replay failed (it warned once)
+	// idle checks (reconnect.go): the interval to the next one, and whether
+	// the last one changed nothing (it warned once)
+	idleEvery   time.Duration
 	idleFailing bool
 
 	connIDs   atomic.Uint64 // numbers this rank's connections from 1
@@ -206,12 +208,13 @@ func (r *rank) serve(ctx context.Context, c *zmtpConn, in chan<- liveMsg) error 
 //
 // After IdleCheck without messages it checks the engine's replay buffer
 // for batches after the last applied one (checkIdle), and again every
-// IdleCheck while the rank stays idle.
+// IdleCheck (longer after checks that changed nothing) while the rank
+// stays idle.
 func (r *rank) process(ctx context.Context, in <-chan liveMsg) error {
 	var idle <-chan time.Time
 	var t *time.Timer
-	if d := r.s.cfg.IdleCheck; d > 0 {
-		t = time.NewTimer(d)
+	if r.idleEvery = r.s.cfg.IdleCheck; r.idleEvery > 0 {
+		t = time.NewTimer(r.idleEvery)
 		defer t.Stop()
 		idle = t.C
 	}
@@ -232,7 +235,7 @@ func (r *rank) process(ctx context.Context, in <-chan liveMsg) error {
 			r.checkIdle(ctx)
 		}
 		if t != nil {
-			t.Reset(r.s.cfg.IdleCheck)
+			t.Reset(r.idleEvery)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"hash/maphash"
 	"kvrouter/internal/vllm"
 	"log/slog"
+	"time"
 )
 
 // What a (re)connection may find, and how it is told apart.
@@ -81,7 +82,7 @@ func (r *rank) onConnect(ctx context.Context, conn uint64) {
 			"last_seq", r.seq.applied)
 		r.newEpoch(ResetReconnect)
 	default:
-		r.checkReconnect(ctx, false)
+		r.checkReconnect(ctx)
 	}
 	if ctx.Err() == nil {
 		r.flushReset()
@@ -90,16 +91,8 @@ func (r *rank) onConnect(ctx context.Context, conn uint64) {
 
 // checkReconnect replays from the last applied seq L and decides whether the
 // engine process is the one that published L (see the comment above
-// errNewProcess), applying what the engine published after L. idle marks
-// the check made after IdleCheck without live messages on a standing
-// connection (checkIdle): it finds batches the live stream dropped at the
-// end of a burst, which no later live batch reveals while the engine is
-// idle, and a process that changed without the connection breaking.
-func (r *rank) checkReconnect(ctx context.Context, idle bool) {
-	what := "reconnected"
-	if idle {
-		what = "idle check"
-	}
+// errNewProcess).
+func (r *rank) checkReconnect(ctx context.Context) {
 	last, sum := r.seq.applied, r.lastSum
 	v := verdictNone
 	r.count(&r.s.stats.replays, r.m.replays)
@@ -118,7 +111,7 @@ func (r *rank) checkReconnect(ctx context.Context, idle bool) {
 			default:
 				v = verdictRolled
 				r.count(&r.s.stats.unrecoverable, r.m.unrecoverable)
-				r.log.Warn(what+": the last applied batch is no longer buffered (new engine process, or more than buffer_steps batches missed), dropping this rank's state",
+				r.log.Warn("reconnected: the last applied batch is no longer buffered (new engine process, or more than buffer_steps batches missed), dropping this rank's state",
 					"last_seq", last, "first_replayed", seq)
 				r.newEpoch(ResetGapLost)
 			}
@@ -131,17 +124,6 @@ func (r *rank) checkReconnect(ctx context.Context, idle bool) {
 	}
 	if err != nil && !errors.Is(err, errNewProcess) {
 		r.count(&r.s.stats.replayErrors, r.m.replayErrors)
-		if idle {
-			// The connection stands: a failed check changes nothing. Warn
-			// once per run of failures; the checks go on every IdleCheck.
-			lvl := slog.LevelWarn
-			if r.idleFailing {
-				lvl = slog.LevelDebug
-			}
-			r.idleFailing = true
-			r.log.Log(ctx, lvl, "idle check: replay failed", "last_seq", last, "err", err)
-			return
-		}
 		if v == verdictNone {
 			r.count(&r.s.stats.unrecoverable, r.m.unrecoverable)
 			r.log.Warn("reconnected: replay failed, cannot tell whether the engine restarted, dropping this rank's state",
@@ -154,17 +136,9 @@ func (r *rank) checkReconnect(ctx context.Context, idle bool) {
 		r.log.Warn("reconnected: replay failed part way", "from", last, "replayed", res.batches, "err", err)
 		return
 	}
-	r.idleFailing = false
 	switch v {
 	case verdictSame:
-		missed := max(res.batches-1, 0)
-		switch {
-		case !idle:
-			r.log.Info("reconnected to the same engine process", "last_seq", last, "replayed", missed)
-		case missed > 0:
-			r.count(&r.s.stats.gaps, r.m.gaps)
-			r.log.Warn("idle check: batches the live stream dropped, replayed", "last_seq", last, "replayed", missed)
-		}
+		r.log.Info("reconnected to the same engine process", "last_seq", last, "replayed", max(res.batches-1, 0))
 	case verdictRolled:
 		// Reset and applied above.
 	default: // verdictNone, verdictChanged
@@ -173,23 +147,9 @@ func (r *rank) checkReconnect(ctx context.Context, idle bool) {
 		if v == verdictChanged {
 			why = "its replay buffer holds another batch under the last applied seq"
 		}
-		r.log.Warn("engine restart detected ("+what+"): "+why+", dropping this rank's state", "last_seq", last)
+		r.log.Warn("engine restart detected on reconnect: "+why+", dropping this rank's state", "last_seq", last)
 		r.newEpoch(ResetRestart)
 		r.fill(ctx, 0, true)
-	}
-}
-
-// checkIdle runs checkReconnect(idle) when the rank has applied state, a
-// replay endpoint and a live connection (a broken one is checked on
-// reconnect instead); then hands a reset that no batch follows to the
-// consumer.
-func (r *rank) checkIdle(ctx context.Context) {
-	if r.replay == nil || r.conns.Load() == 0 || !r.seq.haveApplied {
-		return
-	}
-	r.checkReconnect(ctx, true)
-	if ctx.Err() == nil {
-		r.flushReset()
 	}
 }
 
@@ -216,4 +176,79 @@ func (r *rank) flushReset() {
 	default:
 		r.log.Debug("consumer queue full, reset deferred to the next update", "reset", u.Reset.String())
 	}
+}
+
+// Idle checks (SubscriberConfig.IdleCheck). The live stream drops batches
+// silently under load, and a gap shows only when a later batch arrives: a
+// drop at the end of a burst stays unnoticed while the engine is idle. So a
+// rank idle for IdleCheck asks the replay endpoint for its last applied
+// batch L and what follows. Only an answer that starts with L, unchanged,
+// is trusted: the batches after it are applied (counted as a gap). Any other
+// answer on a standing connection cannot be a restart (a new engine process
+// breaks the connection, and the reconnect check handles that), so it means
+// a wrong replay endpoint, an empty replay buffer (vLLM's buffer_steps 0) or
+// more than buffer_steps batches missed: it is warned once and changes
+// nothing. Failures and such answers back the checks off, doubling up to
+// maxIdleEvery; each check waits at most idleReplayTimeout, as the rank's
+// live messages wait behind it.
+const (
+	idleReplayTimeout = time.Second
+	maxIdleEvery      = 5 * time.Minute
+)
+
+// errNotTrusted stops an idle check's replay whose first answer is not the
+// last applied batch.
+var errNotTrusted = errors.New("replay does not start with the last applied batch")
+
+// checkIdle runs an idle check when the rank has applied state, a replay
+// endpoint and a live connection.
+func (r *rank) checkIdle(ctx context.Context) {
+	if r.replay == nil || r.conns.Load() == 0 || !r.seq.haveApplied {
+		return
+	}
+	ictx, cancel := context.WithTimeout(ctx, min(r.s.cfg.ReplayTimeout, idleReplayTimeout))
+	defer cancel()
+	last, sum := r.seq.applied, r.lastSum
+	trusted := false
+	r.count(&r.s.stats.replays, r.m.replays)
+	res, err := r.replay.replay(ictx, last, func(seq uint64, payload []byte) error {
+		switch {
+		case trusted:
+			r.handle(seq, payload, true)
+		case seq < last:
+			// not asked for; vLLM never sends it
+		case seq == last && maphash.Bytes(r.seed, payload) == sum:
+			trusted = true
+		default:
+			return errNotTrusted
+		}
+		return nil
+	})
+	switch {
+	case ctx.Err() != nil:
+	case err != nil && !errors.Is(err, errNotTrusted):
+		r.count(&r.s.stats.replayErrors, r.m.replayErrors)
+		r.idleFailed(ctx, "idle check: replay failed; checking less often", "last_seq", last, "err", err)
+	case !trusted:
+		r.idleFailed(ctx, "idle check: the replay endpoint does not hold the last applied batch (wrong replay endpoint? empty replay buffer?); nothing changed, checking less often",
+			"last_seq", last)
+	default:
+		r.idleFailing, r.idleEvery = false, r.s.cfg.IdleCheck
+		if missed := res.batches - 1; missed > 0 {
+			r.count(&r.s.stats.gaps, r.m.gaps)
+			r.log.Warn("idle check: batches the live stream dropped, replayed", "last_seq", last, "replayed", missed)
+		}
+	}
+}
+
+// idleFailed logs an idle check that changed nothing (a warning for the
+// first of a run, then debug) and doubles the interval to the next one.
+func (r *rank) idleFailed(ctx context.Context, msg string, args ...any) {
+	lvl := slog.LevelWarn
+	if r.idleFailing {
+		lvl = slog.LevelDebug
+	}
+	r.idleFailing = true
+	r.idleEvery = min(2*r.idleEvery, maxIdleEvery)
+	r.log.Log(ctx, lvl, msg, args...)
 }

@@ -10,6 +10,7 @@ import (
 	"kvrouter/internal/vllm"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -353,5 +354,49 @@ func TestIdleCheckReplaysTrailingDrops(t *testing.T) {
 	rs.none(t)
 	if st := rs.s.Stats(); st.Gaps != 1 || st.UnrecoverableGaps != 0 || st.Restarts != 0 || st.Replays < 3 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestIdleCheckUntrustedReplay: on a standing connection an idle check
+// whose replay does not start with the last applied batch (another engine's
+// replay endpoint, or an empty replay buffer) changes nothing: no reset, no
+// foreign batch, and the next live batch goes on as before.
+func TestIdleCheckUntrustedReplay(t *testing.T) {
+	for _, mode := range []string{"foreign", "empty"} {
+		t.Run(mode, func(t *testing.T) {
+			base := freePorts(t, 2)
+			var reqs atomic.Int32
+			router := newGoRouter(t, base+1, func(req [][]byte) [][][]byte {
+				var out [][][]byte
+				// Another engine that has published by the time of the
+				// first idle check (not yet at the catch-up on connecting).
+				if mode == "foreign" && reqs.Add(1) > 1 {
+					for s := uint64(0); s < 6; s++ {
+						out = append(out, [][]byte{nil, nil, seq8(s), testPayload(t, 1, s)})
+					}
+				}
+				return append(out, [][]byte{nil, nil, seq8(endSeq), nil})
+			})
+			g := newGoPub(t, "", base, 1, false)
+			rs := startSub(t, SubscriberConfig{
+				Engine: "e-" + mode, Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base),
+				ReplayEndpoint: router.ep, IdleCheck: 150 * time.Millisecond,
+			})
+			g.waitSubscribed()
+			g.publish(0, false)
+			g.publish(0, false)
+			checkGoUpdate(t, rs.next(t), 0, 0, ResetNone)
+			checkGoUpdate(t, rs.next(t), 0, 1, ResetNone)
+			before := rs.s.Stats()
+			time.Sleep(700 * time.Millisecond) // several idle checks
+			rs.none(t)
+			after := rs.s.Stats()
+			if after.Replays <= before.Replays {
+				t.Fatalf("no idle check ran: %+v", after)
+			}
+			if after.Restarts != before.Restarts || after.UnrecoverableGaps != before.UnrecoverableGaps || after.Batches != before.Batches {
+				t.Fatalf("an untrusted idle replay changed state: before %+v, after %+v", before, after)
+			}
+		})
 	}
 }
