@@ -192,7 +192,7 @@ func (b *Backend) sizeIndex(g *generation, engine string, blocks int) {
 		b.capacity = make(map[string]int)
 	}
 	b.capacity[engine] = blocks
-	total := 0
+	total, engines := 0, len(b.capacity)
 	for _, n := range b.capacity {
 		total += n
 	}
@@ -202,7 +202,7 @@ func (b *Backend) sizeIndex(g *generation, engine string, blocks int) {
 	}
 	g.reserved.Store(int64(total))
 	g.exact.Reserve(total)
-	b.log.Info("index sized for the engines' KV cache", "entries", total, "engines", len(b.capacity))
+	b.log.Info("index sized for the engines' KV cache", "entries", total, "engines", engines)
 }
 
 // Apply takes one KV event update of engine (from its kvevents.Subscriber):

@@ -2,7 +2,9 @@ package proxy
 
 import (
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -224,6 +226,15 @@ func TestBackendSizesIndexFromMetrics(t *testing.T) {
 	if err != nil || d.Replica != "b" || d.CachedTokens != 304 {
 		t.Errorf("after sizing: %+v %v, want b with 304 cached tokens", d, err)
 	}
+
+	// Engines scraped concurrently (-race).
+	var wg sync.WaitGroup
+	for e := range 8 {
+		wg.Go(func() {
+			b.Observe(fmt.Sprint("e", e), enginemetrics.Metrics{BlockSize: 16, NumGPUBlocks: 1000 + e}, time.Now())
+		})
+	}
+	wg.Wait()
 
 	fixed, err := NewBackend(BackendConfig{Model: "m", Replicas: []string{"a"}, Exact: true,
 		Index: kvindex.Config{ExpectedEntries: 1000}}, nil, nil, nil)
