@@ -349,10 +349,8 @@ func (c *Config) Validate() error {
 			if e.Replay != "" && e.Events == "" {
 				errs = append(errs, ferr("replay without events", "models", i, "engines", j, "replay"))
 			}
-			if !e.EventsBind {
-				if msg := portsOverlap(e.Events, e.Replay, e.DPSize); msg != "" {
-					errs = append(errs, ferr(msg, "models", i, "engines", j, "replay"))
-				}
+			if msg := portsOverlap(e.Events, e.Replay, e.DPSize); msg != "" {
+				errs = append(errs, ferr(msg, "models", i, "engines", j, "replay"))
 			}
 			if e.DPSize < 1 {
 				errs = append(errs, ferr("must be >= 1", "models", i, "engines", j, "dp_size"))

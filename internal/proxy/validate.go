@@ -226,19 +226,38 @@ func (b *bindSet) add(v string, dpSize int, field string) string {
 }
 
 // portsOverlap reports, as an error message, an engine whose events and
-// replay endpoints are tcp on one host with overlapping port ranges: vLLM's
-// data-parallel rank r binds both at port+r, so e.g. events 5557 and replay
-// 5558 with dp_size 2 put rank 1's events on rank 0's replay port. "" when
-// they do not overlap or are not both tcp on one host.
+// replay endpoints would be bound on the same address: vLLM's data-parallel
+// rank r binds both at port+r (with events_bind the router binds the events
+// ones, on the same host when the engine is local), so e.g. events 5557 and
+// replay 5558 with dp_size 2 put rank 1's events on rank 0's replay port.
+// Hosts match when equal (case-insensitive, localhost as 127.0.0.1) or
+// either is a wildcard; ipc paths when equal. "" when they do not overlap.
 func portsOverlap(events, replay string, dpSize int) string {
+	if p, ok := strings.CutPrefix(events, "ipc://"); ok && replay == "ipc://"+p {
+		return fmt.Sprintf("%q: the same ipc path as events", replay)
+	}
 	ep, eh, ok1 := tcpPort(events)
 	rp, rh, ok2 := tcpPort(replay)
 	n := max(dpSize, 1)
-	if !ok1 || !ok2 || eh != rh || ep+n <= rp || rp+n <= ep {
+	if !ok1 || !ok2 || !sameHost(eh, rh) || ep+n <= rp || rp+n <= ep {
 		return ""
 	}
 	return fmt.Sprintf("%q: ports %d..%d overlap the events ports %d..%d (rank r binds both at port+r; keep the base ports at least dp_size apart)",
 		replay, rp, rp+n-1, ep, ep+n-1)
+}
+
+// sameHost reports whether two endpoint hosts may name one machine's
+// address: equal ignoring case, localhost taken as 127.0.0.1, or either a
+// wildcard.
+func sameHost(a, b string) bool {
+	norm := func(h string) string {
+		h = strings.ToLower(h)
+		if h == "localhost" {
+			return "127.0.0.1"
+		}
+		return h
+	}
+	return norm(a) == norm(b) || wildcardHost(a) || wildcardHost(b)
 }
 
 // tcpPort splits a tcp:// endpoint into port and host.
