@@ -41,7 +41,9 @@ type BackendConfig struct {
 // The engines' block size is learned, from vllm:cache_config_info (Observe)
 // or from BlockStored events (Apply); until then it is the index default
 // (16). A different size rebuilds index and router (an index keyed with the
-// wrong block size never matches), losing what the old index held. Safe for
+// wrong block size never matches), losing what the old index held, unless
+// another engine of the group still reports the current size: engines that
+// disagree are warned about, not rebuilt for on every report. Safe for
 // concurrent use.
 type Backend struct {
 	cfg      BackendConfig
@@ -54,6 +56,9 @@ type Backend struct {
 
 	capMu    sync.Mutex
 	capacity map[string]int // engine -> GPU blocks over its DP ranks (Observe)
+
+	sizeMu sync.Mutex
+	sizes  map[string]int // engine -> the block size it last reported
 }
 
 // generation is an index and router built for one block size.
@@ -141,10 +146,39 @@ func (b *Backend) build(blockSize int) (*generation, error) {
 // BlockSize returns the block size in tokens currently keyed with.
 func (b *Backend) BlockSize() int { return b.cur.Load().blockSize }
 
-// setBlockSize rebuilds index and router when n differs from the current
-// block size.
-func (b *Backend) setBlockSize(n int, source string) {
-	if n <= 0 || b.cur.Load().blockSize == n {
+// setBlockSize records engine's block size n and rebuilds index and router
+// when n differs from the current block size, unless another engine reports
+// the current one: engines of one model group disagreeing on the block size
+// is a misconfiguration (the minority's blocks never match), warned once per
+// engine and size instead of rebuilding, and emptying the index, on every
+// report.
+func (b *Backend) setBlockSize(engine string, n int, source string) {
+	if n <= 0 {
+		return
+	}
+	b.sizeMu.Lock()
+	if b.sizes == nil {
+		b.sizes = make(map[string]int)
+	}
+	prev := b.sizes[engine]
+	b.sizes[engine] = n
+	cur := b.cur.Load().blockSize
+	agrees := ""
+	for other, m := range b.sizes {
+		if other != engine && m == cur {
+			agrees = other
+			break
+		}
+	}
+	b.sizeMu.Unlock()
+	switch {
+	case n == cur:
+		return
+	case agrees != "":
+		if prev != n {
+			b.log.Warn("engines disagree on the block size; keeping the index's (give the model group one block size: the other engine's blocks never match)",
+				"block_size", cur, "engine", engine, "engine_block_size", n, "agrees", agrees)
+		}
 		return
 	}
 	b.mu.Lock()
@@ -160,14 +194,14 @@ func (b *Backend) setBlockSize(n int, source string) {
 	}
 	b.cur.Store(g)
 	b.rebuilds.Add(1)
-	b.log.Info("block size learned, index rebuilt", "block_size", n, "was", old.blockSize, "source", source)
+	b.log.Info("block size learned, index rebuilt", "block_size", n, "was", old.blockSize, "source", source, "engine", engine)
 }
 
 // Observe takes one engine's scraped /metrics: load gauges for the router,
 // the block size and the number of GPU blocks (the approximate index's
 // capacity).
 func (b *Backend) Observe(engine string, m enginemetrics.Metrics, at time.Time) {
-	b.setBlockSize(m.BlockSize, "metrics")
+	b.setBlockSize(engine, m.BlockSize, "metrics")
 	g := b.cur.Load()
 	g.router.ObserveGauges(engine, routing.Gauges{Waiting: int(m.Waiting), Running: int(m.Running), KVUsage: m.KVCacheUsage, At: at})
 	if m.NumGPUBlocks <= 0 {
@@ -211,7 +245,7 @@ func (b *Backend) sizeIndex(g *generation, engine string, blocks int) {
 func (b *Backend) Apply(u kvevents.Update) {
 	for i := range u.Batch.Events {
 		if ev := &u.Batch.Events[i]; ev.Type == vllm.BlockStored && ev.IsFullAttention() && ev.BlockSize > 0 {
-			b.setBlockSize(ev.BlockSize, "events")
+			b.setBlockSize(u.Engine, ev.BlockSize, "events")
 			break
 		}
 	}

@@ -71,9 +71,18 @@ func TestBackendLearnsBlockSize(t *testing.T) {
 	if b.rebuilds.Load() != 1 {
 		t.Error("same block size rebuilt the index")
 	}
-	b.Observe("a", enginemetrics.Metrics{BlockSize: 64}, time.Now())
-	if b.BlockSize() != 64 {
-		t.Error("block size from metrics not learned")
+	// One engine disagreeing with another that reports the current size
+	// is a misconfiguration: warned, nothing rebuilt, however often.
+	for range 3 {
+		b.Observe("a", enginemetrics.Metrics{BlockSize: 64}, time.Now())
+	}
+	if b.BlockSize() != 32 || b.rebuilds.Load() != 1 {
+		t.Errorf("block size %d after a disagreeing engine (%d rebuilds), want 32 kept", b.BlockSize(), b.rebuilds.Load())
+	}
+	// Once every engine reports the new size, it is learned.
+	b.Observe("b", enginemetrics.Metrics{BlockSize: 64}, time.Now())
+	if b.BlockSize() != 64 || b.rebuilds.Load() != 2 {
+		t.Errorf("block size %d (%d rebuilds), want 64 learned once", b.BlockSize(), b.rebuilds.Load())
 	}
 }
 
