@@ -199,6 +199,10 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 			bc.Replicas = append(bc.Replicas, name)
 			modelOf[name] = m.Name
 			dpOf[name] = e.DPSize
+			if bc.DPSize == nil {
+				bc.DPSize = map[string]int{}
+			}
+			bc.DPSize[name] = e.DPSize
 			bc.Exact = bc.Exact || e.Events != ""
 		}
 		rtReg := routingprom.Wrap(prometheus.WrapRegistererWith(prometheus.Labels{"model": m.Name}, reg))

@@ -32,6 +32,10 @@ type BackendConfig struct {
 	Routing routing.Config
 	// Index configures the index (Model and BlockSize are overridden).
 	Index kvindex.Config
+	// DPSize is each engine's configured number of data-parallel ranks (at
+	// least the engine labels its /metrics report count for sizing the
+	// index; absent: 1).
+	DPSize map[string]int
 }
 
 // Backend is one model group's routing state: a kvindex over its engines,
@@ -207,7 +211,7 @@ func (b *Backend) Observe(engine string, m enginemetrics.Metrics, at time.Time) 
 	if m.NumGPUBlocks <= 0 {
 		return
 	}
-	blocks := m.NumGPUBlocks * max(m.Engines, 1)
+	blocks := m.NumGPUBlocks * max(m.Engines, b.cfg.DPSize[engine], 1)
 	if g.approx != nil {
 		g.approx.SetCapacity(engine, blocks)
 	}

@@ -245,6 +245,17 @@ func TestBackendSizesIndexFromMetrics(t *testing.T) {
 	}
 	wg.Wait()
 
+	// A configured dp_size counts when the engine's metrics label fewer
+	// ranks (one process per rank behind one URL).
+	dp, err := NewBackend(BackendConfig{Model: "m", Replicas: []string{"a"}, Exact: true, DPSize: map[string]int{"a": 4}}, nil, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dp.Observe("a", enginemetrics.Metrics{BlockSize: 16, NumGPUBlocks: 1000, Engines: 1}, time.Now())
+	if r := dp.cur.Load().reserved.Load(); r != 4000 {
+		t.Errorf("dp_size 4 x 1,000 blocks: reserved %d, want 4,000", r)
+	}
+
 	fixed, err := NewBackend(BackendConfig{Model: "m", Replicas: []string{"a"}, Exact: true,
 		Index: kvindex.Config{ExpectedEntries: 1000}}, nil, nil, nil)
 	if err != nil {
