@@ -218,7 +218,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 			}
 			sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{
 				Engine: eps[j].Name(), Endpoint: e.Events, ReplayEndpoint: e.Replay, DPSize: e.DPSize,
-				Bind: e.EventsBind, Topic: e.Topic,
+				Bind: e.EventsBind, Topic: e.Topic, IdleCheck: e.IdleCheck,
 			}, log, subMetrics)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", fl.pos.Field("models", i, "engines", j, "events"), err))

@@ -142,6 +142,10 @@ type EngineConfig struct {
 	// DPSize is the engine's data-parallel size: rank r publishes on the
 	// events and replay ports + r (default 1).
 	DPSize int `yaml:"dp_size"`
+	// IdleCheck is how long a rank may send no KV events before kvrouter
+	// asks its replay endpoint for batches dropped at the end of a burst
+	// (kvevents.SubscriberConfig.IdleCheck; default 5s, negative: off).
+	IdleCheck time.Duration `yaml:"idle_check"`
 	// APIKey is sent to the engine as a bearer token.
 	APIKey string `yaml:"api_key"`
 	// APIKeyEnv names an environment variable that, when set, overrides

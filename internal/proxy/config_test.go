@@ -26,6 +26,7 @@ models:
         events: tcp://10.0.0.1:5557
         replay: tcp://10.0.0.1:5600
         dp_size: 2
+        idle_check: 2s
         api_key_env: LLAMA_KEY
       - url: http://10.0.0.2:8000
 `
@@ -55,6 +56,7 @@ models:
 		{"engine key from env", m.Engines[0].APIKey, "s3cret"},
 		{"dp_size", m.Engines[0].DPSize, 2},
 		{"dp_size default", m.Engines[1].DPSize, 1},
+		{"idle_check", m.Engines[0].IdleCheck, 2 * time.Second},
 		{"hit report on", m.DisableHitReport, false},
 		{"mismatch default", m.TokenizerMismatch, "render"},
 	}
