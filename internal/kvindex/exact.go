@@ -164,8 +164,10 @@ func (x *Exact) Reset(engine string, rank int) {
 	x.publish()
 }
 
-// clear drops the sources matching f. Caller holds x.mu.
+// clear drops the sources matching f; the removal slots the warm pass
+// found are stale then (their tables emptied or reused). Caller holds x.mu.
 func (x *Exact) clear(f func(srcKey) bool) {
+	x.warmAt = len(x.warmBuf)
 	for k, s := range x.srcOf {
 		if !f(k) {
 			continue
@@ -182,6 +184,7 @@ func (x *Exact) clear(f func(srcKey) bool) {
 // counted in Stats and skipped; Apply never fails.
 func (x *Exact) Apply(engine string, b *vllm.Batch) {
 	x.mu.Lock()
+	defer x.mu.Unlock()
 	id, added := x.reps.add(engine)
 	if added {
 		x.c.replicas.Store(int64(len(x.reps.byName)))
@@ -205,7 +208,6 @@ func (x *Exact) Apply(engine string, b *vllm.Batch) {
 	}
 	x.c.batches.Add(1)
 	x.publish()
-	x.mu.Unlock()
 }
 
 // publish updates the size gauges but Bytes, which Stats computes (it

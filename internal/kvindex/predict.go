@@ -30,13 +30,14 @@ import (
 type predictor struct {
 	mu    sync.RWMutex
 	runs  []predRun
-	free  []int32   // indices of dead runs, for reuse
-	byRep [][]int32 // ReplicaID -> its live runs
-	head  int32     // oldest live run (-1: none)
-	tail  int32     // newest live run (-1: none)
-	keys  int       // keys held by live runs (bounded by max)
-	spare int       // capacity of the key buffers dead runs keep (bounded by max)
-	live  int       // pending predicted blocks of live runs
+	free  []int32       // indices of dead runs, for reuse
+	byRep [][]int32     // ReplicaID -> its live runs
+	head  int32         // oldest live run (-1: none)
+	tail  int32         // newest live run (-1: none)
+	keys  int           // keys held by live runs (bounded by max)
+	spare int           // capacity of the key buffers dead runs keep (bounded by max)
+	pos   map[Key]int32 // confirm's scratch: an event's keys by position
+	live  int           // pending predicted blocks of live runs
 	ttl   time.Duration
 	max   int
 	c     *counters
@@ -78,6 +79,10 @@ const (
 	slack   = 4
 	minKeep = 64
 )
+
+// confirmScan is the most runs x keys compares confirm makes by scanning;
+// beyond it, it looks keys up in a map.
+const confirmScan = 4096
 
 func newPredictor(ttl time.Duration, max int, c *counters) *predictor {
 	return &predictor{head: -1, tail: -1, ttl: ttl, max: max, c: c}
@@ -262,7 +267,6 @@ func (p *predictor) drop(i int32, expired bool) {
 	}
 	p.spare += cap(run.keys)
 	p.free = append(p.free, i)
-	p.c.predictedLive.Store(int64(p.live))
 }
 
 // expire drops the runs whose time has passed. Caller holds p.mu.
@@ -270,6 +274,7 @@ func (p *predictor) expire(now int64) {
 	for p.head >= 0 && p.runs[p.head].exp < now {
 		p.drop(p.head, true)
 	}
+	p.c.predictedLive.Store(int64(p.live))
 }
 
 // confirm advances the runs of r over keys, the keys of blocks r just
@@ -281,13 +286,34 @@ func (p *predictor) confirm(r ReplicaID, keys []Key, now int64) {
 		return
 	}
 	list := p.byRep[r]
+	// Each run looks for its next key in keys: a scan, or with many runs
+	// and keys a map of keys' positions built once (a stalled replica's
+	// runs pile up to maxRuns under the write lock).
+	pos := p.pos
+	if len(list)*len(keys) > confirmScan {
+		if pos == nil {
+			pos = make(map[Key]int32, len(keys))
+			p.pos = pos
+		}
+		clear(pos)
+		for k := len(keys) - 1; k >= 0; k-- {
+			pos[keys[k]] = int32(k) // the first occurrence wins
+		}
+	} else {
+		pos = nil
+	}
 	for j := 0; j < len(list); j++ {
 		run := &p.runs[list[j]]
 		want := run.key(run.next)
 		at := -1
-		if keys[0] == want {
+		switch {
+		case keys[0] == want:
 			at = 0
-		} else {
+		case pos != nil:
+			if k, ok := pos[want]; ok {
+				at = int(k)
+			}
+		default:
 			for k := 1; k < len(keys); k++ {
 				if keys[k] == want {
 					at = k
@@ -336,6 +362,7 @@ func (p *predictor) dropReplica(r ReplicaID) {
 	for len(p.byRep[r]) > 0 {
 		p.drop(p.byRep[r][0], false)
 	}
+	p.c.predictedLive.Store(int64(p.live))
 }
 
 // covered returns how many leading blocks of keys the live runs of r

@@ -227,3 +227,62 @@ func TestPredictionMemoryBounded(t *testing.T) {
 		t.Errorf("Stats.Bytes reached %d MB: more than 3x the MaxPredicted keys' %d MB", maxBytes>>20, DefaultMaxPredicted*8>>20)
 	}
 }
+
+// TestPredictionConfirmManyRuns: with many unconfirmed runs on one replica
+// (its events stalled, then resumed), confirm finds each run's next key by
+// map instead of a scan per run, with the same result: each stored prompt
+// confirms its own run, and only it.
+func TestPredictionConfirmManyRuns(t *testing.T) {
+	x := testExact(newClock(), nil)
+	a := x.AddReplica("a")
+	const runs, blocks = 300, 16
+	prompt := func(i int) []uint32 { return seq(i*blocks*4+1_000_000, blocks*4) }
+	for i := range runs {
+		x.Routed(a, Keys(nil, prompt(i), 4, Extras{Root: x.Root()}))
+	}
+	predictionStats(t, x, runs*blocks, 0, 0, runs*blocks)
+	for i := 0; i < runs; i += 2 { // every other prompt stored, in one event each
+		hs := make([]uint64, blocks)
+		for j := range hs {
+			hs[j] = uint64(i*blocks + j + 1)
+		}
+		x.Apply("a", batch(0, storedEv(nil, hs, prompt(i), "")))
+	}
+	predictionStats(t, x, runs*blocks, runs/2*blocks, 0, runs/2*blocks)
+	for i := range runs {
+		m := lookupOf(x, "a", prompt(i), Extras{})
+		want := Match{Predicted: blocks}
+		if i%2 == 0 {
+			want = Match{GPU: blocks}
+		}
+		if m != want {
+			t.Fatalf("prompt %d: %+v, want %+v", i, m, want)
+		}
+	}
+}
+
+// BenchmarkConfirmStalled is one 512-block BlockStored event on a replica
+// with 4,096 unconfirmed runs it does not match (its events had stalled):
+// the cost confirm adds under the index's write lock.
+func BenchmarkConfirmStalled(b *testing.B) {
+	x, err := NewExact(Config{Model: "m", BlockSize: 16}, nil, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	a := x.AddReplica("a")
+	for i := range 4096 {
+		x.Routed(a, Keys(nil, seq(i*64+1<<28, 64), 16, Extras{Root: x.Root()}))
+	}
+	toks := seq(1, 512*16)
+	hs := make([]uint64, 512)
+	for i := range hs {
+		hs[i] = uint64(i + 1)
+	}
+	ev := storedEv(nil, hs, toks, "")
+	ev.BlockSize = 16
+	bt := batch(0, ev)
+	b.ReportAllocs()
+	for b.Loop() {
+		x.Apply("a", bt)
+	}
+}

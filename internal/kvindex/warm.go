@@ -112,7 +112,8 @@ func (x *Exact) warmSlot(src uint32, h uint64) int {
 		return -1
 	}
 	x.warmAt++
-	if w.tslot == noWarm || x.st.srcs[src].tab.get(int(w.tslot)) != w.idx || x.st.ent(w.idx).aux != h {
+	t := &x.st.srcs[src].tab
+	if w.tslot == noWarm || int(w.tslot) >= t.size() || t.get(int(w.tslot)) != w.idx || x.st.ent(w.idx).aux != h {
 		return -1
 	}
 	return int(w.tslot)

@@ -118,3 +118,26 @@ func TestWarmMatchesCold(t *testing.T) {
 		t.Fatalf("the test exercised too little: %+v", s)
 	}
 }
+
+// TestWarmSlotAfterClear: a batch that clears an engine's blocks (its
+// source table dropped, then reused small by a store), then removes a hash
+// the warm pass had found in the big table, applies without reading a slot
+// of the old table (it panicked) and removes nothing that is not there.
+func TestWarmSlotAfterClear(t *testing.T) {
+	x := testExact(newClock(), func(c *Config) { c.PredictTTL = -1 })
+	x.warmFrom = 0
+	hs := make([]uint64, 2000)
+	for i := range hs {
+		hs[i] = uint64(i + 1)
+	}
+	x.Apply("e", batch(0, storedEv(nil, hs, seq(0, 4*len(hs)), "")))
+	x.Apply("e", batch(0,
+		vllm.Event{Type: vllm.AllBlocksCleared},
+		storedEv(nil, []uint64{1 << 40}, seq(1<<20, 4), ""),
+		removedEv("", hs[1500], hs[1999]),
+	))
+	s := x.Stats()
+	if s.Entries != 1 || s.Cleared != 2000 || s.UnknownRemoved != 2 {
+		t.Fatalf("after clear, store, removals: %+v", s)
+	}
+}
