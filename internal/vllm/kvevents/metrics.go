@@ -29,6 +29,7 @@ type SubscriberMetrics struct {
 	duplicates    *prometheus.CounterVec
 	reconnects    *prometheus.CounterVec
 	rejectedConns *prometheus.CounterVec
+	idleChecks    *prometheus.CounterVec
 	connected     *prometheus.GaugeVec
 	lag           *prometheus.HistogramVec
 }
@@ -52,6 +53,7 @@ type SubscriberMetrics struct {
 //	kvrouter_vllm_duplicates_total         live batches skipped because replay delivered them
 //	kvrouter_vllm_reconnects_total         connections to the engine lost and re-established
 //	kvrouter_vllm_rejected_conns_total     bind mode: engine connections closed at accept because the rank had max_conns open
+//	kvrouter_vllm_idle_checks_total        idle checks: replay asked for batches after the last applied one (counted in replays_total only when they delivered)
 //	kvrouter_vllm_connected                1 while a live connection is up
 //	kvrouter_vllm_lag_seconds              histogram of now - batch ts for live batches
 func NewSubscriberMetrics(reg prometheus.Registerer) (*SubscriberMetrics, error) {
@@ -76,6 +78,7 @@ func NewSubscriberMetrics(reg prometheus.Registerer) (*SubscriberMetrics, error)
 		duplicates:    counter("duplicates_total", "Live batches skipped because a replay had already delivered them."),
 		reconnects:    counter("reconnects_total", "Connections to the engine lost and re-established."),
 		rejectedConns: counter("rejected_conns_total", "Bind mode: engine connections closed at accept because the rank already had max_conns open."),
+		idleChecks:    counter("idle_checks_total", "Idle checks: the replay endpoint asked for batches after the last applied one, after idle_check without live events."),
 		connected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kvrouter_vllm_connected", Help: "1 while the live event connection to the engine rank is up.",
 		}, er),
@@ -103,7 +106,7 @@ func NewSubscriberMetrics(reg prometheus.Registerer) (*SubscriberMetrics, error)
 func (m *SubscriberMetrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.batches, m.events, m.blocksStored, m.blocksRemoved, m.gaps,
 		m.replays, m.replayErrors, m.unrecoverable, m.restarts, m.queueDrops, m.malformed,
-		m.duplicates, m.reconnects, m.rejectedConns, m.connected, m.lag}
+		m.duplicates, m.reconnects, m.rejectedConns, m.idleChecks, m.connected, m.lag}
 }
 
 // deleteEngine removes every series of one engine.
@@ -123,6 +126,7 @@ func (m *SubscriberMetrics) deleteEngine(engine string) {
 	m.duplicates.DeletePartialMatch(l)
 	m.reconnects.DeletePartialMatch(l)
 	m.rejectedConns.DeletePartialMatch(l)
+	m.idleChecks.DeletePartialMatch(l)
 	m.connected.DeletePartialMatch(l)
 	m.lag.DeletePartialMatch(l)
 }
@@ -130,7 +134,7 @@ func (m *SubscriberMetrics) deleteEngine(engine string) {
 // rankMetrics are one (engine, rank)'s children, resolved once.
 type rankMetrics struct {
 	batches, blocksStored, blocksRemoved, gaps, replays, replayErrors,
-	unrecoverable, restarts, queueDrops, malformed, duplicates, reconnects, rejectedConns prometheus.Counter
+	unrecoverable, restarts, queueDrops, malformed, duplicates, reconnects, rejectedConns, idleChecks prometheus.Counter
 	stored, removed, cleared prometheus.Counter // events by type
 	connected                prometheus.Gauge
 	lag                      prometheus.Observer
@@ -152,6 +156,7 @@ func (m *SubscriberMetrics) forRank(engine string, rank int) *rankMetrics {
 		duplicates:    m.duplicates.WithLabelValues(engine, r),
 		reconnects:    m.reconnects.WithLabelValues(engine, r),
 		rejectedConns: m.rejectedConns.WithLabelValues(engine, r),
+		idleChecks:    m.idleChecks.WithLabelValues(engine, r),
 		stored:        m.events.WithLabelValues(engine, r, vllm.BlockStored.String()),
 		removed:       m.events.WithLabelValues(engine, r, vllm.BlockRemoved.String()),
 		cleared:       m.events.WithLabelValues(engine, r, vllm.AllBlocksCleared.String()),

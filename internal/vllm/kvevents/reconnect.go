@@ -210,7 +210,7 @@ func (r *rank) checkIdle(ctx context.Context) {
 	defer cancel()
 	last, sum := r.seq.applied, r.lastSum
 	trusted := false
-	r.count(&r.s.stats.replays, r.m.replays)
+	r.count(&r.s.stats.idleChecks, r.m.idleChecks)
 	res, err := r.replay.replay(ictx, last, func(seq uint64, payload []byte) error {
 		switch {
 		case trusted:
@@ -235,6 +235,9 @@ func (r *rank) checkIdle(ctx context.Context) {
 	default:
 		r.idleFailing, r.idleEvery = false, r.s.cfg.IdleCheck
 		if missed := res.batches - 1; missed > 0 {
+			// Counted as a replay only when it delivered, so that an idle
+			// fleet does not grow the replay counters.
+			r.count(&r.s.stats.replays, r.m.replays)
 			r.count(&r.s.stats.gaps, r.m.gaps)
 			r.log.Warn("idle check: batches the live stream dropped, replayed", "last_seq", last, "replayed", missed)
 		}

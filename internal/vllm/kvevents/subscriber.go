@@ -195,12 +195,13 @@ type SubscriberStats struct {
 	Duplicates        uint64 `json:"duplicates"`
 	Reconnects        uint64 `json:"reconnects"`
 	RejectedConns     uint64 `json:"rejected_conns,omitempty"` // bind mode; omitted when 0 (kvrouter events output unchanged)
+	IdleChecks        uint64 `json:"idle_checks,omitempty"`    // omitted when 0
 }
 
 // stats mirrors SubscriberStats with atomics.
 type stats struct {
 	batches, events, blocksStored, blocksRemoved, gaps, replays, replayErrors,
-	unrecoverable, restarts, queueDrops, malformed, duplicates, reconnects, rejectedConns atomic.Uint64
+	unrecoverable, restarts, queueDrops, malformed, duplicates, reconnects, rejectedConns, idleChecks atomic.Uint64
 }
 
 // Subscriber follows one vLLM engine's KV events: one live subscription per
@@ -340,6 +341,7 @@ func (s *Subscriber) Stats() SubscriberStats {
 		ReplayErrors: t.replayErrors.Load(), UnrecoverableGaps: t.unrecoverable.Load(),
 		Restarts: t.restarts.Load(), QueueDrops: t.queueDrops.Load(), Malformed: t.malformed.Load(),
 		Duplicates: t.duplicates.Load(), Reconnects: t.reconnects.Load(), RejectedConns: t.rejectedConns.Load(),
+		IdleChecks: t.idleChecks.Load(),
 	}
 }
 
