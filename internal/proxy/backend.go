@@ -62,7 +62,9 @@ type Backend struct {
 	capacity map[string]int // engine -> GPU blocks over its DP ranks (Observe)
 
 	sizeMu sync.Mutex
-	sizes  map[string]int // engine -> the block size it last reported
+	// sizes is the block size each engine last reported; an engine that
+	// stops reporting keeps its entry (and its say in setBlockSize).
+	sizes map[string]int
 }
 
 // generation is an index and router built for one block size.
@@ -234,11 +236,14 @@ func (b *Backend) sizeIndex(g *generation, engine string, blocks int) {
 	for _, n := range b.capacity {
 		total += n
 	}
+	grow := int64(total) > g.reserved.Load()
+	if grow {
+		g.reserved.Store(int64(total)) // under capMu: only ever raised
+	}
 	b.capMu.Unlock()
-	if int64(total) <= g.reserved.Load() {
+	if !grow {
 		return
 	}
-	g.reserved.Store(int64(total))
 	g.exact.Reserve(total)
 	b.log.Info("index sized for the engines' KV cache", "entries", total, "engines", engines)
 }
