@@ -90,7 +90,7 @@ func newFleet(cfg Config, policy string, w *workload.Workload, seed uint64) (*fl
 		icfg.Now = f.indexClock
 		icfg.BlockSize = f.blockSize()
 		if icfg.ExpectedEntries == 0 {
-			n, err := cfg.expectedEntries()
+			n, err := f.expectedEntries()
 			if err != nil {
 				return nil, err
 			}
@@ -127,19 +127,29 @@ func newFleet(cfg Config, policy string, w *workload.Workload, seed uint64) (*fl
 
 // expectedEntries is how many blocks the fleet's engines can hold at its
 // largest (GPU and CPU tiers), to size the index for (as kvrouter's
-// index.expected_entries).
-func (cfg *Config) expectedEntries() (int, error) {
-	core, err := enginesim.NewCore(cfg.Engine)
-	if err != nil {
-		return 0, err
+// index.expected_entries), and no more than the workload's prompts and
+// outputs fill.
+func (f *fleet) expectedEntries() (int, error) {
+	cfg := &f.cfg
+	gpu := cfg.Engine.NumGPUBlocks
+	if gpu == 0 {
+		_, blocks, err := enginesim.Profile(cfg.Engine.Profile)
+		if err != nil {
+			return 0, err
+		}
+		gpu = blocks
 	}
-	ecfg := core.Config()
 	n, peak := cfg.Replicas, cfg.Replicas
 	for _, s := range cfg.Scale { // sorted by time
 		n += s.Delta
 		peak = max(peak, n)
 	}
-	return peak * (ecfg.NumGPUBlocks - 1 + ecfg.NumCPUBlocks), nil
+	bs, used := f.blockSize(), 0
+	for i := range f.w.Requests {
+		r := &f.w.Requests[i]
+		used += (r.InputTokens() + r.OutputTokens + bs - 1) / bs
+	}
+	return min(peak*(max(gpu-1, 0)+cfg.Engine.NumCPUBlocks), used), nil
 }
 
 func (f *fleet) blockSize() int {
