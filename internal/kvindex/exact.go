@@ -385,58 +385,6 @@ func satInc(v uint16) uint16 {
 	return v + 1
 }
 
-// Lookup fills out[r] with replica r's Match for keys (a request's Keys, in
-// order) and returns out resized to NumReplicas. It allocates only when out
-// is too short, or for predictions in fleets beyond 64*maxWords replicas.
-func (x *Exact) Lookup(keys []Key, out []Match) []Match {
-	x.mu.RLock()
-	defer x.mu.RUnlock()
-	out = resize(out, len(x.reps.names))
-	if len(out) == 0 {
-		return out
-	}
-	if len(out) <= 64*maxWords {
-		var buf [64 * maxWords]predCover
-		lookupSets(&x.st, x.covers(buf[:0], keys, len(out)), keys, out)
-		return out
-	}
-	return x.lookupWalk(keys, out, x.covers(nil, keys, len(out)))
-}
-
-// covers appends to dst how far each replica's predictions cover keys,
-// sorted (predictor.covers); dst unchanged when prediction is off or none
-// is live. Caller holds x.mu.
-func (x *Exact) covers(dst []predCover, keys []Key, n int) []predCover {
-	if x.pred == nil || x.c.predictedLive.Load() == 0 {
-		return dst
-	}
-	now := x.cfg.Now().UnixNano()
-	x.pred.mu.RLock()
-	defer x.pred.mu.RUnlock()
-	return x.pred.covers(dst, keys, n, now)
-}
-
-// lookupWalk is Lookup for fleets beyond the bit sets' 64*maxWords replicas:
-// it visits every holder of every key on the path, and the replicas whose
-// predictions cover it (cov, sorted). Caller holds x.mu.
-func (x *Exact) lookupWalk(keys []Key, out []Match, cov []predCover) []Match {
-	for i, k := range keys {
-		grew := walk(&x.st, k, int32(i), out, tierGPU, 0)
-		for len(cov) > 0 && cov[0].l <= int32(i) {
-			cov = cov[1:]
-		}
-		for _, c := range cov {
-			if out[c.r].visit(int32(i), tierPredicted) {
-				grew++
-			}
-		}
-		if grew == 0 {
-			break
-		}
-	}
-	return finish(out)
-}
-
 // Routed records that a request with keys was just sent to replica id: the
 // blocks id does not hold yet are predicted for it (Match.Predicted) until
 // confirmed by a BlockStored or Config.PredictTTL passes. No-op when
