@@ -337,11 +337,17 @@ func (p *blockPool) cacheHash(id int32, h vllm.BlockHash) {
 // reverse so that its tail blocks are evicted first; callers pass them so.
 func (p *blockPool) free(ids []int32) {
 	for _, id := range ids {
-		b := &p.blocks[id]
-		b.ref--
-		if b.ref == 0 {
-			p.pushTail(id)
-		}
+		p.release(id)
+	}
+}
+
+// release drops one reference to block id, queueing it for eviction at the
+// last one.
+func (p *blockPool) release(id int32) {
+	b := &p.blocks[id]
+	b.ref--
+	if b.ref == 0 {
+		p.pushTail(id)
 	}
 }
 
@@ -353,11 +359,7 @@ func (p *blockPool) freeReversed(ids []int32) {
 		p.warmBlocks(ids)
 	}
 	for i := len(ids) - 1; i >= 0; i-- {
-		b := &p.blocks[ids[i]]
-		b.ref--
-		if b.ref == 0 {
-			p.pushTail(ids[i])
-		}
+		p.release(ids[i])
 	}
 }
 
