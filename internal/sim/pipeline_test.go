@@ -66,6 +66,10 @@ func TestPipelineIdenticalRuns(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// On pipelines every index-keeping fleet; auto (switching on
+			// mid-run) pipelines only with GOMAXPROCS >= 2, else it is off
+			// and this comparison is trivial; TestPipelineAuto checks the
+			// switch itself.
 			for _, mode := range []PipelineMode{PipelineOn, PipelineAuto} {
 				cfg.Pipeline = mode
 				got, err := Run(t.Context(), cfg, c.w)
