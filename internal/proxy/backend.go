@@ -58,14 +58,15 @@ type Backend struct {
 	cur      atomic.Pointer[generation]
 	rebuilds atomic.Int64
 
-	capMu    sync.Mutex
-	capacity map[string]int // engine -> GPU blocks over its DP ranks (Observe)
-
-	sizeMu sync.Mutex
-	// sizes is the block size each engine last reported; an engine that
-	// stops reporting keeps its entry (and its say in setBlockSize).
-	sizes map[string]int
+	// reports is what each engine last reported (under repMu): its block
+	// size and its GPU blocks over its DP ranks. An engine that stops
+	// reporting keeps its entry (and its say in setBlockSize).
+	repMu   sync.Mutex
+	reports map[string]engineReport
 }
+
+// engineReport is what one engine last reported (0: not yet).
+type engineReport struct{ blockSize, blocks int }
 
 // generation is an index and router built for one block size.
 type generation struct {
@@ -92,7 +93,7 @@ func NewBackend(cfg BackendConfig, log *slog.Logger, ixReg kvindex.Registerer, r
 	if cfg.ShadowServe == "" {
 		cfg.ShadowServe = "round_robin"
 	}
-	b := &Backend{cfg: cfg, log: log.With("model", cfg.Model)}
+	b := &Backend{cfg: cfg, log: log.With("model", cfg.Model), reports: map[string]engineReport{}}
 	if ixReg != nil {
 		b.ixReg = &onceIndexReg{reg: ixReg, stats: b.indexStats}
 	}
@@ -162,21 +163,20 @@ func (b *Backend) setBlockSize(engine string, n int, source string) {
 	if n <= 0 {
 		return
 	}
-	b.sizeMu.Lock()
-	if b.sizes == nil {
-		b.sizes = make(map[string]int)
-	}
-	prev := b.sizes[engine]
-	b.sizes[engine] = n
+	b.repMu.Lock()
+	r := b.reports[engine]
+	prev := r.blockSize
+	r.blockSize = n
+	b.reports[engine] = r
 	cur := b.cur.Load().blockSize
 	agrees := ""
-	for other, m := range b.sizes {
-		if other != engine && m == cur {
+	for other, o := range b.reports {
+		if other != engine && o.blockSize == cur {
 			agrees = other
 			break
 		}
 	}
-	b.sizeMu.Unlock()
+	b.repMu.Unlock()
 	switch {
 	case n == cur:
 		return
@@ -227,20 +227,22 @@ func (b *Backend) Observe(engine string, m enginemetrics.Metrics, at time.Time) 
 // (kvindex.Exact.Reserve), so that the index does not rehash while filling.
 // Configured index.expected_entries disables it.
 func (b *Backend) sizeIndex(g *generation, engine string, blocks int) {
-	b.capMu.Lock()
-	if b.capacity == nil {
-		b.capacity = make(map[string]int)
-	}
-	b.capacity[engine] = blocks
-	total, engines := 0, len(b.capacity)
-	for _, n := range b.capacity {
-		total += n
+	b.repMu.Lock()
+	r := b.reports[engine]
+	r.blocks = blocks
+	b.reports[engine] = r
+	total, engines := 0, 0
+	for _, r := range b.reports {
+		if r.blocks > 0 {
+			total += r.blocks
+			engines++
+		}
 	}
 	grow := int64(total) > g.reserved.Load()
 	if grow {
-		g.reserved.Store(int64(total)) // under capMu: only ever raised
+		g.reserved.Store(int64(total)) // under repMu: only ever raised
 	}
-	b.capMu.Unlock()
+	b.repMu.Unlock()
 	if !grow {
 		return
 	}
