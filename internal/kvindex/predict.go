@@ -105,12 +105,17 @@ func (p *predRun) lcp(q []Key) int32 {
 	if p.off+1 == end || q[p.off+1] != p.k1 {
 		return p.off + 1
 	}
-	// q matches up to off+1: gallop to a mismatch, then bisect (lo matches
-	// at lo-1, hi is a mismatch or the end).
-	lo, hi := p.off+2, end
-	for step := int32(2); lo < hi; step *= 2 {
-		probe := min(p.off+step, hi-1)
-		if q[probe] != p.key(probe) {
+	return chainEnd(p.off+2, end, func(i int32) bool { return q[i] == p.key(i) })
+}
+
+// chainEnd returns the first position in [lo, hi) where same is false, or
+// hi, for a same that holds up to some position and fails from there on (as
+// chained keys compare): it gallops from lo, then bisects, so a mismatch
+// near lo costs a few compares.
+func chainEnd(lo, hi int32, same func(int32) bool) int32 {
+	for step := int32(1); lo < hi; step *= 2 {
+		probe := min(lo+step-1, hi-1)
+		if !same(probe) {
 			hi = probe
 			break
 		}
@@ -118,7 +123,7 @@ func (p *predRun) lcp(q []Key) int32 {
 	}
 	for lo < hi {
 		mid := int32(uint32(lo+hi) >> 1)
-		if q[mid] == p.key(mid) {
+		if same(mid) {
 			lo = mid + 1
 		} else {
 			hi = mid
@@ -198,16 +203,7 @@ func (p *predRun) lcpRun(q *predRun) int32 {
 	if a >= p.n || a >= q.n || p.key(a) != q.key(a) {
 		return 0
 	}
-	lo, hi := a+1, min(p.n, q.n)
-	for lo < hi {
-		mid := int32(uint32(lo+hi) >> 1)
-		if p.key(mid) == q.key(mid) {
-			lo = mid + 1
-		} else {
-			hi = mid
-		}
-	}
-	return lo
+	return chainEnd(a+1, min(p.n, q.n), func(i int32) bool { return p.key(i) == q.key(i) })
 }
 
 // alloc returns the index of an unused run, keeping its key buffer.
