@@ -155,40 +155,22 @@ func TestPublishAndReplay(t *testing.T) {
 	lastSeq := binary.BigEndian.Uint64(m.Frames[1])
 
 	// Replay everything from seq 0 over a DEALER.
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	_, replayAddr, err := s.KVEventsAddrs(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dealer := zmq4.NewDealer(ctx, zmq4.WithID(zmq4.SocketIdentity("test-dealer")))
-	defer dealer.Close()
-	if err := dealer.Dial(replayAddr); err != nil {
-		t.Fatal(err)
-	}
-	if err := dealer.Send(zmq4.NewMsgFrom([]byte{}, binary.BigEndian.AppendUint64(nil, 0))); err != nil {
-		t.Fatal(err)
-	}
 	var seqs []uint64
-	for {
-		r, err := dealer.Recv()
-		if err != nil {
-			t.Fatal(err)
+	for _, f := range replayFrames(t, s) {
+		if len(f) != 4 || len(f[0]) != 0 {
+			t.Fatalf("replay reply %q", f)
 		}
-		if len(r.Frames) != 4 || len(r.Frames[0]) != 0 {
-			t.Fatalf("replay reply %q", r.Frames)
-		}
-		seq := binary.BigEndian.Uint64(r.Frames[2])
+		seq := binary.BigEndian.Uint64(f[2])
 		if seq == endSeq {
-			if len(r.Frames[1]) != 0 || len(r.Frames[3]) != 0 {
-				t.Fatalf("end marker %q", r.Frames)
+			if len(f[1]) != 0 || len(f[3]) != 0 {
+				t.Fatalf("end marker %q", f)
 			}
 			break
 		}
-		if string(r.Frames[1]) != "kv" {
-			t.Fatalf("replay topic %q", r.Frames[1])
+		if string(f[1]) != "kv" {
+			t.Fatalf("replay topic %q", f[1])
 		}
-		if seq == lastSeq && !bytes.Equal(r.Frames[3], m.Frames[2]) {
+		if seq == lastSeq && !bytes.Equal(f[3], m.Frames[2]) {
 			t.Fatal("replayed payload differs from the live one")
 		}
 		seqs = append(seqs, seq)
@@ -241,6 +223,19 @@ func TestDropEveryKAndRestart(t *testing.T) {
 // the replied seqs.
 func replaySeqs(t *testing.T, s *testServer) []uint64 {
 	t.Helper()
+	var seqs []uint64
+	for _, f := range replayFrames(t, s) {
+		if seq := binary.BigEndian.Uint64(f[2]); seq != endSeq {
+			seqs = append(seqs, seq)
+		}
+	}
+	return seqs
+}
+
+// replayFrames asks the replay endpoint over a DEALER for everything from
+// seq 0 and returns every reply's frames, the end marker's last.
+func replayFrames(t *testing.T, s *testServer) [][][]byte {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_, replayAddr, err := s.KVEventsAddrs(ctx)
@@ -255,17 +250,16 @@ func replaySeqs(t *testing.T, s *testServer) []uint64 {
 	if err := dealer.Send(zmq4.NewMsgFrom([]byte{}, binary.BigEndian.AppendUint64(nil, 0))); err != nil {
 		t.Fatal(err)
 	}
-	var seqs []uint64
+	var out [][][]byte
 	for {
 		r, err := dealer.Recv()
 		if err != nil {
 			t.Fatal(err)
 		}
-		seq := binary.BigEndian.Uint64(r.Frames[2])
-		if seq == endSeq {
-			return seqs
+		out = append(out, r.Frames)
+		if len(r.Frames) >= 3 && binary.BigEndian.Uint64(r.Frames[2]) == endSeq {
+			return out
 		}
-		seqs = append(seqs, seq)
 	}
 }
 
