@@ -5,11 +5,24 @@ export GOTOOLCHAIN := go1.27.3
 GO        ?= go
 FUZZTIME  ?= 10s
 PKGS      := ./...
+# Where set-up keeps what it installs outside the repository (tools/setup/setup.sh).
+export KVROUTER_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/kvrouter
+# The Llama-3 tokenizer files set-up installs, for the tokenizer's golden test.
+export KVROUTER_LLAMA3_NPM ?= $(KVROUTER_CACHE)/llama3/node_modules
 
-.PHONY: test fmt vet deps race fuzz bench demo build clean
+.PHONY: test fmt vet deps race fuzz bench demo build clean setup-test setup-demo
 
-## test: everything CI runs: gofmt, vet, import rules, race tests, short fuzzing.
-test: fmt vet deps race fuzz
+## test: everything CI runs: set-up, gofmt, vet, import rules, race tests, short fuzzing.
+test: setup-test
+	@start=$$(date +%s); $(MAKE) --no-print-directory fmt vet deps race fuzz && \
+		echo "make test: passed in $$(( $$(date +%s) - start )) s after set-up"
+
+## setup-test, setup-demo: install what the tests or the demo need (idempotent; see tools/setup/setup.sh).
+setup-test:
+	@tools/setup/setup.sh test
+
+setup-demo:
+	@tools/setup/setup.sh demo
 
 build:
 	$(GO) build -o bin/kvrouter ./cmd/kvrouter
@@ -43,7 +56,7 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
 
 ## demo: 4 engine-sims and kvrouter on loopback, Mooncake trace slice, round_robin vs kv.
-demo:
+demo: setup-demo
 	$(GO) run ./cmd/kvrouter demo
 
 clean:

@@ -164,5 +164,5 @@ func runBench(ctx context.Context, args []string, sio stdio) error {
 		}
 	}
 	rep := report.New("kvrouter bench: "+w.Name, w.Info(), runs, report.SLO{TTFT: *sloTTFT, ITL: *sloITL})
-	return writeReport(rep, *asJSON, *htmlPath, sio.out)
+	return writeReport(rep, *asJSON, *htmlPath, sio)
 }

@@ -155,13 +155,7 @@ func runDemo(ctx context.Context, args []string, sio stdio) error {
 	rep := report.New(fmt.Sprintf("kvrouter demo: Mooncake slice, %d engine-sims", *engines), w.Info(), runs,
 		report.SLO{TTFT: 2 * time.Second / 10, ITL: 100 * time.Millisecond / 10})
 	rep.Setup = map[string]string{"engines": fmt.Sprint(*engines), "timing": "h100-llama3-8b x10", "speed": fmt.Sprint(*speed), "num_gpu_blocks": fmt.Sprint(*blocks)}
-	if err := writeReport(rep, *asJSON, *htmlPath, sio.out); err != nil {
-		return err
-	}
-	if *htmlPath != "" {
-		fmt.Fprintf(sio.err, "demo: HTML report written to %s\n", *htmlPath)
-	}
-	return nil
+	return writeReport(rep, *asJSON, *htmlPath, sio)
 }
 
 // demoRun starts cold engines and a kvrouter with policy in front of them,

@@ -41,6 +41,7 @@ func commands() []command {
 		{"sim", "simulate a fleet on a virtual clock and compare policies", runSim},
 		{"bench", "replay a workload against live servers", runBench},
 		{"demo", "start engine-sims and kvrouter and compare policies on the Mooncake trace", runDemo},
+		{"version", "print the build: version, VCS revision, Go version", runVersion},
 	}
 }
 
@@ -57,6 +58,9 @@ func run(ctx context.Context, args []string, sio stdio) int {
 	if len(args) == 0 {
 		usage(sio.err)
 		return 2
+	}
+	if args[0] == "--version" {
+		args = []string{"version"}
 	}
 	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		usage(sio.out)

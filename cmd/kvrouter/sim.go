@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -144,7 +145,7 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 	for _, s := range cfg.Scale {
 		rep.Setup["scale"] += fmt.Sprintf("%v:%+d ", s.At.Round(time.Second), s.Delta)
 	}
-	return writeReport(rep, *asJSON, *htmlPath, sio.out)
+	return writeReport(rep, *asJSON, *htmlPath, sio)
 }
 
 func defaultLoads() string {
@@ -165,9 +166,13 @@ func scenarioList() string {
 
 // writeReport prints rep as markdown (or JSON) on out and, when htmlPath is
 // set, writes the HTML page there.
-func writeReport(rep *report.Report, asJSON bool, htmlPath string, out io.Writer) error {
+func writeReport(rep *report.Report, asJSON bool, htmlPath string, sio stdio) error {
 	if htmlPath != "" {
-		f, err := os.Create(htmlPath)
+		abs, err := filepath.Abs(htmlPath)
+		if err != nil {
+			return fmt.Errorf("html report: %w", err)
+		}
+		f, err := os.Create(abs)
 		if err != nil {
 			return fmt.Errorf("html report: %w", err)
 		}
@@ -178,11 +183,12 @@ func writeReport(rep *report.Report, asJSON bool, htmlPath string, out io.Writer
 		if err != nil {
 			return fmt.Errorf("html report: %w", err)
 		}
+		fmt.Fprintf(sio.err, "HTML report written to %s\n", abs)
 	}
 	if asJSON {
-		return rep.JSON(out)
+		return rep.JSON(sio.out)
 	}
-	return rep.Markdown(out)
+	return rep.Markdown(sio.out)
 }
 
 // readTrace reads a Mooncake trace from path, or the embedded one.

