@@ -7,6 +7,12 @@ import (
 	"runtime/debug"
 )
 
+// buildVersionOverride, set by the linker (-ldflags "-X
+// main.buildVersionOverride=v1.2.3", as the Dockerfile does from its VERSION
+// build argument), replaces the module version for builds without VCS
+// information. It is never written at run time.
+var buildVersionOverride string
+
 // buildVersion describes the running binary from the build information the
 // Go toolchain embeds: module version, VCS revision and time (present when
 // built inside a git checkout; "+dirty" when it had uncommitted changes),
@@ -26,6 +32,9 @@ func buildVersion() string {
 				dirty = s.Value == "true"
 			}
 		}
+	}
+	if buildVersionOverride != "" {
+		version = buildVersionOverride
 	}
 	out := "kvrouter " + version
 	if rev != "" {

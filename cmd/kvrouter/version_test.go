@@ -1,6 +1,10 @@
 package main
 
 import (
+	"debug/elf"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -21,5 +25,50 @@ func TestVersion(t *testing.T) {
 	}
 	if code, _, _ := runCmd(t, "version", "extra"); code != 2 {
 		t.Fatalf("version with an argument: exit %d, want 2", code)
+	}
+}
+
+// The Dockerfile's build command makes a static binary (no ELF interpreter,
+// so it runs on a distroless base without libc) whose version is the
+// VERSION build argument.
+func TestDockerfileBuildStatic(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: builds the binary")
+	}
+	df, err := os.ReadFile(filepath.Join("..", "..", "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var build string
+	for _, l := range strings.Split(string(df), "\n") {
+		if strings.HasPrefix(l, "RUN go build ") {
+			build = strings.TrimPrefix(l, "RUN ")
+		}
+	}
+	if build == "" || !strings.Contains(string(df), "CGO_ENABLED=0") {
+		t.Fatalf("Dockerfile has no `RUN go build` line with CGO_ENABLED=0")
+	}
+	bin := filepath.Join(t.TempDir(), "kvrouter")
+	build = strings.ReplaceAll(build, "${VERSION}", "v9.9.9-test")
+	build = strings.ReplaceAll(build, "/out/kvrouter", bin)
+	cmd := exec.CommandContext(t.Context(), "sh", "-c", build)
+	cmd.Dir = filepath.Join("..", "..")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", build, err, out)
+	}
+	f, err := elf.Open(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			t.Fatalf("%s is dynamically linked (has PT_INTERP)", bin)
+		}
+	}
+	out, err := exec.CommandContext(t.Context(), bin, "version").Output()
+	if err != nil || !strings.HasPrefix(string(out), "kvrouter v9.9.9-test ") {
+		t.Fatalf("version: %q, %v", out, err)
 	}
 }
