@@ -3,14 +3,21 @@ package kvindex
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 )
 
-// Approx is the decision-fed index for engines that publish no KV events:
-// Routed inserts the request's keys for the chosen replica, kept for
-// Config.ApproxTTL and at most the replica's capacity in blocks, evicting the
-// least recently routed first (deep blocks before their prefixes). Its blocks
-// count as GPU in Lookup. Safe for concurrent use (one RWMutex).
+// Approx is the decision-fed index for engines that publish no KV events.
+// It models each replica's prefix cache as the engine runs it: a cache of
+// the replica's capacity in blocks (SetCapacity: vLLM's num_gpu_blocks)
+// evicting the least recently used block when full. Routed inserts the
+// request's keys for the chosen replica, or refreshes those it already
+// holds (the engine reuses them and they become most recent), the prefix
+// most recent of all, so that deep blocks are evicted before their
+// prefixes (vLLM frees a request's blocks in reverse order). Nothing
+// expires with time unless Config.ApproxTTL sets an upper bound. Lookup
+// reads only: looking up a prompt is not a request to any replica. Its
+// blocks count as GPU in Lookup. Safe for concurrent use (one RWMutex).
 type Approx struct {
 	cfg  Config
 	root Key
@@ -121,13 +128,14 @@ func (a *Approx) RemoveReplica(name string) bool {
 }
 
 // Routed records that a request with keys was sent to replica id: each key
-// is held by id for Config.ApproxTTL from now, within its capacity.
+// becomes id's most recent block (keys[0] the most recent of all), evicting
+// its least recent blocks beyond its capacity, and with Config.ApproxTTL
+// set, expires that long from now.
 func (a *Approx) Routed(id ReplicaID, keys []Key) {
 	if len(keys) == 0 {
 		return
 	}
-	now := a.cfg.Now().UnixNano()
-	exp := uint64(now + int64(a.cfg.ApproxTTL))
+	now, exp := a.expiry()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if int(id) >= len(a.srcOf) || a.srcOf[id] == 0 {
@@ -151,6 +159,16 @@ func (a *Approx) Routed(id ReplicaID, keys []Key) {
 		a.c.evicted.Add(1)
 	}
 	a.publish()
+}
+
+// expiry returns the clock in nanoseconds and the expiry of a block routed
+// now, or 0 and never (math.MaxUint64) without Config.ApproxTTL.
+func (a *Approx) expiry() (now int64, exp uint64) {
+	if a.cfg.ApproxTTL <= 0 {
+		return 0, math.MaxUint64
+	}
+	now = a.cfg.Now().UnixNano()
+	return now, uint64(now + int64(a.cfg.ApproxTTL))
 }
 
 // evict drops id's expired entries (now > 0) and its least recent ones
@@ -177,8 +195,8 @@ func (a *Approx) publish() {
 }
 
 // Lookup fills out[r] with replica r's Match for keys and returns out resized
-// to NumReplicas; expired entries are ignored. It allocates only when out is
-// too short.
+// to NumReplicas; entries past Config.ApproxTTL are ignored. It changes no
+// recency and allocates only when out is too short.
 func (a *Approx) Lookup(keys []Key, out []Match) []Match {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
@@ -186,9 +204,9 @@ func (a *Approx) Lookup(keys []Key, out []Match) []Match {
 	if len(out) == 0 || len(keys) == 0 {
 		return out
 	}
-	now := uint64(a.cfg.Now().UnixNano())
+	now, _ := a.expiry()
 	for i, k := range keys {
-		if walk(&a.st, k, int32(i), out, tierGPU, now) == 0 {
+		if walk(&a.st, k, int32(i), out, tierGPU, uint64(now)) == 0 {
 			break
 		}
 	}

@@ -5,8 +5,10 @@ import (
 	"time"
 )
 
+// testApprox is an Approx with block size 4 on a test clock and the
+// default configuration otherwise (no TTL).
 func testApprox(c *clock, mod func(*Config)) *Approx {
-	cfg := Config{Model: "m", BlockSize: 4, Now: c.Now, ApproxTTL: 10 * time.Second}
+	cfg := Config{Model: "m", BlockSize: 4, Now: c.Now}
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -17,9 +19,43 @@ func testApprox(c *clock, mod func(*Config)) *Approx {
 	return a
 }
 
-func TestApproxTTL(t *testing.T) {
+// routeTo records a routed request of tokens to name.
+func routeTo(a *Approx, name string, tokens []uint32) {
+	id, _ := a.ReplicaID(name)
+	a.Routed(id, Keys(nil, tokens, a.BlockSize(), Extras{Root: a.Root()}))
+}
+
+// TestApproxKeepsAffinityWhileIdle is LiteLLM's complaint (#16522,
+// #28427): a long system prompt sent again after 7 idle minutes must still
+// be found where it was routed, because nothing else has filled that
+// engine's cache since. The default configuration has no time limit.
+func TestApproxKeepsAffinityWhileIdle(t *testing.T) {
 	c := newClock()
 	a := testApprox(c, nil)
+	for _, n := range []string{"r0", "r1", "r2"} {
+		a.AddReplica(n)
+	}
+	a.SetCapacity("r1", 4096)
+	system := seq(1, 4000) // 1,000 blocks
+	routeTo(a, "r1", cat(system, seq(90_000, 37)))
+	routeTo(a, "r0", seq(50_000, 400)) // other traffic, elsewhere
+	c.Add(7 * time.Minute)
+	if m := lookupOf(a, "r1", cat(system, seq(91_000, 50)), Extras{}); m.GPU != 1000 {
+		t.Fatalf("after 7 idle minutes r1 matches %+v, want the 1,000 system-prompt blocks", m)
+	}
+	c.Add(24 * time.Hour)
+	if m := lookupOf(a, "r1", system, Extras{}); m.GPU != 1000 {
+		t.Fatalf("after a day with no traffic r1 matches %+v, want 1,000 blocks", m)
+	}
+	if s := a.Stats(); s.Evicted != 0 {
+		t.Fatalf("evicted %d entries without any capacity pressure", s.Evicted)
+	}
+}
+
+// TestApproxTTL: a configured TTL is an upper bound on top of capacity.
+func TestApproxTTL(t *testing.T) {
+	c := newClock()
+	a := testApprox(c, func(cfg *Config) { cfg.ApproxTTL = 10 * time.Second })
 	r := a.AddReplica("r")
 	a.Routed(r, Keys(nil, abcd, 4, Extras{Root: a.Root()}))
 	if m := lookupOf(a, "r", abcd, Extras{}); m.GPU != 4 {
@@ -32,6 +68,9 @@ func TestApproxTTL(t *testing.T) {
 	a.Routed(r, Keys(nil, abcd[:4], 4, Extras{Root: a.Root()}))
 	if s := a.Stats(); s.Entries != 1 || s.Evicted != 4 {
 		t.Fatalf("stats %+v", s)
+	}
+	if _, err := NewApprox(Config{ApproxTTL: -time.Second}, nil, nil); err == nil {
+		t.Fatal("negative approx_ttl accepted")
 	}
 }
 
@@ -55,5 +94,53 @@ func TestApproxCapacityLRU(t *testing.T) {
 	}
 	if !a.RemoveReplica("r") || a.Stats().Entries != 0 {
 		t.Fatal("RemoveReplica must drop entries")
+	}
+}
+
+// TestApproxRoutedHitRefreshes: a request routed to a replica that holds
+// its prefix makes those blocks the most recent, as the engine's LRU does
+// when it reuses them; a Lookup alone refreshes nothing. Capacity 6 blocks,
+// prompts of 3: A, B, A again, then C evicts B, not A.
+func TestApproxRoutedHitRefreshes(t *testing.T) {
+	pa, pb, pc, pd := seq(100, 12), seq(200, 12), seq(300, 12), seq(400, 12)
+	c := newClock()
+	a := testApprox(c, nil)
+	a.SetCapacity("r", 6)
+	routeTo(a, "r", pa)
+	routeTo(a, "r", pb)
+	routeTo(a, "r", pa) // a hit: refreshed
+	routeTo(a, "r", pc)
+	if ma, mb := lookupOf(a, "r", pa, Extras{}), lookupOf(a, "r", pb, Extras{}); ma.GPU != 3 || mb.GPU != 0 {
+		t.Fatalf("after A B A C: A %+v B %+v, want A kept (refreshed) and B evicted", ma, mb)
+	}
+	// Lookups of A (now the least recent) do not keep it.
+	for range 3 {
+		lookupOf(a, "r", pa, Extras{})
+	}
+	routeTo(a, "r", pd)
+	if ma, mc := lookupOf(a, "r", pa, Extras{}), lookupOf(a, "r", pc, Extras{}); ma.GPU != 0 || mc.GPU != 3 {
+		t.Fatalf("after D: A %+v C %+v, want A evicted (least recent, only looked up) and C kept", ma, mc)
+	}
+	if m := lookupOf(a, "r", pd, Extras{}); m.GPU != 3 {
+		t.Fatalf("D %+v", m)
+	}
+}
+
+// TestApproxPartialHitOrder: a request that shares a prefix with a held
+// prompt refreshes the shared blocks; the old prompt's own deep blocks
+// stay least recent and go first, in reverse order (deepest first).
+func TestApproxPartialHitOrder(t *testing.T) {
+	c := newClock()
+	a := testApprox(c, nil)
+	a.SetCapacity("r", 6)
+	shared := seq(1, 8)                       // 2 blocks
+	routeTo(a, "r", cat(shared, seq(100, 8))) // S1 S2 X1 X2
+	routeTo(a, "r", cat(shared, seq(200, 8))) // S1 S2 Y1 Y2: 6 held
+	routeTo(a, "r", seq(300, 4))              // Z1 evicts X2
+	if m := lookupOf(a, "r", cat(shared, seq(100, 8)), Extras{}); m.GPU != 3 {
+		t.Fatalf("X prompt %+v, want S1 S2 X1 (X2, the deepest, evicted first)", m)
+	}
+	if m := lookupOf(a, "r", cat(shared, seq(200, 8)), Extras{}); m.GPU != 4 {
+		t.Fatalf("Y prompt %+v, want all 4", m)
 	}
 }

@@ -75,8 +75,11 @@ type replayStep struct {
 // buildReplay turns the trace into the operations an index sees in a fleet
 // of `replicas` engines with `capacity` blocks each (FIFO eviction), block
 // size 16: per request a lookup of its keys, then the engine's BlockStored
-// for the blocks it lacks and BlockRemoved for the blocks it evicts.
-func buildReplay(tb testing.TB, reqs []mooncakeReq, replicas, capacity int) (steps []replayStep, ops int) {
+// for the blocks it lacks and BlockRemoved for the blocks it evicts. events
+// counts the stored and removed blocks; promptKeys the keys looked up, of
+// which Lookup probes only those up to the first one no replica holds
+// (benchReplay counts those).
+func buildReplay(tb testing.TB, reqs []mooncakeReq, replicas, capacity int) (steps []replayStep, events, promptKeys int) {
 	const bs = 16
 	ex := newExpander()
 	root := Root("mooncake", "")
@@ -99,7 +102,7 @@ func buildReplay(tb testing.TB, reqs []mooncakeReq, replicas, capacity int) (ste
 		}
 		keys := Keys(nil, toks, bs, Extras{Root: root})
 		steps = append(steps, replayStep{keys: keys})
-		ops += len(keys)
+		promptKeys += len(keys)
 		rep := r.HashIDs[min(1, len(r.HashIDs)-1)] % replicas
 		c := &caches[rep]
 		var evs []vllm.Event
@@ -113,7 +116,7 @@ func buildReplay(tb testing.TB, reqs []mooncakeReq, replicas, capacity int) (ste
 				if len(run) > 0 {
 					evs = append(evs, vllm.Event{Type: vllm.BlockStored, BlockHashes: run, ParentBlockHash: parent,
 						TokenIDs: win[start*bs : (start+len(run))*bs], BlockSize: bs})
-					ops += len(run)
+					events += len(run)
 				}
 			}
 			for j := range full {
@@ -149,40 +152,51 @@ func buildReplay(tb testing.TB, reqs []mooncakeReq, replicas, capacity int) (ste
 		}
 		for _, h := range removed {
 			evs = append(evs, vllm.Event{Type: vllm.BlockRemoved, BlockHashes: []vllm.BlockHash{h}})
-			ops++
+			events++
 		}
 		if len(evs) > 0 {
 			steps = append(steps, replayStep{engine: names[rep], batch: &vllm.Batch{Events: evs}})
 		}
 	}
-	return steps, ops
+	return steps, events, promptKeys
 }
 
 // BenchmarkMooncakeReplay replays the first 4,000 Mooncake requests on 16
-// engines of 32,768 blocks as block-level operations (lookups, stores with
-// re-hashing of token_ids, removals) on one core. ops/s is per wall second,
-// ops/cpu-s per second of CPU the process used (GC included): on a shared
-// machine the latter is the throughput of one core. index=growing starts
+// engines of 32,768 blocks as block-level operations on one core: stores
+// (with re-hashing of token_ids), removals, and the keys lookups probe. A
+// lookup stops at the first key no replica holds, so only the keys up to
+// and including that one are probed and counted (probed-keys/replay); the
+// prompts' other keys are never touched (unprobed-keys/replay) and count
+// for nothing. ops/s is per wall second, ops/cpu-s per second of CPU the
+// process used (GC included): on a shared machine the latter is the
+// throughput of one core. index=growing starts
 // from an empty index whose key table doubles as it fills; index=sized sets
 // Config.ExpectedEntries to the fleet's 16 x 32,768 blocks, as a router
 // told its fleet's capacity would (the steady state of a long-lived index).
 func BenchmarkMooncakeReplay(b *testing.B) {
 	reqs := loadMooncake(b, 4000)
-	steps, ops := buildReplay(b, reqs, 16, 32768)
+	steps, events, promptKeys := buildReplay(b, reqs, 16, 32768)
 	for _, bc := range []struct {
 		name     string
 		expected int
 	}{{"growing", 0}, {"sized", 16 * 32768}} {
 		b.Run("index="+bc.name, func(b *testing.B) {
 			cfg := Config{Model: "mooncake", BlockSize: 16, PredictTTL: -1, ExpectedEntries: bc.expected}
-			benchReplay(b, cfg, steps, ops)
+			benchReplay(b, cfg, steps, events, promptKeys)
 		})
 	}
 }
 
-func benchReplay(b *testing.B, cfg Config, steps []replayStep, ops int) {
+// benchReplay applies steps to a fresh index per iteration. An op is a
+// stored or removed block (events) or a probed lookup key: per lookup, the
+// keys up to the first that no replica holds (the longest match plus one,
+// at most all of them; none before any replica exists), found from the
+// lookup's result. The replay is
+// deterministic, so every iteration must probe the same keys.
+func benchReplay(b *testing.B, cfg Config, steps []replayStep, events, promptKeys int) {
 	b.ReportAllocs()
 	var last Stats
+	probed := -1
 	cpu := cpuTime()
 	for b.Loop() {
 		x, err := NewExact(cfg, nil, nil)
@@ -190,25 +204,41 @@ func benchReplay(b *testing.B, cfg Config, steps []replayStep, ops int) {
 			b.Fatal(err)
 		}
 		out := make([]Match, 0, 16)
+		n := 0
 		for i := range steps {
 			s := &steps[i]
 			if s.batch != nil {
 				x.Apply(s.engine, s.batch)
-			} else {
-				out = x.Lookup(s.keys, out)
+				continue
 			}
+			out = x.Lookup(s.keys, out)
+			if len(out) == 0 { // no replica yet: nothing probed
+				continue
+			}
+			longest := 0
+			for _, m := range out {
+				longest = max(longest, m.Blocks())
+			}
+			n += min(longest+1, len(s.keys))
 		}
+		if probed >= 0 && n != probed {
+			b.Fatalf("iterations probed %d and %d keys", probed, n)
+		}
+		probed = n
 		last = x.Stats()
 	}
 	cpu = cpuTime() - cpu
 	if last.UnknownParent != 0 || last.UnknownRemoved != 0 {
 		b.Fatalf("replay inconsistent: %+v", last)
 	}
+	ops := events + probed
 	b.ReportMetric(float64(ops)*float64(b.N)/b.Elapsed().Seconds(), "ops/s")
 	if cpu > 0 {
 		b.ReportMetric(float64(ops)*float64(b.N)/cpu.Seconds(), "ops/cpu-s")
 	}
 	b.ReportMetric(float64(ops), "ops/replay")
+	b.ReportMetric(float64(probed), "probed-keys/replay")
+	b.ReportMetric(float64(promptKeys-probed), "unprobed-keys/replay")
 	b.ReportMetric(float64(last.Entries), "entries")
 	b.ReportMetric(float64(last.Stored), "stored/replay")
 	b.ReportMetric(float64(last.Removed), "removed/replay")

@@ -40,8 +40,13 @@ type Config struct {
 	// first (8 bytes a key). Default 1,048,576. Independently, at most
 	// 16,384 requests' predictions are kept.
 	MaxPredicted int `yaml:"max_predicted"`
-	// ApproxTTL is how long Approx keeps a routed block. Default 120s
-	// (Dynamo's ApproxKvIndexer window).
+	// ApproxTTL is an optional upper bound on how long Approx keeps a
+	// block after it was last routed. Default 0: none, blocks leave only
+	// when the replica's capacity (ApproxCapacity, SetCapacity) is full,
+	// least recently routed first, as the engine's prefix cache evicts
+	// (vLLM keeps a freed block until its free-block queue reaches it,
+	// however long ago that was). A fixed window (Dynamo's
+	// ApproxKvIndexer uses 120 s) forgets prompts the engine still holds.
 	ApproxTTL time.Duration `yaml:"approx_ttl"`
 	// ApproxCapacity is the per-replica capacity of Approx in blocks until
 	// SetCapacity gives the engine's num_gpu_blocks. Default 65,536.
@@ -56,7 +61,6 @@ const (
 	DefaultMaxEntries     = 1 << 23
 	DefaultPredictTTL     = 5 * time.Second
 	DefaultMaxPredicted   = 1 << 20
-	DefaultApproxTTL      = 120 * time.Second
 	DefaultApproxCapacity = 1 << 16
 )
 
@@ -73,9 +77,6 @@ func DefaultConfig(cfg Config) Config {
 	}
 	if cfg.MaxPredicted == 0 {
 		cfg.MaxPredicted = DefaultMaxPredicted
-	}
-	if cfg.ApproxTTL == 0 {
-		cfg.ApproxTTL = DefaultApproxTTL
 	}
 	if cfg.ApproxCapacity == 0 {
 		cfg.ApproxCapacity = DefaultApproxCapacity
@@ -102,7 +103,7 @@ func (cfg Config) validate() error {
 		errs = append(errs, fmt.Errorf("max_predicted %d: must be in 1..2^31", cfg.MaxPredicted))
 	}
 	if cfg.ApproxTTL < 0 {
-		errs = append(errs, fmt.Errorf("approx_ttl %v: must be positive", cfg.ApproxTTL))
+		errs = append(errs, fmt.Errorf("approx_ttl %v: must not be negative (0: no bound)", cfg.ApproxTTL))
 	}
 	if cfg.ApproxCapacity < 0 {
 		errs = append(errs, fmt.Errorf("approx_capacity %d: must be positive", cfg.ApproxCapacity))

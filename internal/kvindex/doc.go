@@ -50,10 +50,11 @@
 // the engine's.
 //
 // Approx is for engines without events: Routed inserts the request's keys for
-// the chosen replica, kept for Config.ApproxTTL and at most the replica's
-// capacity in blocks (SetCapacity, e.g. vLLM's num_gpu_blocks), evicting the
-// least recently routed, so the model evicts as the engine does instead of
-// growing. Its blocks are reported as GPU.
+// the chosen replica, or refreshes those it holds, keeping at most the
+// replica's capacity in blocks (SetCapacity, e.g. vLLM's num_gpu_blocks) and
+// evicting the least recently routed, so the model evicts as the engine does
+// instead of growing or forgetting with time (Config.ApproxTTL is an
+// optional upper bound, off by default). Its blocks are reported as GPU.
 //
 // # Lookup
 //

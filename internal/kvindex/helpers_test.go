@@ -88,3 +88,12 @@ func lookupOf(x interface {
 	}
 	return out[id]
 }
+
+// cat concatenates token slices.
+func cat(parts ...[]uint32) []uint32 {
+	var out []uint32
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}

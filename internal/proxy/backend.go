@@ -147,6 +147,9 @@ func (b *Backend) build(blockSize int) (*generation, error) {
 	for _, name := range b.cfg.Replicas {
 		r.AddReplica(name)
 	}
+	if g.approx != nil {
+		b.capacities(g.approx, g.blockSize)
+	}
 	return g, nil
 }
 
@@ -204,33 +207,52 @@ func (b *Backend) setBlockSize(engine string, n int, source string) {
 }
 
 // Observe takes one engine's scraped /metrics: load gauges for the router,
-// the block size and the number of GPU blocks (the approximate index's
-// capacity).
+// the block size and the number of GPU blocks over the engine's DP ranks
+// (the approximate index's capacity for the engine; the exact index's key
+// table is sized for the engines' sum).
 func (b *Backend) Observe(engine string, m enginemetrics.Metrics, at time.Time) {
+	blocks := 0
+	if m.NumGPUBlocks > 0 {
+		blocks = m.NumGPUBlocks * max(m.Engines, b.cfg.DPSize[engine], 1)
+		b.repMu.Lock() // before a rebuild for a new block size reads it
+		r := b.reports[engine]
+		r.blocks = blocks
+		b.reports[engine] = r
+		b.repMu.Unlock()
+	}
 	b.setBlockSize(engine, m.BlockSize, "metrics")
 	g := b.cur.Load()
 	g.router.ObserveGauges(engine, routing.Gauges{Waiting: int(m.Waiting), Running: int(m.Running), KVUsage: m.KVCacheUsage, At: at})
-	if m.NumGPUBlocks <= 0 {
+	if blocks == 0 {
 		return
 	}
-	blocks := m.NumGPUBlocks * max(m.Engines, b.cfg.DPSize[engine], 1)
 	if g.approx != nil {
 		g.approx.SetCapacity(engine, blocks)
 	}
 	if g.exact != nil && b.cfg.Index.ExpectedEntries == 0 {
-		b.sizeIndex(g, engine, blocks)
+		b.sizeIndex(g)
 	}
 }
 
-// sizeIndex records engine's capacity in blocks and, when the engines' sum
-// outgrows what g's exact index was sized for, reserves that many entries
-// (kvindex.Exact.Reserve), so that the index does not rehash while filling.
-// Configured index.expected_entries disables it.
-func (b *Backend) sizeIndex(g *generation, engine string, blocks int) {
+// capacities sets, in a's new generation for blockSize, the capacity of
+// every engine whose last report had that block size, so that a rebuild does
+// not fall back to the default capacity until each engine's next scrape.
+func (b *Backend) capacities(a *kvindex.Approx, blockSize int) {
 	b.repMu.Lock()
-	r := b.reports[engine]
-	r.blocks = blocks
-	b.reports[engine] = r
+	defer b.repMu.Unlock()
+	for engine, r := range b.reports {
+		if r.blocks > 0 && r.blockSize == blockSize {
+			a.SetCapacity(engine, r.blocks)
+		}
+	}
+}
+
+// sizeIndex reserves entries in g's exact index (kvindex.Exact.Reserve)
+// when the engines' reported capacities outgrow what it was sized for, so
+// that the index does not rehash while filling. Configured
+// index.expected_entries disables it.
+func (b *Backend) sizeIndex(g *generation) {
+	b.repMu.Lock()
 	total, engines := 0, 0
 	for _, r := range b.reports {
 		if r.blocks > 0 {

@@ -283,3 +283,42 @@ func TestEngineHit(t *testing.T) {
 		}
 	}
 }
+
+// TestBackendApproxCapacityFromMetrics: without KV events the approximate
+// index holds at most an engine's scraped num_gpu_blocks (times its DP
+// ranks), and a rebuild for a new block size keeps the capacity of every
+// engine already reporting that size instead of the 65,536-block default.
+func TestBackendApproxCapacityFromMetrics(t *testing.T) {
+	b, err := NewBackend(BackendConfig{Model: "m", Replicas: []string{"a", "b"}, Policy: "kv",
+		Routing: routing.Config{Rand: rand.New(rand.NewPCG(1, 2))}}, nil, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := func(engine string, prompt []uint32) int {
+		t.Helper()
+		if _, err := b.Route(&RouteInput{Model: "m", Tokens: prompt, Candidates: []string{engine}}); err != nil {
+			t.Fatal(err)
+		}
+		g := b.cur.Load()
+		id, _ := g.approx.ReplicaID(engine)
+		return g.approx.ReplicaBlocks(id)
+	}
+	b.Observe("a", enginemetrics.Metrics{BlockSize: 16, NumGPUBlocks: 10, Engines: 2}, time.Now())
+	if n := held("a", seq(16*50)); n != 20 {
+		t.Fatalf("engine a (2 ranks x 10 blocks) holds %d blocks of a 50-block prompt, want 20", n)
+	}
+	// b restarts with 32-token blocks: the group disagrees (a still says
+	// 16), so no rebuild yet; then a does too: rebuilt for 32, and b's
+	// capacity, reported before the rebuild, still holds.
+	b.Observe("b", enginemetrics.Metrics{BlockSize: 32, NumGPUBlocks: 7}, time.Now())
+	b.Observe("a", enginemetrics.Metrics{BlockSize: 32, NumGPUBlocks: 9}, time.Now())
+	if b.BlockSize() != 32 || b.rebuilds.Load() != 1 {
+		t.Fatalf("block size %d after %d rebuilds, want 32 after 1", b.BlockSize(), b.rebuilds.Load())
+	}
+	if n := held("b", seq(32*30)); n != 7 {
+		t.Fatalf("engine b holds %d blocks of a 30-block prompt after the rebuild, want its 7", n)
+	}
+	if n := held("a", seq(32*30)); n != 9 {
+		t.Fatalf("engine a holds %d blocks after the rebuild, want 9", n)
+	}
+}

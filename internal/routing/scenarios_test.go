@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
+	"time"
 
 	"kvrouter/internal/kvindex"
 )
@@ -88,6 +89,25 @@ func TestScenarioBAOnBothIndexes(t *testing.T) {
 				l.Release()
 			}
 		})
+	}
+}
+
+// TestScenarioApproxAffinityAfterIdle: with the approximate index (no KV
+// events), a long system prompt sent again after 7 idle minutes goes back
+// to the replica it was routed to, with its blocks counted as cached: the
+// engine still holds them (nothing else filled its cache), so the index
+// must too (LiteLLM #16522, #28427: a 120 s TTL sent it to a cold replica).
+func TestScenarioApproxAffinityAfterIdle(t *testing.T) {
+	system := tokens(11, 8192)
+	f := newFleet(t, "approx", "kv", 4, "r1", "r2", "r3", "r4")
+	d, l := f.route(cat(system, tokens(12, 100)), nil)
+	l.Release()
+	f.clock.Add(7 * time.Minute)
+	d2, l2 := f.route(cat(system, tokens(13, 120)), nil)
+	l2.Release()
+	if d2.Name != d.Name || d2.Chosen().CachedBlocks != len(system)/bs {
+		t.Fatalf("after 7 idle minutes: %s with %d cached blocks, want %s with %d: %+v",
+			d2.Name, d2.Chosen().CachedBlocks, d.Name, len(system)/bs, d2.Terms)
 	}
 }
 
