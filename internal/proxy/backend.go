@@ -274,6 +274,7 @@ func (b *Backend) Apply(u kvevents.Update) {
 func (b *Backend) Route(in *RouteInput) (Decision, error) {
 	g := b.cur.Load()
 	req := &routing.Request{
+		ID:         in.RequestID,
 		Tokens:     in.Tokens,
 		Text:       in.Text,
 		SessionKey: in.Session,

@@ -11,7 +11,7 @@ import (
 // router itself answers (OpenAI's names; docs/serve.md lists which status
 // gets which). Errors an engine answers are relayed as they are.
 const (
-	typeInvalidRequest     = "invalid_request_error"     // 400, 413, 415
+	typeInvalidRequest     = "invalid_request_error"     // 400, 405, 413, 415
 	typeAuthentication     = "authentication_error"      // 401
 	typeNotFound           = "not_found_error"           // 404: unknown model or path
 	typeServer             = "server_error"              // 500, 502, 504, a stream broken mid-way

@@ -15,6 +15,9 @@ type Router interface {
 type RouteInput struct {
 	// Model is the request's model name.
 	Model string
+	// RequestID is the request's x-request-id (the client's, or the one
+	// the router made), for the router's log lines.
+	RequestID string
 	// Tokens are the prompt's token ids as the engine will see them; nil
 	// when unknown (tokenizer "none" with a text prompt, or a tokenizer
 	// error): route by load.

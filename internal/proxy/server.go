@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -113,16 +114,32 @@ func newTransport(t TimeoutsConfig) *http.Transport {
 
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/completions", s.auth(func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, kindCompletion) }))
-	mux.HandleFunc("POST /v1/chat/completions", s.auth(func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, kindChat) }))
-	mux.HandleFunc("POST /v1/route", s.auth(s.serveRoute))
-	mux.HandleFunc("GET /v1/models", s.auth(s.serveModels))
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
-	mux.HandleFunc("GET /ready", s.serveReady)
+	allow := map[string][]string{} // path -> methods served
+	handle := func(method, path string, h http.Handler) {
+		mux.Handle(method+" "+path, h)
+		allow[path] = append(allow[path], method)
+		if method == http.MethodGet { // ServeMux serves HEAD with GET
+			allow[path] = append(allow[path], http.MethodHead)
+		}
+	}
+	handle("POST", "/v1/completions", s.auth(func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, kindCompletion) }))
+	handle("POST", "/v1/chat/completions", s.auth(func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, kindChat) }))
+	handle("POST", "/v1/route", s.auth(s.serveRoute))
+	handle("GET", "/v1/models", s.auth(s.serveModels))
+	handle("GET", "/health", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) }))
+	handle("GET", "/ready", http.HandlerFunc(s.serveReady))
 	if s.deps.Gatherer != nil {
-		mux.Handle("GET /metrics", promhttp.HandlerFor(s.deps.Gatherer, promhttp.HandlerOpts{}))
+		handle("GET", "/metrics", promhttp.HandlerFor(s.deps.Gatherer, promhttp.HandlerOpts{}))
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		// "/" matches every method, so ServeMux's own 405 never happens:
+		// a known path with another method is answered here.
+		if methods, ok := allow[r.URL.Path]; ok {
+			w.Header().Set("Allow", strings.Join(methods, ", "))
+			(&apiError{status: http.StatusMethodNotAllowed, typ: typeInvalidRequest,
+				message: fmt.Sprintf("method %s not allowed on %s (allowed: %s)", r.Method, r.URL.Path, strings.Join(methods, ", "))}).write(w)
+			return
+		}
 		(&apiError{status: http.StatusNotFound, typ: typeNotFound, message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)}).write(w)
 	})
 	return mux
