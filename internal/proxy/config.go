@@ -148,9 +148,15 @@ type EngineConfig struct {
 	IdleCheck time.Duration `yaml:"idle_check"`
 	// APIKey is sent to the engine as a bearer token.
 	APIKey string `yaml:"api_key"`
-	// APIKeyEnv names an environment variable that, when set, overrides
-	// APIKey (keeps secrets out of the file).
+	// APIKeyEnv names an environment variable holding the key; it
+	// overrides APIKey (keeps secrets out of the file). A variable that is
+	// unset or empty is a configuration error (Validate), not a silent
+	// start without the key.
 	APIKeyEnv string `yaml:"api_key_env"`
+
+	// apiKeyEnvUnset is set by FillDefaults when APIKeyEnv names an unset
+	// or empty variable.
+	apiKeyEnvUnset bool
 }
 
 // Tokenizer modes besides a path.
@@ -246,7 +252,9 @@ func (c *Config) FillDefaults(getenv func(string) string) {
 				e.DPSize = 1
 			}
 			if e.APIKeyEnv != "" {
-				if k := getenv(e.APIKeyEnv); k != "" {
+				k := getenv(e.APIKeyEnv)
+				e.apiKeyEnvUnset = k == ""
+				if k != "" {
 					e.APIKey = k
 				}
 			}
@@ -358,6 +366,9 @@ func (c *Config) Validate() error {
 			}
 			if e.DPSize < 1 {
 				errs = append(errs, ferr("must be >= 1", "models", i, "engines", j, "dp_size"))
+			}
+			if e.apiKeyEnvUnset {
+				errs = append(errs, ferr(fmt.Sprintf("environment variable %s is not set (or empty): the engine's key would be missing", e.APIKeyEnv), "models", i, "engines", j, "api_key_env"))
 			}
 		}
 	}
