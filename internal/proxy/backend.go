@@ -309,6 +309,7 @@ func (b *Backend) Route(in *RouteInput) (Decision, error) {
 		Replica:      d.Name,
 		CachedTokens: cachedTokens(d, g.blockSize, len(in.Tokens)),
 		Release:      lease.Release,
+		Failed:       lease.Failed,
 		FirstToken:   lease.FirstToken,
 		Shadow:       shadow,
 		Explain:      explanation(d, g, len(in.Tokens)),

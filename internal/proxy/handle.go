@@ -36,7 +36,9 @@ type exchange struct {
 	// abort: the response is broken after its first byte and is not an
 	// event stream; the handler ends the connection (http.ErrAbortHandler).
 	abort bool
-	err   error
+	// streamErr: the engine's event stream carried an error event.
+	streamErr bool
+	err       error
 }
 
 // Outcome labels of kvrouter_proxy_requests_total.
