@@ -100,6 +100,11 @@ type ModelConfig struct {
 	// "full" into forwarded requests (for engines older than 2026-07 that
 	// reject unknown xargs).
 	DisableHitReport bool `yaml:"disable_hit_report"`
+	// TooLong is what happens to a request whose prompt tokens plus
+	// requested output tokens exceed the engines' max_model_len (read
+	// from their /v1/models): "reject" (default: answer vLLM's own 400
+	// without forwarding) or "forward" (let the engine answer).
+	TooLong string `yaml:"too_long"`
 }
 
 // TimeoutsConfig bounds one engine request.
@@ -165,6 +170,12 @@ const (
 	TokenizerNone   = "none"
 )
 
+// ModelConfig.TooLong values.
+const (
+	TooLongReject  = "reject"
+	TooLongForward = "forward"
+)
+
 // PolicyShadow is the policy name of shadow mode.
 const PolicyShadow = "shadow"
 
@@ -184,6 +195,7 @@ func defaultModel() ModelConfig {
 		TokenizerMismatch: "render",
 		Policy:            "kv",
 		ShadowServe:       "round_robin",
+		TooLong:           TooLongReject,
 		SessionHeaders:    []string{"x-session-id"},
 		Retries:           1,
 		Timeouts: TimeoutsConfig{
@@ -227,6 +239,9 @@ func (c *Config) FillDefaults(getenv func(string) string) {
 		}
 		if m.TokenizerMismatch == "" {
 			m.TokenizerMismatch = dm.TokenizerMismatch
+		}
+		if m.TooLong == "" {
+			m.TooLong = dm.TooLong
 		}
 		if len(m.SessionHeaders) == 0 {
 			m.SessionHeaders = dm.SessionHeaders
@@ -321,6 +336,9 @@ func (c *Config) Validate() error {
 		case "render", "refuse", "continue":
 		default:
 			errs = append(errs, ferr(fmt.Sprintf("%q: want render, refuse or continue", m.TokenizerMismatch), "models", i, "tokenizer_mismatch"))
+		}
+		if m.TooLong != TooLongReject && m.TooLong != TooLongForward {
+			errs = append(errs, ferr(fmt.Sprintf("%q: want reject or forward", m.TooLong), "models", i, "too_long"))
 		}
 		for _, h := range m.SessionHeaders {
 			if h == "" {

@@ -16,6 +16,10 @@ const (
 	typeNotFound           = "not_found_error"           // 404: unknown model or path
 	typeServer             = "server_error"              // 500, 502, 504, a stream broken mid-way
 	typeServiceUnavailable = "service_unavailable_error" // 503: no replica up
+	// typeVLLMBadRequest is vLLM's own type, for the one check the router
+	// makes on the engine's behalf (a prompt over max_model_len), so that
+	// clients and gateways see what the engine would have answered.
+	typeVLLMBadRequest = "BadRequestError"
 )
 
 // apiError is an error answered to the client in OpenAI's error shape:

@@ -1,11 +1,14 @@
 package proxy
 
 import (
+	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -163,6 +166,110 @@ func TestHasErrorEvent(t *testing.T) {
 	for _, tt := range tests {
 		if got := hasErrorEvent([]byte(tt.in)); got != tt.want {
 			t.Errorf("hasErrorEvent(%q) = %v, want %v", tt.in, got, tt.want)
+		}
+	}
+}
+
+// TestTooLongAnsweredWithoutForwarding: once the engines' max_model_len is
+// read from their /v1/models (4096 in the test engine), a prompt whose
+// tokens plus requested output exceed it is answered with vLLM's own 400
+// and never reaches an engine; what fits is forwarded; too_long: forward
+// forwards everything.
+func TestTooLongAnsweredWithoutForwarding(t *testing.T) {
+	for _, mode := range []string{TooLongReject, TooLongForward} {
+		t.Run(mode, func(t *testing.T) {
+			rg := newRig(t, 1, func(c *Config, _ *fleet.Config) { c.Models[0].TooLong = mode })
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- rg.srv.Run(ctx, ln) }()
+			t.Cleanup(func() { cancel(); <-done })
+			deadline := time.Now().Add(5 * time.Second)
+			for rg.srv.models["m"].maxModelLen.Load() != 4096 {
+				if time.Now().After(deadline) {
+					t.Fatal("max_model_len not learned from /v1/models")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			base := "http://" + ln.Addr().String()
+			post := func(body string) (int, string) {
+				t.Helper()
+				resp, err := rg.client.Post(base+"/v1/completions", "application/json", strings.NewReader(body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return resp.StatusCode, readAll(t, resp)
+			}
+			ids := func(n int) string {
+				s := make([]string, n)
+				for i := range s {
+					s[i] = "7"
+				}
+				return strings.Join(s, ",")
+			}
+			tests := []struct {
+				name     string
+				body     string
+				rejected bool // under reject
+				msg      string
+			}{
+				{"prompt over", `{"model":"m","prompt":[` + ids(4097) + `]}`, true,
+					"This model's maximum context length is 4096 tokens. However, you requested 0 output tokens and your prompt contains 4097 input tokens, for a total of 4097 tokens. Please reduce the length of the input prompt or the number of requested output tokens. (parameter=input_tokens, value=4097)"},
+				{"prompt plus max_tokens over", `{"model":"m","max_tokens":100,"prompt":[` + ids(4000) + `]}`, true,
+					"However, you requested 100 output tokens and your prompt contains 4000 input tokens, for a total of 4100 tokens."},
+				{"exactly fits", `{"model":"m","max_tokens":96,"prompt":[` + ids(4000) + `]}`, false, ""},
+				{"prompt of max_model_len, no max_tokens", `{"model":"m","prompt":[` + ids(4096) + `]}`, false, ""},
+				{"text prompt, tokens unknown", `{"model":"m","max_tokens":5000,"prompt":"hi"}`, false, ""},
+			}
+			for _, tt := range tests {
+				before := rg.engines[0].requests.Load()
+				status, body := post(tt.body)
+				forwarded := rg.engines[0].requests.Load() - before
+				if tt.rejected && mode == TooLongReject {
+					if status != 400 || forwarded != 0 {
+						t.Errorf("%s: status %d, %d forwarded; want 400 and none: %s", tt.name, status, forwarded, body)
+						continue
+					}
+					e := errorOf(t, body)
+					if e.Type != "BadRequestError" || e.Code != 400 || e.Param == nil || *e.Param != "input_tokens" || !strings.Contains(e.Message, tt.msg) {
+						t.Errorf("%s: error %+v, want vLLM's with %q", tt.name, e, tt.msg)
+					}
+					continue
+				}
+				if status != 200 || forwarded != 1 {
+					t.Errorf("%s: status %d, %d forwarded; want 200 and 1: %s", tt.name, status, forwarded, body)
+				}
+			}
+		})
+	}
+}
+
+// TestOutputTokens: the output budget vLLM checks the context length with
+// (build_tok_params): a chat's max_completion_tokens when given, else
+// max_tokens; a completion's max_tokens only.
+func TestOutputTokens(t *testing.T) {
+	tests := []struct {
+		k    kind
+		body string
+		want int
+	}{
+		{kindChat, `{"model":"m","messages":[{"role":"user","content":"a"}],"max_tokens":10,"max_completion_tokens":5}`, 5},
+		{kindChat, `{"model":"m","messages":[{"role":"user","content":"a"}],"max_completion_tokens":0,"max_tokens":10}`, 0},
+		{kindChat, `{"model":"m","messages":[{"role":"user","content":"a"}],"max_tokens":10}`, 10},
+		{kindChat, `{"model":"m","messages":[{"role":"user","content":"a"}]}`, 0},
+		{kindCompletion, `{"model":"m","prompt":"a","max_completion_tokens":50}`, 0},
+		{kindCompletion, `{"model":"m","prompt":"a","max_tokens":7,"max_completion_tokens":50}`, 7},
+	}
+	for _, tt := range tests {
+		r, aerr := parseRequest(tt.k, []byte(tt.body))
+		if aerr != nil {
+			t.Fatal(aerr)
+		}
+		if r.outputTokens != tt.want {
+			t.Errorf("%s: outputTokens %d, want %d", tt.body, r.outputTokens, tt.want)
 		}
 	}
 }

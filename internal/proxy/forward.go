@@ -25,6 +25,10 @@ var (
 // forward routes x and relays the engine's answer, retrying on another
 // replica while nothing has reached the client.
 func (s *Server) forward(x *exchange) {
+	if e := s.tooLong(x); e != nil {
+		s.fail(x, e, outcomeBadRequest)
+		return
+	}
 	var tried []string
 	var buf []*fleet.Endpoint
 	for attempt := 0; ; attempt++ {

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -53,6 +54,9 @@ type model struct {
 	router    Router
 	tok       Tokenizer
 	transport *http.Transport
+	// maxModelLen is the engines' context length in tokens, from their
+	// /v1/models (limits.go); 0 until known.
+	maxModelLen atomic.Int64
 }
 
 // New builds a Server from a defaults-filled, validated cfg. It starts no
@@ -175,6 +179,18 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
+	lctx, stopLimits := context.WithCancel(ctx)
+	limitsDone := make(chan struct{})
+	go func() {
+		defer close(limitsDone)
+		defer func() {
+			if r := recover(); r != nil {
+				s.log.Error("reading the engines' context length panicked", "panic", r)
+			}
+		}()
+		s.runLimits(lctx)
+	}()
+	defer func() { stopLimits(); <-limitsDone }()
 	select {
 	case err := <-errc:
 		s.closeIdle()
