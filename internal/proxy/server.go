@@ -91,12 +91,16 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 		return nil, err
 	}
 	s.m = m
-	// Every configured replica has its in-flight series from the start (0),
-	// not from its first request.
+	// Every series of a known label set exists from the start (0), not
+	// from its first event: alerts see 0, not "no data".
+	m.requests.WithLabelValues(modelUnknown, "", outcomeBadRequest)
 	for _, mc := range cfg.Models {
+		var replicas []string
 		for _, ep := range deps.Fleet.Endpoints(mc.Name) {
 			m.inFlight.WithLabelValues(ep.Name()).Set(0)
+			replicas = append(replicas, ep.Name())
 		}
+		m.initModel(mc.Name, replicas, mc.Policy == PolicyShadow)
 	}
 	s.handler = s.routes()
 	return s, nil
