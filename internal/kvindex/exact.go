@@ -391,14 +391,11 @@ func satInc(v uint16) uint16 {
 // prediction is off.
 func (x *Exact) Routed(id ReplicaID, keys []Key) { x.routedFrom(id, keys, 0) }
 
-// Cancel drops the blocks still pending of prediction p (RoutedMatch's
-// answer), for a request the engine answered with an error: it will not
-// store them, so they must not attract other requests until
-// Config.PredictTTL. Blocks that requests routed earlier to the same
-// replica predicted too are kept. It returns how many predicted blocks it
-// dropped (counted in Stats.Cancelled); 0 for the zero Prediction, or one
-// whose blocks were confirmed, expired or handed over to a later request
-// since.
+// Cancel drops the pending blocks of prediction p (from RoutedMatch) of a
+// request the engine answered with an error, which it will not store,
+// keeping those that requests routed before to that replica predicted too.
+// It returns how many it dropped (Stats.Cancelled): 0 for the zero
+// Prediction, or one confirmed, expired or handed over since.
 func (x *Exact) Cancel(p Prediction) int {
 	if x.pred == nil || p.seq == 0 {
 		return 0
