@@ -190,6 +190,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Fleet, error
 	f.m = m
 	for _, ep := range f.all {
 		f.m.up.WithLabelValues(ep.name).Set(1)
+		f.m.initEndpoint(ep.name)
 	}
 	return f, nil
 }

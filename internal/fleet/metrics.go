@@ -15,6 +15,21 @@ type metrics struct {
 	restarts  *prometheus.CounterVec
 }
 
+// initEndpoint creates an endpoint's counters at 0, for every label value
+// they take, so that they exist before their first event (an alert on a
+// rate sees 0, not "no data").
+func (m *metrics) initEndpoint(name string) {
+	for _, o := range []Outcome{OutcomeConnError, OutcomeServerError, OutcomeBackpressure} {
+		m.ejections.WithLabelValues(name, o.String())
+	}
+	m.ejections.WithLabelValues(name, "probe")
+	for _, r := range []string{"ok", "error"} {
+		m.probes.WithLabelValues(name, r)
+		m.scrapes.WithLabelValues(name, r)
+	}
+	m.restarts.WithLabelValues(name)
+}
+
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		up: prometheus.NewGaugeVec(prometheus.GaugeOpts{

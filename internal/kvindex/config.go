@@ -134,6 +134,7 @@ type Stats struct {
 	Predicted     int64 // predicted (block, replica) pairs created
 	Confirmed     int64 // predictions confirmed by a BlockStored of that replica
 	Expired       int64 // predictions that expired or were evicted unconfirmed
+	Cancelled     int64 // predictions dropped by Exact.Cancel (the engine answered with an error)
 	PredictedLive int64 // predictions currently held
 }
 

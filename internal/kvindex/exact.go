@@ -391,23 +391,39 @@ func satInc(v uint16) uint16 {
 // prediction is off.
 func (x *Exact) Routed(id ReplicaID, keys []Key) { x.routedFrom(id, keys, 0) }
 
+// Cancel drops the pending blocks of prediction p (from RoutedMatch) of a
+// request the engine answered with an error, which it will not store,
+// keeping those that requests routed before to that replica predicted too.
+// It returns how many it dropped (Stats.Cancelled): 0 for the zero
+// Prediction, or one confirmed, expired or handed over since.
+func (x *Exact) Cancel(p Prediction) int {
+	if x.pred == nil || p.seq == 0 {
+		return 0
+	}
+	x.pred.mu.Lock()
+	defer x.pred.mu.Unlock()
+	return x.pred.cancel(p)
+}
+
 // RoutedMatch is Routed for a caller that has just looked keys up: m is id's
 // Match from that Lookup. When m has no predicted blocks, its m.Blocks()
 // leading blocks are held, so only the blocks after them are checked,
 // sparing a second walk of the prompt; otherwise it is Routed. A block of
-// that run removed between the Lookup and this call is not predicted.
-func (x *Exact) RoutedMatch(id ReplicaID, keys []Key, m Match) {
+// that run removed between the Lookup and this call is not predicted. It
+// names the prediction for Cancel (the zero Prediction when nothing was
+// predicted).
+func (x *Exact) RoutedMatch(id ReplicaID, keys []Key, m Match) Prediction {
 	held := 0
 	if m.Predicted == 0 {
 		held = min(max(m.Blocks(), 0), len(keys))
 	}
-	x.routedFrom(id, keys, held)
+	return x.routedFrom(id, keys, held)
 }
 
 // routedFrom is Routed knowing that id holds keys[:held].
-func (x *Exact) routedFrom(id ReplicaID, keys []Key, held int) {
+func (x *Exact) routedFrom(id ReplicaID, keys []Key, held int) Prediction {
 	if x.pred == nil || len(keys) == 0 {
-		return
+		return Prediction{}
 	}
 	now := x.cfg.Now().UnixNano()
 	// The read lock is held until the prediction is recorded, so that id
@@ -416,15 +432,15 @@ func (x *Exact) routedFrom(id ReplicaID, keys []Key, held int) {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	if int(id) >= len(x.reps.names) || x.reps.names[id] == "" {
-		return
+		return Prediction{}
 	}
 	held += x.heldPrefix(id, keys[held:])
 	if held == len(keys) {
-		return
+		return Prediction{}
 	}
 	x.pred.mu.Lock()
-	x.pred.add(id, keys, held, now)
-	x.pred.mu.Unlock()
+	defer x.pred.mu.Unlock()
+	return x.pred.add(id, keys, held, now)
 }
 
 // heldPrefix returns how many leading keys id holds on any medium. Caller

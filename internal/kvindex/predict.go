@@ -38,6 +38,7 @@ type predictor struct {
 	spare int           // capacity of the key buffers dead runs keep (bounded by max)
 	pos   map[Key]int32 // confirm's scratch: an event's keys by position
 	live  int           // pending predicted blocks of live runs
+	seq   uint32        // last run sequence number given (Prediction.seq)
 	ttl   time.Duration
 	max   int
 	c     *counters
@@ -57,6 +58,11 @@ type predRun struct {
 	held   int32 // first predicted position
 	next   int32 // confirmation cursor: [held, next) confirmed or handed over
 	n      int32 // positions [0, n) are the request's
+	// inherited is the end of the pending blocks this run took over from
+	// older runs of its replica ([held, inherited)): requests routed
+	// before it predicted them too, so Cancel keeps them.
+	inherited int32
+	seq       uint32 // names this use of the slot for Prediction
 	// older and newer link the live runs by age (-1: none).
 	older, newer int32
 	live         bool
@@ -132,19 +138,28 @@ func chainEnd(lo, hi int32, same func(int32) bool) int32 {
 	return lo
 }
 
-// add predicts keys[held:] for r until now+ttl. Caller holds p.mu.
-func (p *predictor) add(r ReplicaID, keys []Key, held int, now int64) {
+// Prediction names the blocks predicted for one routed request, for
+// Exact.Cancel; the zero Prediction names none. It stays valid (and
+// harmless) after its blocks are confirmed, expired or handed over.
+type Prediction struct {
+	run int32
+	seq uint32 // 0: none
+}
+
+// add predicts keys[held:] for r until now+ttl and names the prediction.
+// Caller holds p.mu.
+func (p *predictor) add(r ReplicaID, keys []Key, held int, now int64) Prediction {
 	p.expire(now)
 	n := len(keys)
 	if held >= n {
-		return
+		return Prediction{}
 	}
 	off := max(held-1, 0)
 	if n-off > p.max {
 		n = off + p.max // a prompt longer than the whole budget
 	}
 	if held >= n {
-		return
+		return Prediction{}
 	}
 	for (p.keys+n-off > p.max || len(p.runs)-len(p.free) >= maxRuns) && p.head >= 0 {
 		p.drop(p.head, true)
@@ -161,6 +176,12 @@ func (p *predictor) add(r ReplicaID, keys []Key, held int, now int64) {
 		run.k1 = run.keys[1]
 	}
 	run.off, run.held, run.next, run.n = int32(off), int32(held), int32(held), int32(n)
+	run.inherited = run.held
+	p.seq++
+	if p.seq == 0 {
+		p.seq = 1
+	}
+	run.seq = p.seq
 	fresh := n - held
 	// Take over the pending blocks older runs of r share with this one.
 	for int(r) >= len(p.byRep) {
@@ -177,6 +198,7 @@ func (p *predictor) add(r ReplicaID, keys []Key, held int, now int64) {
 		taken := int(l - max(o.next, run.held))
 		if taken > 0 {
 			fresh -= taken
+			run.inherited = max(run.inherited, l)
 		}
 		if below := int(min(l, run.held) - o.next); below > 0 {
 			p.c.confirmed.Add(int64(below))
@@ -194,6 +216,41 @@ func (p *predictor) add(r ReplicaID, keys []Key, held int, now int64) {
 	p.keys += len(run.keys)
 	p.byRep[r] = append(p.byRep[r], i)
 	p.c.predictedLive.Store(int64(p.live))
+	return Prediction{run: i, seq: run.seq}
+}
+
+// cancel drops the pending blocks of prediction q that no older request
+// predicted too (those it inherited stay, with its expiry), counting them
+// as cancelled, and returns how many it dropped: 0 when q names no live
+// run (none, or its blocks were confirmed, expired or handed over since).
+// Caller holds p.mu.
+func (p *predictor) cancel(q Prediction) int {
+	if q.seq == 0 || int(q.run) >= len(p.runs) {
+		return 0
+	}
+	run := &p.runs[q.run]
+	if !run.live || run.seq != q.seq {
+		return 0
+	}
+	keep := max(run.inherited, run.next)
+	if keep >= run.n {
+		return 0
+	}
+	dropped := int(run.n - keep)
+	p.c.cancelled.Add(int64(dropped))
+	if keep == run.next { // nothing of it pending any more
+		p.drop(q.run, false)
+	} else {
+		p.live -= dropped
+		p.keys -= dropped
+		run.n = keep
+		run.keys = run.keys[:keep-run.off]
+		if len(run.keys) < 2 {
+			run.k1 = 0
+		}
+	}
+	p.c.predictedLive.Store(int64(p.live))
+	return dropped
 }
 
 // lcpRun returns how many leading positions runs p and q share, as far as

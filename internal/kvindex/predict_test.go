@@ -8,13 +8,13 @@ import (
 )
 
 // predictionStats checks the prediction counters' invariant (every
-// predicted block is confirmed, expired or live, absent RemoveReplica) and
-// the counts wanted.
+// predicted block is confirmed, expired, cancelled or live, absent
+// RemoveReplica) and the counts wanted.
 func predictionStats(t *testing.T, x *Exact, predicted, confirmed, expired, live int64) {
 	t.Helper()
 	s := x.Stats()
-	if s.Predicted != s.Confirmed+s.Expired+s.PredictedLive {
-		t.Errorf("predicted %d != confirmed %d + expired %d + live %d", s.Predicted, s.Confirmed, s.Expired, s.PredictedLive)
+	if s.Predicted != s.Confirmed+s.Expired+s.Cancelled+s.PredictedLive {
+		t.Errorf("predicted %d != confirmed %d + expired %d + cancelled %d + live %d", s.Predicted, s.Confirmed, s.Expired, s.Cancelled, s.PredictedLive)
 	}
 	if s.Predicted != predicted || s.Confirmed != confirmed || s.Expired != expired || s.PredictedLive != live {
 		t.Errorf("predicted/confirmed/expired/live = %d/%d/%d/%d, want %d/%d/%d/%d",

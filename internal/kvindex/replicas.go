@@ -46,7 +46,7 @@ type counters struct {
 	entries, keys, replicas, bytes                              atomic.Int64
 	batches, stored, duplicates, hitReports, removed, cleared   atomic.Int64
 	evicted, unknownParent, unknownRemoved, mismatched, skipped atomic.Int64
-	predicted, confirmed, expired, predictedLive                atomic.Int64
+	predicted, confirmed, expired, cancelled, predictedLive     atomic.Int64
 }
 
 func (c *counters) stats() Stats {
@@ -57,6 +57,6 @@ func (c *counters) stats() Stats {
 		Evicted: c.evicted.Load(), UnknownParent: c.unknownParent.Load(), UnknownRemoved: c.unknownRemoved.Load(),
 		Mismatched: c.mismatched.Load(), OtherGroups: c.skipped.Load(),
 		Predicted: c.predicted.Load(), Confirmed: c.confirmed.Load(), Expired: c.expired.Load(),
-		PredictedLive: c.predictedLive.Load(),
+		Cancelled: c.cancelled.Load(), PredictedLive: c.predictedLive.Load(),
 	}
 }

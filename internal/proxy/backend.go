@@ -296,6 +296,7 @@ func (b *Backend) Apply(u kvevents.Update) {
 func (b *Backend) Route(in *RouteInput) (Decision, error) {
 	g := b.cur.Load()
 	req := &routing.Request{
+		ID:         in.RequestID,
 		Tokens:     in.Tokens,
 		Text:       in.Text,
 		SessionKey: in.Session,
@@ -330,6 +331,7 @@ func (b *Backend) Route(in *RouteInput) (Decision, error) {
 		Replica:      d.Name,
 		CachedTokens: cachedTokens(d, g.blockSize, len(in.Tokens)),
 		Release:      lease.Release,
+		Failed:       lease.Failed,
 		FirstToken:   lease.FirstToken,
 		Shadow:       shadow,
 		Explain:      explanation(d, g, len(in.Tokens)),

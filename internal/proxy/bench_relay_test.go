@@ -94,7 +94,7 @@ func BenchmarkRelayEvent(b *testing.B) {
 	for b.Loop() {
 		wd := newWatchdog(func(error) {}, time.Minute, time.Minute)
 		body := &eventReader{ev: []byte(benchChunk), n: perStream}
-		if _, err := srv.copyEvents(x, wd, body, buf, func() {}); err != nil {
+		if _, err := srv.copyEvents(x, wd, body, buf, func() {}, func() {}); err != nil {
 			b.Fatal(err)
 		}
 		wd.stop()

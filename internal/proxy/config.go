@@ -100,6 +100,11 @@ type ModelConfig struct {
 	// "full" into forwarded requests (for engines older than 2026-07 that
 	// reject unknown xargs).
 	DisableHitReport bool `yaml:"disable_hit_report"`
+	// TooLong is what happens to a request whose prompt tokens plus
+	// requested output tokens exceed the engines' max_model_len (read
+	// from their /v1/models): "reject" (default: answer vLLM's own 400
+	// without forwarding) or "forward" (let the engine answer).
+	TooLong string `yaml:"too_long"`
 }
 
 // TimeoutsConfig bounds one engine request.
@@ -148,15 +153,27 @@ type EngineConfig struct {
 	IdleCheck time.Duration `yaml:"idle_check"`
 	// APIKey is sent to the engine as a bearer token.
 	APIKey string `yaml:"api_key"`
-	// APIKeyEnv names an environment variable that, when set, overrides
-	// APIKey (keeps secrets out of the file).
+	// APIKeyEnv names an environment variable holding the key; it
+	// overrides APIKey (keeps secrets out of the file). A variable that is
+	// unset or empty is a configuration error (Validate), not a silent
+	// start without the key.
 	APIKeyEnv string `yaml:"api_key_env"`
+
+	// apiKeyEnvUnset is set by FillDefaults when APIKeyEnv names an unset
+	// or empty variable.
+	apiKeyEnvUnset bool
 }
 
 // Tokenizer modes besides a path.
 const (
 	TokenizerRender = "render"
 	TokenizerNone   = "none"
+)
+
+// ModelConfig.TooLong values.
+const (
+	TooLongReject  = "reject"
+	TooLongForward = "forward"
 )
 
 // PolicyShadow is the policy name of shadow mode.
@@ -178,6 +195,7 @@ func defaultModel() ModelConfig {
 		TokenizerMismatch: "render",
 		Policy:            "kv",
 		ShadowServe:       "round_robin",
+		TooLong:           TooLongReject,
 		SessionHeaders:    []string{"x-session-id"},
 		Retries:           1,
 		Timeouts: TimeoutsConfig{
@@ -222,6 +240,9 @@ func (c *Config) FillDefaults(getenv func(string) string) {
 		if m.TokenizerMismatch == "" {
 			m.TokenizerMismatch = dm.TokenizerMismatch
 		}
+		if m.TooLong == "" {
+			m.TooLong = dm.TooLong
+		}
 		if len(m.SessionHeaders) == 0 {
 			m.SessionHeaders = dm.SessionHeaders
 		}
@@ -246,7 +267,9 @@ func (c *Config) FillDefaults(getenv func(string) string) {
 				e.DPSize = 1
 			}
 			if e.APIKeyEnv != "" {
-				if k := getenv(e.APIKeyEnv); k != "" {
+				k := getenv(e.APIKeyEnv)
+				e.apiKeyEnvUnset = k == ""
+				if k != "" {
 					e.APIKey = k
 				}
 			}
@@ -314,6 +337,9 @@ func (c *Config) Validate() error {
 		default:
 			errs = append(errs, ferr(fmt.Sprintf("%q: want render, refuse or continue", m.TokenizerMismatch), "models", i, "tokenizer_mismatch"))
 		}
+		if m.TooLong != TooLongReject && m.TooLong != TooLongForward {
+			errs = append(errs, ferr(fmt.Sprintf("%q: want reject or forward", m.TooLong), "models", i, "too_long"))
+		}
 		for _, h := range m.SessionHeaders {
 			if h == "" {
 				errs = append(errs, ferr("empty header name", "models", i, "session_headers"))
@@ -358,6 +384,9 @@ func (c *Config) Validate() error {
 			}
 			if e.DPSize < 1 {
 				errs = append(errs, ferr("must be >= 1", "models", i, "engines", j, "dp_size"))
+			}
+			if e.apiKeyEnvUnset {
+				errs = append(errs, ferr(fmt.Sprintf("environment variable %s is not set (or empty): the engine's key would be missing", e.APIKeyEnv), "models", i, "engines", j, "api_key_env"))
 			}
 		}
 	}

@@ -129,6 +129,9 @@ func TestParseConfigErrors(t *testing.T) {
 			[]string{"models[0].engines[1].events (line 5)", "already bound for models[0].engines[0].events"}},
 		{"ipc bound twice", "models:\n  - name: m\n    engines:\n      - {url: 'http://a:1', events: 'ipc:///tmp/e', events_bind: true}\n      - {url: 'http://b:1', events: 'ipc:///tmp/e', events_bind: true}\n",
 			[]string{"models[0].engines[1].events (line 5)", "already bound"}},
+		{"api_key_env names an unset variable", "models:\n  - name: m\n    engines:\n      - url: http://a:1\n        api_key: literal\n        api_key_env: VLLM_KEY_A\n",
+			[]string{"models[0].engines[0].api_key_env (line 6): environment variable VLLM_KEY_A is not set"}},
+		{"bad too_long", modelWith("too_long: truncate"), []string{`models[0].too_long (line 3): "truncate": want reject or forward`}},
 		{"bad mismatch reaction", "models:\n  - name: m\n    tokenizer_mismatch: panic\n    engines: [{url: 'http://a:1'}]\n", []string{"tokenizer_mismatch (line 3)"}},
 	}
 	for _, tt := range tests {

@@ -11,11 +11,15 @@ import (
 // router itself answers (OpenAI's names; docs/serve.md lists which status
 // gets which). Errors an engine answers are relayed as they are.
 const (
-	typeInvalidRequest     = "invalid_request_error"     // 400, 413, 415
+	typeInvalidRequest     = "invalid_request_error"     // 400, 405, 413, 415
 	typeAuthentication     = "authentication_error"      // 401
 	typeNotFound           = "not_found_error"           // 404: unknown model or path
 	typeServer             = "server_error"              // 500, 502, 504, a stream broken mid-way
 	typeServiceUnavailable = "service_unavailable_error" // 503: no replica up
+	// typeVLLMBadRequest is vLLM's own type, for the one check the router
+	// makes on the engine's behalf (a prompt over max_model_len), so that
+	// clients and gateways see what the engine would have answered.
+	typeVLLMBadRequest = "BadRequestError"
 )
 
 // apiError is an error answered to the client in OpenAI's error shape:

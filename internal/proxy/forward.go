@@ -25,6 +25,10 @@ var (
 // forward routes x and relays the engine's answer, retrying on another
 // replica while nothing has reached the client.
 func (s *Server) forward(x *exchange) {
+	if e := s.tooLong(x); e != nil {
+		s.fail(x, e, outcomeBadRequest)
+		return
+	}
 	var tried []string
 	var buf []*fleet.Endpoint
 	for attempt := 0; ; attempt++ {
@@ -89,6 +93,16 @@ func (s *Server) try(x *exchange, ep *fleet.Endpoint, d Decision, canRetry bool)
 	if d.Release != nil {
 		defer d.Release()
 	}
+	failed := d.Failed
+	if failed == nil {
+		failed = func() {}
+	}
+	ok := false // the engine answered 2xx and it reached the client whole
+	defer func() {
+		if !ok {
+			failed() // before Release: the request's predictions go
+		}
+	}()
 	inflight := s.m.inFlight.WithLabelValues(ep.Name())
 	inflight.Inc()
 	ep.AddInFlight(1)
@@ -116,6 +130,9 @@ func (s *Server) try(x *exchange, ep *fleet.Endpoint, d Decision, canRetry bool)
 	}
 	status := resp.StatusCode
 	s.deps.Fleet.Report(ep, fleet.OutcomeOf(status))
+	if status/100 != 2 {
+		failed() // as soon as the engine's error status is known
+	}
 	if canRetry && (status == http.StatusTooManyRequests || status == http.StatusBadGateway || status == http.StatusServiceUnavailable) {
 		// Backpressure or a gateway's failure: nothing was written, try
 		// another replica. Drain a little so the connection may be reused.
@@ -125,7 +142,8 @@ func (s *Server) try(x *exchange, ep *fleet.Endpoint, d Decision, canRetry bool)
 		return true
 	}
 	defer resp.Body.Close()
-	s.relay(x, ep, ctx, wd, resp, d.FirstToken)
+	s.relay(x, ep, ctx, wd, resp, d.FirstToken, failed)
+	ok = status/100 == 2 && x.outcome == outcomeOK
 	return false
 }
 

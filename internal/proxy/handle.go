@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"kvrouter/internal/fleet"
 )
@@ -23,6 +24,7 @@ type exchange struct {
 	id      string
 	start   time.Time
 	req     *request
+	asked   string // the model the body named, "" when it was not read
 	m       *model
 	fwd     []byte   // the body sent upstream
 	tokens  []uint32 // nil when unknown
@@ -34,7 +36,9 @@ type exchange struct {
 	// abort: the response is broken after its first byte and is not an
 	// event stream; the handler ends the connection (http.ErrAbortHandler).
 	abort bool
-	err   error
+	// streamErr: the engine's event stream carried an error event.
+	streamErr bool
+	err       error
 }
 
 // Outcome labels of kvrouter_proxy_requests_total.
@@ -133,6 +137,9 @@ func checkContentType(ct string) *apiError {
 
 func (s *Server) parse(x *exchange, k kind, body []byte) bool {
 	req, aerr := parseRequest(k, body)
+	if req != nil {
+		x.asked = req.model
+	}
 	if aerr != nil {
 		s.fail(x, aerr, outcomeBadRequest)
 		return false
@@ -194,6 +201,7 @@ func (s *Server) fail(x *exchange, e *apiError, outcome string) {
 func (s *Server) routeInput(x *exchange, cands []string, dry bool) *RouteInput {
 	in := &RouteInput{
 		Model:      x.req.model,
+		RequestID:  x.id,
 		Tokens:     x.tokens,
 		Text:       x.req.promptText,
 		CacheSalt:  x.req.cacheSalt,
@@ -275,27 +283,46 @@ func names(eps []*fleet.Endpoint) []string {
 	return out
 }
 
+// modelUnknown is the model label and log value of a request whose model
+// was not read or is not configured.
+const modelUnknown = "unknown"
+
+// truncate returns s cut to at most n bytes (on a rune boundary), "..."
+// marking a cut.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	i := n
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i] + "..."
+}
+
 // finish records the request's metrics and its one log line, then aborts
 // the connection if the response broke after its first byte.
 func (s *Server) finish(x *exchange) {
-	modelName := ""
-	if x.req != nil {
-		modelName = x.req.model
-	}
-	if _, ok := s.models[modelName]; !ok {
-		modelName = "" // bound the label's cardinality to configured models
+	// The label is a configured model or "unknown" (bounded cardinality:
+	// a client cannot create series); the log line names what was asked.
+	label, logged := modelUnknown, modelUnknown
+	if x.asked != "" {
+		logged = truncate(x.asked, 256)
+		if _, ok := s.models[x.asked]; ok {
+			label = x.asked
+		}
 	}
 	if x.outcome == "" {
 		x.outcome = outcomeOK
 	}
-	s.m.requests.WithLabelValues(modelName, x.replica, x.outcome).Inc()
+	s.m.requests.WithLabelValues(label, x.replica, x.outcome).Inc()
 	lvl := slog.LevelInfo
 	if x.status >= 500 || x.outcome == outcomeUpstream || x.outcome == outcomeTimeout {
 		lvl = slog.LevelWarn
 	}
 	if s.log.Enabled(x.r.Context(), lvl) {
 		attrs := []slog.Attr{
-			slog.String("request_id", x.id), slog.String("model", modelName),
+			slog.String("request_id", x.id), slog.String("model", logged),
 			slog.String("replica", x.replica), slog.Int("status", x.status),
 			slog.String("outcome", x.outcome), slog.Int("cached_tokens", x.cached),
 			slog.Int("prompt_tokens", len(x.tokens)), slog.Int("retries", x.retries),

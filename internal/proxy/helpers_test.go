@@ -39,6 +39,7 @@ type engine struct {
 	failAfter int           // break the connection after this many events (0: never)
 	block     bool          // hold the request until the client cancels
 	noDone    bool          // end streams cleanly without data: [DONE] (an engine stopped by SIGTERM)
+	errEvent  bool          // after the first event, an error event as vLLM sends it, then [DONE]
 	gap       time.Duration // pause between events
 	step      chan struct{} // when set, wait for a token before each event
 	bodies    [][]byte
@@ -101,7 +102,7 @@ func (e *engine) serve(w http.ResponseWriter, r *http.Request) {
 	e.mu.Lock()
 	e.bodies = append(e.bodies, body)
 	e.headers = append(e.headers, r.Header.Clone())
-	status, chunks, failAfter, block, gap, step, noDone := e.status, e.chunks, e.failAfter, e.block, e.gap, e.step, e.noDone
+	status, chunks, failAfter, block, gap, step, noDone, errEvent := e.status, e.chunks, e.failAfter, e.block, e.gap, e.step, e.noDone, e.errEvent
 	e.mu.Unlock()
 	if block {
 		<-r.Context().Done()
@@ -145,6 +146,10 @@ func (e *engine) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		fmt.Fprintf(w, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t%d\"},\"finish_reason\":null}]}\n\n", i)
 		_ = rc.Flush()
+		if errEvent {
+			io.WriteString(w, "data: {\"error\": {\"message\": \"engine failed\", \"type\": \"BadRequestError\", \"param\": null, \"code\": 400}}\n\n")
+			break
+		}
 		if gap > 0 {
 			time.Sleep(gap)
 		}

@@ -23,6 +23,34 @@ type metrics struct {
 	shadowCachedTokens *prometheus.HistogramVec
 }
 
+// initModel creates one model's series at 0: requests_total for every
+// outcome (with no replica: answered before one was chosen; per replica:
+// answered by or after it), its histograms, retries by reason, tokenizer
+// counters, and in shadow mode the shadow series.
+func (m *metrics) initModel(model string, replicas []string, shadow bool) {
+	for _, o := range []string{outcomeBadRequest, outcomeNoReplica, outcomeUpstream, outcomeClientClosed, outcomeRouteOnly} {
+		m.requests.WithLabelValues(model, "", o)
+	}
+	for _, r := range replicas {
+		for _, o := range []string{outcomeOK, outcomeEngineError, outcomeBadRequest, outcomeUpstream, outcomeTimeout, outcomeClientClosed, outcomeRouteOnly} {
+			m.requests.WithLabelValues(model, r, o)
+		}
+	}
+	for _, h := range []*prometheus.HistogramVec{m.decision, m.promptTokens, m.cachedTokens, m.ttft, m.itl, m.tokenize} {
+		h.WithLabelValues(model)
+	}
+	for _, reason := range []string{"conn_error", "status_429", "status_502", "status_503"} {
+		m.retries.WithLabelValues(model, reason)
+	}
+	m.tokenizeErrors.WithLabelValues(model)
+	m.tokenizeNoEngine.WithLabelValues(model)
+	if shadow {
+		m.shadowDecisions.WithLabelValues(model, "true")
+		m.shadowDecisions.WithLabelValues(model, "false")
+		m.shadowCachedTokens.WithLabelValues(model)
+	}
+}
+
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	tokens := prometheus.ExponentialBuckets(16, 4, 9) // 16 .. 1M tokens
 	latency := []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}

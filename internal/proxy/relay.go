@@ -69,8 +69,9 @@ func outHeaders(dst, client http.Header, id, apiKey string) {
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
-// relay writes the engine's response to the client as it arrives.
-func (s *Server) relay(x *exchange, ep *fleet.Endpoint, ctx context.Context, wd *watchdog, resp *http.Response, firstToken func()) {
+// relay writes the engine's response to the client as it arrives; failed
+// is called as soon as an event stream carries an engine error event.
+func (s *Server) relay(x *exchange, ep *fleet.Endpoint, ctx context.Context, wd *watchdog, resp *http.Response, firstToken, failed func()) {
 	if firstToken == nil {
 		firstToken = func() {}
 	}
@@ -96,7 +97,7 @@ func (s *Server) relay(x *exchange, ep *fleet.Endpoint, ctx context.Context, wd 
 	var err error
 	if sse {
 		var done bool
-		done, err = s.copyEvents(x, wd, resp.Body, *bp, firstToken)
+		done, err = s.copyEvents(x, wd, resp.Body, *bp, firstToken, failed)
 		if err == nil && !done && resp.StatusCode < 300 {
 			// vLLM ends every successful stream with data: [DONE]; an
 			// engine stopped mid-generation (SIGTERM) closes cleanly
@@ -107,6 +108,9 @@ func (s *Server) relay(x *exchange, ep *fleet.Endpoint, ctx context.Context, wd 
 		err = copyBody(x.w, wd, resp.Body, *bp, firstToken)
 	}
 	if err == nil {
+		if x.streamErr {
+			x.outcome = outcomeEngineError
+		}
 		return
 	}
 	var werr *writeError
@@ -180,8 +184,9 @@ const maxPendingEvent = 1 << 20
 // whole events (ended by a blank line), so that a stream cut short never
 // leaves half an event before the error event. It observes time to first
 // token and inter-token latency per flushed write. done reports whether the
-// last event relayed was "data: [DONE]" (the stream's normal end).
-func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byte, firstToken func()) (done bool, err error) {
+// last event relayed was "data: [DONE]" (the stream's normal end). The
+// first error event (hasErrorEvent) sets x.streamErr and calls failed.
+func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byte, firstToken, failed func()) (done bool, err error) {
 	rc := http.NewResponseController(x.w)
 	var pending []byte
 	var last time.Time
@@ -204,6 +209,10 @@ func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byt
 			}
 			if end > 0 {
 				done = endsWithDone(chunk[:end])
+				if !x.streamErr && hasErrorEvent(chunk[:end]) {
+					x.streamErr = true
+					failed()
+				}
 				if _, werr := x.w.Write(chunk[:end]); werr != nil {
 					return done, &writeError{werr}
 				}
@@ -234,6 +243,37 @@ func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byt
 		}
 	}
 }
+
+// errorData starts the data of an error event: vLLM ends a request that
+// fails mid-stream with data: {"error": {...}} (OpenAIServing's
+// create_streaming_error_response, json.dumps' separators), then [DONE].
+var errorData = []byte(`{"error"`)
+
+// hasErrorEvent reports whether b, whole events, has a line "data:" (with
+// its optional space) followed by `{"error"`: an error event's data. A
+// string value cannot hold the quotes unescaped, so content never matches.
+// It reads each line's first bytes only (newlines found by IndexByte), a
+// few ns per event.
+func hasErrorEvent(b []byte) bool {
+	for len(b) > 0 {
+		if line, ok := bytes.CutPrefix(b, dataField); ok {
+			if len(line) > 0 && line[0] == ' ' {
+				line = line[1:]
+			}
+			if bytes.HasPrefix(line, errorData) {
+				return true
+			}
+		}
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			return false
+		}
+		b = b[i+1:]
+	}
+	return false
+}
+
+var dataField = []byte("data:")
 
 // endsWithDone reports whether the last event in b (whole events, or a
 // final event without its blank line) is "data: [DONE]" (the space after

@@ -44,6 +44,12 @@ type request struct {
 	xargs json.RawMessage
 	// maxTokens is max_tokens or max_completion_tokens, 0 when absent.
 	maxTokens int
+	// outputTokens is the output budget vLLM checks the context length
+	// with (renderers/params.py TokenizeParams.max_output_tokens, built by
+	// the requests' build_tok_params): a chat's max_completion_tokens when
+	// given, else its max_tokens; a completion's max_tokens
+	// (max_completion_tokens is no completions field); 0 when absent.
+	outputTokens int
 }
 
 // wire is the decoding target: every field the router checks, kept raw so
@@ -60,7 +66,9 @@ type wire struct {
 }
 
 // parseRequest decodes and validates an OpenAI request body. Errors are
-// *apiError 400s in OpenAI's shape, naming the field.
+// *apiError 400s in OpenAI's shape, naming the field; with an error, the
+// request is nil, or holds only the model name when the error came after
+// it was read (for the request's log line and metrics).
 func parseRequest(k kind, body []byte) (*request, *apiError) {
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 || trimmed[0] != '{' {
@@ -85,19 +93,27 @@ func parseRequest(k kind, body []byte) (*request, *apiError) {
 	if err := json.Unmarshal(w.Model, &r.model); err != nil || r.model == "" {
 		return nil, badRequest("model", "model must be a non-empty string")
 	}
+	if e := r.parseFields(k, &w); e != nil {
+		return &request{model: r.model}, e
+	}
+	return r, nil
+}
+
+// parseFields reads and checks the fields after the model.
+func (r *request) parseFields(k kind, w *wire) *apiError {
 	if !isNull(w.Stream) {
 		if err := json.Unmarshal(w.Stream, &r.stream); err != nil {
-			return nil, badRequest("stream", "stream must be a boolean")
+			return badRequest("stream", "stream must be a boolean")
 		}
 	}
 	if !isNull(w.CacheSalt) {
 		if err := json.Unmarshal(w.CacheSalt, &r.cacheSalt); err != nil {
-			return nil, badRequest("cache_salt", "cache_salt must be a string")
+			return badRequest("cache_salt", "cache_salt must be a string")
 		}
 	}
 	if !isNull(w.VLLMXArgs) {
 		if bytes.TrimSpace(w.VLLMXArgs)[0] != '{' {
-			return nil, badRequest("vllm_xargs", "vllm_xargs must be an object")
+			return badRequest("vllm_xargs", "vllm_xargs must be an object")
 		}
 		r.xargs = w.VLLMXArgs
 	}
@@ -110,21 +126,24 @@ func parseRequest(k kind, body []byte) (*request, *apiError) {
 		}
 		var n int
 		if err := json.Unmarshal(f.raw, &n); err != nil || n < 0 {
-			return nil, badRequest(f.name, f.name+" must be a non-negative integer")
+			return badRequest(f.name, f.name+" must be a non-negative integer")
 		}
 		r.maxTokens = max(r.maxTokens, n)
+		if f.name == "max_tokens" || k == kindChat {
+			r.outputTokens = n // a chat's max_completion_tokens, read second, wins
+		}
 	}
 	switch k {
 	case kindChat:
 		if e := r.parseMessages(w.Messages); e != nil {
-			return nil, e
+			return e
 		}
 	case kindCompletion:
 		if e := r.parsePrompt(w.Prompt); e != nil {
-			return nil, e
+			return e
 		}
 	}
-	return r, nil
+	return nil
 }
 
 func isNull(raw json.RawMessage) bool {

@@ -15,6 +15,9 @@ type Router interface {
 type RouteInput struct {
 	// Model is the request's model name.
 	Model string
+	// RequestID is the request's x-request-id (the client's, or the one
+	// the router made), for the router's log lines.
+	RequestID string
 	// Tokens are the prompt's token ids as the engine will see them; nil
 	// when unknown (tokenizer "none" with a text prompt, or a tokenizer
 	// error): route by load.
@@ -47,6 +50,13 @@ type Decision struct {
 	// once when the attempt ends (done, error, cancel or retry). Nil when
 	// nothing was recorded.
 	Release func()
+	// Failed, when not nil, is called when the engine answered the attempt
+	// with an error (a status other than 2xx, an error event in its
+	// stream) or the attempt failed otherwise (connection, timeout, client
+	// gone), before Release: the blocks predicted for the request will not
+	// be stored and are dropped from the index at once. It may be called
+	// more than once.
+	Failed func()
 	// FirstToken, when not nil, is called once when the first response
 	// byte from the engine reaches the client (the request moves from
 	// prefill to decode in the load model).

@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -52,6 +54,9 @@ type model struct {
 	router    Router
 	tok       Tokenizer
 	transport *http.Transport
+	// maxModelLen is the engines' context length in tokens, from their
+	// /v1/models (limits.go); 0 until known.
+	maxModelLen atomic.Int64
 }
 
 // New builds a Server from a defaults-filled, validated cfg. It starts no
@@ -86,12 +91,16 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 		return nil, err
 	}
 	s.m = m
-	// Every configured replica has its in-flight series from the start (0),
-	// not from its first request.
+	// Every series of a known label set exists from the start (0), not
+	// from its first event: alerts see 0, not "no data".
+	m.requests.WithLabelValues(modelUnknown, "", outcomeBadRequest)
 	for _, mc := range cfg.Models {
+		var replicas []string
 		for _, ep := range deps.Fleet.Endpoints(mc.Name) {
 			m.inFlight.WithLabelValues(ep.Name()).Set(0)
+			replicas = append(replicas, ep.Name())
 		}
+		m.initModel(mc.Name, replicas, mc.Policy == PolicyShadow)
 	}
 	s.handler = s.routes()
 	return s, nil
@@ -113,16 +122,32 @@ func newTransport(t TimeoutsConfig) *http.Transport {
 
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/completions", s.auth(func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, kindCompletion) }))
-	mux.HandleFunc("POST /v1/chat/completions", s.auth(func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, kindChat) }))
-	mux.HandleFunc("POST /v1/route", s.auth(s.serveRoute))
-	mux.HandleFunc("GET /v1/models", s.auth(s.serveModels))
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
-	mux.HandleFunc("GET /ready", s.serveReady)
+	allow := map[string][]string{} // path -> methods served
+	handle := func(method, path string, h http.Handler) {
+		mux.Handle(method+" "+path, h)
+		allow[path] = append(allow[path], method)
+		if method == http.MethodGet { // ServeMux serves HEAD with GET
+			allow[path] = append(allow[path], http.MethodHead)
+		}
+	}
+	handle("POST", "/v1/completions", s.auth(func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, kindCompletion) }))
+	handle("POST", "/v1/chat/completions", s.auth(func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, kindChat) }))
+	handle("POST", "/v1/route", s.auth(s.serveRoute))
+	handle("GET", "/v1/models", s.auth(s.serveModels))
+	handle("GET", "/health", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) }))
+	handle("GET", "/ready", http.HandlerFunc(s.serveReady))
 	if s.deps.Gatherer != nil {
-		mux.Handle("GET /metrics", promhttp.HandlerFor(s.deps.Gatherer, promhttp.HandlerOpts{}))
+		handle("GET", "/metrics", promhttp.HandlerFor(s.deps.Gatherer, promhttp.HandlerOpts{}))
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		// "/" matches every method, so ServeMux's own 405 never happens:
+		// a known path with another method is answered here.
+		if methods, ok := allow[r.URL.Path]; ok {
+			w.Header().Set("Allow", strings.Join(methods, ", "))
+			(&apiError{status: http.StatusMethodNotAllowed, typ: typeInvalidRequest,
+				message: fmt.Sprintf("method %s not allowed on %s (allowed: %s)", r.Method, r.URL.Path, strings.Join(methods, ", "))}).write(w)
+			return
+		}
 		(&apiError{status: http.StatusNotFound, typ: typeNotFound, message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)}).write(w)
 	})
 	return mux
@@ -158,6 +183,18 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
+	lctx, stopLimits := context.WithCancel(ctx)
+	limitsDone := make(chan struct{})
+	go func() {
+		defer close(limitsDone)
+		defer func() {
+			if r := recover(); r != nil {
+				s.log.Error("reading the engines' context length panicked", "panic", r)
+			}
+		}()
+		s.runLimits(lctx)
+	}()
+	defer func() { stopLimits(); <-limitsDone }()
 	select {
 	case err := <-errc:
 		s.closeIdle()

@@ -61,6 +61,11 @@ type Lease struct {
 	active   int64 // prompt + output tokens
 	state    atomic.Uint32
 	decision Decision
+	// cancel and pred undo the decision's predicted blocks (Failed); nil
+	// when none were recorded.
+	cancel matchRouter
+	pred   kvindex.Prediction
+	failed atomic.Bool
 }
 
 const (
@@ -86,6 +91,18 @@ func (l *Lease) FirstToken() {
 	if l.state.CompareAndSwap(leaseQueued, leaseDecoding) {
 		l.sub(&l.r.queuedPrefill, l.prefill)
 		l.r.runningDecode.Add(l.decode)
+	}
+}
+
+// Failed tells the index that the engine answered the request with an
+// error (or never got it): the blocks predicted for it will not be stored,
+// so they are dropped now instead of attracting other requests until the
+// prediction TTL (kvindex.Exact.Cancel; blocks that requests routed before
+// predicted too stay). It does not release the load. Calls after the first
+// do nothing.
+func (l *Lease) Failed() {
+	if l.cancel != nil && !l.failed.Swap(true) {
+		l.cancel.Cancel(l.pred)
 	}
 }
 

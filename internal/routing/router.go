@@ -42,9 +42,11 @@ type keySpace interface {
 
 // matchRouter is the optional part of an Index (kvindex.Exact) that records
 // a decision knowing the chosen replica's Match from the Lookup just made,
-// so that it need not walk the prompt's held prefix again.
+// so that it need not walk the prompt's held prefix again, and names the
+// blocks it predicted so that Lease.Failed can drop them.
 type matchRouter interface {
-	RoutedMatch(id kvindex.ReplicaID, keys []kvindex.Key, m kvindex.Match)
+	RoutedMatch(id kvindex.ReplicaID, keys []kvindex.Key, m kvindex.Match) kvindex.Prediction
+	Cancel(p kvindex.Prediction) int
 }
 
 // sizer is the optional part of an Index that reports per-replica sizes.
@@ -219,9 +221,12 @@ func (r *Router) Route(req *Request) (Decision, *Lease, error) {
 		return d, nil, fmt.Errorf("routing: policy %s chose no candidate", r.cfg.Policy)
 	}
 	rep := reps[d.Index]
+	var mr matchRouter
+	var pred kvindex.Prediction
 	if r.ix != nil && len(keys) > 0 {
-		if mr, ok := r.ix.(matchRouter); ok && int(rep.id) < len(s.matches) {
-			mr.RoutedMatch(rep.id, keys, s.matches[rep.id])
+		var ok bool
+		if mr, ok = r.ix.(matchRouter); ok && int(rep.id) < len(s.matches) {
+			pred = mr.RoutedMatch(rep.id, keys, s.matches[rep.id])
 		} else {
 			r.ix.Routed(rep.id, keys)
 		}
@@ -238,6 +243,9 @@ func (r *Router) Route(req *Request) (Decision, *Lease, error) {
 	}
 	lease := newLease(rep, r.m, prefill, out, prompt+out)
 	lease.decision = d
+	if pred != (kvindex.Prediction{}) {
+		lease.cancel, lease.pred = mr, pred
+	}
 	rep.decisions.Add(1)
 	r.m.observe(t, prompt, r.cfg.BlockSize, time.Since(start))
 	if r.log.Enabled(context.Background(), slog.LevelDebug) {

@@ -77,6 +77,11 @@ type Remote struct {
 	// noRenderUntil is the unix-nano time until which the render endpoints
 	// are known to be missing; 0 when they are believed present.
 	noRenderUntil atomic.Int64
+	// renderMissing is the state logged: set by the first "no such route"
+	// answer, cleared by the next render answer, so that a burst of
+	// requests (each seeing the route missing at once), or a retry after
+	// RenderRetry that finds it still missing, logs nothing more.
+	renderMissing atomic.Bool
 }
 
 // NewRemote returns a Remote for the engine at cfg.URL. A nil log discards.
@@ -307,13 +312,18 @@ func (r *Remote) post(ctx context.Context, path string, body any, out any) (err 
 		if path != pathTokenize && routeMissing(resp.StatusCode, isVLLM) {
 			outcome = "unavailable"
 			r.noRenderUntil.Store(r.now().Add(r.cfg.RenderRetry).UnixNano())
-			r.log.Info("engine has no render endpoint; using /tokenize", "path", path, "status", resp.StatusCode, "retry_after", r.cfg.RenderRetry)
+			if !r.renderMissing.Swap(true) {
+				r.log.Info("engine has no render endpoint; using /tokenize", "path", path, "status", resp.StatusCode, "retry_after", r.cfg.RenderRetry)
+			}
 			return fmt.Errorf("engine %s: HTTP %d: %w", path, resp.StatusCode, errNoRoute)
 		}
 		return &EngineError{Endpoint: path, Status: resp.StatusCode, Message: msg}
 	}
 	if err := json.Unmarshal(data, out); err != nil {
 		return fmt.Errorf("engine %s: decode response: %w", path, err)
+	}
+	if path != pathTokenize && r.renderMissing.Load() && r.renderMissing.Swap(false) {
+		r.log.Info("engine serves its render endpoint again", "path", path)
 	}
 	outcome = "ok"
 	return nil

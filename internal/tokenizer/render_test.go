@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -299,3 +301,78 @@ func equalIDs(a, b []uint32) bool {
 	}
 	return true
 }
+
+// TestRemoteNoRenderLoggedOnce: a burst of requests that all find the
+// render endpoint missing logs "no render endpoint" once; so does the retry
+// after render_retry that finds it still missing; when the engine serves it
+// again, one line says so.
+func TestRemoteNoRenderLoggedOnce(t *testing.T) {
+	var render atomic.Bool
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		switch {
+		case r.URL.Path == pathTokenize:
+			io.WriteString(w, `{"count":1,"max_model_len":40960,"tokens":[7]}`)
+		case render.Load():
+			io.WriteString(w, `[{"request_id":"x","token_ids":[7],"sampling_params":{}}]`)
+		default:
+			<-release // every request of the burst is in flight before any answer
+			w.WriteHeader(http.StatusNotFound)
+			io.WriteString(w, `{"detail":"Not Found"}`)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	var logs strings.Builder
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.Write(p)
+	}), nil))
+	r, err := NewRemote(RemoteConfig{URL: srv.URL}, log, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1000, 0)
+	r.now = func() time.Time { return now }
+	burst := func(n int) {
+		t.Helper()
+		var wg sync.WaitGroup
+		for range n {
+			wg.Go(func() {
+				if ids, err := r.Completion(context.Background(), "x", true); err != nil || !equalIDs(ids, []uint32{7}) {
+					t.Errorf("Completion = %v, %v", ids, err)
+				}
+			})
+		}
+		time.Sleep(50 * time.Millisecond) // let the burst reach the engine
+		close(release)
+		wg.Wait()
+		release = make(chan struct{})
+	}
+	count := func(msg string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Count(logs.String(), msg)
+	}
+	burst(30)
+	if n := count("no render endpoint"); n != 1 {
+		t.Fatalf("%d lines after a burst of 30, want 1:\n%s", n, logs.String())
+	}
+	now = now.Add(DefaultRemoteConfig(RemoteConfig{}).RenderRetry) // retry: still missing
+	burst(10)
+	if n := count("no render endpoint"); n != 1 {
+		t.Fatalf("%d lines after the retry, want 1:\n%s", n, logs.String())
+	}
+	render.Store(true)
+	now = now.Add(DefaultRemoteConfig(RemoteConfig{}).RenderRetry)
+	burst(5)
+	if n := count("render endpoint again"); n != 1 {
+		t.Fatalf("%d recovery lines, want 1:\n%s", n, logs.String())
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

@@ -48,6 +48,7 @@ var statMetrics = []statMetric{
 	{"predicted_total", "Predicted (block, replica) pairs created.", false, func(s kvindex.Stats) float64 { return float64(s.Predicted) }},
 	{"predicted_confirmed_total", "Predictions confirmed by a BlockStored of the chosen replica.", false, func(s kvindex.Stats) float64 { return float64(s.Confirmed) }},
 	{"predicted_expired_total", "Predictions expired or evicted unconfirmed.", false, func(s kvindex.Stats) float64 { return float64(s.Expired) }},
+	{"predicted_cancelled_total", "Predictions dropped because the engine answered the request with an error.", false, func(s kvindex.Stats) float64 { return float64(s.Cancelled) }},
 	{"predicted", "Predictions currently held.", true, func(s kvindex.Stats) float64 { return float64(s.PredictedLive) }},
 	{"predicted_confirmation_ratio", "Confirmed / (confirmed + expired) predictions; low means the router's tokens differ from the engine's.", true, func(s kvindex.Stats) float64 { return s.ConfirmationRate() }},
 }
