@@ -62,6 +62,8 @@ func parseEngineSimFlags(args []string, getenv func(string) string, sio stdio) (
 		cpuLoad    = fs.Float64("cpu-load-tokens-per-sec", 0, "CPU tier reload rate in tokens/s (default: the profile's)")
 		defMax     = fs.Int("default-max-tokens", 0, "max_tokens of chat requests that set none (default 256; completions default to 16 as in vLLM)")
 		kvBind     = fs.Bool("kv-events-bind", false, "bind the KV event PUB socket even when the --kv-events-config endpoint names a host, e.g. tcp://127.0.0.1:5557 for loopback only (engine-sim only, not a vLLM flag: vLLM binds only for *, :: addresses, ipc:// and inproc://, and connects otherwise)")
+		bufBytes   = fs.Int64("kv-events-buffer-bytes", enginesim.DefaultBufferBytes, "bound of the KV event replay buffer in bytes (encoded batches + 32 B each), beside buffer_steps; the oldest batches go first (engine-sim only: vLLM bounds its buffer by buffer_steps alone)")
+		queueBytes = fs.Int64("kv-events-queue-bytes", enginesim.DefaultQueueBytes, "bound in bytes of KV event batches waiting to be sent (token ids 4 B, hashes 8 B); beyond it batches are dropped before getting a seq, as beyond max_queue_size (engine-sim only)")
 		vocab      = fs.Int("vocab-size", 0, "token ids must be below this (default 128256, or 262144 with --tokenizer)")
 		f          enginesim.Faults
 		loras      listFlag
@@ -101,6 +103,10 @@ func parseEngineSimFlags(args []string, getenv func(string) string, sio stdio) (
 	kv, err := enginesim.ParseKVEventsConfig(*kvEvents)
 	errs = append(errs, err)
 	kv.Bind = *kvBind
+	kv.BufferBytes, kv.QueueBytes = *bufBytes, *queueBytes
+	if *bufBytes <= 0 || *queueBytes <= 0 {
+		errs = append(errs, fmt.Errorf("--kv-events-buffer-bytes %d, --kv-events-queue-bytes %d: want positive byte counts", *bufBytes, *queueBytes))
+	}
 	cfg := enginesim.Config{
 		Core: enginesim.CoreConfig{
 			BlockSize: *blockSize, NumGPUBlocks: *gpuBlocks, NumCPUBlocks: *cpuBlocks, MaxNumSeqs: *maxSeqs,

@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+
+	"kvrouter/internal/enginesim"
 )
 
 // lockedBuffer is a bytes.Buffer safe for a logger and a test reading it.
@@ -52,7 +54,7 @@ func TestEngineSimHelp(t *testing.T) {
 		"max-num-seqs", "max-num-batched-tokens", "max-model-len", "kv-events-config", "prefix-caching-hash-algo",
 		"tokenizer", "lora-modules", "legacy-events", "profile", "fault-error-rate", "fault-drop-every-k-batches",
 		"fault-slow-start", "fault-hang-rate", "fault-die-rate", "fault-spike-rate", "data-parallel-rank",
-		"kv-events-bind",
+		"kv-events-bind", "kv-events-buffer-bytes", "kv-events-queue-bytes",
 	} {
 		if !strings.Contains(out.String(), "  -"+name+" ") && !strings.Contains(out.String(), "  -"+name+"\n") {
 			t.Errorf("--help lacks -%s", name)
@@ -70,6 +72,7 @@ func TestEngineSimFlags(t *testing.T) {
 		"--num-gpu-blocks-override", "5000", "--max-model-len", "8192", "--max-num-seqs", "64",
 		"--kv-events-config", `{"enable_kv_cache_events":true,"endpoint":"tcp://*:5557","topic":"t"}`,
 		"--prefix-caching-hash-algo", "sha256_cbor", "--lora-modules", "ad=/path", "--enable-prompt-tokens-details=false",
+		"--kv-events-buffer-bytes", "1048576",
 	}, func(k string) string { return env[k] }, stdio{err: io.Discard})
 	if err != nil {
 		t.Fatal(err)
@@ -77,7 +80,8 @@ func TestEngineSimFlags(t *testing.T) {
 	c := fl.cfg
 	if c.Addr != "127.0.0.1:0" || c.ServedModelName != "m" || c.Core.BlockSize != 32 || c.Core.NumGPUBlocks != 5000 ||
 		c.Core.MaxModelLen != 8192 || c.Core.MaxNumSeqs != 64 || !c.KVEvents.EnableKVCacheEvents || c.KVEvents.Topic != "t" ||
-		c.HashAlgo != "sha256_cbor" || len(c.LoRAModules) != 1 || c.LoRAModules[0] != "ad" || !c.NoPromptTokensDetails {
+		c.HashAlgo != "sha256_cbor" || len(c.LoRAModules) != 1 || c.LoRAModules[0] != "ad" || !c.NoPromptTokensDetails ||
+		c.KVEvents.BufferBytes != 1<<20 || c.KVEvents.QueueBytes != enginesim.DefaultQueueBytes {
 		t.Fatalf("config %+v", c)
 	}
 	// PYTHONHASHSEED=0 makes the hasher vLLM's seeded one: NONE_HASH of "0".
@@ -98,6 +102,8 @@ func TestEngineSimFlags(t *testing.T) {
 		{[]string{"--port", "x"}, ""},
 		{[]string{"--port", "-5"}, "--port -5: want 0..65535"},
 		{[]string{"--port", "65536"}, "--port 65536"},
+		{[]string{"--kv-events-buffer-bytes", "0"}, "--kv-events-buffer-bytes 0"},
+		{[]string{"--kv-events-queue-bytes", "-1"}, "--kv-events-queue-bytes -1"},
 		{[]string{"extra"}, ""},
 	} {
 		_, err := parseEngineSimFlags(bad.args, func(string) string { return "" }, stdio{err: io.Discard})

@@ -14,6 +14,13 @@ import (
 	"time"
 )
 
+// Defaults of KVEventsConfig's byte bounds, engine-sim's own (vLLM bounds
+// its replay buffer and queue by counts only).
+const (
+	DefaultBufferBytes = 64 << 20 // replay buffer, 64 MiB
+	DefaultQueueBytes  = 64 << 20 // batches waiting for the publisher, 64 MiB
+)
+
 // KVEventsConfig is vLLM's --kv-events-config, the same JSON
 // (vllm/config/kv_events.py). A zero field means the default in its
 // comment, filled in by ParseKVEventsConfig and Server.
@@ -30,7 +37,9 @@ type KVEventsConfig struct {
 	// ReplayEndpoint is the ROUTER socket for replay, always bound; empty
 	// means no replay.
 	ReplayEndpoint string `json:"replay_endpoint"`
-	// BufferSteps is how many batches the replay buffer keeps (10000).
+	// BufferSteps is how many batches the replay buffer keeps (10000),
+	// vLLM's only bound on it (a deque with maxlen=buffer_steps in
+	// vllm/distributed/kv_events.py).
 	BufferSteps int `json:"buffer_steps"`
 	// HWM is the PUB send high-water mark in messages (100000); above it
 	// batches are dropped silently.
@@ -38,6 +47,22 @@ type KVEventsConfig struct {
 	// MaxQueueSize bounds batches waiting for the publisher (100000); when
 	// full, new batches are dropped before they get a sequence number.
 	MaxQueueSize int `json:"max_queue_size"`
+	// BufferBytes bounds the replay buffer in bytes (DefaultBufferBytes):
+	// encoded payloads plus a fixed 32 B per batch; the oldest batches are
+	// dropped until both this bound and BufferSteps hold, but the newest
+	// batch is always kept. Not a vLLM
+	// setting (vLLM bounds its buffer by BufferSteps alone, so with long
+	// prompts it holds buffer_steps batches of thousands of token ids
+	// each), so it cannot be set from --kv-events-config JSON; the
+	// command's --kv-events-buffer-bytes sets it.
+	BufferBytes int64 `json:"-"`
+	// QueueBytes bounds the batches waiting for the publisher in bytes
+	// (DefaultQueueBytes), estimated from what they reference (4 B per
+	// token id, 8 B per block hash, the event structs); a batch that does
+	// not fit is dropped before it gets a sequence number, as when
+	// MaxQueueSize is reached. Not a vLLM setting; the command's
+	// --kv-events-queue-bytes sets it.
+	QueueBytes int64 `json:"-"`
 	// Topic is the first frame of every PUB message ("").
 	Topic string `json:"topic"`
 	// Bind makes the PUB socket bind even when Endpoint names a host, e.g.
@@ -80,6 +105,12 @@ func (c KVEventsConfig) withDefaults() (KVEventsConfig, error) {
 	if c.MaxQueueSize == 0 {
 		c.MaxQueueSize = 100000
 	}
+	if c.BufferBytes == 0 {
+		c.BufferBytes = DefaultBufferBytes
+	}
+	if c.QueueBytes == 0 {
+		c.QueueBytes = DefaultQueueBytes
+	}
 	if c.EnableKVCacheEvents && (c.Publisher == "" || c.Publisher == "null") {
 		c.Publisher = "zmq"
 	}
@@ -88,6 +119,8 @@ func (c KVEventsConfig) withDefaults() (KVEventsConfig, error) {
 		return c, fmt.Errorf("kv-events-config: unknown publisher %q (zmq or null)", c.Publisher)
 	case c.BufferSteps < 0 || c.HWM < 0 || c.MaxQueueSize < 0:
 		return c, fmt.Errorf("kv-events-config: buffer_steps, hwm and max_queue_size must be positive")
+	case c.BufferBytes < 0 || c.QueueBytes < 0:
+		return c, fmt.Errorf("kv events: the replay buffer and queue byte bounds must not be negative, got %d and %d", c.BufferBytes, c.QueueBytes)
 	}
 	return c, nil
 }

@@ -8,7 +8,9 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/go-zeromq/zmq4"
 	"golang.org/x/sync/errgroup"
@@ -22,7 +24,9 @@ const endSeq = ^uint64(0)
 // pubMsg is one item for the publisher goroutine: a batch, or a control
 // message (restart, stall).
 type pubMsg struct {
-	batch   vllm.Batch
+	batch vllm.Batch
+	// size is the batch's estimate counted in publisher.queued.
+	size    int64
 	restart bool
 	stall   time.Duration
 	// reopened, if not nil, gets the restart's outcome once the new
@@ -30,16 +34,13 @@ type pubMsg struct {
 	reopened chan<- error
 }
 
-// replayItem is one buffered batch.
-type replayItem struct {
-	seq     uint64
-	payload []byte
-}
-
 // publisher is vLLM's ZmqEventPublisher: batches queued by the engine loop
 // get consecutive sequence numbers from 0, are kept in a replay buffer and
 // sent on a PUB socket as [topic, seq8, payload]; a ROUTER socket answers
-// replay requests. Faults: dropEvery drops every k-th batch after
+// replay requests. The queue and the replay buffer are bounded in batches
+// (vLLM's max_queue_size and buffer_steps) and in bytes (engine-sim's
+// QueueBytes and BufferBytes), so long prompts cannot grow them without
+// bound. Faults: dropEvery drops every k-th batch after
 // buffering it (as the HWM does), stall pauses sending, restart closes the
 // sockets and opens new ones on the same endpoints with an empty buffer
 // and the sequence from 0 (a new engine process).
@@ -53,11 +54,13 @@ type publisher struct {
 	m         *metrics
 
 	in chan pubMsg
+	// queued is the estimated size of the batches in in (batchMemSize).
+	queued atomic.Int64
 	// stopped is closed when Run returns.
 	stopped chan struct{}
 
 	mu  sync.Mutex // guards buf and next (read by the replay goroutine)
-	buf []replayItem
+	buf replayBuffer
 	// next is the sequence number of the next batch.
 	next uint64
 
@@ -84,6 +87,7 @@ func newPublisher(cfg KVEventsConfig, rank int, legacy bool, dropEvery int, cloc
 		cfg: cfg, oldReplay: legacy, dropEvery: dropEvery, clock: clock, log: log, m: m,
 		in:    make(chan pubMsg, cfg.MaxQueueSize),
 		ready: make(chan struct{}), stopped: make(chan struct{}),
+		buf: replayBuffer{maxItems: cfg.BufferSteps, maxBytes: cfg.BufferBytes},
 	}
 	if legacy {
 		p.layout = vllm.LayoutArray
@@ -91,14 +95,34 @@ func newPublisher(cfg KVEventsConfig, rank int, legacy bool, dropEvery int, cloc
 	return p, nil
 }
 
-// publish queues a batch without blocking; a full queue drops it (counted)
-// before it gets a sequence number, as vLLM's queue.put_nowait.
+// publish queues a batch without blocking; a full queue (MaxQueueSize
+// batches, or QueueBytes) drops it (counted) before it gets a sequence
+// number, as vLLM's queue.put_nowait.
 func (p *publisher) publish(b vllm.Batch) {
-	select {
-	case p.in <- pubMsg{batch: b}:
-	default:
-		p.m.eventsDropped.WithLabelValues("queue_full").Inc()
+	size := batchMemSize(&b)
+	if p.queued.Add(size) <= p.cfg.QueueBytes {
+		select {
+		case p.in <- pubMsg{batch: b, size: size}:
+			return
+		default:
+		}
 	}
+	p.queued.Add(-size)
+	p.m.eventsDropped.WithLabelValues("queue_full").Inc()
+}
+
+// batchMemSize estimates the memory a queued batch keeps alive: its event
+// structs and the token ids, block hashes and extra keys they reference.
+// The token ids alias the engine's sequences (a long prompt's chunks share
+// one array), so this counts what the batch references, not what it pins.
+func batchMemSize(b *vllm.Batch) int64 {
+	n := int64(unsafe.Sizeof(*b))
+	for i := range b.Events {
+		e := &b.Events[i]
+		n += int64(unsafe.Sizeof(*e)) + 4*int64(len(e.TokenIDs)) + 8*int64(len(e.BlockHashes)) +
+			int64(unsafe.Sizeof([]any(nil)))*int64(len(e.ExtraKeys))
+	}
+	return n
 }
 
 // control queues a restart or stall behind the batches already queued.
@@ -204,7 +228,8 @@ func (p *publisher) Run(ctx context.Context, s *sockets) error {
 		}
 		// A new engine process: empty replay buffer, seq from 0.
 		p.mu.Lock()
-		p.buf, p.next = p.buf[:0], 0
+		p.buf.reset()
+		p.next = 0
 		p.mu.Unlock()
 		s, err = p.open(ctx)
 		if err != nil {
@@ -276,12 +301,14 @@ func (p *publisher) pubOptions() []zmq4.Option {
 // (returned). A stall ends with the incarnation.
 func (p *publisher) loop(ctx context.Context, pub zmq4.Socket) (restart *pubMsg, err error) {
 	var stallUntil time.Time
+	var scratch []byte // encoding buffer, reused
 	for {
 		var m pubMsg
 		select {
 		case <-ctx.Done():
 			return nil, nil
 		case m = <-p.in:
+			p.queued.Add(-m.size)
 		}
 		switch {
 		case m.restart:
@@ -297,17 +324,23 @@ func (p *publisher) loop(ctx context.Context, pub zmq4.Socket) (restart *pubMsg,
 			case <-p.clock.After(wait):
 			}
 		}
-		payload, err := vllm.AppendBatch(nil, &m.batch, p.layout)
+		scratch, err = vllm.AppendBatch(scratch[:0], &m.batch, p.layout)
 		if err != nil {
 			return nil, fmt.Errorf("kv events: %w", err)
+		}
+		// An exact-size copy: AppendBatch sizes its buffer by an upper
+		// bound (256 B per event, 5 B per token id), up to ~4x the
+		// encoding for a batch of one-block BlockRemoved events, and the
+		// replay buffer's byte bound counts len.
+		payload := make([]byte, len(scratch))
+		copy(payload, scratch)
+		if cap(scratch) > 1<<20 && len(scratch) < cap(scratch)/4 {
+			scratch = nil // do not keep a rare huge batch's buffer
 		}
 		p.mu.Lock()
 		seq := p.next
 		p.next++
-		p.buf = append(p.buf, replayItem{seq: seq, payload: payload})
-		if len(p.buf) >= 2*p.cfg.BufferSteps { // trim in bulk, amortised O(1)
-			p.buf = append(p.buf[:0], p.buf[len(p.buf)-p.cfg.BufferSteps:]...)
-		}
+		p.buf.push(seq, payload)
 		p.mu.Unlock()
 		if p.dropEvery > 0 && (seq+1)%uint64(p.dropEvery) == 0 {
 			p.m.eventsDropped.WithLabelValues("fault").Inc()
@@ -347,12 +380,7 @@ func (p *publisher) serveReplay(ctx context.Context, router zmq4.Socket) error {
 			start = start<<8 | uint64(b)
 		}
 		p.mu.Lock()
-		var items []replayItem
-		for _, it := range p.buf[max(0, len(p.buf)-p.cfg.BufferSteps):] {
-			if it.seq >= start {
-				items = append(items, it)
-			}
-		}
+		items := p.buf.from(nil, start)
 		p.mu.Unlock()
 		id := f[0]
 		for _, it := range items {

@@ -268,8 +268,17 @@ func TestKVEventsConfig(t *testing.T) {
 	if err != nil || !c.enabled() || c.BufferSteps != 10000 || c.HWM != 100000 || c.Publisher != "zmq" {
 		t.Fatalf("%+v %v", c, err)
 	}
-	if _, err := ParseKVEventsConfig(`{"enable_kv_cache_events": true, "bogus": 1}`); err == nil {
-		t.Fatal("unknown key accepted")
+	if c.BufferBytes != DefaultBufferBytes || c.QueueBytes != DefaultQueueBytes || DefaultBufferBytes != 64<<20 {
+		t.Fatalf("byte bounds %d, %d: want the defaults, 64 MiB", c.BufferBytes, c.QueueBytes)
+	}
+	// The byte bounds are engine-sim's, not vLLM's: not in the JSON.
+	for _, bad := range []string{`{"enable_kv_cache_events": true, "bogus": 1}`, `{"buffer_bytes": 1}`, `{"queue_bytes": 1}`} {
+		if _, err := ParseKVEventsConfig(bad); err == nil {
+			t.Fatalf("unknown key accepted: %s", bad)
+		}
+	}
+	if _, err := (KVEventsConfig{BufferBytes: -1}).withDefaults(); err == nil {
+		t.Fatal("negative buffer bytes accepted")
 	}
 	for _, tc := range []struct {
 		ep   string

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"regexp"
 	"strconv"
 	"strings"
@@ -20,8 +21,9 @@ var (
 	// rendered locally.
 	ErrNoChatTemplate = errors.New("no chat template")
 	// ErrUnsupported: the request uses something the local renderer does not
-	// reproduce exactly (multimodal content parts, integers beyond int64);
-	// ask the engine's render endpoint instead.
+	// reproduce exactly (multimodal content parts, a template computing with
+	// an integer beyond int64, see bigint.go); ask the engine's render
+	// endpoint instead.
 	ErrUnsupported = errors.New("not supported by the local renderer")
 	// ErrBadChat: the chat request is malformed (bad JSON, wrong types,
 	// unparsable tool-call arguments); vLLM answers such requests with 400.
@@ -105,6 +107,9 @@ type ChatTemplate struct {
 	format   ContentFormat
 	bos, eos jinja.Value
 	strftime jinja.Value
+	// sources are the template texts, which placeholders for integers
+	// beyond int64 must not occur in.
+	sources []string
 }
 
 // contentLoop finds a for-loop over a message's content, which is what
@@ -168,6 +173,7 @@ func NewChatTemplate(cfg ChatTemplateConfig) (*ChatTemplate, error) {
 			return nil, ErrNoChatTemplate
 		}
 	}
+	c.sources = sources
 	if c.format == "" || c.format == ContentAuto {
 		c.format = ContentString
 		for _, s := range sources {
@@ -211,7 +217,8 @@ func (c *ChatTemplate) Render(req ChatRequest) (out string, err error) {
 	if req.ContinueFinalMessage || req.ChatTemplate != "" {
 		return "", fmt.Errorf("%w: continue_final_message or a request chat_template", ErrUnsupported)
 	}
-	vars, err := c.vars(req)
+	ints := &bigInts{}
+	vars, err := c.vars(req, ints)
 	if err != nil {
 		return "", err
 	}
@@ -219,6 +226,47 @@ func (c *ChatTemplate) Render(req ChatRequest) (out string, err error) {
 	if err != nil {
 		return "", err
 	}
+	if len(ints.seen) > 0 {
+		return c.renderBig(t, req, ints)
+	}
+	return render(t, vars)
+}
+
+// renderBig renders a chat holding integers beyond int64 (collected in
+// ints) twice, with two placeholder sets, restores their digits and checks
+// that both renderings agree (bigint.go).
+func (c *ChatTemplate) renderBig(t *jinja.Template, req ChatRequest, ints *bigInts) (string, error) {
+	avoid := append([]string{string(req.Messages), string(req.Tools), string(req.ChatTemplateKwargs),
+		c.bos.String(), c.eos.String()}, c.sources...)
+	rng := rand.New(rand.NewPCG(0x6b7672, uint64(len(ints.seen)))) // fixed: the same request, the same placeholders
+	taken := map[int64]bool{}
+	var outs [2]string
+	for i := range outs {
+		subst, err := placeholders(ints, avoid, taken, rng)
+		if err != nil {
+			return "", err
+		}
+		for _, p := range subst {
+			taken[max(p, -p)] = true
+		}
+		vars, err := c.vars(req, &bigInts{subst: subst})
+		if err != nil {
+			return "", err
+		}
+		out, err := render(t, vars)
+		if err != nil {
+			return "", err
+		}
+		outs[i] = restorer(subst).Replace(out)
+	}
+	if outs[0] != outs[1] {
+		return "", fmt.Errorf("%w: the chat template computes with an integer beyond int64", ErrUnsupported)
+	}
+	return outs[0], nil
+}
+
+// render runs t on vars.
+func render(t *jinja.Template, vars map[string]jinja.Value) (out string, err error) {
 	defer func() {
 		// The engine's Values panic on kind mismatches it does not check;
 		// user input must never crash the router.
@@ -235,21 +283,22 @@ func (c *ChatTemplate) Render(req ChatRequest) (out string, err error) {
 
 // vars builds the template context: special tokens, tools, documents and
 // add_generation_prompt, then chat_template_kwargs over them (vLLM merges
-// request kwargs last), then messages.
-func (c *ChatTemplate) vars(req ChatRequest) (map[string]jinja.Value, error) {
-	msgs, err := decodeJSONValue(req.Messages, "messages")
+// request kwargs last), then messages. Integers beyond int64 go through
+// ints.
+func (c *ChatTemplate) vars(req ChatRequest, ints *bigInts) (map[string]jinja.Value, error) {
+	msgs, err := decodeJSONValue(req.Messages, "messages", ints)
 	if err != nil {
 		return nil, err
 	}
 	if !msgs.IsList() {
 		return nil, fmt.Errorf("%w: messages: want a list", ErrBadChat)
 	}
-	if err := normalizeMessages(msgs.AsList(), c.format); err != nil {
+	if err := normalizeMessages(msgs.AsList(), c.format, ints); err != nil {
 		return nil, err
 	}
 	tools := jinja.None()
 	if t := bytes.TrimSpace(req.Tools); len(t) > 0 && string(t) != "null" {
-		if tools, err = decodeJSONValue(t, "tools"); err != nil {
+		if tools, err = decodeJSONValue(t, "tools", ints); err != nil {
 			return nil, err
 		}
 		if !tools.IsList() {
@@ -269,7 +318,7 @@ func (c *ChatTemplate) vars(req ChatRequest) (map[string]jinja.Value, error) {
 		vars["eos_token"] = c.eos
 	}
 	if k := bytes.TrimSpace(req.ChatTemplateKwargs); len(k) > 0 && string(k) != "null" {
-		kw, err := decodeJSONValue(k, "chat_template_kwargs")
+		kw, err := decodeJSONValue(k, "chat_template_kwargs", ints)
 		if err != nil {
 			return nil, err
 		}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"strconv"
 	"strings"
@@ -222,11 +223,37 @@ func TestChatTemplateBehaviour(t *testing.T) {
 			req:      `{"messages":[{"role":"user","content":"a"},{"role":"user","content":"b"},{"role":"user","content":"c"}]}`,
 			want:     "a",
 		},
+		// Expected strings of the next four: Python 3.11's json.loads, then
+		// json.dumps(ensure_ascii=False) (transformers' tojson) and str()
+		// (what {{ }} prints), run with Debian's /usr/bin/python3.
 		{
-			name:     "big integer left to the engine",
-			template: `x`,
-			req:      `{"messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":{"n":123456789012345678901234567890}}}]}]}`,
+			name: "integers beyond int64 printed as Python prints them",
+			template: `{{ a | tojson }}|{{ a.n }}|{{ a.m | string }}|{{ a }}|` +
+				`{% if a.n > 5 and a.m < -5 and a.n > a.k and a.k > a.x and a.n == a.n2 and a.m < a.k %}ordered{% endif %}|{{ a.n is integer }}`,
+			req: `{"messages":[],"chat_template_kwargs":{"a":{"n":123456789012345678901234567890,"m":-123456789012345678901234567890,` +
+				`"k":9223372036854775808,"n2":123456789012345678901234567890,"x":7}}}`,
+			want: `{"n": 123456789012345678901234567890, "m": -123456789012345678901234567890, "k": 9223372036854775808, "n2": 123456789012345678901234567890, "x": 7}` +
+				`|123456789012345678901234567890|-123456789012345678901234567890|` +
+				`{'n': 123456789012345678901234567890, 'm': -123456789012345678901234567890, 'k': 9223372036854775808, 'n2': 123456789012345678901234567890, 'x': 7}` +
+				`|ordered|True`,
+		},
+		{
+			name:     "arithmetic on an integer beyond int64 left to the engine",
+			template: `{{ a.n + 1 }}`,
+			req:      `{"messages":[],"chat_template_kwargs":{"a":{"n":123456789012345678901234567890}}}`,
 			wantErr:  ErrUnsupported,
+		},
+		{
+			name:     "an integer of more digits than Python converts left to the engine",
+			template: `{{ a.n }}`,
+			req:      `{"messages":[],"chat_template_kwargs":{"a":{"n":1` + strings.Repeat("0", 4300) + `}}}`,
+			wantErr:  ErrUnsupported,
+		},
+		{
+			name:     "floats beyond float64 are inf, below it 0.0, as json.loads makes them",
+			template: `{{ a | tojson }}|{{ a.i }} {{ a.j }} {{ a.z }}|{{ a }}`,
+			req:      `{"messages":[],"chat_template_kwargs":{"a":{"i":1e400,"j":-1e400,"z":1e-400}}}`,
+			want:     `{"i": Infinity, "j": -Infinity, "z": 0.0}|inf -inf 0.0|{'i': inf, 'j': -inf, 'z': 0.0}`,
 		},
 		{
 			name:     "continue_final_message left to the engine",
@@ -330,6 +357,7 @@ func FuzzChatRequest(f *testing.F) {
 	}
 	f.Add([]byte(`{"messages":[{"role":"assistant","tool_calls":[{"function":{"arguments":"[[[["}}]}]}`))
 	f.Add([]byte(`{"messages":[{"role":"user","content":[{"type":"text","text":1}]}],"chat_template_kwargs":[]}`))
+	f.Add([]byte(`{"messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{\"n\":-123456789012345678901234567890,\"f\":1e400}"}}]}],"tools":[{"x":18446744073709551616}]}`))
 	tmpl, err := NewChatTemplate(qwen3TemplateConfig(f))
 	if err != nil {
 		f.Fatal(err)
@@ -408,10 +436,10 @@ func BenchmarkRenderChat(b *testing.B) {
 
 // refDecodeJSONValue is the encoding/json-based decoder the scanner
 // replaced; FuzzDecodeJSONValue holds the scanner to it.
-func refDecodeJSONValue(data []byte, field string) (jinja.Value, error) {
+func refDecodeJSONValue(data []byte, field string, ints *bigInts) (jinja.Value, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
-	v, err := refDecodeValue(dec, 0)
+	v, err := refDecodeValue(dec, 0, ints)
 	if err == nil {
 		if _, e := dec.Token(); e != io.EOF {
 			err = fmt.Errorf("%w: trailing data", ErrBadChat)
@@ -426,7 +454,7 @@ func refDecodeJSONValue(data []byte, field string) (jinja.Value, error) {
 	return v, nil
 }
 
-func refDecodeValue(dec *json.Decoder, depth int) (jinja.Value, error) {
+func refDecodeValue(dec *json.Decoder, depth int, ints *bigInts) (jinja.Value, error) {
 	if depth > maxJSONDepth {
 		return jinja.Undefined(), fmt.Errorf("%w: nested deeper than %d", ErrBadChat, maxJSONDepth)
 	}
@@ -442,12 +470,12 @@ func refDecodeValue(dec *json.Decoder, depth int) (jinja.Value, error) {
 	case string:
 		return jinja.NewString(t), nil
 	case json.Number:
-		return numberValue(string(t))
+		return numberValue(string(t), ints)
 	case json.Delim:
 		if t == '[' {
 			items := []jinja.Value{}
 			for dec.More() {
-				v, err := refDecodeValue(dec, depth+1)
+				v, err := refDecodeValue(dec, depth+1, ints)
 				if err != nil {
 					return jinja.Undefined(), err
 				}
@@ -463,7 +491,7 @@ func refDecodeValue(dec *json.Decoder, depth int) (jinja.Value, error) {
 			if err != nil {
 				return jinja.Undefined(), err
 			}
-			v, err := refDecodeValue(dec, depth+1)
+			v, err := refDecodeValue(dec, depth+1, ints)
 			if err != nil {
 				return jinja.Undefined(), err
 			}
@@ -511,17 +539,23 @@ func FuzzDecodeJSONValue(f *testing.F) {
 		f.Add([]byte(line))
 	}
 	for _, s := range []string{`"\ud83d\ude00 \ud800 \udc00\u0041 \ud800\ud800"`, "\"\xff\xfe\"", `[1, 1.0, -0, 1e5, 1E+5, 12345678901234567890]`,
+		`[123456789012345678901234567890, -123456789012345678901234567890, 9223372036854775808, -9223372036854775809, 1e400, -1e400, 1e-400]`,
 		`{"a":1,"a":2,"b":{}}`, ` [ ] `, `01`, `1.`, `"\/\b\f"`, `[1,]`, `{"a" 1}`, `nul`, `[[[[[[]]]]]]`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		got, gotErr := decodeJSONValue(data, "x")
-		want, wantErr := refDecodeJSONValue(data, "x")
+		gotInts, wantInts := &bigInts{}, &bigInts{}
+		got, gotErr := decodeJSONValue(data, "x", gotInts)
+		want, wantErr := refDecodeJSONValue(data, "x", wantInts)
 		if (gotErr == nil) != (wantErr == nil) {
 			t.Fatalf("%q: scanner error %v, encoding/json error %v", data, gotErr, wantErr)
 		}
 		if gotErr == nil && dumpValue(got) != dumpValue(want) {
 			t.Fatalf("%q: scanner %s, encoding/json %s", data, dumpValue(got), dumpValue(want))
+		}
+		if gotErr == nil && (!maps.Equal(gotInts.seen, wantInts.seen) || gotInts.maxAbs != wantInts.maxAbs) {
+			t.Fatalf("%q: scanner found integers beyond int64 %v (max other %d), encoding/json %v (%d)",
+				data, gotInts.seen, gotInts.maxAbs, wantInts.seen, wantInts.maxAbs)
 		}
 	})
 }

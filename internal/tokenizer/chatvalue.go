@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"unicode"
@@ -17,7 +18,8 @@ import (
 // to "reasoning_content", empty tool_calls dropped and tool-call arguments
 // given as JSON strings parsed into objects (vLLM _postprocess_messages).
 // Other keys pass through in their order, as transformers passes them.
-func normalizeMessages(msgs *jinja.List, format ContentFormat) error {
+// Integers beyond int64 in arguments go through ints (see bigint.go).
+func normalizeMessages(msgs *jinja.List, format ContentFormat, ints *bigInts) error {
 	for i, m := range msgs.Items {
 		if !m.IsDict() {
 			return fmt.Errorf("%w: messages[%d]: want an object", ErrBadChat, i)
@@ -47,7 +49,7 @@ func normalizeMessages(msgs *jinja.List, format ContentFormat) error {
 			continue
 		}
 		for j, call := range calls.AsList().Items {
-			if err := normalizeToolCall(call); err != nil {
+			if err := normalizeToolCall(call, ints); err != nil {
 				return fmt.Errorf("messages[%d].tool_calls[%d]: %w", i, j, err)
 			}
 		}
@@ -58,7 +60,7 @@ func normalizeMessages(msgs *jinja.List, format ContentFormat) error {
 // normalizeToolCall parses a string function.arguments into its JSON value
 // and turns a missing, null or empty one into {}. Calls without a
 // "function" object (which vLLM rejects) are left for the template.
-func normalizeToolCall(call jinja.Value) error {
+func normalizeToolCall(call jinja.Value, ints *bigInts) error {
 	if !call.IsDict() {
 		return nil
 	}
@@ -72,7 +74,7 @@ func normalizeToolCall(call jinja.Value) error {
 	case !args.IsTruthy():
 		f.Set("arguments", jinja.NewDict())
 	case args.IsString():
-		v, err := decodeJSONValue([]byte(args.AsString()), "function.arguments")
+		v, err := decodeJSONValue([]byte(args.AsString()), "function.arguments", ints)
 		if err != nil {
 			return err
 		}
@@ -169,9 +171,11 @@ const maxJSONDepth = 512
 // decodeJSONValue decodes one JSON document into template values, keeping
 // object key order (the order tojson prints) and the int/float distinction
 // Python's json keeps (1 vs 1.0). Invalid UTF-8 and lone surrogates become
-// U+FFFD, as in encoding/json. field names the input in errors.
-func decodeJSONValue(data []byte, field string) (jinja.Value, error) {
-	s := jsonScanner{data: data}
+// U+FFFD, as in encoding/json. field names the input in errors. Integers
+// beyond int64 go through ints (see bigint.go); with nil ints they are
+// ErrUnsupported.
+func decodeJSONValue(data []byte, field string, ints *bigInts) (jinja.Value, error) {
+	s := jsonScanner{data: data, ints: ints}
 	s.space()
 	v, err := s.value(0)
 	if err == nil {
@@ -191,6 +195,7 @@ type jsonScanner struct {
 	data []byte
 	pos  int
 	buf  []byte // scratch for strings with escapes
+	ints *bigInts
 }
 
 func (s *jsonScanner) fail(what string) error {
@@ -459,23 +464,26 @@ func (s *jsonScanner) number() (jinja.Value, error) {
 			return jinja.Undefined(), s.fail("bad number")
 		}
 	}
-	return numberValue(string(s.data[start:s.pos]))
+	return numberValue(string(s.data[start:s.pos]), s.ints)
 }
 
-// numberValue keeps Python's distinction: no '.', 'e' or 'E' is an int.
-func numberValue(s string) (jinja.Value, error) {
+// numberValue keeps Python's distinction: no '.', 'e' or 'E' is an int,
+// of any size (beyond int64 through ints). A float beyond float64's range
+// is +-inf, as Python's float() makes it (json.loads("1e400") is inf;
+// tojson prints Infinity, {{ }} inf), and one below its smallest
+// subnormal is 0.0, as in Python; s is a valid JSON number.
+func numberValue(s string, ints *bigInts) (jinja.Value, error) {
 	if !strings.ContainsAny(s, ".eE") {
 		n, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
-			return jinja.Undefined(), fmt.Errorf("%w: integer %s beyond int64", ErrUnsupported, s)
+			return ints.value(s)
 		}
+		ints.small(n)
 		return jinja.NewInt(n), nil
 	}
-	f, err := strconv.ParseFloat(s, 64)
-	if err != nil {
-		// Python's json.loads turns overflowing floats into inf; tojson
-		// would print Infinity. Rare enough to leave to the engine.
-		return jinja.Undefined(), fmt.Errorf("%w: number %s out of float64 range", ErrUnsupported, s)
+	f, err := strconv.ParseFloat(s, 64) // +-Inf with ErrRange on overflow
+	if err != nil && !math.IsInf(f, 0) {
+		return jinja.Undefined(), fmt.Errorf("%w: number %s: %v", ErrBadChat, s, err)
 	}
 	return jinja.NewFloat(f), nil
 }
