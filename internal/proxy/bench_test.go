@@ -32,8 +32,12 @@ import (
 // process runs (parse, kv routing of a 512-token prompt over an approximate
 // index, forward, per-event relay). So this process's CPU time is
 // kvrouter's alone: proxy-cpu-µs/event is that time per relayed event
-// (user+system, sockets and the Go runtime included), the figure that
-// bounds events/s per core whatever the machine's load; loadgen-cpu-µs/event
+// (user+system, sockets and the Go runtime included). It depends on the
+// machine's load: a CPU-starved proxy finds several events per read and
+// writes them at once, so it spends less per event (14-16 µs at 1,000
+// streams) than one with CPU to spare (19-21 µs), the figure to size by;
+// proxy-reads/event tells the two apart (about 2 unstarved, 1 starved).
+// loadgen-cpu-µs/event
 // is the child's (engine + clients) on the proxied phase. Added latency =
 // proxied percentile - direct percentile, in ms. Each stream: 100 events
 // 20 ms apart (50 events/s, 2 s); stream starts are spread evenly over 20 ms.
