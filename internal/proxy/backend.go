@@ -270,7 +270,7 @@ func (b *Backend) Apply(u kvevents.Update) {
 	g.exact.Apply(u.Engine, &u.Batch)
 }
 
-// UsesText implements TextRouter: true when the serving policy is
+// UsesText implements textRouter: true when the serving policy is
 // prefix_chars.
 func (b *Backend) UsesText() bool { return b.cur.Load().serving == "prefix_chars" }
 

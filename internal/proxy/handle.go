@@ -200,7 +200,7 @@ func (s *Server) routeInput(x *exchange, cands []string, dry bool) *RouteInput {
 		Candidates: cands,
 		DryRun:     dry,
 	}
-	if tr, ok := x.m.router.(TextRouter); ok && tr.UsesText() {
+	if tr, ok := x.m.router.(textRouter); ok && tr.UsesText() {
 		in.Text = x.req.routingText()
 	}
 	for _, h := range x.m.cfg.SessionHeaders {

@@ -11,10 +11,10 @@ type Router interface {
 	Route(in *RouteInput) (Decision, error)
 }
 
-// TextRouter is a Router that may route by prompt text. The proxy builds
+// textRouter is a Router that may route by prompt text. The proxy builds
 // RouteInput.Text, which costs a decode of every chat message, only when
 // UsesText reports true.
-type TextRouter interface {
+type textRouter interface {
 	Router
 	UsesText() bool
 }
@@ -30,7 +30,8 @@ type RouteInput struct {
 	// Text is the prompt's routing text for prefix_chars (a completion's
 	// string prompt, a chat's message contents joined by "\n",
 	// routing.TokenText of a token-id prompt: routing.PrefixChars), set only
-	// when the Router is a TextRouter whose UsesText is true; "" otherwise.
+	// when the Router has a UsesText method that reports true (Backend
+	// serving prefix_chars); "" otherwise.
 	Text string
 	// Session is the first non-empty session header value, or "".
 	Session string
