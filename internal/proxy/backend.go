@@ -292,6 +292,10 @@ func (b *Backend) Apply(u kvevents.Update) {
 	g.exact.Apply(u.Engine, &u.Batch)
 }
 
+// UsesText implements textRouter: true when the serving policy is
+// prefix_chars.
+func (b *Backend) UsesText() bool { return b.cur.Load().serving == "prefix_chars" }
+
 // Route implements Router.
 func (b *Backend) Route(in *RouteInput) (Decision, error) {
 	g := b.cur.Load()

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	rtmetrics "runtime/metrics"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,11 +32,27 @@ import (
 // process runs (parse, kv routing of a 512-token prompt over an approximate
 // index, forward, per-event relay). So this process's CPU time is
 // kvrouter's alone: proxy-cpu-µs/event is that time per relayed event
-// (user+system, sockets and the Go runtime included), the figure that
-// bounds events/s per core whatever the machine's load; loadgen-cpu-µs/event
+// (user+system, sockets and the Go runtime included). It depends on the
+// machine's load: a CPU-starved proxy finds several events per read and
+// writes them at once, so it spends less per event (14-16 µs at 1,000
+// streams) than one with CPU to spare (19-21 µs), the figure to size by;
+// proxy-reads/event tells the two apart (about 2 unstarved, 1 starved).
+// loadgen-cpu-µs/event
 // is the child's (engine + clients) on the proxied phase. Added latency =
 // proxied percentile - direct percentile, in ms. Each stream: 100 events
 // 20 ms apart (50 events/s, 2 s); stream starts are spread evenly over 20 ms.
+//
+// Where the proxy's CPU goes, per relayed event, over the same window:
+// proxy-reads/event and proxy-writes/event are its read(2) and write(2)
+// calls (/proc/self/io syscr, syscw: EAGAIN reads included), which fall
+// when events batch (several per read) on a CPU-starved machine;
+// proxy-sys-cpu-µs/event is the kernel's part of proxy-cpu-µs/event
+// (on loopback a write also carries the TCP receive path of the peer's
+// socket); proxy-gc-cpu-µs/event is the runtime's estimate of GC CPU
+// (/cpu/classes/gc/total); proxy-idle-cpu-ms is this process's CPU during
+// the direct phase, when the proxy carries nothing; proxy-cores is the
+// CPU over the proxied phase's wall time, which stretches past its 2.02 s
+// when streams start late (proxied-s).
 //
 //	go test -run '^$' -bench AddedLatency -benchtime 1x ./internal/proxy/
 func BenchmarkAddedLatency(b *testing.B) {
@@ -62,16 +79,23 @@ type loadResult struct {
 
 func benchAddedLatency(b *testing.B, streams int) {
 	var res loadResult
-	var cpu time.Duration
+	var use procUse
 	b.ReportAllocs()
 	for b.Loop() {
-		res, cpu = runLoad(b, streams)
+		res, use = runLoad(b, streams)
 	}
 	ms := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
 	perEvent := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 / float64(max(res.Events, 1)) }
-	b.ReportMetric(perEvent(cpu), "proxy-cpu-µs/event")
+	count := func(n int64) float64 { return float64(n) / float64(max(res.Events, 1)) }
+	b.ReportMetric(perEvent(use.cpu), "proxy-cpu-µs/event")
+	b.ReportMetric(perEvent(use.sys), "proxy-sys-cpu-µs/event")
+	b.ReportMetric(perEvent(use.gc), "proxy-gc-cpu-µs/event")
+	b.ReportMetric(count(use.reads), "proxy-reads/event")
+	b.ReportMetric(count(use.writes), "proxy-writes/event")
+	b.ReportMetric(ms(use.idleCPU), "proxy-idle-cpu-ms")
 	b.ReportMetric(perEvent(res.ProxiedCPU), "loadgen-cpu-µs/event")
-	b.ReportMetric(float64(cpu)/float64(res.ProxiedElapsed), "proxy-cores")
+	b.ReportMetric(float64(use.cpu)/float64(res.ProxiedElapsed), "proxy-cores")
+	b.ReportMetric(res.ProxiedElapsed.Seconds(), "proxied-s")
 	b.ReportMetric(ms(res.DirectP50), "direct-p50-ms")
 	b.ReportMetric(ms(res.DirectP99), "direct-p99-ms")
 	b.ReportMetric(ms(res.ProxiedP50), "proxy-p50-ms")
@@ -80,9 +104,43 @@ func benchAddedLatency(b *testing.B, streams int) {
 	b.ReportMetric(ms(res.ProxiedP99-res.DirectP99), "added-p99-ms")
 }
 
+// procUse is this process's resource use over a load run.
+type procUse struct {
+	cpu, sys, gc  time.Duration // user+sys; its sys part; GC's share (runtime estimate)
+	reads, writes int64         // read(2), write(2) calls
+	idleCPU       time.Duration // part of cpu spent in the direct phase
+}
+
+// procSample reads the counters procUse is the difference of.
+func procSample() procUse {
+	u := procUse{cpu: cpuTime(), sys: sysTime()}
+	gc := []rtmetrics.Sample{{Name: "/cpu/classes/gc/total:cpu-seconds"}}
+	rtmetrics.Read(gc)
+	if gc[0].Value.Kind() == rtmetrics.KindFloat64 {
+		u.gc = time.Duration(gc[0].Value.Float64() * 1e9)
+	}
+	if io, err := os.ReadFile("/proc/self/io"); err == nil {
+		for l := range strings.Lines(string(io)) {
+			k, v, _ := strings.Cut(strings.TrimSpace(l), ": ")
+			n, _ := strconv.ParseInt(v, 10, 64)
+			switch k {
+			case "syscr":
+				u.reads = n
+			case "syscw":
+				u.writes = n
+			}
+		}
+	}
+	return u
+}
+
+func (u procUse) sub(v procUse) procUse {
+	return procUse{cpu: u.cpu - v.cpu, sys: u.sys - v.sys, gc: u.gc - v.gc, reads: u.reads - v.reads, writes: u.writes - v.writes}
+}
+
 // runLoad starts the load generator, serves kvrouter in front of its
-// engine, and returns its report and this process's CPU time meanwhile.
-func runLoad(b *testing.B, streams int) (loadResult, time.Duration) {
+// engine, and returns its report and this process's use meanwhile.
+func runLoad(b *testing.B, streams int) (loadResult, procUse) {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestLoadGenerator$", "-test.count=1")
 	cmd.Env = append(os.Environ(), loadEnv+"="+strconv.Itoa(streams))
 	cmd.Stderr = os.Stderr
@@ -119,17 +177,20 @@ func runLoad(b *testing.B, streams int) (loadResult, time.Duration) {
 	front := httptest.NewServer(srv.Handler())
 	defer front.Close()
 	defer srv.closeIdle()
-	c0 := cpuTime()
+	u0 := procSample()
 	if _, err := fmt.Fprintf(stdin, "proxy %s\n", front.URL); err != nil {
 		b.Fatal(err)
 	}
+	line("proxied")
+	idle := cpuTime() - u0.cpu
 	out := line("result ")
-	cpu := cpuTime() - c0
+	use := procSample().sub(u0)
+	use.idleCPU = idle
 	var res loadResult
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		b.Fatal(err)
 	}
-	return res, cpu
+	return res, use
 }
 
 // TestLoadGenerator is BenchmarkAddedLatency's child process (it runs only
@@ -246,6 +307,7 @@ func TestLoadGenerator(t *testing.T) {
 	c0 := cpuTime()
 	direct := run(eng.URL)
 	c1 := cpuTime()
+	fmt.Println("proxied")
 	t0 := time.Now()
 	proxied := run(proxyURL)
 	res := loadResult{
@@ -268,4 +330,13 @@ func cpuTime() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// sysTime returns the process's system CPU time.
+func sysTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Stime.Nano())
 }

@@ -203,11 +203,13 @@ func (s *Server) routeInput(x *exchange, cands []string, dry bool) *RouteInput {
 		Model:      x.req.model,
 		RequestID:  x.id,
 		Tokens:     x.tokens,
-		Text:       x.req.promptText,
 		CacheSalt:  x.req.cacheSalt,
 		MaxTokens:  x.req.maxTokens,
 		Candidates: cands,
 		DryRun:     dry,
+	}
+	if tr, ok := x.m.router.(textRouter); ok && tr.UsesText() {
+		in.Text = x.req.routingText()
 	}
 	for _, h := range x.m.cfg.SessionHeaders {
 		if v := x.r.Header.Get(h); v != "" {

@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"strings"
 	"unicode/utf8"
+
+	"kvrouter/internal/routing"
 )
 
 // kind is which OpenAI endpoint a request body is for.
@@ -50,6 +53,9 @@ type request struct {
 	// given, else its max_tokens; a completion's max_tokens
 	// (max_completion_tokens is no completions field); 0 when absent.
 	outputTokens int
+	// text caches routingText; textDone tells it was built.
+	text     string
+	textDone bool
 }
 
 // wire is the decoding target: every field the router checks, kept raw so
@@ -263,6 +269,81 @@ func (r *request) parsePrompt(raw json.RawMessage) *apiError {
 		r.promptTokens = ids
 	}
 	return nil
+}
+
+// routingText is the prompt text prefix_chars routes by, built as
+// production-stack's PrefixAwareRouter builds it (routing.PrefixChars cites
+// the source): a completion's string prompt (the first of a batch;
+// production-stack fails on a list), a token-id prompt as
+// routing.TokenText, and for chat every message's content joined by "\n":
+// a string as is, a list of parts as the "text" of its parts of type
+// "text" joined by " ", an absent content as "", a null one left out.
+// Built once per request, when the router uses it.
+func (r *request) routingText() string {
+	if r.textDone {
+		return r.text
+	}
+	r.textDone = true
+	switch {
+	case r.kind == kindChat:
+		r.text = chatText(r.messages)
+	case r.promptTokens != nil:
+		r.text = routing.TokenText(r.promptTokens)
+	default:
+		r.text = r.promptText
+	}
+	return r.text
+}
+
+// chatText joins messages' contents as production-stack does. messages
+// passed parseMessages; a part's "text" that is not a string (vLLM rejects
+// the request; production-stack fails on it) counts as "".
+func chatText(messages []json.RawMessage) string {
+	var b strings.Builder
+	first := true
+	for _, m := range messages {
+		var msg struct {
+			Content json.RawMessage `json:"content"`
+		}
+		_ = json.Unmarshal(m, &msg) // checked by parseMessages
+		if string(msg.Content) == "null" {
+			continue
+		}
+		if !first {
+			b.WriteByte('\n')
+		}
+		first = false
+		c := bytes.TrimSpace(msg.Content)
+		if len(c) == 0 {
+			continue // absent: ""
+		}
+		if c[0] == '"' {
+			var s string
+			_ = json.Unmarshal(c, &s)
+			b.WriteString(s)
+			continue
+		}
+		var parts []struct {
+			Type string          `json:"type"`
+			Text json.RawMessage `json:"text"`
+		}
+		_ = json.Unmarshal(c, &parts)
+		sep := false
+		for _, p := range parts {
+			if p.Type != "text" {
+				continue
+			}
+			if sep {
+				b.WriteByte(' ')
+			}
+			sep = true
+			var s string
+			if json.Unmarshal(p.Text, &s) == nil {
+				b.WriteString(s)
+			}
+		}
+	}
+	return b.String()
 }
 
 func tokenIDs(fs []float64) ([]uint32, bool) {

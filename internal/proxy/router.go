@@ -11,6 +11,14 @@ type Router interface {
 	Route(in *RouteInput) (Decision, error)
 }
 
+// textRouter is a Router that may route by prompt text. The proxy builds
+// RouteInput.Text, which costs a decode of every chat message, only when
+// UsesText reports true.
+type textRouter interface {
+	Router
+	UsesText() bool
+}
+
 // RouteInput is what the proxy knows of a request when routing it.
 type RouteInput struct {
 	// Model is the request's model name.
@@ -22,8 +30,11 @@ type RouteInput struct {
 	// when unknown (tokenizer "none" with a text prompt, or a tokenizer
 	// error): route by load.
 	Tokens []uint32
-	// Text is the prompt text when the request had one (a completion's
-	// string prompt), for character-based baselines; "" otherwise.
+	// Text is the prompt's routing text for prefix_chars (a completion's
+	// string prompt, a chat's message contents joined by "\n",
+	// routing.TokenText of a token-id prompt: routing.PrefixChars), set only
+	// when the Router has a UsesText method that reports true (Backend
+	// serving prefix_chars); "" otherwise.
 	Text string
 	// Session is the first non-empty session header value, or "".
 	Session string

@@ -89,7 +89,8 @@ type SGLangConfig struct {
 
 // PrefixCharsConfig is production-stack's prefix-aware router.
 type PrefixCharsConfig struct {
-	// ChunkSize is the trie's chunk length in characters (bytes). Default 128.
+	// ChunkSize is the trie's chunk length in characters (Unicode code
+	// points). Default 128.
 	ChunkSize int `yaml:"chunk_size"`
 	// MaxNodes bounds the trie; it is emptied when full. Default 1,000,000.
 	MaxNodes int `yaml:"max_nodes"`

@@ -25,7 +25,9 @@ type Request struct {
 	// MaxTokens is the expected output length in tokens, for decode load;
 	// 0 means Config.DefaultMaxTokens.
 	MaxTokens int
-	// Text is the prompt text (prefix_chars); optional.
+	// Text is the prompt's routing text for prefix_chars (see PrefixChars:
+	// a completion's prompt, a chat's message contents joined by "\n", or
+	// TokenText of a token-id prompt); optional, ignored by other policies.
 	Text string
 	// SessionKey pins a conversation (e.g. the x-session-id header) for the
 	// session policy; "" means none.

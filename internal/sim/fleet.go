@@ -287,16 +287,11 @@ func (f *fleet) arrive(i int) error {
 	return nil
 }
 
-// tokenText renders the prompt as text for prefix_chars: 4 bytes per
-// token, so its 128-character chunks span 32 tokens (about what 128
-// characters of English are).
+// tokenText renders the prompt as prefix_chars' routing text, as the
+// proxy does for a token-id prompt (routing.TokenText).
 func (f *fleet) tokenText() string {
-	b := f.text[:0]
-	for _, t := range f.toks {
-		b = append(b, byte(t), byte(t>>8), byte(t>>16), byte(t>>24))
-	}
-	f.text = b
-	return string(b)
+	f.text = routing.AppendTokenText(f.text[:0], f.toks)
+	return string(f.text)
 }
 
 // kick makes replica rep start a step at the current time, after every
