@@ -83,20 +83,32 @@ type listing struct {
 }
 
 // newListing reads the ids and max_model_len of decoded model cards; cards
-// without a string id are skipped.
+// without a string id are skipped. vLLM puts max_model_len on the base
+// model's card only (an adapter's card has it null and names the base as
+// "parent"), so a card without one takes its parent's.
 func newListing(cards []json.RawMessage) *listing {
 	l := &listing{maxLen: make(map[string]int, len(cards))}
+	parents := map[string]string{}
 	for _, c := range cards {
 		var card struct {
-			ID          string `json:"id"`
-			MaxModelLen *int   `json:"max_model_len"`
+			ID          string  `json:"id"`
+			Parent      *string `json:"parent"`
+			MaxModelLen *int    `json:"max_model_len"`
 		}
 		if json.Unmarshal(c, &card) != nil || card.ID == "" || slices.Contains(l.ids, card.ID) {
 			continue
 		}
 		l.ids = append(l.ids, card.ID)
-		if card.MaxModelLen != nil && *card.MaxModelLen > 0 {
+		switch {
+		case card.MaxModelLen != nil && *card.MaxModelLen > 0:
 			l.maxLen[card.ID] = *card.MaxModelLen
+		case card.Parent != nil:
+			parents[card.ID] = *card.Parent
+		}
+	}
+	for id, p := range parents {
+		if n, ok := l.maxLen[p]; ok {
+			l.maxLen[id] = n
 		}
 	}
 	return l
@@ -104,9 +116,9 @@ func newListing(cards []json.RawMessage) *listing {
 
 // MaxModelLen is the engine's max_model_len for model, in tokens (prompt
 // plus output, vLLM's --max-model-len), from its last successful GET
-// /v1/models listing (vLLM's ModelCard.max_model_len, also on LoRA
-// adapters' cards); 0 when unknown: no listing yet, the model not listed,
-// or its card without the field. The listing is refreshed every
+// /v1/models listing (vLLM's ModelCard.max_model_len; a LoRA adapter's
+// card has none and gets its parent's); 0 when unknown: no listing yet,
+// the model not listed, or no figure on its card or its parent's. The listing is refreshed every
 // Config.ModelsInterval. One atomic load and a map read: fine per request.
 func (e *Endpoint) MaxModelLen(model string) int {
 	l := e.listing.Load()
