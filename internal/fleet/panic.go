@@ -3,6 +3,7 @@ package fleet
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -11,8 +12,10 @@ type group struct {
 	model string
 	eps   []*Endpoint
 
-	mu    sync.Mutex
-	panic bool // below Config.PanicThreshold, as last evaluated
+	panic atomic.Bool // below Config.PanicThreshold, as last evaluated
+	// gaugeMu orders the gauge's updates: each sets the state current
+	// under it, so racing changes leave the gauge at the last state.
+	gaugeMu sync.Mutex
 }
 
 // panicking reports whether up of n endpoints is below the threshold.
@@ -21,23 +24,25 @@ func (f *Fleet) panicking(up, n int) bool {
 }
 
 // setPanic records g's panic state and, on a change, sets
-// kvrouter_fleet_panic_mode and logs one line.
+// kvrouter_fleet_panic_mode and logs one line (one atomic load when
+// nothing changed: Healthy calls it per request).
 func (f *Fleet) setPanic(g *group, on bool, up, soft int) {
-	g.mu.Lock()
-	changed := g.panic != on
-	g.panic = on
-	g.mu.Unlock()
-	if !changed {
+	if g.panic.Load() == on || !g.panic.CompareAndSwap(!on, on) {
 		return
 	}
+	g.gaugeMu.Lock()
+	v := 0.0
+	if g.panic.Load() {
+		v = 1
+	}
+	f.m.panic.WithLabelValues(g.model).Set(v)
+	g.gaugeMu.Unlock()
 	n := len(g.eps)
 	if on {
-		f.m.panic.WithLabelValues(g.model).Set(1)
 		f.log.Warn("panic mode: too few endpoints up; routing over the ones down for timeouts too",
 			"model", g.model, "up", up, "timed_out", soft, "endpoints", n, "threshold", f.cfg.PanicThreshold)
 		return
 	}
-	f.m.panic.WithLabelValues(g.model).Set(0)
 	f.log.Info("panic mode over", "model", g.model, "up", up, "endpoints", n, "threshold", f.cfg.PanicThreshold)
 }
 
@@ -118,9 +123,7 @@ func (f *Fleet) Panic(model string) bool {
 	if g == nil {
 		return false
 	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.panic
+	return g.panic.Load()
 }
 
 // Ready reports whether every model has at least one routable endpoint

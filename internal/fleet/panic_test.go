@@ -273,3 +273,49 @@ func TestPanicThreshold(t *testing.T) {
 		t.Errorf("threshold 1.5: %v", err)
 	}
 }
+
+// TestPanicModeConcurrent: requests calling Healthy on many goroutines
+// while ejections and re-admissions flip the panic state; under -race, and
+// at the end the gauge agrees with the state and every entering line has
+// its leaving line or is the current state.
+func TestPanicModeConcurrent(t *testing.T) {
+	var nowNS atomic.Int64
+	nowNS.Store(time.Unix(1000, 0).UnixNano())
+	logs := &lockedBuf{}
+	f, err := New(Config{Endpoints: twoEndpoints(), ProbeInterval: -1, BackoffBase: time.Millisecond, BackoffMax: time.Millisecond,
+		Now: func() time.Time { return time.Unix(0, nowNS.Load()) }}, slog.New(slog.NewTextHandler(logs, nil)), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for range 8 {
+		wg.Go(func() {
+			var buf []*Endpoint
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				buf, _, _ = f.Healthy(buf[:0], "m")
+			}
+		})
+	}
+	for range 500 {
+		for _, ep := range f.All() {
+			f.Report(ep, OutcomeTimeout)
+		}
+		nowNS.Add(int64(2 * time.Millisecond)) // past the backoff: re-admitted by the next Healthy
+	}
+	close(stop)
+	wg.Wait()
+	f.Healthy(nil, "m")
+	if g := testutil.ToFloat64(f.m.panic.WithLabelValues("m")); (g == 1) != f.Panic("m") {
+		t.Errorf("gauge %v, state %v", g, f.Panic("m"))
+	}
+	on, off := strings.Count(logs.String(), "panic mode: too few"), strings.Count(logs.String(), "panic mode over")
+	if d := on - off; d != 0 && d != 1 || (d == 1) != f.Panic("m") {
+		t.Errorf("%d entering, %d leaving lines, state %v", on, off, f.Panic("m"))
+	}
+}
