@@ -118,7 +118,8 @@ models:
 		}
 		body, _ = io.ReadAll(resp.Body)
 		resp.Body.Close()
-		return resp.StatusCode == 503 && strings.Contains(string(body), `"model_missing":true`)
+		// The probe and the model check run concurrently: wait for both.
+		return resp.StatusCode == 503 && strings.Contains(string(body), `"probed":true,"model_missing":true`)
 	})
 	var st struct {
 		Models []struct {
