@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"runtime/debug"
 	"time"
@@ -46,6 +48,9 @@ func parseServeFlags(args []string, getenv func(string) string, sio stdio) (*ser
 		logLevel  slog.Level
 		noHitRepo = fs.Bool("no-hit-report", false, "quick form: do not merge vllm_xargs.kv_cache_report_mode=full into requests")
 		evBind    = fs.Bool("events-bind", false, "quick form: kvrouter binds every --events address and the engines dial in (their endpoint names kvrouter's host)")
+		tlsCert   = fs.String("tls-cert", "", "serve HTTPS with this PEM certificate (chain) file; needs --tls-key (overrides the file's tls.cert_file)")
+		tlsKey    = fs.String("tls-key", "", "PEM private key of --tls-cert (overrides the file's tls.key_file)")
+		engineCA  = fs.String("engine-ca", "", "PEM CA file that verifies https:// engines instead of the system's roots (overrides the file's tls.engine_ca_file)")
 	)
 	fs.Var(&engines, "engine", "quick form: engine base URL, e.g. http://10.0.0.1:8000 (repeatable)")
 	fs.Var(&events, "events", "quick form: KV events endpoint of the n-th --engine, e.g. tcp://10.0.0.1:5557 (repeatable, in --engine order)")
@@ -96,6 +101,12 @@ func parseServeFlags(args []string, getenv func(string) string, sio stdio) (*ser
 	if *listen != "" {
 		out.cfg.Listen = *listen
 	}
+	if *tlsCert != "" || *tlsKey != "" {
+		out.cfg.TLS.CertFile, out.cfg.TLS.KeyFile = *tlsCert, *tlsKey
+	}
+	if *engineCA != "" {
+		out.cfg.TLS.EngineCAFile = *engineCA
+	}
 	return out, nil
 }
 
@@ -118,7 +129,11 @@ func runServe(ctx context.Context, args []string, sio stdio) error {
 		app.close()
 		return err
 	}
-	fmt.Fprintf(sio.err, "kvrouter serve: listening on http://%s\n", ln.Addr())
+	scheme := "http"
+	if app.tls {
+		scheme = "https"
+	}
+	fmt.Fprintf(sio.err, "kvrouter serve: listening on %s://%s\n", scheme, ln.Addr())
 	return app.run(ctx, ln)
 }
 
@@ -139,6 +154,8 @@ type serveApp struct {
 	run func(ctx context.Context, ln net.Listener) error
 	// close releases what was built when run will not be called.
 	close func()
+	// tls: run serves HTTPS.
+	tls bool
 }
 
 // buildServe wires the fleet, one routing backend per model, the event
@@ -147,6 +164,10 @@ type serveApp struct {
 // is returned here, before anything listens.
 func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveApp, error) {
 	cfg := fl.cfg
+	tlsCfg, err := loadServeTLS(cfg.TLS)
+	if err != nil {
+		return nil, err
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
@@ -164,6 +185,8 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 	fcfg.ProbeInterval, fcfg.ProbeTimeout, fcfg.ScrapeInterval = h.ProbeInterval, h.ProbeTimeout, h.ScrapeInterval
 	fcfg.EjectAfterServerErrors, fcfg.EjectAfterBackpressure = h.EjectAfterServerErrors, h.EjectAfterBackpressure
 	fcfg.BackoffBase, fcfg.BackoffMax = h.BackoffBase, h.BackoffMax
+	fcfg.EjectAfterProbeTimeouts, fcfg.PanicThreshold, fcfg.ModelsInterval = h.EjectAfterProbeTimeouts, h.PanicThreshold, h.ModelsInterval
+	fcfg.TLS = tlsCfg.engines
 	fcfg.OnMetrics = func(ep *fleet.Endpoint, m enginemetrics.Metrics) {
 		if b := backends[modelOf[ep.Name()]]; b != nil {
 			b.Observe(ep.Name(), m, time.Now())
@@ -226,7 +249,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 			}
 			subs = append(subs, func(ctx context.Context) error { return sub.Run(ctx, b.Apply) })
 		}
-		tok, mprobes, err := newTokenSource(m, eps, log, reg)
+		tok, mprobes, err := newTokenSource(m, eps, tlsCfg.engineClient(), log, reg)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", fl.pos.Field("models", i, "tokenizer"), err))
 			continue
@@ -245,7 +268,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		closeProbes()
 		return nil, err
 	}
-	srv, err := proxy.New(cfg, proxy.Deps{Fleet: flt, Routers: routers, Tokenizers: toks, Gatherer: reg,
+	srv, err := proxy.New(cfg, proxy.Deps{Fleet: flt, Routers: routers, Tokenizers: toks, Gatherer: reg, EngineTLS: tlsCfg.engines,
 		EventsConnected: func() map[string]bool { return connectedEngines(reg) }}, log, reg)
 	if err != nil {
 		return nil, err
@@ -264,6 +287,9 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 	}
 
 	run := func(ctx context.Context, ln net.Listener) error {
+		if tlsCfg.listener != nil {
+			ln = tls.NewListener(ln, tlsCfg.listener)
+		}
 		g, gctx := errgroup.WithContext(ctx)
 		g.Go(recovered("fleet", func() error { return ignoreCanceled(flt.Run(gctx)) }))
 		for _, run := range subs {
@@ -275,7 +301,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		g.Go(recovered("proxy", func() error { return srv.Run(gctx, ln) }))
 		return g.Wait()
 	}
-	return &serveApp{run: run, close: closeProbes}, nil
+	return &serveApp{run: run, close: closeProbes, tls: tlsCfg.listener != nil}, nil
 }
 
 // newTokenSource builds a model's tokenizer: nil for "none"; else one token
@@ -284,7 +310,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 // probe of that engine, otherwise), behind a proxy.FailoverTokenizer that
 // asks the first up engine and fails over on connection errors, so one
 // engine down never turns routing into load-only routing.
-func newTokenSource(m proxy.ModelConfig, eps []*fleet.Endpoint, log *slog.Logger, reg prometheus.Registerer) (proxy.Tokenizer, []*tokenizer.Probe, error) {
+func newTokenSource(m proxy.ModelConfig, eps []*fleet.Endpoint, client *http.Client, log *slog.Logger, reg prometheus.Registerer) (proxy.Tokenizer, []*tokenizer.Probe, error) {
 	if m.Tokenizer == proxy.TokenizerNone {
 		return nil, nil, nil
 	}
@@ -301,7 +327,7 @@ func newTokenSource(m proxy.ModelConfig, eps []*fleet.Endpoint, log *slog.Logger
 	var engines []proxy.EngineTokenizer
 	var probes []*tokenizer.Probe
 	for _, ep := range eps {
-		remote, err := tokenizer.NewRemote(tokenizer.RemoteConfig{URL: ep.URL(), Model: m.Name}, log, reg)
+		remote, err := tokenizer.NewRemote(tokenizer.RemoteConfig{URL: ep.URL(), Model: m.Name, Client: client}, log, reg)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -94,15 +94,18 @@ func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 		OwnedBy     string  `json:"owned_by"`
 		Root        string  `json:"root"`
 		Parent      *string `json:"parent"`
-		MaxModelLen int     `json:"max_model_len"`
+		MaxModelLen *int    `json:"max_model_len"`
 		Permission  []any   `json:"permission"`
 	}
+	// As vLLM's OpenAIServingModels.show_available_models: the base
+	// model's card carries max_model_len, an adapter's card has it null.
 	base := s.cfg.ServedModelName
+	maxLen := s.coreCfg.MaxModelLen
 	data := []model{{ID: base, Object: "model", Created: s.created, OwnedBy: "vllm", Root: base,
-		MaxModelLen: s.coreCfg.MaxModelLen, Permission: []any{}}}
+		MaxModelLen: &maxLen, Permission: []any{}}}
 	for _, l := range s.cfg.LoRAModules {
 		data = append(data, model{ID: l, Object: "model", Created: s.created, OwnedBy: "vllm", Root: l,
-			Parent: &base, MaxModelLen: s.coreCfg.MaxModelLen, Permission: []any{}})
+			Parent: &base, Permission: []any{}})
 	}
 	writeJSON(w, map[string]any{"object": "list", "data": data})
 }

@@ -310,12 +310,14 @@ func TestModelsHealthMetrics(t *testing.T) {
 		Data []struct {
 			ID          string  `json:"id"`
 			Parent      *string `json:"parent"`
-			MaxModelLen int     `json:"max_model_len"`
+			MaxModelLen *int    `json:"max_model_len"`
 		} `json:"data"`
 	}
 	json.NewDecoder(resp.Body).Decode(&models)
 	resp.Body.Close()
-	if len(models.Data) != 2 || models.Data[0].ID != "m" || models.Data[0].MaxModelLen != 4096 || *models.Data[1].Parent != "m" {
+	// vLLM: max_model_len on the base model's card, null on an adapter's.
+	if len(models.Data) != 2 || models.Data[0].ID != "m" || models.Data[0].MaxModelLen == nil || *models.Data[0].MaxModelLen != 4096 ||
+		*models.Data[1].Parent != "m" || models.Data[1].MaxModelLen != nil {
 		t.Fatalf("models %+v", models)
 	}
 	for range 2 {

@@ -22,6 +22,11 @@ const (
 	OutcomeServerError
 	// OutcomeBackpressure is a 429 or 503 answer: the engine is busy.
 	OutcomeBackpressure
+	// OutcomeTimeout is a request that got no answer in time before any
+	// byte came back (the connect or TLS handshake timed out). It takes the
+	// endpoint down at once, but only for timeouts: in panic mode (see
+	// Config.PanicThreshold) the endpoint is still routed.
+	OutcomeTimeout
 )
 
 // String returns a lower-case name used as a metric label.
@@ -35,6 +40,8 @@ func (o Outcome) String() string {
 		return "server_error"
 	case OutcomeBackpressure:
 		return "backpressure"
+	case OutcomeTimeout:
+		return "timeout"
 	}
 	return "unknown"
 }
@@ -48,6 +55,16 @@ func OutcomeOf(status int) Outcome {
 		return OutcomeServerError
 	}
 	return OutcomeOK
+}
+
+// OutcomeOfError classes a failed request (one that got no HTTP answer):
+// OutcomeTimeout when err is a timeout (context.DeadlineExceeded or a
+// net.Error whose Timeout is true), else OutcomeConnError.
+func OutcomeOfError(err error) Outcome {
+	if isTimeout(err) {
+		return OutcomeTimeout
+	}
+	return OutcomeConnError
 }
 
 // Endpoint is one engine. Its identity is immutable; its health state is
@@ -67,6 +84,18 @@ type Endpoint struct {
 	serverErrs int
 	backpress  int
 	probed     bool // a probe has succeeded (or probes are off)
+	// soft: down, and its last failure was a timeout (no answer), not a
+	// definite one; such an endpoint is routed in panic mode.
+	soft bool
+	// probeTimeouts counts probes in a row that timed out.
+	probeTimeouts int
+	// missing holds the configured models the last /v1/models listing
+	// lacked, and notedServed the served ids last logged about.
+	missing     map[string]bool
+	notedServed string
+
+	// listing is the last successful /v1/models listing; nil before.
+	listing atomic.Pointer[listing]
 	// counters are the monotonic vllm: counters of the last scrape that
 	// had them (see restartedLocked); nil before.
 	counters map[string]float64
@@ -91,20 +120,21 @@ func (e *Endpoint) InFlight() int64 { return e.inFlight.Load() }
 // returns the new count.
 func (e *Endpoint) AddInFlight(d int64) int64 { return e.inFlight.Add(d) }
 
-// usable reports whether the endpoint may take traffic at now and, if not,
-// when it may be re-admitted. Without probes (noProbe), a down endpoint
-// comes back once its backoff has passed.
-func (e *Endpoint) usable(now time.Time, noProbe bool) (bool, time.Time) {
+// usable reports whether the endpoint may take traffic at now, whether,
+// if not, it is down for timeouts only (soft), and when it may be
+// re-admitted. Without probes (noProbe), a down endpoint comes back once
+// its backoff has passed.
+func (e *Endpoint) usable(now time.Time, noProbe bool) (up, soft bool, until time.Time) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if !e.down {
-		return true, time.Time{}
+		return true, false, time.Time{}
 	}
 	if noProbe && !now.Before(e.downUntil) {
-		e.down = false
-		return true, time.Time{}
+		e.down, e.soft = false, false
+		return true, false, time.Time{}
 	}
-	return false, e.downUntil
+	return false, e.soft, e.downUntil
 }
 
 // Up reports whether the endpoint is up (not ejected), as of the last
@@ -121,9 +151,15 @@ func (e *Endpoint) wasProbed() bool {
 	return e.probed
 }
 
-// eject takes the endpoint down until now+backoff and doubles the backoff.
-// It reports whether the endpoint was up before.
-func (e *Endpoint) ejectLocked(now time.Time, max time.Duration) bool {
+// ejectLocked takes the endpoint down until now+backoff and doubles the
+// backoff; soft says the failure was a timeout. It reports whether the
+// endpoint was up before. On an endpoint already down it only records the
+// latest failure's class.
+func (e *Endpoint) ejectLocked(now time.Time, max time.Duration, soft bool) bool {
+	e.soft = soft
+	if e.down {
+		return false
+	}
 	was := !e.down
 	e.down = true
 	e.downUntil = now.Add(e.backoff)

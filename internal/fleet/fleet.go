@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -52,6 +53,28 @@ type Config struct {
 	// EjectAfterBackpressure is how many 429/503 answers in a row take an
 	// endpoint down (default 10): an isolated one is backpressure, not death.
 	EjectAfterBackpressure int
+	// EjectAfterProbeTimeouts is how many /health probes in a row that get
+	// no answer within ProbeTimeout take an endpoint down (default 2): one
+	// slow answer from a starved host is not death. A definite failure
+	// (connection refused, a status other than 200) takes it down at once.
+	EjectAfterProbeTimeouts int
+	// PanicThreshold is the share of a model's endpoints, in [0, 1], that
+	// must be up (default 0.5; negative: never). Below it the model is in
+	// panic mode: Healthy also returns its endpoints that are down for
+	// timeouts alone (probe or request timeouts, which a starved but live
+	// engine produces), so the router spreads requests over them by load
+	// instead of answering "no healthy endpoint". Endpoints down for a
+	// definite failure (connection refused, /health answering non-200, a
+	// TLS verification failure, runs of 5xx or 429/503) stay out.
+	PanicThreshold float64
+	// ModelsInterval is the period of GET /v1/models per endpoint, which
+	// checks that the engine serves its configured model names and learns
+	// each model's max_model_len (default 30s; negative disables).
+	ModelsInterval time.Duration
+	// TLS configures the default Client's connections to https endpoints
+	// (its RootCAs verify them); nil: the system's roots. Ignored when
+	// Client is set.
+	TLS *tls.Config
 	// BackoffBase is how long an endpoint stays down after its first
 	// ejection (default 1s); it doubles per ejection without a healthy probe
 	// in between, up to BackoffMax (default 30s).
@@ -78,14 +101,17 @@ type Config struct {
 // DefaultConfig returns the defaults of every Config field.
 func DefaultConfig() Config {
 	return Config{
-		ProbeInterval:          5 * time.Second,
-		ProbeTimeout:           2 * time.Second,
-		ScrapeInterval:         time.Second,
-		EjectAfterServerErrors: 3,
-		EjectAfterBackpressure: 10,
-		BackoffBase:            time.Second,
-		BackoffMax:             30 * time.Second,
-		Now:                    time.Now,
+		ProbeInterval:           5 * time.Second,
+		ProbeTimeout:            2 * time.Second,
+		ScrapeInterval:          time.Second,
+		EjectAfterServerErrors:  3,
+		EjectAfterBackpressure:  10,
+		EjectAfterProbeTimeouts: 2,
+		PanicThreshold:          0.5,
+		ModelsInterval:          30 * time.Second,
+		BackoffBase:             time.Second,
+		BackoffMax:              30 * time.Second,
+		Now:                     time.Now,
 	}
 }
 
@@ -106,6 +132,15 @@ func (c *Config) fillDefaults() {
 	if c.EjectAfterBackpressure == 0 {
 		c.EjectAfterBackpressure = d.EjectAfterBackpressure
 	}
+	if c.EjectAfterProbeTimeouts == 0 {
+		c.EjectAfterProbeTimeouts = d.EjectAfterProbeTimeouts
+	}
+	if c.PanicThreshold == 0 {
+		c.PanicThreshold = d.PanicThreshold
+	}
+	if c.ModelsInterval == 0 {
+		c.ModelsInterval = d.ModelsInterval
+	}
 	if c.BackoffBase == 0 {
 		c.BackoffBase = d.BackoffBase
 	}
@@ -117,6 +152,7 @@ func (c *Config) fillDefaults() {
 	}
 	if c.Client == nil {
 		c.Client = &http.Client{Transport: &http.Transport{
+			TLSClientConfig:     c.TLS,
 			MaxIdleConnsPerHost: 4,
 			IdleConnTimeout:     90 * time.Second,
 		}}
@@ -129,7 +165,7 @@ type Fleet struct {
 	log     *slog.Logger
 	m       *metrics
 	all     []*Endpoint
-	byModel map[string][]*Endpoint
+	byModel map[string]*group
 }
 
 // New checks cfg and builds a Fleet; it starts no goroutines (see Run). All
@@ -147,7 +183,10 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Fleet, error
 	if cfg.BackoffMax < cfg.BackoffBase {
 		errs = append(errs, fmt.Errorf("backoff max %v < base %v", cfg.BackoffMax, cfg.BackoffBase))
 	}
-	f := &Fleet{cfg: cfg, log: log, byModel: map[string][]*Endpoint{}}
+	if cfg.PanicThreshold > 1 || cfg.PanicThreshold != cfg.PanicThreshold {
+		errs = append(errs, fmt.Errorf("panic threshold %v: want a share in [0, 1] (negative: off)", cfg.PanicThreshold))
+	}
+	f := &Fleet{cfg: cfg, log: log, byModel: map[string]*group{}}
 	names := map[string]bool{}
 	for i, ec := range cfg.Endpoints {
 		u, err := url.Parse(ec.URL)
@@ -177,7 +216,12 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Fleet, error
 		}
 		f.all = append(f.all, ep)
 		for _, m := range ec.Models {
-			f.byModel[m] = append(f.byModel[m], ep)
+			g := f.byModel[m]
+			if g == nil {
+				g = &group{model: m}
+				f.byModel[m] = g
+			}
+			g.eps = append(g.eps, ep)
 		}
 	}
 	if len(errs) > 0 {
@@ -191,6 +235,12 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Fleet, error
 	for _, ep := range f.all {
 		f.m.up.WithLabelValues(ep.name).Set(1)
 		f.m.initEndpoint(ep.name)
+		for _, model := range ep.models {
+			f.m.notServed.WithLabelValues(ep.name, model).Set(0)
+		}
+	}
+	for m := range f.byModel {
+		f.m.panic.WithLabelValues(m).Set(0)
 	}
 	return f, nil
 }
@@ -207,7 +257,12 @@ func (f *Fleet) Models() []string {
 
 // Endpoints returns every endpoint of model, up or down, in configuration
 // order; nil for an unknown model. The slice is shared: do not modify it.
-func (f *Fleet) Endpoints(model string) []*Endpoint { return f.byModel[model] }
+func (f *Fleet) Endpoints(model string) []*Endpoint {
+	if g := f.byModel[model]; g != nil {
+		return g.eps
+	}
+	return nil
+}
 
 // All returns every endpoint in configuration order. The slice is shared: do
 // not modify it.
@@ -221,86 +276,4 @@ func (f *Fleet) Endpoint(name string) *Endpoint {
 		}
 	}
 	return nil
-}
-
-// Healthy appends to dst the endpoints of model that may receive traffic
-// now, in configuration order, and returns it. It returns ErrNoEndpoint
-// (wrapped with the model) and how long until the first down endpoint may
-// return when there are none.
-func (f *Fleet) Healthy(dst []*Endpoint, model string) ([]*Endpoint, time.Duration, error) {
-	eps, ok := f.byModel[model]
-	if !ok {
-		return dst, 0, fmt.Errorf("model %q: %w", model, ErrNoEndpoint)
-	}
-	now := f.cfg.Now()
-	n := len(dst)
-	var retry time.Duration = -1
-	for _, ep := range eps {
-		up, until := ep.usable(now, f.cfg.ProbeInterval < 0)
-		if up {
-			dst = append(dst, ep)
-			continue
-		}
-		if d := until.Sub(now); retry < 0 || d < retry {
-			retry = d
-		}
-	}
-	if len(dst) == n {
-		if retry <= 0 {
-			retry = f.cfg.BackoffBase
-		}
-		return dst, retry, fmt.Errorf("model %q: %w", model, ErrNoEndpoint)
-	}
-	return dst, 0, nil
-}
-
-// Ready reports whether every model has at least one endpoint that is up and
-// (when probes are on) has passed a probe.
-func (f *Fleet) Ready() bool {
-	now := f.cfg.Now()
-	for _, eps := range f.byModel {
-		ok := false
-		for _, ep := range eps {
-			if up, _ := ep.usable(now, f.cfg.ProbeInterval < 0); up && ep.wasProbed() {
-				ok = true
-				break
-			}
-		}
-		if !ok {
-			return false
-		}
-	}
-	return true
-}
-
-// EndpointState is one endpoint's health at one moment.
-type EndpointState struct {
-	// Name is the endpoint's label.
-	Name string
-	// Up: the endpoint may receive traffic now (not ejected, or its
-	// backoff is over when probes are off).
-	Up bool
-	// Probed: a /health probe has succeeded since start (always true when
-	// probes are off).
-	Probed bool
-}
-
-// Routable reports whether the endpoint is up and has passed a probe: what
-// readiness counts.
-func (s EndpointState) Routable() bool { return s.Up && s.Probed }
-
-// States returns the state of every endpoint of model in configuration
-// order; nil for an unknown model.
-func (f *Fleet) States(model string) []EndpointState {
-	eps := f.byModel[model]
-	if eps == nil {
-		return nil
-	}
-	now := f.cfg.Now()
-	out := make([]EndpointState, len(eps))
-	for i, ep := range eps {
-		up, _ := ep.usable(now, f.cfg.ProbeInterval < 0)
-		out[i] = EndpointState{Name: ep.name, Up: up, Probed: ep.wasProbed()}
-	}
-	return out
 }

@@ -257,7 +257,7 @@ func TestJitterDiffersPerEndpoint(t *testing.T) {
 			mu.Unlock()
 			return &http.Response{StatusCode: 200, Body: io.NopCloser(strings.NewReader("")), Request: r}, nil
 		})
-		f, _ := newTestFleet(t, Config{Endpoints: twoEndpoints(), ProbeInterval: 10 * time.Second,
+		f, _ := newTestFleet(t, Config{Endpoints: twoEndpoints(), ProbeInterval: 10 * time.Second, ModelsInterval: -1,
 			ScrapeInterval: -1, Client: &http.Client{Transport: rt}})
 		ctx, cancel := context.WithTimeout(t.Context(), 35*time.Second)
 		defer cancel()
@@ -426,7 +426,7 @@ func TestRunAndListModelsRecoverPanics(t *testing.T) {
 			}
 			return &http.Response{StatusCode: 200, Body: io.NopCloser(strings.NewReader(`{"data":[{"id":"m"}]}`)), Request: r}, nil
 		})
-		f, _ := newTestFleet(t, Config{Endpoints: twoEndpoints(), ProbeInterval: 5 * time.Second,
+		f, _ := newTestFleet(t, Config{Endpoints: twoEndpoints(), ProbeInterval: 5 * time.Second, ModelsInterval: -1,
 			ScrapeInterval: -1, Client: &http.Client{Transport: rt}})
 		err := f.Run(t.Context())
 		if err == nil || errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "probe of b:1 panicked: boom") {

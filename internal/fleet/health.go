@@ -2,46 +2,56 @@ package fleet
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"sync"
+	"syscall"
 	"time"
 )
 
 // Report records the outcome of one forwarded request on ep (passive health
-// checking): a connection error takes ep down at once, a run of server
-// errors or backpressure answers takes it down at the configured count, and
-// any OK answer resets the runs.
+// checking): a connection error or timeout takes ep down at once, a run of
+// server errors or backpressure answers takes it down at the configured
+// count, and any OK answer resets the runs. On an endpoint already down
+// (one routed in panic mode) a failure only records its class: a
+// connection error makes it a definite failure, so panic mode stops
+// routing it.
 func (f *Fleet) Report(ep *Endpoint, o Outcome) {
 	now := f.cfg.Now()
 	ep.mu.Lock()
-	ejected := false
+	ejected, wasSoft := false, ep.down && ep.soft
 	switch o {
 	case OutcomeOK:
 		ep.serverErrs, ep.backpress = 0, 0
-	case OutcomeConnError:
-		ejected = ep.ejectLocked(now, f.cfg.BackoffMax)
+	case OutcomeConnError, OutcomeTimeout:
+		ejected = ep.ejectLocked(now, f.cfg.BackoffMax, o == OutcomeTimeout)
 	case OutcomeServerError:
 		ep.serverErrs++
 		if ep.serverErrs >= f.cfg.EjectAfterServerErrors {
-			ejected = ep.ejectLocked(now, f.cfg.BackoffMax)
+			ejected = ep.ejectLocked(now, f.cfg.BackoffMax, false)
 		}
 	case OutcomeBackpressure:
 		ep.backpress++
 		if ep.backpress >= f.cfg.EjectAfterBackpressure {
-			ejected = ep.ejectLocked(now, f.cfg.BackoffMax)
+			ejected = ep.ejectLocked(now, f.cfg.BackoffMax, false)
 		}
 	}
-	until := ep.downUntil
+	until, isSoft := ep.downUntil, ep.down && ep.soft
 	ep.mu.Unlock()
 	if ejected {
 		f.m.ejections.WithLabelValues(ep.name, o.String()).Inc()
 		f.m.up.WithLabelValues(ep.name).Set(0)
 		f.log.Warn("endpoint ejected", "endpoint", ep.name, "reason", o.String(), "until", until)
+	}
+	if ejected || wasSoft != isSoft {
+		f.refreshPanic(ep)
 	}
 }
 
@@ -78,6 +88,10 @@ func (f *Fleet) Run(ctx context.Context) error {
 			srng := rand.New(rand.NewPCG(hashString(ep.base), 0x736372617065))
 			wg.Go(guard("scrape", ep, func() { f.loop(ctx, ep, f.cfg.ScrapeInterval, srng, f.scrape) }))
 		}
+		if f.cfg.ModelsInterval > 0 {
+			mrng := rand.New(rand.NewPCG(hashString(ep.base), 0x6d6f64656c73))
+			wg.Go(guard("model check", ep, func() { f.loop(ctx, ep, f.cfg.ModelsInterval, mrng, f.checkModels) }))
+		}
 	}
 	wg.Wait()
 	if err := errors.Join(panics...); err != nil {
@@ -103,42 +117,110 @@ func (f *Fleet) loop(ctx context.Context, ep *Endpoint, interval time.Duration, 
 }
 
 // probe sends GET /health and updates ep: a 200 re-admits a down endpoint
-// whose backoff has passed (and resets the backoff of an up one); anything
-// else takes it down.
+// whose backoff has passed (and resets the backoff of an up one); a
+// definite failure (connection refused, TLS verification, a status other
+// than 200) takes it down at once, and EjectAfterProbeTimeouts timeouts in
+// a row take it down for timeouts (routed in panic mode). A probe cut
+// short because ctx ended says nothing about the engine.
 func (f *Fleet) probe(ctx context.Context, ep *Endpoint) {
 	err := f.get(ctx, ep, "/health", nil)
+	if ctx.Err() != nil {
+		return
+	}
+	timeout := err != nil && isTimeout(err)
 	now := f.cfg.Now()
 	ep.mu.Lock()
-	var changed string
+	wasSoft := ep.down && ep.soft
+	var changed, reason string
 	switch {
-	case err == nil && ep.down && !now.Before(ep.downUntil):
-		ep.down, ep.probed = false, true
-		changed = "endpoint re-admitted"
-	case err == nil && !ep.down:
-		ep.probed = true
-		ep.backoff = f.cfg.BackoffBase
-	case err != nil && !ep.down:
-		ep.ejectLocked(now, f.cfg.BackoffMax)
-		changed = "endpoint failed probe"
+	case err == nil:
+		ep.probeTimeouts = 0
+		if ep.down && !now.Before(ep.downUntil) {
+			ep.down, ep.soft, ep.probed = false, false, true
+			changed = "endpoint re-admitted"
+		} else if !ep.down {
+			ep.probed = true
+			ep.backoff = f.cfg.BackoffBase
+		}
+	case timeout:
+		ep.probeTimeouts++
+		if ep.down || ep.probeTimeouts >= f.cfg.EjectAfterProbeTimeouts {
+			if ep.ejectLocked(now, f.cfg.BackoffMax, true) {
+				changed, reason = "endpoint failed probe", "probe_timeout"
+			}
+		}
+	default:
+		ep.probeTimeouts = 0
+		if ep.ejectLocked(now, f.cfg.BackoffMax, false) {
+			changed, reason = "endpoint failed probe", "probe"
+		}
 	}
-	up := !ep.down
+	up, isSoft, timeouts := !ep.down, ep.down && ep.soft, ep.probeTimeouts
 	ep.mu.Unlock()
 	result := "ok"
-	if err != nil {
+	switch {
+	case timeout:
+		result = "timeout"
+	case err != nil:
 		result = "error"
 	}
 	f.m.probes.WithLabelValues(ep.name, result).Inc()
-	if changed == "" {
-		return
+	if changed != "" {
+		if up {
+			f.m.up.WithLabelValues(ep.name).Set(1)
+			f.log.Info(changed, "endpoint", ep.name)
+		} else {
+			f.m.up.WithLabelValues(ep.name).Set(0)
+			f.m.ejections.WithLabelValues(ep.name, reason).Inc()
+			args := []any{"endpoint", ep.name, "reason", reason, "err", err}
+			if h := failureHint(err); h != "" {
+				args = append(args, "hint", h)
+			}
+			f.log.Warn(changed, args...)
+		}
+	} else if timeout && up {
+		f.log.Debug("probe timed out; endpoint kept", "endpoint", ep.name, "timeouts_in_a_row", timeouts, "eject_after", f.cfg.EjectAfterProbeTimeouts)
 	}
-	if up {
-		f.m.up.WithLabelValues(ep.name).Set(1)
-		f.log.Info(changed, "endpoint", ep.name)
-	} else {
-		f.m.up.WithLabelValues(ep.name).Set(0)
-		f.m.ejections.WithLabelValues(ep.name, "probe").Inc()
-		f.log.Warn(changed, "endpoint", ep.name, "err", err)
+	if changed != "" || wasSoft != isSoft {
+		f.refreshPanic(ep)
 	}
+}
+
+// isTimeout reports whether err is a timeout: no answer in time, as
+// opposed to a definite failure.
+func isTimeout(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// failureHint says in words what a probe failure means, for the log line.
+func failureHint(err error) string {
+	var (
+		verify  *tls.CertificateVerificationError
+		unknown x509.UnknownAuthorityError
+		host    x509.HostnameError
+		recHdr  tls.RecordHeaderError
+	)
+	switch {
+	case err == nil:
+		return ""
+	case errors.As(err, &unknown):
+		return "the engine's TLS certificate is not signed by a trusted CA: check the engine CA file"
+	case errors.As(err, &host):
+		return "the engine's TLS certificate does not name the host of its URL"
+	case errors.As(err, &verify):
+		return "the engine's TLS certificate did not verify"
+	case errors.As(err, &recHdr):
+		return "the engine did not answer TLS: is its URL http:// rather than https://?"
+	case isTimeout(err):
+		return "no answer within the probe timeout"
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "connection refused: nothing listens at the engine's address"
+	}
+	return ""
 }
 
 // get sends GET base+path with the endpoint's API key, bounded by

@@ -13,18 +13,23 @@ type metrics struct {
 	probes    *prometheus.CounterVec
 	scrapes   *prometheus.CounterVec
 	restarts  *prometheus.CounterVec
+	panic     *prometheus.GaugeVec
+	notServed *prometheus.GaugeVec
 }
 
 // initEndpoint creates an endpoint's counters at 0, for every label value
 // they take, so that they exist before their first event (an alert on a
 // rate sees 0, not "no data").
 func (m *metrics) initEndpoint(name string) {
-	for _, o := range []Outcome{OutcomeConnError, OutcomeServerError, OutcomeBackpressure} {
+	for _, o := range []Outcome{OutcomeConnError, OutcomeTimeout, OutcomeServerError, OutcomeBackpressure} {
 		m.ejections.WithLabelValues(name, o.String())
 	}
 	m.ejections.WithLabelValues(name, "probe")
-	for _, r := range []string{"ok", "error"} {
+	m.ejections.WithLabelValues(name, "probe_timeout")
+	for _, r := range []string{"ok", "error", "timeout"} {
 		m.probes.WithLabelValues(name, r)
+	}
+	for _, r := range []string{"ok", "error"} {
 		m.scrapes.WithLabelValues(name, r)
 	}
 	m.restarts.WithLabelValues(name)
@@ -38,11 +43,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"endpoint"}),
 		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_fleet_ejections_total",
-			Help: "Endpoints taken down, by reason (conn_error, server_error, backpressure, probe).",
+			Help: "Endpoints taken down, by reason (conn_error, timeout, server_error, backpressure, probe, probe_timeout).",
 		}, []string{"endpoint", "reason"}),
 		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_fleet_probes_total",
-			Help: "GET /health probes by result (ok, error).",
+			Help: "GET /health probes by result (ok, timeout, error).",
 		}, []string{"endpoint", "result"}),
 		scrapes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_fleet_scrapes_total",
@@ -52,12 +57,20 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvrouter_fleet_engine_restarts_total",
 			Help: "Engine restarts seen in /metrics scrapes (a vllm: counter such as prefix_cache_queries_total went backwards).",
 		}, []string{"endpoint"}),
+		panic: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kvrouter_fleet_panic_mode",
+			Help: "1 while fewer than the panic threshold of the model's endpoints are up: endpoints down for timeouts alone are routed too.",
+		}, []string{"model"}),
+		notServed: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kvrouter_fleet_model_not_served",
+			Help: "1 when the endpoint's last GET /v1/models lacks the configured model name (the engine would answer 404); 0 otherwise or before a listing.",
+		}, []string{"endpoint", "model"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.up, m.ejections, m.probes, m.scrapes, m.restarts} {
+	for _, c := range []prometheus.Collector{m.up, m.ejections, m.probes, m.scrapes, m.restarts, m.panic, m.notServed} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}

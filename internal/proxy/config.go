@@ -31,6 +31,9 @@ type Config struct {
 	// Health configures active probes, scraping and passive ejection of
 	// engines (package fleet).
 	Health HealthConfig `yaml:"health"`
+	// TLS configures HTTPS on Listen and the verification of https://
+	// engines.
+	TLS TLSConfig `yaml:"tls"`
 	// Models are the model groups served; at least one.
 	Models []ModelConfig `yaml:"models"`
 }
@@ -54,6 +57,30 @@ type HealthConfig struct {
 	// (default 1s doubling to 30s).
 	BackoffBase time.Duration `yaml:"backoff_base"`
 	BackoffMax  time.Duration `yaml:"backoff_max"`
+	// EjectAfterProbeTimeouts: probes in a row without an answer within
+	// probe_timeout that eject (default 2; a refused connection or a
+	// non-200 answer ejects at once).
+	EjectAfterProbeTimeouts int `yaml:"eject_after_probe_timeouts"`
+	// PanicThreshold is the share of a model's engines, in [0, 1], that
+	// must be up (default 0.5; negative: off); below it engines ejected for
+	// timeouts alone are routed too (fleet.Config.PanicThreshold).
+	PanicThreshold float64 `yaml:"panic_threshold"`
+	// ModelsInterval between GET /v1/models checks per engine (default
+	// 30s; negative disables): an engine that does not list its model's
+	// name is not ready.
+	ModelsInterval time.Duration `yaml:"models_interval"`
+}
+
+// TLSConfig holds certificate files in PEM.
+type TLSConfig struct {
+	// CertFile and KeyFile, both or neither, make the router serve HTTPS
+	// on Listen with that certificate (chain first) and private key.
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	// EngineCAFile holds the CA certificates that verify https:// engines
+	// (and their render endpoints) instead of the system's roots; empty:
+	// the system's roots.
+	EngineCAFile string `yaml:"engine_ca_file"`
 }
 
 // ModelConfig is one model group: the engines that serve it and how to

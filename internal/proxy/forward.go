@@ -160,7 +160,7 @@ func (s *Server) upstreamFailed(x *exchange, ep *fleet.Endpoint, ctx context.Con
 			message: fmt.Sprintf("replica %s sent nothing within %v (request id %s)", ep.Name(), x.m.cfg.Timeouts.FirstByte, x.id)}, outcomeTimeout)
 		return false
 	}
-	s.deps.Fleet.Report(ep, fleet.OutcomeConnError)
+	s.deps.Fleet.Report(ep, fleet.OutcomeOfError(err))
 	if canRetry {
 		s.m.retries.WithLabelValues(x.req.model, "conn_error").Inc()
 		return true

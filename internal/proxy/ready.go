@@ -29,6 +29,11 @@ type engineReady struct {
 	// Up: not ejected. Probed: a /health probe has succeeded.
 	Up     bool `json:"up"`
 	Probed bool `json:"probed"`
+	// Panic: down for timeouts alone but routed, its model being in panic
+	// mode (fleet.Config.PanicThreshold).
+	Panic bool `json:"panic,omitempty"`
+	// ModelMissing: the engine's GET /v1/models does not list the model.
+	ModelMissing bool `json:"model_missing,omitempty"`
 	// Events: "connected", "disconnected", or "none" (no events endpoint).
 	Events string `json:"events"`
 	// Ready: this engine counts towards its model's readiness.
@@ -70,7 +75,7 @@ func (s *Server) readiness(all bool) readiness {
 		states := s.deps.Fleet.States(mc.Name)
 		allReady := len(states) > 0
 		for j, st := range states {
-			er := engineReady{Name: st.Name, Up: st.Up, Probed: st.Probed, Events: "none"}
+			er := engineReady{Name: st.Name, Up: st.Up, Probed: st.Probed, Panic: st.Panic, ModelMissing: st.ModelMissing, Events: "none"}
 			if j < len(mc.Engines) && mc.Engines[j].Events != "" {
 				er.Events = "disconnected"
 				if connected[st.Name] {

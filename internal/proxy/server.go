@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -32,6 +33,9 @@ type Deps struct {
 	// event stream is connected now; GET /ready calls it once per request.
 	// Nil: no engine counts as connected.
 	EventsConnected func() map[string]bool
+	// EngineTLS verifies https:// engines (its RootCAs); nil: the system's
+	// roots.
+	EngineTLS *tls.Config
 	// Gatherer serves GET /metrics; nil: 404.
 	Gatherer prometheus.Gatherer
 	// Now is the clock (default time.Now).
@@ -81,7 +85,7 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 		if deps.Fleet != nil && len(deps.Fleet.Endpoints(mc.Name)) == 0 {
 			errs = append(errs, fmt.Errorf("models[%d] %q: no engines in the fleet", i, mc.Name))
 		}
-		s.models[mc.Name] = &model{cfg: mc, router: r, tok: deps.Tokenizers[mc.Name], transport: newTransport(mc.Timeouts)}
+		s.models[mc.Name] = &model{cfg: mc, router: r, tok: deps.Tokenizers[mc.Name], transport: newTransport(mc.Timeouts, deps.EngineTLS)}
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
@@ -108,9 +112,11 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 
 // newTransport returns the engine transport of one model: its own
 // connection pool, connect timeout, no compression (bytes are relayed as
-// they come), many idle connections (thousands of concurrent streams).
-func newTransport(t TimeoutsConfig) *http.Transport {
+// they come), many idle connections (thousands of concurrent streams); tc
+// verifies https:// engines (nil: the system's roots).
+func newTransport(t TimeoutsConfig, tc *tls.Config) *http.Transport {
 	return &http.Transport{
+		TLSClientConfig:     tc,
 		DialContext:         (&net.Dialer{Timeout: t.Connect, KeepAlive: 30 * time.Second}).DialContext,
 		TLSHandshakeTimeout: t.Connect,
 		DisableCompression:  true,

@@ -36,10 +36,16 @@ func (c *Config) validateNumbers() []error {
 	for _, n := range []struct {
 		name string
 		v    int
-	}{{"eject_after_server_errors", h.EjectAfterServerErrors}, {"eject_after_backpressure", h.EjectAfterBackpressure}} {
+	}{{"eject_after_server_errors", h.EjectAfterServerErrors}, {"eject_after_backpressure", h.EjectAfterBackpressure}, {"eject_after_probe_timeouts", h.EjectAfterProbeTimeouts}} {
 		if n.v < 0 {
 			add("must not be negative", "health", n.name)
 		}
+	}
+	if h.PanicThreshold > 1 || math.IsNaN(h.PanicThreshold) {
+		add(fmt.Sprintf("%v: want a share in [0, 1] (negative: off)", h.PanicThreshold), "health", "panic_threshold")
+	}
+	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
+		add("cert_file and key_file go together", "tls")
 	}
 	if h.BackoffBase > 0 && h.BackoffMax > 0 && h.BackoffMax < h.BackoffBase {
 		add(fmt.Sprintf("%v is less than backoff_base %v", h.BackoffMax, h.BackoffBase), "health", "backoff_max")

@@ -32,6 +32,9 @@ type RemoteConfig struct {
 	RenderRetry time.Duration `yaml:"render_retry"`
 	// MaxResponseBytes caps a response body. Default 64 MiB.
 	MaxResponseBytes int64 `yaml:"max_response_bytes"`
+	// Client sends the requests (e.g. one whose transport trusts the CA of
+	// https:// engines); nil: a client with Go's default transport.
+	Client *http.Client `yaml:"-"`
 }
 
 // DefaultRemoteConfig returns cfg with its zero fields set to defaults.
@@ -105,9 +108,13 @@ func NewRemote(cfg RemoteConfig, log *slog.Logger, reg prometheus.Registerer) (*
 		log = slog.New(slog.DiscardHandler)
 	}
 	cfg.URL = strings.TrimRight(cfg.URL, "/")
+	client := cfg.Client
+	if client == nil {
+		client = &http.Client{}
+	}
 	return &Remote{
 		cfg:    cfg,
-		client: &http.Client{},
+		client: client,
 		log:    log.With("engine", cfg.URL),
 		m:      m,
 		now:    time.Now,
