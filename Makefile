@@ -6,7 +6,7 @@ GO        ?= go
 FUZZTIME  ?= 10s
 PKGS      := ./...
 
-.PHONY: test fmt vet deps race fuzz bench demo build clean
+.PHONY: test fmt vet deps race fuzz bench demo build clean k8s-testenv
 
 ## test: everything CI runs: gofmt, vet, import rules, race tests, short fuzzing.
 test: fmt vet deps race fuzz
@@ -41,6 +41,11 @@ fuzz:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+## k8s-testenv: etcd (Debian's etcd-server) and kube-apiserver for internal/k8stest, built once
+## from the k8s.io/kubernetes module and cached outside the repo (see tools/k8s-testenv/setup.sh).
+k8s-testenv:
+	GO=$(GO) bash tools/k8s-testenv/setup.sh
 
 ## demo: 4 engine-sims and kvrouter on loopback, Mooncake trace slice, round_robin vs kv.
 demo:
