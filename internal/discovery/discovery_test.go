@@ -1,13 +1,18 @@
 package discovery
 
 import (
+	"context"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 )
 
 func bp(b bool) *bool { return &b }
@@ -231,4 +236,49 @@ func equal(a, b []Engine) bool {
 		}
 	}
 	return true
+}
+
+// TestSnapshotsCoalesce: a snapshot not yet received is replaced by the
+// newer one, and the sender never blocks.
+func TestSnapshotsCoalesce(t *testing.T) {
+	src, err := New(Config{Namespace: "ns", Service: "vllm"}, &rest.Config{Host: "https://127.0.0.1:1"}, nil, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := Snapshot{Engines: []Engine{{Name: "a", Addr: "192.0.2.1:8000", State: StateReady}}}
+	two := Snapshot{Engines: []Engine{{Name: "a", Addr: "192.0.2.1:8000", State: StateDraining}}}
+	src.send(one)
+	src.send(two) // would block on a full channel without the replace
+	if got := <-src.Snapshots(); !equal(got.Engines, two.Engines) {
+		t.Fatalf("received %+v, want the newer %+v", got, two)
+	}
+	select {
+	case s := <-src.Snapshots():
+		t.Fatalf("a second snapshot %+v was queued", s)
+	default:
+	}
+	if got := testutil.ToFloat64(src.m.engines.WithLabelValues("draining")); got != 1 {
+		t.Errorf("engines{state=draining} = %v, want 1", got)
+	}
+}
+
+// TestRunTwice: a second Run is refused.
+func TestRunTwice(t *testing.T) {
+	src, err := New(Config{Namespace: "ns", Service: "vllm"}, &rest.Config{Host: "https://127.0.0.1:1"}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- src.Run(ctx) }()
+	for !src.started.Load() {
+		runtime.Gosched()
+	}
+	if err := src.Run(ctx); err == nil || !strings.Contains(err.Error(), "twice") {
+		t.Errorf("second Run = %v", err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run after cancel = %v, want nil", err)
+	}
 }

@@ -32,14 +32,18 @@ func TestAPIServerRestart(t *testing.T) {
 	r.waitAddrs(t, "192.0.2.1:8000=ready", "192.0.2.2:8000=ready")
 	lists := testutil.ToFloat64(r.src.m.lists)
 
+	t0 := time.Now()
 	c.StopAPIServer()
+	t.Logf("kube-apiserver stopped in %v", time.Since(t0).Round(time.Millisecond))
 	if n, err := c.EtcdDelete(e.ctx, "/registry/endpointslices/"+e.ns+"/vllm-b"); err != nil || n != 1 {
 		t.Fatalf("EtcdDelete = %d, %v; want 1 key", n, err)
 	}
+	t0 = time.Now()
 	if err := c.StartAPIServer(); err != nil {
 		t.Fatal(err)
 	}
-	t0 := time.Now()
+	t.Logf("kube-apiserver ready again in %v", time.Since(t0).Round(time.Millisecond))
+	t0 = time.Now()
 	r.waitAddrs(t, "192.0.2.1:8000=ready")
 	relists := testutil.ToFloat64(r.src.m.lists) - lists
 	t.Logf("deleted endpoint gone %v after kube-apiserver was ready again; %v re-lists, %v watch errors",

@@ -19,13 +19,19 @@ const RequiredEnv = "KVROUTER_K8S_REQUIRED"
 
 // unavailable skips t with one line saying what is missing, or fails it
 // when RequiredEnv is 1.
-func unavailable(t testing.TB, what string) {
+func unavailable(t testing.TB, what, fix string) {
 	t.Helper()
 	if os.Getenv(RequiredEnv) == "1" {
 		t.Fatalf("k8stest: %s (%s=1)", what, RequiredEnv)
 	}
-	t.Skipf("k8stest: skipped: %s (run make k8s-testenv as root; %s=1 makes this fail)", what, RequiredEnv)
+	t.Skipf("k8stest: skipped: %s (%s; %s=1 makes this fail)", what, fix, RequiredEnv)
 }
+
+// Fixes named in skip messages.
+const (
+	fixBinaries = "make k8s-testenv installs them, as root"
+	fixRoot     = "run the tests as root"
+)
 
 // binaries are the control plane's programs.
 type binaries struct {
@@ -76,9 +82,9 @@ func findBinaries() (binaries, error) {
 func requireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		unavailable(t, "network namespaces need root")
+		unavailable(t, "network namespaces need root", fixRoot)
 	}
 	if _, err := exec.LookPath("ip"); err != nil {
-		unavailable(t, "network namespaces need ip(8) (Debian iproute2)")
+		unavailable(t, "network namespaces need ip(8) (Debian iproute2)", "apt-get install iproute2")
 	}
 }

@@ -72,12 +72,13 @@ build_apiserver() {
 		export GOFLAGS=-mod=mod
 		local staged="v0.${KUBE_VERSION#v1.}" src="$dir/src" log="$dir/build.log"
 		say "kube-apiserver: building $KUBE_VERSION (about 6 min of CPU; log $log)"
-		modjson=$("$GO" mod download -json "k8s.io/kubernetes@$KUBE_VERSION") || {
-			echo "$modjson" >&2
+		: >"$log"
+		modjson=$("$GO" mod download -json "k8s.io/kubernetes@$KUBE_VERSION" 2>>"$log") || {
+			printf '%s\n' "$modjson" >>"$log"
 			exit 1
 		}
 		moddir=$(printf '%s\n' "$modjson" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
-		[ -d "$moddir" ] || { echo "no Dir in go mod download output" >&2; exit 1; }
+		[ -d "$moddir" ] || { printf 'no Dir in go mod download output:\n%s\n' "$modjson" >>"$log"; exit 1; }
 		rm -rf "$src"
 		cp -r "$moddir" "$src"
 		chmod -R u+w "$src"
@@ -90,16 +91,17 @@ build_apiserver() {
 		done <staged.txt
 		ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION"
 		ldflags="$ldflags -X k8s.io/component-base/version.gitTreeState=clean"
-		"$GO" build -ldflags "$ldflags" -o "$bin.tmp" ./cmd/kube-apiserver >"$log" 2>&1
+		"$GO" build -ldflags "$ldflags" -o "$bin.tmp" ./cmd/kube-apiserver >>"$log" 2>&1
 		mv "$bin.tmp" "$bin"
 		cd "$dir"
 		rm -rf "$src"
-	) || true
+	)
+	# (not "( ... ) || true": that would switch set -e off inside)
 	if [ -x "$bin" ] && "$bin" --version 2>/dev/null | grep -q "$KUBE_VERSION\$"; then
 		say "kube-apiserver: $bin"
 	else
 		rm -f "$bin.tmp"
-		miss "kube-apiserver: build of k8s.io/kubernetes@$KUBE_VERSION failed (see $dir/build.log)"
+		miss "kube-apiserver: download or build of k8s.io/kubernetes@$KUBE_VERSION failed (see $dir/build.log)"
 	fi
 }
 
