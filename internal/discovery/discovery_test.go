@@ -148,7 +148,8 @@ func TestFromSlices(t *testing.T) {
 
 	var skipped []string
 	bld := &builder{cfg: Config{Defaults: Settings{DPSize: 1}},
-		skip: func(o, r string) { skipped = append(skipped, o) }, bad: func(string, string, string, error) {}}
+		skip: func(o, r string) { skipped = append(skipped, o) }, bad: func(string, string, string, error) {},
+		pending: func(string, string) {}}
 	def := Settings{DPSize: 1}
 	got := bld.fromSlices([]*discoveryv1.EndpointSlice{a, b, two}, nil)
 	want := []Engine{
@@ -207,7 +208,8 @@ func TestFromPods(t *testing.T) {
 		pod("pending", "", false, false, corev1.PodPending),
 		pod("done", "192.0.2.6", false, false, corev1.PodSucceeded),
 	}
-	bld := &builder{cfg: Config{Defaults: Settings{DPSize: 1}}, skip: func(string, string) {}, bad: func(string, string, string, error) {}}
+	bld := &builder{cfg: Config{Defaults: Settings{DPSize: 1}}, skip: func(string, string) {}, bad: func(string, string, string, error) {},
+		pending: func(string, string) {}}
 	def := Settings{DPSize: 1}
 	want := []Engine{
 		{Name: "ready", Addr: "192.0.2.1:8080", State: StateReady, Settings: def},

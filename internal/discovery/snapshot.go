@@ -65,11 +65,12 @@ type Snapshot struct {
 
 // builder turns cached objects into engines. Its hooks report, for the
 // Source to log once and count, what it skipped and which annotations it
-// could not use.
+// could not use, and (at Debug) endpoints waiting for their Pod.
 type builder struct {
-	cfg  Config
-	skip func(object, reason string)
-	bad  func(pod, key, value string, err error)
+	cfg     Config
+	skip    func(object, reason string)
+	bad     func(pod, key, value string, err error)
+	pending func(addr, pod string)
 }
 
 // endpointState maps EndpointSlice conditions (nil ready and serving mean
@@ -144,7 +145,7 @@ func (b *builder) fromSlices(slices []*discoveryv1.EndpointSlice, pod func(name 
 				if pod != nil {
 					p, ok := pod(ep.TargetRef.Name)
 					if !ok {
-						b.skip("endpoint "+addr, "its pod "+ep.TargetRef.Name+" is not (yet) among the watched pods")
+						b.pending(addr, ep.TargetRef.Name)
 						continue
 					}
 					e.Settings = b.settings(p)

@@ -165,7 +165,9 @@ func (s *Source) Run(ctx context.Context) (err error) {
 	synced.Store(true)
 	s.log.Info("discovery synced", "namespace", s.cfg.Namespace, "service", s.cfg.Service, "selector", s.cfg.Selector)
 
-	b := &builder{cfg: s.cfg, skip: s.skipped, bad: s.badAnnotation}
+	b := &builder{cfg: s.cfg, skip: s.skipped, bad: s.badAnnotation, pending: func(addr, pod string) {
+		s.log.Debug("endpoint waits for its pod", "addr", addr, "pod", pod)
+	}}
 	var last []Engine
 	for first := true; ; first = false {
 		engines := s.build(b, sliceInf, podInf)
