@@ -2,10 +2,13 @@ package discovery
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -172,6 +175,27 @@ func TestKubernetes(t *testing.T) {
 	t.Run("Annotations", func(t *testing.T) { testAnnotations(t, newEnv(t, c, "annotations")) })
 	t.Run("Latency", func(t *testing.T) { testLatency(t, newEnv(t, c, "latency")) })
 	t.Run("EngineInNetNS", func(t *testing.T) { testEngineInNetNS(t, newEnv(t, c, "netns")) })
+	t.Run("Kubeconfig", func(t *testing.T) { testKubeconfig(t, newEnv(t, c, "kubeconfig")) })
+}
+
+// testKubeconfig: with Config.Kubeconfig and no rest.Config, New reads
+// the file (server, CA, token) as a router outside the cluster would.
+func testKubeconfig(t *testing.T, e *env) {
+	rc := e.c.Config()
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	kc := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters: [{name: test, cluster: {server: %q, certificate-authority: %q}}]
+users: [{name: admin, user: {token: %q}}]
+contexts: [{name: test, context: {cluster: test, user: admin, namespace: %s}}]
+current-context: test
+`, rc.Host, rc.CAFile, rc.BearerToken, e.ns)
+	if err := os.WriteFile(path, []byte(kc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := start(t, nil, Config{Namespace: e.ns, Service: "vllm", Kubeconfig: path})
+	e.apply(t, endpointSlice(e.ns, "vllm-a", "vllm", 8000, readyEP("192.0.2.1")))
+	r.waitAddrs(t, "192.0.2.1:8000=ready")
 }
 
 // testScale: 2 -> 4 (a second slice) -> 1 engines; other Services'

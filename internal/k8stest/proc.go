@@ -22,7 +22,9 @@ type proc struct {
 
 // startProc starts path with args, output appended to logPath. The child
 // gets SIGKILL if the test binary dies first (Pdeathsig), so a crashed
-// test leaves no control plane behind.
+// test leaves no control plane behind. Pdeathsig fires when the forking
+// thread exits; Go keeps its threads unless a goroutine that locked one
+// ends, and the only such goroutine here (NetNS.Listen's) forks nothing.
 func startProc(name, logPath, path string, args ...string) (*proc, error) {
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
