@@ -284,3 +284,38 @@ func TestRunTwice(t *testing.T) {
 		t.Errorf("Run after cancel = %v, want nil", err)
 	}
 }
+
+// TestTrimPod: a trimmed Pod gives the same engine as the full one, and
+// drops what discovery does not read.
+func TestTrimPod(t *testing.T) {
+	now := metav1.Now()
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "a", Namespace: "ns", Labels: map[string]string{"app": "vllm"},
+			Annotations: map[string]string{AnnotationEventsPort: "5557"}, DeletionTimestamp: &now,
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubelet"}}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{
+			{Name: "sidecar", Image: "x", Env: []corev1.EnvVar{{Name: "A", Value: "b"}}},
+			{Name: "vllm", Image: "vllm", Args: []string{"--port", "8080"}, Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}},
+		}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "192.0.2.1",
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
+	}
+	tp, err := trimPod(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trimmed := tp.(*corev1.Pod)
+	for _, port := range []string{"", "http"} {
+		bld := &builder{cfg: Config{Port: port, Defaults: Settings{DPSize: 1}}, skip: func(string, string) {},
+			bad: func(string, string, string, error) {}, pending: func(string, string) {}}
+		if a, b := bld.fromPods([]*corev1.Pod{p}), bld.fromPods([]*corev1.Pod{trimmed}); !equal(a, b) || len(a) != 1 {
+			t.Errorf("port %q: full %+v, trimmed %+v", port, a, b)
+		}
+	}
+	if len(trimmed.ManagedFields) != 0 || len(trimmed.Spec.Containers) != 1 || trimmed.Spec.Containers[0].Args != nil {
+		t.Errorf("trimmed pod keeps %+v", trimmed)
+	}
+	if o, _ := trimPod("tombstone"); o != "tombstone" {
+		t.Errorf("non-pod changed: %v", o)
+	}
+}

@@ -94,7 +94,7 @@ func (s *Source) Snapshots() <-chan Snapshot { return s.out }
 // watch refused as forbidden or unauthorized (missing RBAC, bad token)
 // ends Run with that error; other failures, and any later, are logged,
 // counted, and retried by the informers with backoff.
-func (s *Source) Run(ctx context.Context) (err error) {
+func (s *Source) Run(ctx context.Context) error {
 	if !s.started.CompareAndSwap(false, true) {
 		return errors.New("discovery: Run called twice")
 	}
@@ -120,6 +120,9 @@ func (s *Source) Run(ctx context.Context) (err error) {
 		podInf = s.informer(&corev1.Pod{}, s.cfg.Selector,
 			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return api.List(ctx, o) },
 			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return api.Watch(ctx, o) })
+		if err := podInf.SetTransform(trimPod); err != nil {
+			return fmt.Errorf("discovery: %w", err)
+		}
 	}
 	var hasSynced []cache.InformerSynced
 	for _, inf := range []cache.SharedIndexInformer{sliceInf, podInf} {
