@@ -10,7 +10,7 @@ export KVROUTER_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/kvrouter
 # The Llama-3 tokenizer files set-up installs, for the tokenizer's golden test.
 export KVROUTER_LLAMA3_NPM ?= $(KVROUTER_CACHE)/llama3/node_modules
 
-.PHONY: test fmt vet deps race fuzz bench demo build clean setup-test setup-demo
+.PHONY: test fmt vet deps race fuzz bench demo build clean setup-test setup-demo k8s-testenv
 
 ## test: everything CI runs: set-up, gofmt, vet, import rules, race tests, short fuzzing.
 test: setup-test
@@ -54,6 +54,11 @@ fuzz:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+## k8s-testenv: etcd (Debian's etcd-server) and kube-apiserver for internal/k8stest, built once
+## from the k8s.io/kubernetes module and cached outside the repo (see tools/k8s-testenv/setup.sh).
+k8s-testenv:
+	GO=$(GO) bash tools/k8s-testenv/setup.sh
 
 ## demo: 4 engine-sims and kvrouter on loopback, Mooncake trace slice, round_robin vs kv.
 demo: setup-demo

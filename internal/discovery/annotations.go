@@ -1,0 +1,98 @@
+package discovery
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// Pod annotations that set one engine's Settings; an absent annotation
+// leaves Config.Defaults' value. A value that does not parse is reported
+// (logged once, counted) and the default is used for that setting.
+const (
+	// AnnotationEventsPort is the KV event PUB port, "5557"; "0" means no
+	// events (Settings.EventsPort).
+	AnnotationEventsPort = "kvrouter/events-port"
+	// AnnotationReplayPort is the replay ROUTER port, "5558"; "0" means no
+	// replay (Settings.ReplayPort).
+	AnnotationReplayPort = "kvrouter/replay-port"
+	// AnnotationDPSize is the data-parallel size, "2" (Settings.DPSize).
+	AnnotationDPSize = "kvrouter/dp-size"
+	// AnnotationTopic is the KV events topic, any string (Settings.Topic).
+	AnnotationTopic = "kvrouter/topic"
+	// AnnotationAPIKeySecret is "SECRET/KEY", the Secret key holding the
+	// engine's API key; "" means none (Settings.APIKeySecret).
+	AnnotationAPIKeySecret = "kvrouter/api-key-secret"
+)
+
+// settingsFrom overlays annotations on def. Each bad annotation is passed
+// to bad and leaves def's value; a combination that does not fit (ports
+// overlapping for this dp_size) falls back to def as a whole.
+func settingsFrom(ann map[string]string, def Settings, bad func(key, value string, err error)) Settings {
+	s := def
+	port := func(key string, dst *int) {
+		v, ok := ann[key]
+		if !ok {
+			return
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err == nil && (n < 0 || n > 65535) {
+			err = fmt.Errorf("port %d out of range", n)
+		}
+		if err != nil {
+			bad(key, v, err)
+			return
+		}
+		*dst = n
+	}
+	port(AnnotationEventsPort, &s.EventsPort)
+	port(AnnotationReplayPort, &s.ReplayPort)
+	if v, ok := ann[AnnotationDPSize]; ok {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err == nil && (n < 1 || n > 1024) {
+			err = fmt.Errorf("dp_size %d not in 1..1024", n)
+		}
+		if err != nil {
+			bad(AnnotationDPSize, v, err)
+		} else {
+			s.DPSize = n
+		}
+	}
+	if v, ok := ann[AnnotationTopic]; ok {
+		s.Topic = v
+	}
+	if v, ok := ann[AnnotationAPIKeySecret]; ok {
+		ref, err := parseSecretRef(v)
+		if err != nil {
+			bad(AnnotationAPIKeySecret, v, err)
+		} else {
+			s.APIKeySecret = ref
+		}
+	}
+	if err := s.check(); err != nil {
+		bad("kvrouter/*", fmt.Sprintf("events %d, replay %d, dp_size %d", s.EventsPort, s.ReplayPort, s.DPSize), err)
+		return def
+	}
+	return s
+}
+
+// parseSecretRef parses "SECRET/KEY" ("" is no reference).
+func parseSecretRef(v string) (SecretRef, error) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return SecretRef{}, nil
+	}
+	name, key, ok := strings.Cut(v, "/")
+	if !ok {
+		return SecretRef{}, fmt.Errorf("want SECRET/KEY")
+	}
+	if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 {
+		return SecretRef{}, fmt.Errorf("secret name %q: %s", name, msgs[0])
+	}
+	if msgs := validation.IsConfigMapKey(key); len(msgs) > 0 {
+		return SecretRef{}, fmt.Errorf("secret key %q: %s", key, msgs[0])
+	}
+	return SecretRef{Name: name, Key: key}, nil
+}
