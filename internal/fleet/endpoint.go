@@ -76,6 +76,13 @@ type Endpoint struct {
 	apiKey string
 
 	inFlight atomic.Int64
+	// notAdmitted: the endpoint's source keeps it from new requests
+	// (Fleet.SetRoutable).
+	notAdmitted atomic.Bool
+	// removed (under metricsMu): Fleet.Remove took it out; its metric
+	// series are gone and must not come back.
+	metricsMu sync.Mutex
+	removed   bool
 
 	mu         sync.Mutex
 	down       bool
@@ -112,6 +119,10 @@ func (e *Endpoint) Models() []string { return e.models }
 
 // APIKey is the bearer token to send to the engine, or "".
 func (e *Endpoint) APIKey() string { return e.apiKey }
+
+// Admitted reports whether the endpoint's source lets it take new
+// requests (Fleet.SetRoutable; true unless set otherwise).
+func (e *Endpoint) Admitted() bool { return !e.notAdmitted.Load() }
 
 // InFlight is the number of requests the proxy has open on the endpoint.
 func (e *Endpoint) InFlight() int64 { return e.inFlight.Load() }

@@ -9,6 +9,8 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,6 +40,11 @@ type EndpointConfig struct {
 // Config configures a Fleet. A zero field means the default in its comment,
 // filled in by DefaultConfig.
 type Config struct {
+	// Models are model names that exist even while no endpoint serves
+	// them (a group whose engines come from discovery); Healthy answers
+	// ErrNoEndpoint for them until one is added.
+	Models []string
+	// Endpoints are the endpoints at start; Add and Remove change them.
 	Endpoints []EndpointConfig
 	// ProbeInterval is the period of GET /health probes per endpoint (default
 	// 5s; negative disables probes: down endpoints return after their backoff).
@@ -159,13 +166,16 @@ func (c *Config) fillDefaults() {
 	}
 }
 
-// Fleet is the set of endpoints. It is safe for concurrent use.
+// Fleet is the set of endpoints. It is safe for concurrent use: readers
+// see an immutable view, replaced whole by Add and Remove.
 type Fleet struct {
-	cfg     Config
-	log     *slog.Logger
-	m       *metrics
-	all     []*Endpoint
-	byModel map[string]*group
+	cfg Config
+	log *slog.Logger
+	m   *metrics
+
+	mu      sync.Mutex // serializes Add and Remove
+	v       atomic.Pointer[view]
+	changed chan struct{} // capacity 1: Run re-reads the view
 }
 
 // New checks cfg and builds a Fleet; it starts no goroutines (see Run). All
@@ -177,7 +187,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Fleet, error
 		log = slog.New(slog.DiscardHandler)
 	}
 	var errs []error
-	if len(cfg.Endpoints) == 0 {
+	if len(cfg.Endpoints) == 0 && len(cfg.Models) == 0 {
 		errs = append(errs, errors.New("no endpoints"))
 	}
 	if cfg.BackoffMax < cfg.BackoffBase {
@@ -186,43 +196,24 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Fleet, error
 	if cfg.PanicThreshold > 1 || cfg.PanicThreshold != cfg.PanicThreshold {
 		errs = append(errs, fmt.Errorf("panic threshold %v: want a share in [0, 1] (negative: off)", cfg.PanicThreshold))
 	}
-	f := &Fleet{cfg: cfg, log: log, byModel: map[string]*group{}}
+	f := &Fleet{cfg: cfg, log: log, changed: make(chan struct{}, 1)}
+	v := &view{byModel: map[string]*members{}}
+	for _, m := range cfg.Models {
+		v.member(m)
+	}
 	names := map[string]bool{}
 	for i, ec := range cfg.Endpoints {
-		u, err := url.Parse(ec.URL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			errs = append(errs, fmt.Errorf("endpoints[%d].url %q: want http(s)://host:port", i, ec.URL))
+		ep, err := f.newEndpoint(ec)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("endpoints[%d]: %w", i, err))
 			continue
 		}
-		if len(ec.Models) == 0 {
-			errs = append(errs, fmt.Errorf("endpoints[%d] (%s): no models", i, ec.URL))
-		}
-		name := ec.Name
-		if name == "" {
-			name = u.Host
-		}
-		if names[name] {
-			errs = append(errs, fmt.Errorf("endpoints[%d]: duplicate name %q", i, name))
+		if names[ep.name] {
+			errs = append(errs, fmt.Errorf("endpoints[%d]: duplicate name %q", i, ep.name))
 			continue
 		}
-		names[name] = true
-		ep := &Endpoint{
-			name:    name,
-			base:    strings.TrimRight(ec.URL, "/"),
-			models:  slices.Clone(ec.Models),
-			apiKey:  ec.APIKey,
-			backoff: cfg.BackoffBase,
-			probed:  cfg.ProbeInterval < 0,
-		}
-		f.all = append(f.all, ep)
-		for _, m := range ec.Models {
-			g := f.byModel[m]
-			if g == nil {
-				g = &group{model: m}
-				f.byModel[m] = g
-			}
-			g.eps = append(g.eps, ep)
-		}
+		names[ep.name] = true
+		v = v.with(ep)
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
@@ -232,45 +223,69 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Fleet, error
 		return nil, err
 	}
 	f.m = m
-	for _, ep := range f.all {
-		f.m.up.WithLabelValues(ep.name).Set(1)
-		f.m.initEndpoint(ep.name)
-		for _, model := range ep.models {
-			f.m.notServed.WithLabelValues(ep.name, model).Set(0)
-		}
+	for _, ep := range v.all {
+		f.m.initEndpoint(ep)
 	}
-	for m := range f.byModel {
+	for m := range v.byModel {
 		f.m.panic.WithLabelValues(m).Set(0)
 	}
+	f.v.Store(v)
 	return f, nil
 }
 
-// Models returns the configured model names, sorted.
+// newEndpoint checks ec and makes its endpoint (up, admitted).
+func (f *Fleet) newEndpoint(ec EndpointConfig) (*Endpoint, error) {
+	u, err := url.Parse(ec.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("url %q: want http(s)://host:port", ec.URL)
+	}
+	if len(ec.Models) == 0 {
+		return nil, fmt.Errorf("%s: no models", ec.URL)
+	}
+	name := ec.Name
+	if name == "" {
+		name = u.Host
+	}
+	return &Endpoint{
+		name:    name,
+		base:    strings.TrimRight(ec.URL, "/"),
+		models:  slices.Clone(ec.Models),
+		apiKey:  ec.APIKey,
+		backoff: f.cfg.BackoffBase,
+		probed:  f.cfg.ProbeInterval < 0,
+	}, nil
+}
+
+// Models returns the model names (configured, or served by an endpoint
+// added since), sorted.
 func (f *Fleet) Models() []string {
-	out := make([]string, 0, len(f.byModel))
-	for m := range f.byModel {
+	v := f.view()
+	out := make([]string, 0, len(v.byModel))
+	for m := range v.byModel {
 		out = append(out, m)
 	}
 	slices.Sort(out)
 	return out
 }
 
-// Endpoints returns every endpoint of model, up or down, in configuration
-// order; nil for an unknown model. The slice is shared: do not modify it.
+// Endpoints returns every endpoint of model, up or down, admitted or not,
+// in the order they were configured or added; nil for an unknown model. The
+// slice is shared: do not modify it.
 func (f *Fleet) Endpoints(model string) []*Endpoint {
-	if g := f.byModel[model]; g != nil {
+	if g := f.view().byModel[model]; g != nil {
 		return g.eps
 	}
 	return nil
 }
 
-// All returns every endpoint in configuration order. The slice is shared: do
-// not modify it.
-func (f *Fleet) All() []*Endpoint { return f.all }
+// All returns every endpoint in the order they were configured or added.
+// The slice is shared: do not modify it.
+func (f *Fleet) All() []*Endpoint { return f.view().all }
 
-// Endpoint returns the endpoint with that name, or nil.
+// Endpoint returns the endpoint with that name, or nil (also once it was
+// removed).
 func (f *Fleet) Endpoint(name string) *Endpoint {
-	for _, ep := range f.all {
+	for _, ep := range f.view().all {
 		if ep.name == name {
 			return ep
 		}

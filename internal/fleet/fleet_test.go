@@ -86,7 +86,7 @@ func TestNewErrors(t *testing.T) {
 	if err == nil {
 		t.Fatal("want error")
 	}
-	for _, want := range []string{"endpoints[0].url", "endpoints[1] (http://a:1): no models", `endpoints[3]: duplicate name "b:1"`} {
+	for _, want := range []string{`endpoints[0]: url "ftp://x"`, "endpoints[1]: http://a:1: no models", `endpoints[3]: duplicate name "b:1"`} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)
 		}
@@ -188,7 +188,7 @@ func TestProbes(t *testing.T) {
 		if f.Ready() {
 			t.Fatal("ready before any probe")
 		}
-		if st := f.States("m"); len(st) != 2 || st[0] != (EndpointState{Name: "a:1", Up: true}) || st[0].Routable() {
+		if st := f.States("m"); len(st) != 2 || st[0] != (EndpointState{Name: "a:1", Up: true, Admitted: true}) || st[0].Routable() {
 			t.Fatalf("states before any probe: %+v", st)
 		}
 		ctx, cancel := context.WithCancel(t.Context())
@@ -204,7 +204,7 @@ func TestProbes(t *testing.T) {
 		if b.Up() || !a.Up() {
 			t.Fatalf("after failing probe: a up %v, b up %v", a.Up(), b.Up())
 		}
-		if st := f.States("m"); !st[0].Routable() || st[1] != (EndpointState{Name: "b:1", Up: false, Probed: true}) || st[1].Routable() {
+		if st := f.States("m"); !st[0].Routable() || st[1] != (EndpointState{Name: "b:1", Up: false, Probed: true, Admitted: true}) || st[1].Routable() {
 			t.Fatalf("states with b failing: %+v", st)
 		}
 		if !f.Ready() {

@@ -46,8 +46,10 @@ func (f *Fleet) Report(ep *Endpoint, o Outcome) {
 	until, isSoft := ep.downUntil, ep.down && ep.soft
 	ep.mu.Unlock()
 	if ejected {
-		f.m.ejections.WithLabelValues(ep.name, o.String()).Inc()
-		f.m.up.WithLabelValues(ep.name).Set(0)
+		f.withMetrics(ep, func(m *metrics) {
+			m.ejections.WithLabelValues(ep.name, o.String()).Inc()
+			m.up.WithLabelValues(ep.name).Set(0)
+		})
 		f.log.Warn("endpoint ejected", "endpoint", ep.name, "reason", o.String(), "until", until)
 	}
 	if ejected || wasSoft != isSoft {
@@ -56,8 +58,10 @@ func (f *Fleet) Report(ep *Endpoint, o Outcome) {
 }
 
 // Run probes and scrapes every endpoint until ctx is done, then returns
-// ctx's error after all its goroutines have returned. A panic in a probe or
-// scrape stops every loop and is returned as an error instead.
+// ctx's error after all its goroutines have returned. Endpoints added while
+// it runs get their loops at once; a removed endpoint's loops are stopped.
+// A panic in a probe or scrape stops every loop and is returned as an error
+// instead.
 func (f *Fleet) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -79,19 +83,43 @@ func (f *Fleet) Run(ctx context.Context) error {
 			fn()
 		}
 	}
-	for _, ep := range f.all {
+	start := func(ep *Endpoint) context.CancelFunc {
+		ectx, stop := context.WithCancel(ctx)
 		rng := rand.New(rand.NewPCG(hashString(ep.base), 0x6b76726f75746572))
 		if f.cfg.ProbeInterval > 0 {
-			wg.Go(guard("probe", ep, func() { f.loop(ctx, ep, f.cfg.ProbeInterval, rng, f.probe) }))
+			wg.Go(guard("probe", ep, func() { f.loop(ectx, ep, f.cfg.ProbeInterval, rng, f.probe) }))
 		}
 		if f.cfg.ScrapeInterval > 0 {
 			srng := rand.New(rand.NewPCG(hashString(ep.base), 0x736372617065))
-			wg.Go(guard("scrape", ep, func() { f.loop(ctx, ep, f.cfg.ScrapeInterval, srng, f.scrape) }))
+			wg.Go(guard("scrape", ep, func() { f.loop(ectx, ep, f.cfg.ScrapeInterval, srng, f.scrape) }))
 		}
 		if f.cfg.ModelsInterval > 0 {
 			mrng := rand.New(rand.NewPCG(hashString(ep.base), 0x6d6f64656c73))
-			wg.Go(guard("model check", ep, func() { f.loop(ctx, ep, f.cfg.ModelsInterval, mrng, f.checkModels) }))
+			wg.Go(guard("model check", ep, func() { f.loop(ectx, ep, f.cfg.ModelsInterval, mrng, f.checkModels) }))
 		}
+		return stop
+	}
+	running := map[*Endpoint]context.CancelFunc{}
+	for {
+		now := map[*Endpoint]bool{}
+		for _, ep := range f.All() {
+			now[ep] = true
+			if running[ep] == nil {
+				running[ep] = start(ep)
+			}
+		}
+		for ep, stop := range running {
+			if !now[ep] {
+				stop()
+				delete(running, ep)
+			}
+		}
+		select {
+		case <-f.changed:
+			continue
+		case <-ctx.Done():
+		}
+		break
 	}
 	wg.Wait()
 	if err := errors.Join(panics...); err != nil {
@@ -164,14 +192,20 @@ func (f *Fleet) probe(ctx context.Context, ep *Endpoint) {
 	case err != nil:
 		result = "error"
 	}
-	f.m.probes.WithLabelValues(ep.name, result).Inc()
+	f.withMetrics(ep, func(m *metrics) {
+		m.probes.WithLabelValues(ep.name, result).Inc()
+		switch {
+		case changed != "" && up:
+			m.up.WithLabelValues(ep.name).Set(1)
+		case changed != "":
+			m.up.WithLabelValues(ep.name).Set(0)
+			m.ejections.WithLabelValues(ep.name, reason).Inc()
+		}
+	})
 	if changed != "" {
 		if up {
-			f.m.up.WithLabelValues(ep.name).Set(1)
 			f.log.Info(changed, "endpoint", ep.name)
 		} else {
-			f.m.up.WithLabelValues(ep.name).Set(0)
-			f.m.ejections.WithLabelValues(ep.name, reason).Inc()
 			args := []any{"endpoint", ep.name, "reason", reason, "err", err}
 			if h := failureHint(err); h != "" {
 				args = append(args, "hint", h)

@@ -15,12 +15,19 @@ type metrics struct {
 	restarts  *prometheus.CounterVec
 	panic     *prometheus.GaugeVec
 	notServed *prometheus.GaugeVec
+	admitted  *prometheus.GaugeVec
 }
 
 // initEndpoint creates an endpoint's counters at 0, for every label value
 // they take, so that they exist before their first event (an alert on a
 // rate sees 0, not "no data").
-func (m *metrics) initEndpoint(name string) {
+func (m *metrics) initEndpoint(ep *Endpoint) {
+	name := ep.name
+	m.up.WithLabelValues(name).Set(1)
+	m.admitted.WithLabelValues(name).Set(1)
+	for _, model := range ep.models {
+		m.notServed.WithLabelValues(name, model).Set(0)
+	}
 	for _, o := range []Outcome{OutcomeConnError, OutcomeTimeout, OutcomeServerError, OutcomeBackpressure} {
 		m.ejections.WithLabelValues(name, o.String())
 	}
@@ -33,6 +40,21 @@ func (m *metrics) initEndpoint(name string) {
 		m.scrapes.WithLabelValues(name, r)
 	}
 	m.restarts.WithLabelValues(name)
+}
+
+// removeEndpoint deletes every series of ep, for good (see withMetrics).
+func (m *metrics) removeEndpoint(ep *Endpoint) {
+	ep.metricsMu.Lock()
+	defer ep.metricsMu.Unlock()
+	ep.removed = true
+	l := prometheus.Labels{"endpoint": ep.name}
+	m.up.DeletePartialMatch(l)
+	m.admitted.DeletePartialMatch(l)
+	m.ejections.DeletePartialMatch(l)
+	m.probes.DeletePartialMatch(l)
+	m.scrapes.DeletePartialMatch(l)
+	m.restarts.DeletePartialMatch(l)
+	m.notServed.DeletePartialMatch(l)
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -65,12 +87,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvrouter_fleet_model_not_served",
 			Help: "1 when the endpoint's last GET /v1/models lacks the configured model name (the engine would answer 404); 0 otherwise or before a listing.",
 		}, []string{"endpoint", "model"}),
+		admitted: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kvrouter_fleet_endpoint_admitted",
+			Help: "1 when the endpoint's source (Kubernetes discovery: ready; router.yaml: listed) admits it to new requests, 0 while it is not ready or terminating.",
+		}, []string{"endpoint"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.up, m.ejections, m.probes, m.scrapes, m.restarts, m.panic, m.notServed} {
+	for _, c := range []prometheus.Collector{m.up, m.ejections, m.probes, m.scrapes, m.restarts, m.panic, m.notServed, m.admitted} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}

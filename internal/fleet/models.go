@@ -15,10 +15,11 @@ import (
 // configuration order. Endpoints that fail or time out (ProbeTimeout) are
 // skipped and returned as errs, so one engine down never fails the listing.
 func (f *Fleet) ListModels(ctx context.Context) (cards []json.RawMessage, errs []error) {
-	res := make([][]json.RawMessage, len(f.all))
-	errv := make([]error, len(f.all))
+	all := f.All()
+	res := make([][]json.RawMessage, len(all))
+	errv := make([]error, len(all))
 	var wg sync.WaitGroup
-	for i, ep := range f.all {
+	for i, ep := range all {
 		if !ep.Up() {
 			continue
 		}
@@ -37,7 +38,7 @@ func (f *Fleet) ListModels(ctx context.Context) (cards []json.RawMessage, errs [
 	}
 	wg.Wait()
 	seen := map[string]bool{}
-	for i := range f.all {
+	for i := range all {
 		if errv[i] != nil {
 			errs = append(errs, errv[i])
 			continue
@@ -187,7 +188,7 @@ func (f *Fleet) checkModels(ctx context.Context, ep *Endpoint) {
 		if g.missing {
 			v = 1
 		}
-		f.m.notServed.WithLabelValues(ep.name, g.model).Set(v)
+		f.withMetrics(ep, func(m *metrics) { m.notServed.WithLabelValues(ep.name, g.model).Set(v) })
 	}
 	for _, c := range changes {
 		if c.missing {

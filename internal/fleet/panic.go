@@ -7,10 +7,9 @@ import (
 	"time"
 )
 
-// group is the endpoints of one model name and its panic state.
+// group is one model name's panic state; it lives as long as the fleet.
 type group struct {
 	model string
-	eps   []*Endpoint
 
 	panic atomic.Bool // below Config.PanicThreshold, as last evaluated
 	// gaugeMu orders the gauge's updates: each sets the state current
@@ -26,7 +25,7 @@ func (f *Fleet) panicking(up, n int) bool {
 // setPanic records g's panic state and, on a change, sets
 // kvrouter_fleet_panic_mode and logs one line (one atomic load when
 // nothing changed: Healthy calls it per request).
-func (f *Fleet) setPanic(g *group, on bool, up, soft int) {
+func (f *Fleet) setPanic(g *members, on bool, up, soft int) {
 	if g.panic.Load() == on || !g.panic.CompareAndSwap(!on, on) {
 		return
 	}
@@ -37,7 +36,7 @@ func (f *Fleet) setPanic(g *group, on bool, up, soft int) {
 	}
 	f.m.panic.WithLabelValues(g.model).Set(v)
 	g.gaugeMu.Unlock()
-	n := len(g.eps)
+	n := g.admitted()
 	if on {
 		f.log.Warn("panic mode: too few endpoints up; routing over the ones down for timeouts too",
 			"model", g.model, "up", up, "timed_out", soft, "endpoints", n, "threshold", f.cfg.PanicThreshold)
@@ -49,19 +48,11 @@ func (f *Fleet) setPanic(g *group, on bool, up, soft int) {
 // refreshPanic re-evaluates the panic state of every model of ep, after a
 // change of its health.
 func (f *Fleet) refreshPanic(ep *Endpoint) {
-	now := f.cfg.Now()
+	v := f.view()
 	for _, m := range ep.models {
-		g := f.byModel[m]
-		up, soft := 0, 0
-		for _, e := range g.eps {
-			u, s, _ := e.usable(now, f.cfg.ProbeInterval < 0)
-			if u {
-				up++
-			} else if s {
-				soft++
-			}
+		if g := v.byModel[m]; g != nil {
+			f.refreshGroup(g)
 		}
-		f.setPanic(g, f.panicking(up, len(g.eps)), up, soft)
 	}
 }
 
@@ -72,7 +63,7 @@ func (f *Fleet) refreshPanic(ep *Endpoint) {
 // model) and how long until the first down endpoint may return when there
 // are none.
 func (f *Fleet) Healthy(dst []*Endpoint, model string) ([]*Endpoint, time.Duration, error) {
-	g, ok := f.byModel[model]
+	g, ok := f.view().byModel[model]
 	if !ok {
 		return dst, 0, fmt.Errorf("model %q: %w", model, ErrNoEndpoint)
 	}
@@ -80,8 +71,12 @@ func (f *Fleet) Healthy(dst []*Endpoint, model string) ([]*Endpoint, time.Durati
 	noProbe := f.cfg.ProbeInterval < 0
 	n := len(dst)
 	var retry time.Duration = -1
-	soft := 0
+	soft, admitted := 0, 0
 	for _, ep := range g.eps {
+		if !ep.Admitted() {
+			continue // its source took it out (draining, not ready)
+		}
+		admitted++
 		up, s, until := ep.usable(now, noProbe)
 		if up {
 			dst = append(dst, ep)
@@ -95,12 +90,15 @@ func (f *Fleet) Healthy(dst []*Endpoint, model string) ([]*Endpoint, time.Durati
 		}
 	}
 	up := len(dst) - n
-	inPanic := f.panicking(up, len(g.eps))
+	inPanic := f.panicking(up, admitted)
 	f.setPanic(g, inPanic, up, soft)
 	if inPanic && soft > 0 {
 		// Again in configuration order, with the soft-down ones.
 		dst = dst[:n]
 		for _, ep := range g.eps {
+			if !ep.Admitted() {
+				continue
+			}
 			if u, s, _ := ep.usable(now, noProbe); u || s {
 				dst = append(dst, ep)
 			}
@@ -119,7 +117,7 @@ func (f *Fleet) Healthy(dst []*Endpoint, model string) ([]*Endpoint, time.Durati
 // as last evaluated: by Healthy, or by a probe or report that changed an
 // endpoint's health.
 func (f *Fleet) Panic(model string) bool {
-	g := f.byModel[model]
+	g := f.view().byModel[model]
 	if g == nil {
 		return false
 	}
@@ -129,7 +127,7 @@ func (f *Fleet) Panic(model string) bool {
 // Ready reports whether every model has at least one routable endpoint
 // (EndpointState.Routable).
 func (f *Fleet) Ready() bool {
-	for m := range f.byModel {
+	for m := range f.view().byModel {
 		ok := false
 		for _, st := range f.States(m) {
 			if st.Routable() {
@@ -160,17 +158,23 @@ type EndpointState struct {
 	// ModelMissing: the engine's last GET /v1/models listing lacks the
 	// model name (false before a listing succeeds).
 	ModelMissing bool
+	// Admitted: the endpoint's source lets it take new requests (false
+	// while Kubernetes reports it not ready or terminating; see
+	// Fleet.SetRoutable).
+	Admitted bool
 }
 
 // Routable reports whether the endpoint takes the model's traffic (up, or
 // routed in panic mode), has passed a probe and does not list the model as
 // missing: what readiness counts.
-func (s EndpointState) Routable() bool { return (s.Up || s.Panic) && s.Probed && !s.ModelMissing }
+func (s EndpointState) Routable() bool {
+	return s.Admitted && (s.Up || s.Panic) && s.Probed && !s.ModelMissing
+}
 
 // States returns the state of every endpoint of model in configuration
 // order; nil for an unknown model.
 func (f *Fleet) States(model string) []EndpointState {
-	g := f.byModel[model]
+	g := f.view().byModel[model]
 	if g == nil {
 		return nil
 	}
@@ -179,14 +183,17 @@ func (f *Fleet) States(model string) []EndpointState {
 	up, soft := 0, 0
 	for i, ep := range g.eps {
 		u, s, _ := ep.usable(now, f.cfg.ProbeInterval < 0)
-		out[i] = EndpointState{Name: ep.name, Up: u, Panic: s, Probed: ep.wasProbed(), ModelMissing: ep.modelMissing(model)}
+		out[i] = EndpointState{Name: ep.name, Up: u, Panic: s, Probed: ep.wasProbed(), ModelMissing: ep.modelMissing(model), Admitted: ep.Admitted()}
+		if !out[i].Admitted {
+			continue
+		}
 		if u {
 			up++
 		} else if s {
 			soft++
 		}
 	}
-	inPanic := f.panicking(up, len(g.eps))
+	inPanic := f.panicking(up, g.admitted())
 	f.setPanic(g, inPanic, up, soft)
 	for i := range out {
 		out[i].Panic = out[i].Panic && inPanic

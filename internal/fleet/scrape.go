@@ -20,13 +20,13 @@ func (f *Fleet) scrape(ctx context.Context, ep *Endpoint) {
 		return err
 	})
 	if err != nil {
-		f.m.scrapes.WithLabelValues(ep.name, "error").Inc()
+		f.withMetrics(ep, func(m *metrics) { m.scrapes.WithLabelValues(ep.name, "error").Inc() })
 		f.log.Debug("scrape failed", "endpoint", ep.name, "err", err)
 		return
 	}
-	f.m.scrapes.WithLabelValues(ep.name, "ok").Inc()
+	f.withMetrics(ep, func(m *metrics) { m.scrapes.WithLabelValues(ep.name, "ok").Inc() })
 	if name, from, to, ok := ep.restarted(m); ok {
-		f.m.restarts.WithLabelValues(ep.name).Inc()
+		f.withMetrics(ep, func(m *metrics) { m.restarts.WithLabelValues(ep.name).Inc() })
 		f.log.Warn("engine restarted (a counter went backwards); dropping its cached blocks", "endpoint", ep.name, "counter", name, "from", from, "to", to)
 		if f.cfg.OnRestart != nil {
 			f.cfg.OnRestart(ep)

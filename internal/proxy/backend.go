@@ -63,6 +63,11 @@ type Backend struct {
 	// reporting keeps its entry (and its say in setBlockSize).
 	repMu   sync.Mutex
 	reports map[string]engineReport
+	dp      map[string]int // each engine's configured DP ranks (under repMu)
+
+	// replicas are the group's engine names, replaced whole by AddReplica
+	// and RemoveReplica (under mu, so a rebuild sees a consistent list).
+	replicas atomic.Pointer[[]string]
 }
 
 // engineReport is what one engine last reported (0: not yet).
@@ -93,7 +98,12 @@ func NewBackend(cfg BackendConfig, log *slog.Logger, ixReg kvindex.Registerer, r
 	if cfg.ShadowServe == "" {
 		cfg.ShadowServe = "round_robin"
 	}
-	b := &Backend{cfg: cfg, log: log.With("model", cfg.Model), reports: map[string]engineReport{}}
+	b := &Backend{cfg: cfg, log: log.With("model", cfg.Model), reports: map[string]engineReport{}, dp: map[string]int{}}
+	names := slices.Clone(cfg.Replicas)
+	b.replicas.Store(&names)
+	for n, d := range cfg.DPSize {
+		b.dp[n] = d
+	}
 	if ixReg != nil {
 		b.ixReg = &onceIndexReg{reg: ixReg, stats: b.indexStats}
 	}
@@ -144,7 +154,7 @@ func (b *Backend) build(blockSize int) (*generation, error) {
 		}
 	}
 	g.router = r
-	for _, name := range b.cfg.Replicas {
+	for _, name := range *b.replicas.Load() {
 		r.AddReplica(name)
 	}
 	if g.approx != nil {
@@ -211,10 +221,13 @@ func (b *Backend) setBlockSize(engine string, n int, source string) {
 // (the approximate index's capacity for the engine; the exact index's key
 // table is sized for the engines' sum).
 func (b *Backend) Observe(engine string, m enginemetrics.Metrics, at time.Time) {
+	if !b.has(engine) {
+		return // removed while its scrape was under way
+	}
 	blocks := 0
 	if m.NumGPUBlocks > 0 {
-		blocks = m.NumGPUBlocks * max(m.Engines, b.cfg.DPSize[engine], 1)
 		b.repMu.Lock() // before a rebuild for a new block size reads it
+		blocks = m.NumGPUBlocks * max(m.Engines, b.dp[engine], 1)
 		r := b.reports[engine]
 		r.blocks = blocks
 		b.reports[engine] = r
@@ -276,6 +289,9 @@ func (b *Backend) sizeIndex(g *generation) {
 // a reset drops the engine rank's entries first; a BlockStored with a new
 // block size rebuilds the index.
 func (b *Backend) Apply(u kvevents.Update) {
+	if !b.has(u.Engine) {
+		return // a late update of an engine already removed: never re-add it
+	}
 	for i := range u.Batch.Events {
 		if ev := &u.Batch.Events[i]; ev.Type == vllm.BlockStored && ev.IsFullAttention() && ev.BlockSize > 0 {
 			b.setBlockSize(u.Engine, ev.BlockSize, "events")
@@ -307,7 +323,7 @@ func (b *Backend) Route(in *RouteInput) (Decision, error) {
 		MaxTokens:  in.MaxTokens,
 		Extras:     kvindex.Extras{CacheSalt: in.CacheSalt},
 	}
-	for _, name := range b.cfg.Replicas {
+	for _, name := range *b.replicas.Load() {
 		if !slices.Contains(in.Candidates, name) {
 			req.Exclude = append(req.Exclude, name)
 		}
@@ -462,4 +478,45 @@ func (o *onceRouterReg) RegisterRouter(policy string, _ func() routing.Stats) er
 	var err error
 	o.once.Do(func() { err = o.reg.RegisterRouter(policy, o.stats) })
 	return err
+}
+
+// has reports whether name is one of the group's engines.
+func (b *Backend) has(name string) bool { return slices.Contains(*b.replicas.Load(), name) }
+
+// AddReplica adds engine name with dpSize data-parallel ranks to the group
+// while it serves (idempotent). It starts cold: no index entries, so it
+// warms through the cost function like any new replica.
+func (b *Backend) AddReplica(name string, dpSize int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	cur := *b.replicas.Load()
+	if slices.Contains(cur, name) {
+		return
+	}
+	next := append(slices.Clone(cur), name)
+	b.repMu.Lock()
+	b.dp[name] = dpSize
+	b.repMu.Unlock()
+	b.replicas.Store(&next)
+	b.cur.Load().router.AddReplica(name)
+}
+
+// RemoveReplica removes engine name from the group: its index entries,
+// predictions, load and reports go; leases of requests still in flight on
+// it release harmlessly. Stop its KV event subscriber first: Apply ignores
+// updates of engines not in the group.
+func (b *Backend) RemoveReplica(name string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	cur := *b.replicas.Load()
+	if !slices.Contains(cur, name) {
+		return
+	}
+	next := slices.DeleteFunc(slices.Clone(cur), func(n string) bool { return n == name })
+	b.replicas.Store(&next)
+	b.repMu.Lock()
+	delete(b.reports, name)
+	delete(b.dp, name)
+	b.repMu.Unlock()
+	b.cur.Load().router.RemoveReplica(name)
 }
