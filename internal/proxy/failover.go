@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"slices"
+	"sync"
 	"sync/atomic"
 
 	"kvrouter/internal/fleet"
@@ -34,19 +36,18 @@ type EngineTokenizer struct {
 // per state change). It is safe for concurrent use.
 type FailoverTokenizer struct {
 	model   string
-	engines []EngineTokenizer
+	engines atomic.Pointer[[]EngineTokenizer] // replaced whole by Add, Remove
+	mu      sync.Mutex                        // serializes Add and Remove
 	log     *slog.Logger
 	down    atomic.Bool
 }
 
 var _ Tokenizer = (*FailoverTokenizer)(nil)
 
-// NewFailoverTokenizer returns a FailoverTokenizer over engines (at least
-// one). A nil log discards.
+// NewFailoverTokenizer returns a FailoverTokenizer over engines (none yet
+// for a group whose engines come from discovery: Add brings them). A nil
+// log discards.
 func NewFailoverTokenizer(model string, engines []EngineTokenizer, log *slog.Logger) (*FailoverTokenizer, error) {
-	if len(engines) == 0 {
-		return nil, fmt.Errorf("model %s: tokenizer: no engine", model)
-	}
 	for i, e := range engines {
 		if e.Endpoint == nil || e.Tok == nil {
 			return nil, fmt.Errorf("model %s: tokenizer: engine %d has no endpoint or tokenizer", model, i)
@@ -55,14 +56,38 @@ func NewFailoverTokenizer(model string, engines []EngineTokenizer, log *slog.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &FailoverTokenizer{model: model, engines: engines, log: log.With("model", model)}, nil
+	f := &FailoverTokenizer{model: model, log: log.With("model", model)}
+	list := slices.Clone(engines)
+	f.engines.Store(&list)
+	return f, nil
+}
+
+// Add appends an engine (an engine added to the group while it serves).
+func (f *FailoverTokenizer) Add(e EngineTokenizer) error {
+	if e.Endpoint == nil || e.Tok == nil {
+		return fmt.Errorf("model %s: tokenizer: engine has no endpoint or tokenizer", f.model)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	next := append(slices.Clone(*f.engines.Load()), e)
+	f.engines.Store(&next)
+	return nil
+}
+
+// Remove drops the engine with that endpoint name (gone from the group).
+func (f *FailoverTokenizer) Remove(name string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	next := slices.DeleteFunc(slices.Clone(*f.engines.Load()), func(e EngineTokenizer) bool { return e.Endpoint.Name() == name })
+	f.engines.Store(&next)
 }
 
 // Tokens implements Tokenizer.
 func (f *FailoverTokenizer) Tokens(ctx context.Context, chat bool, body []byte, text string) ([]uint32, error) {
 	var errs []error
 	tried := 0
-	for _, e := range f.engines {
+	engines := *f.engines.Load()
+	for _, e := range engines {
 		if !e.Endpoint.Up() {
 			continue
 		}
@@ -77,8 +102,8 @@ func (f *FailoverTokenizer) Tokens(ctx context.Context, chat bool, body []byte, 
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", e.Endpoint.Name(), err))
 	}
-	if tried == 0 {
-		e := f.engines[0]
+	if tried == 0 && len(engines) > 0 {
+		e := engines[0]
 		ids, err := e.Tok.Tokens(ctx, chat, body, text)
 		if err == nil {
 			f.recovered()
