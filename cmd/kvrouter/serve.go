@@ -171,12 +171,11 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	backends := map[string]*proxy.Backend{}
-	modelOf := map[string]string{} // engine name -> model
-	dpOf := map[string]int{}       // engine name -> data-parallel size
+	backends := map[string]*proxy.Backend{} // written before anything runs, then only read
 	var fcfg fleet.Config
 	var errs []error
 	for _, m := range cfg.Models {
+		fcfg.Models = append(fcfg.Models, m.Name)
 		for _, e := range m.Engines {
 			fcfg.Endpoints = append(fcfg.Endpoints, fleet.EndpointConfig{Name: e.Name, URL: e.URL, Models: []string{m.Name}, APIKey: e.APIKey})
 		}
@@ -188,15 +187,19 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 	fcfg.EjectAfterProbeTimeouts, fcfg.PanicThreshold, fcfg.ModelsInterval = h.EjectAfterProbeTimeouts, h.PanicThreshold, h.ModelsInterval
 	fcfg.TLS = tlsCfg.engines
 	fcfg.OnMetrics = func(ep *fleet.Endpoint, m enginemetrics.Metrics) {
-		if b := backends[modelOf[ep.Name()]]; b != nil {
-			b.Observe(ep.Name(), m, time.Now())
+		for _, model := range ep.Models() {
+			if b := backends[model]; b != nil {
+				b.Observe(ep.Name(), m, time.Now())
+			}
 		}
 	}
 	fcfg.OnRestart = func(ep *fleet.Endpoint) {
 		// The path a kvevents reset takes: drop every rank's entries.
-		if b := backends[modelOf[ep.Name()]]; b != nil {
-			for r := range max(dpOf[ep.Name()], 1) {
-				b.Apply(kvevents.Update{Engine: ep.Name(), Rank: r, Reset: kvevents.ResetRestart})
+		for _, model := range ep.Models() {
+			if b := backends[model]; b != nil {
+				for r := range b.DPSize(ep.Name()) {
+					b.Apply(kvevents.Update{Engine: ep.Name(), Rank: r, Reset: kvevents.ResetRestart})
+				}
 			}
 		}
 	}
@@ -220,13 +223,14 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		for j, e := range m.Engines {
 			name := eps[j].Name()
 			bc.Replicas = append(bc.Replicas, name)
-			modelOf[name] = m.Name
-			dpOf[name] = e.DPSize
 			if bc.DPSize == nil {
 				bc.DPSize = map[string]int{}
 			}
 			bc.DPSize[name] = e.DPSize
 			bc.Exact = bc.Exact || e.Events != ""
+		}
+		if m.Discovery != nil {
+			bc.Exact = m.Discovery.Defaults.EventsPort > 0
 		}
 		rtReg := routingprom.Wrap(prometheus.WrapRegistererWith(prometheus.Labels{"model": m.Name}, reg))
 		b, err := proxy.NewBackend(bc, log, ixReg, rtReg)
@@ -249,15 +253,23 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 			}
 			subs = append(subs, func(ctx context.Context) error { return sub.Run(ctx, b.Apply) })
 		}
-		tok, mprobes, err := newTokenSource(m, eps, tlsCfg.engineClient(), log, reg)
+		ts, err := newTokenSource(m, eps, tlsCfg.engineClient(), log, reg)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", fl.pos.Field("models", i, "tokenizer"), err))
 			continue
 		}
-		if tok != nil {
-			toks[m.Name] = tok
+		if ts.failover != nil {
+			toks[m.Name] = ts.failover
 		}
-		probes = append(probes, mprobes...)
+		probes = append(probes, ts.probes...)
+		if m.Discovery != nil {
+			run, err := newDiscoveredGroup(m, flt, b, ts, subMetrics, log, reg)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", fl.pos.Field("models", i, "discovery"), err))
+				continue
+			}
+			subs = append(subs, run)
+		}
 	}
 	closeProbes := func() {
 		for _, p := range probes {
@@ -304,52 +316,77 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 	return &serveApp{run: run, close: closeProbes, tls: tlsCfg.listener != nil}, nil
 }
 
+// tokenSource is a model's tokenizer: a failover over its engines' token
+// sources (nil for "none"), the local tokenizer they share (nil for
+// "render") and the engines' mismatch probes.
+type tokenSource struct {
+	m        proxy.ModelConfig
+	failover *proxy.FailoverTokenizer
+	local    *tokenizer.Local
+	probes   []*tokenizer.Probe
+	client   *http.Client
+}
+
 // newTokenSource builds a model's tokenizer: nil for "none"; else one token
 // source per engine (the engine's render endpoints for "render"; a local
 // tokenizer from the path with that engine as fallback, and a mismatch
 // probe of that engine, otherwise), behind a proxy.FailoverTokenizer that
 // asks the first up engine and fails over on connection errors, so one
-// engine down never turns routing into load-only routing.
-func newTokenSource(m proxy.ModelConfig, eps []*fleet.Endpoint, client *http.Client, log *slog.Logger, reg prometheus.Registerer) (proxy.Tokenizer, []*tokenizer.Probe, error) {
+// engine down never turns routing into load-only routing. Engines added
+// later join through engine.
+func newTokenSource(m proxy.ModelConfig, eps []*fleet.Endpoint, client *http.Client, log *slog.Logger, reg prometheus.Registerer) (*tokenSource, error) {
+	ts := &tokenSource{m: m, client: client}
 	if m.Tokenizer == proxy.TokenizerNone {
-		return nil, nil, nil
+		return ts, nil
 	}
-	var local *tokenizer.Local
 	if m.Tokenizer != proxy.TokenizerRender {
 		tok, err := tokenizer.Load(m.Tokenizer)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		if local, err = tokenizer.NewLocal(tok, tokenizer.ContentAuto); err != nil {
-			return nil, nil, err
+		if ts.local, err = tokenizer.NewLocal(tok, tokenizer.ContentAuto); err != nil {
+			return nil, err
 		}
 	}
 	var engines []proxy.EngineTokenizer
-	var probes []*tokenizer.Probe
 	for _, ep := range eps {
-		remote, err := tokenizer.NewRemote(tokenizer.RemoteConfig{URL: ep.URL(), Model: m.Name, Client: client}, log, reg)
+		et, probe, err := ts.engine(ep, log, reg)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		src, err := tokenizer.NewSource(local, remote)
-		if err != nil {
-			return nil, nil, err
+		engines = append(engines, et)
+		if probe != nil {
+			ts.probes = append(ts.probes, probe)
 		}
-		engines = append(engines, proxy.EngineTokenizer{Endpoint: ep, Tok: proxy.TokenSource{Src: src}})
-		if local == nil {
-			continue
-		}
-		probe, err := tokenizer.NewProbe(tokenizer.ProbeConfig{Engine: ep.Name(), Reaction: tokenizer.Reaction(m.TokenizerMismatch)}, local, remote, src, log, reg)
-		if err != nil {
-			return nil, nil, err
-		}
-		probes = append(probes, probe)
 	}
 	ft, err := proxy.NewFailoverTokenizer(m.Name, engines, log)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	return ft, probes, nil
+	ts.failover = ft
+	return ts, nil
+}
+
+// engine builds one engine's token source and, with a local tokenizer, its
+// mismatch probe (else nil).
+func (ts *tokenSource) engine(ep *fleet.Endpoint, log *slog.Logger, reg prometheus.Registerer) (proxy.EngineTokenizer, *tokenizer.Probe, error) {
+	remote, err := tokenizer.NewRemote(tokenizer.RemoteConfig{URL: ep.URL(), Model: ts.m.Name, Client: ts.client}, log, reg)
+	if err != nil {
+		return proxy.EngineTokenizer{}, nil, err
+	}
+	src, err := tokenizer.NewSource(ts.local, remote)
+	if err != nil {
+		return proxy.EngineTokenizer{}, nil, err
+	}
+	et := proxy.EngineTokenizer{Endpoint: ep, Tok: proxy.TokenSource{Src: src}}
+	if ts.local == nil {
+		return et, nil, nil
+	}
+	probe, err := tokenizer.NewProbe(tokenizer.ProbeConfig{Engine: ep.Name(), Reaction: tokenizer.Reaction(ts.m.TokenizerMismatch)}, ts.local, remote, src, log, reg)
+	if err != nil {
+		return proxy.EngineTokenizer{}, nil, err
+	}
+	return et, probe, nil
 }
 
 // connectedEngines returns the engines whose KV event streams are all

@@ -178,3 +178,9 @@ func RESTConfig(kubeconfig string) (*rest.Config, error) {
 	}
 	return rc, nil
 }
+
+// Validate reports every problem of c at once, as New would (nil: fine).
+func (c Config) Validate() error {
+	_, err := c.withDefaults()
+	return err
+}

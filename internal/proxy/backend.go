@@ -520,3 +520,11 @@ func (b *Backend) RemoveReplica(name string) {
 	b.repMu.Unlock()
 	b.cur.Load().router.RemoveReplica(name)
 }
+
+// DPSize returns engine name's configured data-parallel ranks (1 when
+// unknown or unset).
+func (b *Backend) DPSize(name string) int {
+	b.repMu.Lock()
+	defer b.repMu.Unlock()
+	return max(b.dp[name], 1)
+}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"kvrouter/internal/discovery"
 	"kvrouter/internal/kvindex"
 	"kvrouter/internal/routing"
 )
@@ -90,6 +91,12 @@ type ModelConfig struct {
 	Name string `yaml:"name"`
 	// Engines are the replicas; at least one.
 	Engines []EngineConfig `yaml:"engines"`
+	// Discovery takes the group's engines from Kubernetes instead of
+	// Engines: a Service's EndpointSlices or Pods by label selector, with
+	// per-engine settings from Pod annotations (docs/kubernetes.md).
+	// Engines come and go while the router serves; exactly one of Engines
+	// and Discovery is set.
+	Discovery *discovery.Config `yaml:"discovery"`
 	// Tokenizer is how prompts become token ids: a path to a tokenizer.json
 	// (or its directory), "render" to ask an engine (POST
 	// /v1/*/render), or "none" (token-id prompts only; text is routed by
@@ -350,8 +357,15 @@ func (c *Config) Validate() error {
 			errs = append(errs, ferr(fmt.Sprintf("duplicate model %q", m.Name), "models", i, "name"))
 		}
 		models[m.Name] = true
-		if len(m.Engines) == 0 {
-			errs = append(errs, ferr("at least one engine is required", "models", i, "engines"))
+		switch {
+		case m.Discovery != nil && len(m.Engines) > 0:
+			errs = append(errs, ferr("engines and discovery exclude each other", "models", i, "discovery"))
+		case m.Discovery != nil:
+			if err := m.Discovery.Validate(); err != nil {
+				errs = append(errs, ferr(err.Error(), "models", i, "discovery"))
+			}
+		case len(m.Engines) == 0:
+			errs = append(errs, ferr("at least one engine (or discovery) is required", "models", i, "engines"))
 		}
 		if m.Policy != PolicyShadow && !slices.Contains(routing.Policies(), m.Policy) {
 			errs = append(errs, ferr(fmt.Sprintf("unknown policy %q (known: shadow, %s)", m.Policy, strings.Join(routing.Policies(), ", ")), "models", i, "policy"))

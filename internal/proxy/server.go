@@ -82,7 +82,7 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 		if r == nil {
 			errs = append(errs, fmt.Errorf("models[%d] %q: no router", i, mc.Name))
 		}
-		if deps.Fleet != nil && len(deps.Fleet.Endpoints(mc.Name)) == 0 {
+		if deps.Fleet != nil && mc.Discovery == nil && len(deps.Fleet.Endpoints(mc.Name)) == 0 {
 			errs = append(errs, fmt.Errorf("models[%d] %q: no engines in the fleet", i, mc.Name))
 		}
 		s.models[mc.Name] = &model{cfg: mc, router: r, tok: deps.Tokenizers[mc.Name], transport: newTransport(mc.Timeouts, deps.EngineTLS)}
