@@ -122,4 +122,3 @@ func hasAPIKeySecret(s discovery.Snapshot) bool {
 	}
 	return false
 }
-

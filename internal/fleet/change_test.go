@@ -84,7 +84,7 @@ func TestAddRemoveWhileRunning(t *testing.T) {
 	}
 	n := probes("c:1")
 	time.Sleep(100 * time.Millisecond) // five probe intervals
-	if m := probes("c:1"); m > n+1 {    // one probe may have been under way
+	if m := probes("c:1"); m > n+1 {   // one probe may have been under way
 		t.Fatalf("c probed %d more times after Remove", m-n)
 	}
 
