@@ -11,6 +11,7 @@ import (
 
 	"kvrouter/internal/kvindex"
 	"kvrouter/internal/routing"
+	"kvrouter/internal/vllm/kvevents"
 )
 
 // Config is the router's configuration: the schema of router.yaml. A zero
@@ -146,6 +147,13 @@ type EngineConfig struct {
 	// asks its replay endpoint for batches dropped at the end of a burst
 	// (kvevents.SubscriberConfig.IdleCheck; default 5s, negative: off).
 	IdleCheck time.Duration `yaml:"idle_check"`
+	// EventsQueue is how many decoded KV event batches of this engine may
+	// wait for the index (kvevents.SubscriberConfig.QueueSize: 1..1048576,
+	// default 1024). Batches that find it full are fetched again from the
+	// replay endpoint once it has drained; the engine rank's blocks are
+	// dropped only when the engine no longer buffers them (or there is no
+	// replay endpoint).
+	EventsQueue int `yaml:"events_queue"`
 	// APIKey is sent to the engine as a bearer token.
 	APIKey string `yaml:"api_key"`
 	// APIKeyEnv names an environment variable that, when set, overrides
@@ -244,6 +252,9 @@ func (c *Config) FillDefaults(getenv func(string) string) {
 			e := &m.Engines[j]
 			if e.DPSize == 0 {
 				e.DPSize = 1
+			}
+			if e.EventsQueue == 0 {
+				e.EventsQueue = kvevents.DefaultQueueSize
 			}
 			if e.APIKeyEnv != "" {
 				if k := getenv(e.APIKeyEnv); k != "" {
@@ -358,6 +369,9 @@ func (c *Config) Validate() error {
 			}
 			if e.DPSize < 1 {
 				errs = append(errs, ferr("must be >= 1", "models", i, "engines", j, "dp_size"))
+			}
+			if e.EventsQueue < 1 || e.EventsQueue > kvevents.MaxQueueSize {
+				errs = append(errs, ferr(fmt.Sprintf("%d: must be in 1..%d (0: default %d)", e.EventsQueue, kvevents.MaxQueueSize, kvevents.DefaultQueueSize), "models", i, "engines", j, "events_queue"))
 			}
 		}
 	}

@@ -124,8 +124,8 @@ type SubscriberConfig struct {
 	// going. Default 4.
 	MaxConns int `yaml:"max_conns"`
 	// QueueSize bounds the Updates waiting for the consumer, shared by the
-	// engine's ranks. A batch that finds it full is caught up later by
-	// replay (see overflow.go). Default 1024.
+	// engine's ranks: 1..MaxQueueSize. A batch that finds it full is caught
+	// up later by replay (see overflow.go). Default DefaultQueueSize.
 	QueueSize int `yaml:"queue_size"`
 	// ReplayTimeout bounds one replay request, connection included.
 	// Default 5s.
@@ -148,6 +148,13 @@ type SubscriberConfig struct {
 	Now func() time.Time `yaml:"-"`
 }
 
+// Bounds of SubscriberConfig.QueueSize, in Updates (one decoded batch each;
+// an Update is about 100 bytes plus its events).
+const (
+	DefaultQueueSize = 1024
+	MaxQueueSize     = 1 << 20
+)
+
 func (c SubscriberConfig) withDefaults() SubscriberConfig {
 	if c.Engine == "" {
 		c.Engine = c.Endpoint
@@ -159,7 +166,7 @@ func (c SubscriberConfig) withDefaults() SubscriberConfig {
 		c.MaxConns = 4
 	}
 	if c.QueueSize == 0 {
-		c.QueueSize = 1024
+		c.QueueSize = DefaultQueueSize
 	}
 	if c.ReplayTimeout == 0 {
 		c.ReplayTimeout = 5 * time.Second
@@ -260,13 +267,13 @@ func NewSubscriber(cfg SubscriberConfig, log *slog.Logger, m *SubscriberMetrics)
 	if cfg.MaxConns < 1 {
 		errs = append(errs, fmt.Errorf("max_conns %d: want >= 1", cfg.MaxConns))
 	}
-	if cfg.QueueSize < 1 {
-		errs = append(errs, fmt.Errorf("queue_size %d: want >= 1", cfg.QueueSize))
+	if cfg.QueueSize < 1 || cfg.QueueSize > MaxQueueSize {
+		errs = append(errs, fmt.Errorf("queue_size %d: want 1..%d", cfg.QueueSize, MaxQueueSize))
 	}
 	if cfg.ReplayTimeout < 0 || cfg.DialTimeout < 0 || cfg.ReconnectMin < 0 || cfg.ReconnectMax < cfg.ReconnectMin {
 		errs = append(errs, errors.New("timeouts must be positive and reconnect_max >= reconnect_min"))
 	}
-	s := &Subscriber{cfg: cfg, log: log.With("engine", cfg.Engine), m: m, queue: make(chan Update, max(cfg.QueueSize, 1))}
+	s := &Subscriber{cfg: cfg, log: log.With("engine", cfg.Engine), m: m, queue: make(chan Update, min(max(cfg.QueueSize, 1), MaxQueueSize))}
 	for r := 0; cfg.Endpoint != "" && r < cfg.DPSize && r < 1024; r++ {
 		ep, err := parseEndpoint(cfg.Endpoint, r, cfg.Bind)
 		if err != nil {
