@@ -22,7 +22,7 @@ import (
 // cache, the set of block hashes held, to compare with what a consumer
 // rebuilt from the events.
 type bufEngine struct {
-	t           *testing.T
+	t           testing.TB
 	topic       string
 	bufferSteps int
 	pub         zmq4.Socket
@@ -38,7 +38,7 @@ type bufEngine struct {
 	requests int
 }
 
-func newBufEngine(t *testing.T, topic string, bufferSteps int) *bufEngine {
+func newBufEngine(t testing.TB, topic string, bufferSteps int) *bufEngine {
 	t.Helper()
 	base := freePorts(t, 2)
 	e := &bufEngine{
@@ -156,17 +156,11 @@ func (e *bufEngine) publish() uint64 {
 	return seq
 }
 
-// waitPublished blocks (a consumer held up) until the engine has published
-// n batches, or for at most a minute.
-func (e *bufEngine) waitPublished(n uint64) {
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		e.mu.Lock()
-		next := e.next
-		e.mu.Unlock()
-		if next >= n {
-			return
-		}
-	}
+// published is the number of batches the engine has published.
+func (e *bufEngine) published() uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.next
 }
 
 // waitLong is waitFor with a minute's patience, for runs of thousands of

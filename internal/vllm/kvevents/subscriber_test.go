@@ -109,7 +109,7 @@ func (rs *runningSub) none(t *testing.T) {
 }
 
 // waitFor polls cond every 5ms for up to 10s.
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !cond() {
@@ -126,7 +126,7 @@ func counterValue(t *testing.T, v *prometheus.CounterVec, labels ...string) floa
 }
 
 // freePorts returns a base port p such that p..p+n-1 are free on 127.0.0.1.
-func freePorts(t *testing.T, n int) int {
+func freePorts(t testing.TB, n int) int {
 	t.Helper()
 	for range 50 {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
