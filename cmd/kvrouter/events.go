@@ -14,7 +14,7 @@ import (
 	"kvrouter/internal/vllm"
 )
 
-const eventsSynopsis = "--endpoint tcp://HOST:PORT [--replay tcp://HOST:PORT] [--topic T] [--dp-size N] [--bind] [--count N] [--json]"
+const eventsSynopsis = "--endpoint tcp://HOST:PORT [--replay tcp://HOST:PORT] [--topic T] [--dp-size N] [--bind] [--queue N] [--count N] [--json]"
 
 // runEvents implements "kvrouter events": it subscribes to one engine's KV
 // events (all its data-parallel ranks), with sequence checks and replay, and
@@ -34,6 +34,7 @@ func runEvents(ctx context.Context, args []string, sio stdio) error {
 	topic := fs.String("topic", "", "topic prefix to subscribe to (\"topic\"; empty: all)")
 	dpSize := fs.Int("dp-size", 1, "data-parallel ranks; rank r publishes on port+r (replay too)")
 	bind := fs.Bool("bind", false, "bind --endpoint and let engines connect (when their endpoint names this host)")
+	queue := fs.Int("queue", 0, "decoded batches that may wait for printing (default 1024; more are caught up by replay)")
 	count := fs.Int("count", 0, "exit after printing N events (0: until interrupted)")
 	jsonOut := fs.Bool("json", false, "print one JSON object per event, then a stats object")
 	if err := parseFlags(fs, args); err != nil {
@@ -47,7 +48,7 @@ func runEvents(ctx context.Context, args []string, sio stdio) error {
 	}
 	log := slog.New(slog.NewTextHandler(sio.err, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{
-		Endpoint: *endpoint, ReplayEndpoint: *replay, Topic: *topic, DPSize: *dpSize, Bind: *bind,
+		Endpoint: *endpoint, ReplayEndpoint: *replay, Topic: *topic, DPSize: *dpSize, Bind: *bind, QueueSize: *queue,
 	}, log, nil)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)

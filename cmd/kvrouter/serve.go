@@ -51,6 +51,7 @@ func parseServeFlags(args []string, getenv func(string) string, sio stdio) (*ser
 		tlsCert   = fs.String("tls-cert", "", "serve HTTPS with this PEM certificate (chain) file; needs --tls-key (overrides the file's tls.cert_file)")
 		tlsKey    = fs.String("tls-key", "", "PEM private key of --tls-cert (overrides the file's tls.key_file)")
 		engineCA  = fs.String("engine-ca", "", "PEM CA file that verifies https:// engines instead of the system's roots (overrides the file's tls.engine_ca_file)")
+		evQueue   = fs.Int("events-queue", 0, "quick form: KV event batches per engine that may wait for the index (default 1024; more are caught up by replay)")
 	)
 	fs.Var(&engines, "engine", "quick form: engine base URL, e.g. http://10.0.0.1:8000 (repeatable)")
 	fs.Var(&events, "events", "quick form: KV events endpoint of the n-th --engine, e.g. tcp://10.0.0.1:5557 (repeatable, in --engine order)")
@@ -60,10 +61,10 @@ func parseServeFlags(args []string, getenv func(string) string, sio stdio) (*ser
 		return nil, err
 	}
 	out := &serveFlags{logLevel: logLevel}
-	quick := *model != "" || len(engines) > 0 || len(events) > 0 || len(replays) > 0 || *tok != "" || *policy != "" || *noHitRepo || *evBind
+	quick := *model != "" || len(engines) > 0 || len(events) > 0 || len(replays) > 0 || *tok != "" || *policy != "" || *noHitRepo || *evBind || *evQueue != 0
 	switch {
 	case *config != "" && quick:
-		return nil, fmt.Errorf("%w: --config excludes --model, --engine, --events, --events-bind, --replay, --tokenizer, --policy", errUsage)
+		return nil, fmt.Errorf("%w: --config excludes --model, --engine, --events, --events-bind, --events-queue, --replay, --tokenizer, --policy", errUsage)
 	case *config != "":
 		data, err := os.ReadFile(*config)
 		if err != nil {
@@ -83,7 +84,7 @@ func parseServeFlags(args []string, getenv func(string) string, sio stdio) (*ser
 		}
 		m := proxy.ModelConfig{Name: *model, Tokenizer: *tok, Policy: *policy, DisableHitReport: *noHitRepo}
 		for i, u := range engines {
-			e := proxy.EngineConfig{URL: u}
+			e := proxy.EngineConfig{URL: u, EventsQueue: *evQueue}
 			if i < len(events) {
 				e.Events, e.EventsBind = events[i], *evBind
 			}
@@ -245,7 +246,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 			}
 			sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{
 				Engine: eps[j].Name(), Endpoint: e.Events, ReplayEndpoint: e.Replay, DPSize: e.DPSize,
-				Bind: e.EventsBind, Topic: e.Topic, IdleCheck: e.IdleCheck,
+				Bind: e.EventsBind, Topic: e.Topic, IdleCheck: e.IdleCheck, QueueSize: e.EventsQueue,
 			}, log, subMetrics)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", fl.pos.Field("models", i, "engines", j, "events"), err))

@@ -284,3 +284,28 @@ func TestServeQuickEventsBind(t *testing.T) {
 		t.Fatalf("two engines on one bound address: %v", err)
 	}
 }
+
+// TestServeQuickEventsQueue: --events-queue sets every engine's KV event
+// queue (default 1024); a value out of range is a usage error naming the
+// field.
+func TestServeQuickEventsQueue(t *testing.T) {
+	var errb bytes.Buffer
+	sio := stdio{out: &errb, err: &errb}
+	args := []string{"--model", "m", "--engine", "http://a:1", "--engine", "http://b:1", "--events", "tcp://127.0.0.1:5557"}
+	for _, tc := range []struct {
+		flags []string
+		want  int
+	}{{nil, 1024}, {[]string{"--events-queue", "8192"}, 8192}} {
+		fl, err := parseServeFlags(append(args, tc.flags...), func(string) string { return "" }, sio)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e := fl.cfg.Models[0].Engines; e[0].EventsQueue != tc.want || e[1].EventsQueue != tc.want {
+			t.Fatalf("%v: engines %+v, want events_queue %d", tc.flags, e, tc.want)
+		}
+	}
+	_, err := parseServeFlags(append(args, "--events-queue", "-3"), func(string) string { return "" }, sio)
+	if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "events_queue: -3: must be in 1..1048576") {
+		t.Fatalf("--events-queue -3: %v", err)
+	}
+}

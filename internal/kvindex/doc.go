@@ -25,7 +25,8 @@
 // Keys, chained from the parent's Key: the engine's parent hash is resolved
 // through a per-(engine, rank, KV group) table of the engine hashes it stored
 // earlier; a nil parent chains from the root; an unknown parent is counted
-// (Stats.UnknownParent) and the event skipped. Each stored engine block is one
+// (Stats.UnknownParent) and the event skipped, with one warning per engine
+// when such events keep coming (unknown.go). Each stored engine block is one
 // entry (Key, engine, rank, group) with a copy count per medium (GPU, CPU,
 // STORAGE). A BlockStored whose parent is nil and whose first block is already
 // held (a kv_cache_report_mode "full" hit report) refreshes recency and adds

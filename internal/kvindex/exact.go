@@ -275,11 +275,12 @@ func (x *Exact) stored(id ReplicaID, rank int32, ev *vllm.Event) {
 	if ev.ParentBlockHash != nil {
 		pidx := x.st.find(src, uint64(*ev.ParentBlockHash))
 		if pidx == 0 {
-			x.c.unknownParent.Add(1)
+			x.unknownParent(id, rank, *ev.ParentBlockHash)
 			return
 		}
 		parent = x.st.ent(pidx).key
 	}
+	x.reps.parents[id].known++
 	lora := ""
 	if ev.LoRAName != nil {
 		lora = *ev.LoRAName

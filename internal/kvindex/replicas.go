@@ -4,9 +4,10 @@ import "sync/atomic"
 
 // replicas maps caller names to dense ReplicaIDs. Its owner locks.
 type replicas struct {
-	byName map[string]ReplicaID
-	names  []string // by ID; "" = free
-	free   []ReplicaID
+	byName  map[string]ReplicaID
+	names   []string // by ID; "" = free
+	free    []ReplicaID
+	parents []parentCount // by ID (unknown.go)
 }
 
 func newReplicas() replicas { return replicas{byName: make(map[string]ReplicaID)} }
@@ -24,7 +25,9 @@ func (r *replicas) add(name string) (ReplicaID, bool) {
 	} else {
 		id = ReplicaID(len(r.names))
 		r.names = append(r.names, name)
+		r.parents = append(r.parents, parentCount{})
 	}
+	r.parents[id] = parentCount{}
 	r.byName[name] = id
 	return id, true
 }

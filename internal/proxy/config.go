@@ -12,6 +12,7 @@ import (
 	"kvrouter/internal/discovery"
 	"kvrouter/internal/kvindex"
 	"kvrouter/internal/routing"
+	"kvrouter/internal/vllm/kvevents"
 )
 
 // Config is the router's configuration: the schema of router.yaml. A zero
@@ -185,6 +186,13 @@ type EngineConfig struct {
 	// asks its replay endpoint for batches dropped at the end of a burst
 	// (kvevents.SubscriberConfig.IdleCheck; default 5s, negative: off).
 	IdleCheck time.Duration `yaml:"idle_check"`
+	// EventsQueue is how many decoded KV event batches of this engine may
+	// wait for the index (kvevents.SubscriberConfig.QueueSize: 1..1048576,
+	// default 1024). Batches that find it full are fetched again from the
+	// replay endpoint once it has drained; the engine rank's blocks are
+	// dropped only when the engine no longer buffers them (or there is no
+	// replay endpoint).
+	EventsQueue int `yaml:"events_queue"`
 	// APIKey is sent to the engine as a bearer token.
 	APIKey string `yaml:"api_key"`
 	// APIKeyEnv names an environment variable holding the key; it
@@ -299,6 +307,9 @@ func (c *Config) FillDefaults(getenv func(string) string) {
 			e := &m.Engines[j]
 			if e.DPSize == 0 {
 				e.DPSize = 1
+			}
+			if e.EventsQueue == 0 {
+				e.EventsQueue = kvevents.DefaultQueueSize
 			}
 			if e.APIKeyEnv != "" {
 				k := getenv(e.APIKeyEnv)
@@ -428,6 +439,9 @@ func (c *Config) Validate() error {
 			}
 			if e.apiKeyEnvUnset {
 				errs = append(errs, ferr(fmt.Sprintf("environment variable %s is not set (or empty): the engine's key would be missing", e.APIKeyEnv), "models", i, "engines", j, "api_key_env"))
+			}
+			if e.EventsQueue < 1 || e.EventsQueue > kvevents.MaxQueueSize {
+				errs = append(errs, ferr(fmt.Sprintf("%d: must be in 1..%d (0: default %d)", e.EventsQueue, kvevents.MaxQueueSize, kvevents.DefaultQueueSize), "models", i, "engines", j, "events_queue"))
 			}
 		}
 	}

@@ -27,6 +27,7 @@ models:
         replay: tcp://10.0.0.1:5600
         dp_size: 2
         idle_check: 2s
+        events_queue: 4096
         api_key_env: LLAMA_KEY
       - url: http://10.0.0.2:8000
 `
@@ -57,6 +58,8 @@ models:
 		{"dp_size", m.Engines[0].DPSize, 2},
 		{"dp_size default", m.Engines[1].DPSize, 1},
 		{"idle_check", m.Engines[0].IdleCheck, 2 * time.Second},
+		{"events_queue", m.Engines[0].EventsQueue, 4096},
+		{"events_queue default", m.Engines[1].EventsQueue, 1024},
 		{"hit report on", m.DisableHitReport, false},
 		{"mismatch default", m.TokenizerMismatch, "render"},
 	}
@@ -135,6 +138,12 @@ func TestParseConfigErrors(t *testing.T) {
 		{"api_key_env names an unset variable", "models:\n  - name: m\n    engines:\n      - url: http://a:1\n        api_key: literal\n        api_key_env: VLLM_KEY_A\n",
 			[]string{"models[0].engines[0].api_key_env (line 6): environment variable VLLM_KEY_A is not set"}},
 		{"bad too_long", modelWith("too_long: truncate"), []string{`models[0].too_long (line 3): "truncate": want reject or forward`}},
+		{"events_queue negative", "models:\n  - name: m\n    engines:\n      - {url: 'http://a:1', events: 'tcp://x:1', events_queue: -1}\n",
+			[]string{"models[0].engines[0].events_queue (line 4): -1: must be in 1..1048576 (0: default 1024)"}},
+		{"events_queue too large", "models:\n  - name: m\n    engines:\n      - url: http://a:1\n        events_queue: 2000000\n",
+			[]string{"models[0].engines[0].events_queue (line 5): 2000000: must be in 1..1048576"}},
+		{"events_queue type", "models:\n  - name: m\n    engines:\n      - {url: 'http://a:1', events_queue: big}\n",
+			[]string{"models[0].engines[0].events_queue (line 4): cannot unmarshal"}},
 		{"bad mismatch reaction", "models:\n  - name: m\n    tokenizer_mismatch: panic\n    engines: [{url: 'http://a:1'}]\n", []string{"tokenizer_mismatch (line 3)"}},
 	}
 	for _, tt := range tests {

@@ -428,9 +428,10 @@ func (p *decoder) value(e *Event, f fieldID) error {
 	case fBlockHashes:
 		e.BlockHashes, err = p.hashes()
 	case fParentBlockHash:
+		// 0 is no parent, like nil (see Event.ParentBlockHash).
 		var h BlockHash
 		var ok bool
-		if h, ok, err = p.hash(); err == nil && ok {
+		if h, ok, err = p.hash(); err == nil && ok && h != 0 {
 			e.ParentBlockHash = &h
 		}
 	case fTokenIDs:

@@ -93,7 +93,12 @@ type Event struct {
 	BlockHashes []BlockHash
 	// ParentBlockHash is the hash of the block before the first one, or nil
 	// when the first block starts at token 0. Hit reports
-	// (kv_cache_report_mode "full") also carry nil.
+	// (kv_cache_report_mode "full") also carry nil. DecodeBatch reads a
+	// parent of value 0 as nil, in both layouts: vLLM writes nil, but
+	// hash_block_tokens (vllm/v1/core/kv_cache_utils.py) takes any falsy
+	// parent (None, 0, b"") for NONE_HASH, and llm-d-inference-sim writes 0
+	// in the positional layout (as llm-d's own consumer reads it: 0 is no
+	// parent). A real parent hash is 0 with probability 2^-64.
 	ParentBlockHash *BlockHash
 	// TokenIDs are all tokens of the stored blocks, len = len(BlockHashes) *
 	// BlockSize on full-attention groups; may be empty for tokenless offload

@@ -3,8 +3,12 @@
 // A Subscriber owns one engine (all its data-parallel ranks: rank r on
 // port+r): it receives [topic, seq8, payload] messages, tracks sequence
 // numbers per rank, fills gaps from the engine's replay endpoint with a
-// DEALER socket (both the 4-frame and the older 3-frame reply forms), and
-// hands decoded batches to the consumer through a bounded queue.
+// DEALER socket (both the 4-frame and the older 3-frame reply forms; replies
+// of another topic are skipped, as the SUB filter skips live ones), and
+// hands decoded batches to the consumer through a bounded queue. Batches
+// that find the queue full are fetched again by replay once it has drained,
+// from the last one queued; the rank is reset (ResetOverflow) only when the
+// engine no longer buffers them (see overflow.go).
 //
 // On every connection of a rank (first and later ones) it asks the replay
 // endpoint at once, without waiting for a live batch (an idle engine sends

@@ -175,8 +175,11 @@ func pyEvents(epoch, seq uint64) []vllm.Event {
 	case 1:
 		return []vllm.Event{{Type: vllm.BlockRemoved, BlockHashes: []vllm.BlockHash{h(seq, 0)}, Medium: "GPU", GroupIdx: &zero}}
 	case 2:
-		parent := h(seq-2, 0)
-		return []vllm.Event{{Type: vllm.BlockStored, BlockHashes: []vllm.BlockHash{h(seq, 0) | 1<<63}, ParentBlockHash: &parent,
+		var parent *vllm.BlockHash
+		if p := h(seq-2, 0); p != 0 { // 0 (epoch 0, seq 2) decodes as no parent
+			parent = &p
+		}
+		return []vllm.Event{{Type: vllm.BlockStored, BlockHashes: []vllm.BlockHash{h(seq, 0) | 1<<63}, ParentBlockHash: parent,
 			TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 4, Medium: "CPU"}}
 	}
 	return []vllm.Event{{Type: vllm.AllBlocksCleared}}

@@ -30,6 +30,8 @@ type SubscriberMetrics struct {
 	reconnects    *prometheus.CounterVec
 	rejectedConns *prometheus.CounterVec
 	idleChecks    *prometheus.CounterVec
+	recovered     *prometheus.CounterVec
+	overflows     *prometheus.CounterVec
 	connected     *prometheus.GaugeVec
 	lag           *prometheus.HistogramVec
 }
@@ -48,7 +50,9 @@ type SubscriberMetrics struct {
 //	kvrouter_vllm_replay_errors_total      replay requests that failed or timed out
 //	kvrouter_vllm_unrecoverable_gaps_total gaps nothing could fill, and reconnections that could not be checked (consumer told to drop state)
 //	kvrouter_vllm_restarts_total           engine restarts: live seq went backwards, or found by replay on reconnection
-//	kvrouter_vllm_queue_drops_total        batches dropped because the consumer queue was full
+//	kvrouter_vllm_queue_drops_total        batches that found the consumer queue full (each seq once; caught up by replay or lost)
+//	kvrouter_vllm_queue_recovered_total    of those, batches handed on later by replay
+//	kvrouter_vllm_overflow_resets_total    full-queue episodes replay could not cover (consumer told to drop state: ResetOverflow)
 //	kvrouter_vllm_malformed_total          messages or payloads that could not be decoded
 //	kvrouter_vllm_duplicates_total         live batches skipped because replay delivered them
 //	kvrouter_vllm_reconnects_total         connections to the engine lost and re-established
@@ -73,7 +77,9 @@ func NewSubscriberMetrics(reg prometheus.Registerer) (*SubscriberMetrics, error)
 		replayErrors:  counter("replay_errors_total", "Replay requests that failed or timed out."),
 		unrecoverable: counter("unrecoverable_gaps_total", "Gaps that could not be filled, and reconnections that could not be checked; the consumer was told to drop this engine rank's state."),
 		restarts:      counter("restarts_total", "Engine restarts detected (live sequence number went backwards, or found by replay on reconnection)."),
-		queueDrops:    counter("queue_drops_total", "Batches dropped because the consumer queue was full."),
+		queueDrops:    counter("queue_drops_total", "Batches that found the consumer queue full (each seq once); caught up by replay, or lost in an overflow reset."),
+		recovered:     counter("queue_recovered_total", "Batches that found the consumer queue full and were handed on later by replay."),
+		overflows:     counter("overflow_resets_total", "Full consumer queues that replay could not cover (no replay endpoint, replay failed, or the engine no longer buffered the batches); the consumer was told to drop this engine rank's state."),
 		malformed:     counter("malformed_total", "Messages or payloads that could not be decoded."),
 		duplicates:    counter("duplicates_total", "Live batches skipped because a replay had already delivered them."),
 		reconnects:    counter("reconnects_total", "Connections to the engine lost and re-established."),
@@ -106,7 +112,7 @@ func NewSubscriberMetrics(reg prometheus.Registerer) (*SubscriberMetrics, error)
 func (m *SubscriberMetrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.batches, m.events, m.blocksStored, m.blocksRemoved, m.gaps,
 		m.replays, m.replayErrors, m.unrecoverable, m.restarts, m.queueDrops, m.malformed,
-		m.duplicates, m.reconnects, m.rejectedConns, m.idleChecks, m.connected, m.lag}
+		m.duplicates, m.reconnects, m.rejectedConns, m.idleChecks, m.recovered, m.overflows, m.connected, m.lag}
 }
 
 // deleteEngine removes every series of one engine.
@@ -127,6 +133,8 @@ func (m *SubscriberMetrics) deleteEngine(engine string) {
 	m.reconnects.DeletePartialMatch(l)
 	m.rejectedConns.DeletePartialMatch(l)
 	m.idleChecks.DeletePartialMatch(l)
+	m.recovered.DeletePartialMatch(l)
+	m.overflows.DeletePartialMatch(l)
 	m.connected.DeletePartialMatch(l)
 	m.lag.DeletePartialMatch(l)
 }
@@ -134,7 +142,8 @@ func (m *SubscriberMetrics) deleteEngine(engine string) {
 // rankMetrics are one (engine, rank)'s children, resolved once.
 type rankMetrics struct {
 	batches, blocksStored, blocksRemoved, gaps, replays, replayErrors,
-	unrecoverable, restarts, queueDrops, malformed, duplicates, reconnects, rejectedConns, idleChecks prometheus.Counter
+	unrecoverable, restarts, queueDrops, malformed, duplicates, reconnects, rejectedConns, idleChecks,
+	queueRecovered, overflowResets prometheus.Counter
 	stored, removed, cleared prometheus.Counter // events by type
 	connected                prometheus.Gauge
 	lag                      prometheus.Observer
@@ -143,24 +152,26 @@ type rankMetrics struct {
 func (m *SubscriberMetrics) forRank(engine string, rank int) *rankMetrics {
 	r := strconv.Itoa(rank)
 	return &rankMetrics{
-		batches:       m.batches.WithLabelValues(engine, r),
-		blocksStored:  m.blocksStored.WithLabelValues(engine, r),
-		blocksRemoved: m.blocksRemoved.WithLabelValues(engine, r),
-		gaps:          m.gaps.WithLabelValues(engine, r),
-		replays:       m.replays.WithLabelValues(engine, r),
-		replayErrors:  m.replayErrors.WithLabelValues(engine, r),
-		unrecoverable: m.unrecoverable.WithLabelValues(engine, r),
-		restarts:      m.restarts.WithLabelValues(engine, r),
-		queueDrops:    m.queueDrops.WithLabelValues(engine, r),
-		malformed:     m.malformed.WithLabelValues(engine, r),
-		duplicates:    m.duplicates.WithLabelValues(engine, r),
-		reconnects:    m.reconnects.WithLabelValues(engine, r),
-		rejectedConns: m.rejectedConns.WithLabelValues(engine, r),
-		idleChecks:    m.idleChecks.WithLabelValues(engine, r),
-		stored:        m.events.WithLabelValues(engine, r, vllm.BlockStored.String()),
-		removed:       m.events.WithLabelValues(engine, r, vllm.BlockRemoved.String()),
-		cleared:       m.events.WithLabelValues(engine, r, vllm.AllBlocksCleared.String()),
-		connected:     m.connected.WithLabelValues(engine, r),
-		lag:           m.lag.WithLabelValues(engine, r),
+		batches:        m.batches.WithLabelValues(engine, r),
+		blocksStored:   m.blocksStored.WithLabelValues(engine, r),
+		blocksRemoved:  m.blocksRemoved.WithLabelValues(engine, r),
+		gaps:           m.gaps.WithLabelValues(engine, r),
+		replays:        m.replays.WithLabelValues(engine, r),
+		replayErrors:   m.replayErrors.WithLabelValues(engine, r),
+		unrecoverable:  m.unrecoverable.WithLabelValues(engine, r),
+		restarts:       m.restarts.WithLabelValues(engine, r),
+		queueDrops:     m.queueDrops.WithLabelValues(engine, r),
+		malformed:      m.malformed.WithLabelValues(engine, r),
+		duplicates:     m.duplicates.WithLabelValues(engine, r),
+		reconnects:     m.reconnects.WithLabelValues(engine, r),
+		rejectedConns:  m.rejectedConns.WithLabelValues(engine, r),
+		idleChecks:     m.idleChecks.WithLabelValues(engine, r),
+		queueRecovered: m.recovered.WithLabelValues(engine, r),
+		overflowResets: m.overflows.WithLabelValues(engine, r),
+		stored:         m.events.WithLabelValues(engine, r, vllm.BlockStored.String()),
+		removed:        m.events.WithLabelValues(engine, r, vllm.BlockRemoved.String()),
+		cleared:        m.events.WithLabelValues(engine, r, vllm.AllBlocksCleared.String()),
+		connected:      m.connected.WithLabelValues(engine, r),
+		lag:            m.lag.WithLabelValues(engine, r),
 	}
 }

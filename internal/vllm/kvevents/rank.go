@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"context"
+	"errors"
 	"hash/maphash"
 	"kvrouter/internal/vllm"
 	"log/slog"
@@ -28,10 +29,19 @@ type rank struct {
 
 	seq     seqTracker
 	pending ResetReason  // reset to attach to the next Update that reaches the queue
-	full    bool         // the queue was full on the last attempt (logs once per episode)
 	seed    maphash.Seed // for lastSum
 	lastSum uint64       // maphash of the payload of seq.applied (reconnect check)
 	conn    uint64       // id of the newest connection; older ones' messages are dropped
+	// consumer queue overflow (overflow.go): behind is set while batches
+	// after seq.applied were not queued (they are caught up by replay);
+	// dropHW is 1 + the highest seq counted in queue_drops (0: none), so a
+	// batch is counted once however often it finds the queue full;
+	// warnedFull: the first overflow of this rank was warned about.
+	behind     bool
+	dropHW     uint64
+	warnedFull bool
+	wake       chan struct{} // cap 1: the consumer queue drained while behind
+	waiting    atomic.Bool   // behind, as read by the apply goroutine
 	// idle checks (reconnect.go): the interval to the next one, and whether
 	// the last one changed nothing (it warned once)
 	idleEvery   time.Duration
@@ -59,6 +69,7 @@ func (s *Subscriber) newRank(i int) *rank {
 		log:  s.log.With("rank", i, "endpoint", rankEndpoint(s.cfg.Endpoint, i)),
 		m:    s.m.forRank(s.cfg.Engine, i),
 		seed: maphash.MakeSeed(),
+		wake: make(chan struct{}, 1),
 	}
 }
 
@@ -233,6 +244,10 @@ func (r *rank) process(ctx context.Context, in <-chan liveMsg) error {
 			}
 		case <-idle:
 			r.checkIdle(ctx)
+		case <-r.wake:
+			if r.behind {
+				r.catchUp(ctx)
+			}
 		}
 		if t != nil {
 			t.Reset(r.idleEvery)
@@ -241,7 +256,9 @@ func (r *rank) process(ctx context.Context, in <-chan liveMsg) error {
 }
 
 // onLive handles one live message: restart and gap detection, replay, then
-// the batch itself.
+// the batch itself. While the rank is behind (the consumer queue was full,
+// overflow.go) the batch is caught up by replay once the queue has room, or
+// counted as dropped.
 func (r *rank) onLive(ctx context.Context, frames [][]byte) {
 	seq, payload, err := parseLive(frames, r.s.cfg.Topic)
 	if err != nil {
@@ -252,8 +269,20 @@ func (r *rank) onLive(ctx context.Context, frames [][]byte) {
 	st := r.seq.live(seq)
 	if st.restart {
 		r.count(&r.s.stats.restarts, r.m.restarts)
+		r.setBehind(false)
+		r.dropHW = 0
 		r.setPending(ResetRestart)
 		r.log.Warn("engine restart detected: sequence went backwards, dropping its state", "seq", seq)
+	}
+	if r.behind && !st.dup {
+		if r.roomy() {
+			r.catchUp(ctx)
+		}
+		if r.behind {
+			r.dropped(seq)
+			return
+		}
+		st = r.seq.step(seq)
 	}
 	if st.dup {
 		r.count(&r.s.stats.duplicates, r.m.duplicates)
@@ -271,7 +300,10 @@ func (r *rank) onLive(ctx context.Context, frames [][]byte) {
 
 // fill asks the replay endpoint for the batches from `from` on and handles
 // them. Whatever it cannot fill is found by handle as a hole. fresh: nothing
-// of this epoch is applied yet (a catch-up; a missing prefix loses nothing).
+// of this epoch is applied yet (a catch-up; a missing prefix loses nothing
+// indexed, but it is logged at Info with what was lost). A replay that finds
+// the consumer queue full stops there; the rest is caught up when the queue
+// drains (overflow.go).
 func (r *rank) fill(ctx context.Context, from uint64, fresh bool) {
 	if r.replay == nil {
 		return
@@ -279,54 +311,82 @@ func (r *rank) fill(ctx context.Context, from uint64, fresh bool) {
 	r.count(&r.s.stats.replays, r.m.replays)
 	res, err := r.replay.replay(ctx, from, func(seq uint64, payload []byte) error {
 		r.handle(seq, payload, true)
-		return nil
+		return r.stopIfBehind()
 	})
-	switch {
-	case err != nil:
-		if ctx.Err() != nil {
-			return
-		}
+	if ctx.Err() != nil {
+		return
+	}
+	if err != nil && !errors.Is(err, errQueueFull) {
 		r.count(&r.s.stats.replayErrors, r.m.replayErrors)
 		r.log.Warn("replay failed", "from", from, "replayed", res.batches, "err", err)
-	case res.batches == 0:
-		r.log.Debug("replay: nothing buffered from the requested seq on", "from", from)
-	case res.first > from:
-		lvl := slog.LevelWarn
+		return
+	}
+	short := res.batches > 0 && res.first > from
+	if short {
+		lvl, msg := slog.LevelWarn, "replay could not start at the requested seq (no longer buffered)"
 		if fresh {
-			lvl = slog.LevelDebug // catch-up of an epoch's prefix: nothing indexed is lost
+			// A catch-up (start-up, or a new engine process): nothing
+			// indexed is lost, but the engine's blocks stored by the
+			// batches before first stay unknown until evicted or reused.
+			lvl, msg = slog.LevelInfo, "catch-up replay could not start at the requested seq: older batches are no longer buffered, the blocks they stored stay unknown"
 		}
-		r.log.Log(ctx, lvl, "replay could not start at the requested seq (no longer buffered)",
-			"from", from, "first", res.first, "replayed", res.batches)
-	default:
+		r.log.Log(ctx, lvl, msg, "requested_seq", from, "first_seq", res.first,
+			"lost_batches", res.first-from, "replayed", res.batches)
+	}
+	switch {
+	case err != nil: // errQueueFull
+		r.log.Debug("replay stopped: consumer queue full, the rest is caught up when it drains", "from", from, "replayed", res.batches)
+	case res.batches == 0:
+		r.log.Debug("replay: nothing buffered from the requested seq on", "from", from, "filtered", res.filtered)
+	case !short:
 		r.log.Info("replay done", "from", from, "to", res.last, "replayed", res.batches)
 	}
 }
 
 // handle applies one batch (live or replayed) in sequence order: skips
-// duplicates, turns holes into a pending reset, decodes, counts, and
-// queues the Update.
+// batches already applied, turns holes into a pending reset, decodes,
+// queues the Update, and counts what was handed on. A batch that finds the
+// queue full is not applied (queueFull, overflow.go).
 func (r *rank) handle(seq uint64, payload []byte, replayed bool) {
-	want := r.seq.next()
-	isNew, hole := r.seq.accept(seq)
-	if !isNew {
+	if r.seq.haveApplied && seq <= r.seq.applied {
 		if !replayed {
 			r.count(&r.s.stats.duplicates, r.m.duplicates)
 		}
 		return
 	}
-	r.lastSum = maphash.Bytes(r.seed, payload)
-	if hole {
-		r.count(&r.s.stats.unrecoverable, r.m.unrecoverable)
-		r.setPending(ResetGapLost)
-		r.log.Warn("unrecoverable gap: batches lost, dropping this rank's state",
-			"missing_from", want, "missing_to", seq-1)
+	if r.behind {
+		r.dropped(seq)
+		return
 	}
+	want := r.seq.next()
+	hole := r.seq.haveApplied && seq > want
 	b, err := vllm.DecodeBatch(payload)
 	if err != nil {
+		// Lost for good (a replay returns the same bytes): skipped as
+		// applied, and the rank's state dropped.
+		r.accept(seq, payload)
+		if hole {
+			r.holeLost(want, seq)
+		}
 		r.count(&r.s.stats.malformed, r.m.malformed)
 		r.setPending(ResetGapLost)
 		r.log.Warn("undecodable batch, dropping this rank's state", "seq", seq, "err", err)
 		return
+	}
+	reset := r.pending
+	if hole && reset == ResetNone {
+		reset = ResetGapLost
+	}
+	if !r.deliver(Update{Engine: r.s.cfg.Engine, Rank: r.idx, Seq: seq, Replayed: replayed, Reset: reset, Batch: b}) {
+		r.queueFull(seq, payload, want, hole)
+		return
+	}
+	if hole {
+		r.holeLost(want, seq)
+	}
+	r.accept(seq, payload)
+	if replayed && seq < r.dropHW {
+		r.count(&r.s.stats.queueRecovered, r.m.queueRecovered)
 	}
 	r.count(&r.s.stats.batches, r.m.batches)
 	var stored, removed uint64
@@ -350,27 +410,33 @@ func (r *rank) handle(seq uint64, payload []byte, replayed bool) {
 	if !replayed {
 		r.m.lag.Observe(max(lagSeconds(r.s.cfg.Now(), b.TS), 0))
 	}
-	r.deliver(Update{Engine: r.s.cfg.Engine, Rank: r.idx, Seq: seq, Replayed: replayed, Batch: b})
 }
 
-// deliver queues u without blocking. On a full queue the batch is dropped
-// and the rank's next queued Update carries ResetOverflow (unless another
-// reset is already pending): the consumer drops the rank's state rather than
-// the subscriber re-fetching the batch, because a consumer that cannot keep
-// up would fall further behind with replays on top.
-func (r *rank) deliver(u Update) {
-	u.Reset = r.pending
+// accept records seq as applied, with its payload's hash for the
+// reconnection and idle checks.
+func (r *rank) accept(seq uint64, payload []byte) {
+	r.seq.accept(seq)
+	r.lastSum = maphash.Bytes(r.seed, payload)
+}
+
+// holeLost counts and reports batches want..seq-1 as lost for good; the
+// caller makes the rank's next Update carry a reset.
+func (r *rank) holeLost(want, seq uint64) {
+	r.count(&r.s.stats.unrecoverable, r.m.unrecoverable)
+	r.log.Warn("unrecoverable gap: batches lost, dropping this rank's state",
+		"missing_from", want, "missing_to", seq-1)
+}
+
+// deliver queues u without blocking and reports whether it fit. The reset
+// pending for the rank travels in u (the caller set u.Reset) and is cleared
+// when u is queued.
+func (r *rank) deliver(u Update) bool {
 	select {
 	case r.s.queue <- u:
 		r.pending = ResetNone
-		r.full = false
+		return true
 	default:
-		r.count(&r.s.stats.queueDrops, r.m.queueDrops)
-		r.setPending(ResetOverflow)
-		if !r.full {
-			r.log.Warn("consumer queue full, dropping batches and this rank's state", "seq", u.Seq)
-			r.full = true
-		}
+		return false
 	}
 }
 

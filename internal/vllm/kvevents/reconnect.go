@@ -67,9 +67,11 @@ const (
 // this rank, else from the last applied seq to check that the engine
 // process is the same (see above). Without one, a reconnection of a rank
 // with applied state is reset conservatively. A reset that no batch
-// follows is handed to the consumer at once (flushReset).
+// follows is handed to the consumer at once (flushReset). A rank behind
+// (overflow.go) stops being so: the replay made here catches it up.
 func (r *rank) onConnect(ctx context.Context, conn uint64) {
 	r.conn = conn
+	r.setBehind(false)
 	switch {
 	case !r.seq.haveApplied:
 		// First connection, or everything was reset since: catch up.
@@ -117,12 +119,12 @@ func (r *rank) checkReconnect(ctx context.Context) {
 			}
 		}
 		r.handle(seq, payload, true)
-		return nil
+		return r.stopIfBehind()
 	})
 	if ctx.Err() != nil {
 		return
 	}
-	if err != nil && !errors.Is(err, errNewProcess) {
+	if err != nil && !errors.Is(err, errNewProcess) && !errors.Is(err, errQueueFull) {
 		r.count(&r.s.stats.replayErrors, r.m.replayErrors)
 		if v == verdictNone {
 			r.count(&r.s.stats.unrecoverable, r.m.unrecoverable)
@@ -154,9 +156,12 @@ func (r *rank) checkReconnect(ctx context.Context) {
 }
 
 // newEpoch forgets the rank's sequence state (the next seqs belong to a new
-// engine process, or are taken as such) and makes the next Update carry why.
+// engine process, or are taken as such), including an overflow being caught
+// up, and makes the next Update carry why.
 func (r *rank) newEpoch(why ResetReason) {
 	r.seq = seqTracker{}
+	r.setBehind(false)
+	r.dropHW = 0
 	r.setPending(why)
 }
 
@@ -172,7 +177,6 @@ func (r *rank) flushReset() {
 	select {
 	case r.s.queue <- u:
 		r.pending = ResetNone
-		r.full = false
 	default:
 		r.log.Debug("consumer queue full, reset deferred to the next update", "reset", u.Reset.String())
 	}
@@ -201,9 +205,19 @@ const (
 var errNotTrusted = errors.New("replay does not start with the last applied batch")
 
 // checkIdle runs an idle check when the rank has applied state, a replay
-// endpoint and a live connection.
+// endpoint and a live connection. A rank behind (overflow.go) catches up
+// instead when the queue has room: that replay covers trailing drops too.
 func (r *rank) checkIdle(ctx context.Context) {
-	if r.replay == nil || r.conns.Load() == 0 || !r.seq.haveApplied {
+	if r.replay == nil || r.conns.Load() == 0 {
+		return
+	}
+	if r.behind {
+		if r.roomy() {
+			r.catchUp(ctx)
+		}
+		return
+	}
+	if !r.seq.haveApplied {
 		return
 	}
 	ictx, cancel := context.WithTimeout(ctx, min(r.s.cfg.ReplayTimeout, idleReplayTimeout))
@@ -215,6 +229,7 @@ func (r *rank) checkIdle(ctx context.Context) {
 		switch {
 		case trusted:
 			r.handle(seq, payload, true)
+			return r.stopIfBehind()
 		case seq < last:
 			// not asked for; vLLM never sends it
 		case seq == last && maphash.Bytes(r.seed, payload) == sum:
@@ -226,7 +241,7 @@ func (r *rank) checkIdle(ctx context.Context) {
 	})
 	switch {
 	case ctx.Err() != nil:
-	case err != nil && !errors.Is(err, errNotTrusted):
+	case err != nil && !errors.Is(err, errNotTrusted) && !errors.Is(err, errQueueFull):
 		r.count(&r.s.stats.replayErrors, r.m.replayErrors)
 		r.idleFailed(ctx, "idle check: replay failed; checking less often", "last_seq", last, "err", err)
 	case !trusted:

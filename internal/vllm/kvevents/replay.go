@@ -25,6 +25,11 @@ var errReplayProtocol = errors.New("unexpected replay reply")
 type replayer struct {
 	ep      zmtpEndpoint
 	timeout time.Duration
+	// topic is the SUB prefix of the live stream (SubscriberConfig.Topic):
+	// replies in the 4-frame form whose topic does not start with it are
+	// skipped, as the SUB socket skips such live messages. The 3-frame form
+	// carries no topic and is never filtered.
+	topic string
 }
 
 // replayResult summarises one replay request.
@@ -35,6 +40,9 @@ type replayResult struct {
 	first uint64
 	// last is the seq of the last data reply; valid when batches > 0.
 	last uint64
+	// filtered is the number of data replies skipped for their topic (not
+	// in batches, first or last).
+	filtered int
 }
 
 // replay sends ["", seq8(from)] and calls fn for every data reply, oldest
@@ -42,7 +50,9 @@ type replayResult struct {
 // frames.md §3: ["", topic, seq8, payload] (vLLM main since 2026-07-07) and
 // ["", seq8, payload] (older engines), with end markers
 // ["", "", ffx8, ""] and ["", ffx8, ""]. A data reply whose seq is
-// ff..ff but whose payload is not empty is data, not the end.
+// ff..ff but whose payload is not empty is data, not the end. A data reply
+// whose topic does not start with r.topic is skipped (SUB filtering is a
+// prefix match, and the live stream never delivers such batches).
 //
 // The whole request, connection included, is bounded by r.timeout and ctx;
 // a failing dial is retried for up to dialRetryFor.
@@ -73,12 +83,16 @@ func (r *replayer) replay(ctx context.Context, from uint64, fn func(seq uint64, 
 		if err != nil {
 			return res, r.wrap(ctx, "receive", err)
 		}
-		seq, payload, end, err := parseReplay(frames)
+		topic, seq, payload, end, err := parseReplay(frames)
 		if err != nil {
-			return res, fmt.Errorf("replay: reply %d: %w", res.batches, err)
+			return res, fmt.Errorf("replay: reply %d: %w", res.batches+res.filtered, err)
 		}
 		if end {
 			return res, nil
+		}
+		if topic != nil && !bytes.HasPrefix(topic, []byte(r.topic)) {
+			res.filtered++
+			continue
 		}
 		if res.batches == 0 {
 			res.first = seq
@@ -123,30 +137,34 @@ func (r *replayer) wrap(ctx context.Context, what string, err error) error {
 
 // parseReplay reads one DEALER-side replay reply. The first frame must be
 // the empty delimiter; then 3 frames are topic, seq, payload and 2 frames
-// are seq, payload. end reports the end marker (seq ff..ff, empty payload).
+// are seq, payload (topic is then nil; in the 4-frame form it is non-nil,
+// possibly empty). end reports the end marker (seq ff..ff, empty payload).
 // The seq frame must be at least 8 bytes; its first 8 are the seq (a
 // tolerant reading of the 24-byte seq frame of vLLM PR #57789).
-func parseReplay(frames [][]byte) (seq uint64, payload []byte, end bool, err error) {
+func parseReplay(frames [][]byte) (topic []byte, seq uint64, payload []byte, end bool, err error) {
 	if len(frames) == 0 || len(frames[0]) != 0 {
-		return 0, nil, false, fmt.Errorf("%w: %d frames, first not the empty delimiter", errReplayProtocol, len(frames))
+		return nil, 0, nil, false, fmt.Errorf("%w: %d frames, first not the empty delimiter", errReplayProtocol, len(frames))
 	}
 	var seqFrame []byte
 	switch len(frames) {
 	case 4:
-		seqFrame, payload = frames[2], frames[3]
+		topic, seqFrame, payload = frames[1], frames[2], frames[3]
+		if topic == nil {
+			topic = []byte{}
+		}
 	case 3:
 		seqFrame, payload = frames[1], frames[2]
 	default:
-		return 0, nil, false, fmt.Errorf("%w: %d frames, want 3 or 4", errReplayProtocol, len(frames))
+		return nil, 0, nil, false, fmt.Errorf("%w: %d frames, want 3 or 4", errReplayProtocol, len(frames))
 	}
 	if len(seqFrame) < 8 {
-		return 0, nil, false, fmt.Errorf("%w: seq frame of %d bytes", errReplayProtocol, len(seqFrame))
+		return nil, 0, nil, false, fmt.Errorf("%w: seq frame of %d bytes", errReplayProtocol, len(seqFrame))
 	}
 	seq = binary.BigEndian.Uint64(seqFrame)
 	if seq == endSeq && len(payload) == 0 {
-		return seq, nil, true, nil
+		return topic, seq, nil, true, nil
 	}
-	return seq, payload, false, nil
+	return topic, seq, payload, false, nil
 }
 
 // parseLive reads one live PUB message [topic, seq, payload]. The topic must

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"kvrouter/internal/vllm"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -44,27 +45,28 @@ func TestParseReplay(t *testing.T) {
 	tests := []struct {
 		name    string
 		frames  []string
+		topic   string // "-": none (old form)
 		seq     uint64
 		payload string
 		end     bool
 		err     bool
 	}{
-		{"new form data", []string{"", hexTopic, "0000000000000001", hexRemoved1}, 1, hexRemoved1, false, false},
-		{"new form end marker", []string{"", "", hexEnd, ""}, endSeq, "", true, false},
-		{"new form data with empty topic", []string{"", "", "0000000000000000", hexClearedE0}, 0, hexClearedE0, false, false},
-		{"old form data", []string{"", "0000000000000002", hexCleared2}, 2, hexCleared2, false, false},
-		{"old form end marker", []string{"", hexEnd, ""}, endSeq, "", true, false},
-		{"seq ff..ff with a payload is data", []string{"", hexEnd, hexCleared2}, endSeq, hexCleared2, false, false},
-		{"24-byte seq frame", []string{"", hexTopic, "0000000000000007" + strings.Repeat("ab", 16), hexCleared2}, 7, hexCleared2, false, false},
-		{"no delimiter", []string{hexTopic, "0000000000000001", hexRemoved1}, 0, "", false, true},
-		{"too few frames", []string{"", "0000000000000001"}, 0, "", false, true},
-		{"too many frames", []string{"", "", hexTopic, "0000000000000001", hexRemoved1}, 0, "", false, true},
-		{"short seq", []string{"", "00000001", hexRemoved1}, 0, "", false, true},
-		{"empty", nil, 0, "", false, true},
+		{"new form data", []string{"", hexTopic, "0000000000000001", hexRemoved1}, hexTopic, 1, hexRemoved1, false, false},
+		{"new form end marker", []string{"", "", hexEnd, ""}, "", endSeq, "", true, false},
+		{"new form data with empty topic", []string{"", "", "0000000000000000", hexClearedE0}, "", 0, hexClearedE0, false, false},
+		{"old form data", []string{"", "0000000000000002", hexCleared2}, "-", 2, hexCleared2, false, false},
+		{"old form end marker", []string{"", hexEnd, ""}, "-", endSeq, "", true, false},
+		{"seq ff..ff with a payload is data", []string{"", hexEnd, hexCleared2}, "-", endSeq, hexCleared2, false, false},
+		{"24-byte seq frame", []string{"", hexTopic, "0000000000000007" + strings.Repeat("ab", 16), hexCleared2}, hexTopic, 7, hexCleared2, false, false},
+		{"no delimiter", []string{hexTopic, "0000000000000001", hexRemoved1}, "", 0, "", false, true},
+		{"too few frames", []string{"", "0000000000000001"}, "", 0, "", false, true},
+		{"too many frames", []string{"", "", hexTopic, "0000000000000001", hexRemoved1}, "", 0, "", false, true},
+		{"short seq", []string{"", "00000001", hexRemoved1}, "", 0, "", false, true},
+		{"empty", nil, "", 0, "", false, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			seq, payload, end, err := parseReplay(hexFrames(t, tt.frames...))
+			topic, seq, payload, end, err := parseReplay(hexFrames(t, tt.frames...))
 			if tt.err {
 				if err == nil || !errors.Is(err, errReplayProtocol) {
 					t.Fatalf("err = %v, want errReplayProtocol", err)
@@ -73,6 +75,13 @@ func TestParseReplay(t *testing.T) {
 			}
 			if err != nil || seq != tt.seq || end != tt.end || hex.EncodeToString(payload) != tt.payload {
 				t.Fatalf("= %d, %x, %v, %v; want %d, %s, %v", seq, payload, end, err, tt.seq, tt.payload, tt.end)
+			}
+			if tt.topic == "-" {
+				if topic != nil {
+					t.Fatalf("old form: topic %x, want nil", topic)
+				}
+			} else if topic == nil || hex.EncodeToString(topic) != tt.topic {
+				t.Fatalf("topic %x (nil %v), want %s", topic, topic == nil, tt.topic)
 			}
 		})
 	}
@@ -121,7 +130,10 @@ func FuzzParseReplay(f *testing.F) {
 	f.Add(join(hexTopic, "0000000000000001", hexRemoved1))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		frames := bytes.Split(in, []byte{0, 0xff})
-		seq, payload, end, err := parseReplay(frames)
+		topic, seq, payload, end, err := parseReplay(frames)
+		if err == nil && (topic == nil) != (len(frames) == 3) {
+			t.Fatalf("%d frames: topic %x (nil %v)", len(frames), topic, topic == nil)
+		}
 		if err == nil && end && (seq != endSeq || len(payload) != 0) {
 			t.Fatalf("end marker with seq %x payload %x", seq, payload)
 		}
@@ -401,5 +413,89 @@ func TestIdleCheckUntrustedReplay(t *testing.T) {
 			g.publish(0, false)
 			checkGoUpdate(t, rs.next(t), 0, 2, ResetNone)
 		})
+	}
+}
+
+// TestReplayTopicFilter: replayed batches pass the topic filter live
+// batches pass (SUB filtering is a prefix match): replies of another topic
+// are skipped, not delivered and not counted, both by the replayer and by a
+// subscriber catching up on connecting.
+func TestReplayTopicFilter(t *testing.T) {
+	base := freePorts(t, 2)
+	newGoRouter(t, base+1, func([][]byte) [][][]byte {
+		var out [][][]byte
+		for s := uint64(0); s < 5; s++ {
+			topic := "kv@other" // seqs 0..2: another engine's topic
+			if s >= 3 {
+				topic = "kv@e1-x" // 3, 4: the subscribed prefix "kv@e1"
+			}
+			out = append(out, [][]byte{nil, []byte(topic), seq8(s), testPayload(t, 0, s)})
+		}
+		return append(out, [][]byte{nil, nil, seq8(endSeq), nil})
+	})
+	ep, _ := parseEndpoint(fmt.Sprintf("tcp://127.0.0.1:%d", base+1), 0, false)
+	rp := &replayer{ep: ep, timeout: 5 * time.Second, topic: "kv@e1"}
+	var got []uint64
+	res, err := rp.replay(context.Background(), 0, func(seq uint64, _ []byte) error {
+		got = append(got, seq)
+		return nil
+	})
+	if err != nil || fmt.Sprint(got) != "[3 4]" || res != (replayResult{batches: 2, first: 3, last: 4, filtered: 3}) {
+		t.Fatalf("replayed %v, result %+v, err %v; want [3 4] with 3 filtered", got, res, err)
+	}
+
+	g := newGoPub(t, "kv@e1-x", base, 1, false)
+	g.seq[0] = 5
+	rs := startSub(t, SubscriberConfig{
+		Engine: "e-topic", Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base),
+		ReplayEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base+1), Topic: "kv@e1",
+	})
+	g.waitSubscribed()
+	for s := uint64(3); s <= 4; s++ {
+		u := rs.next(t)
+		checkGoUpdate(t, u, 0, s, ResetNone)
+		if !u.Replayed {
+			t.Fatalf("seq %d not replayed", s)
+		}
+	}
+	g.publish(0, false)
+	checkGoUpdate(t, rs.next(t), 0, 5, ResetNone)
+	rs.none(t)
+}
+
+// TestReplayCatchUpShortLoggedAtInfo: a start-up catch-up that cannot
+// begin at the requested seq (the engine buffers seqs 2..4 of 0..4) is
+// logged at Info with what was lost: requested seq 0, first seq 2, 2
+// batches whose blocks stay unknown.
+func TestReplayCatchUpShortLoggedAtInfo(t *testing.T) {
+	base := freePorts(t, 2)
+	newGoRouter(t, base+1, func([][]byte) [][][]byte {
+		var out [][][]byte
+		for s := uint64(2); s <= 4; s++ {
+			out = append(out, [][]byte{nil, nil, seq8(s), testPayload(t, 0, s)})
+		}
+		return append(out, [][]byte{nil, nil, seq8(endSeq), nil})
+	})
+	g := newGoPub(t, "", base, 1, false)
+	rec := &recordHandler{}
+	s, err := NewSubscriber(SubscriberConfig{
+		Engine: "e-short", Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base),
+		ReplayEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base+1),
+	}, slog.New(rec), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ups := make(chan Update, 16)
+	runSubscriber(t, s, func(u Update) { ups <- u })
+	g.waitSubscribed()
+	for s := uint64(2); s <= 4; s++ {
+		checkGoUpdate(t, <-ups, 0, s, ResetNone)
+	}
+	const msg = "catch-up replay could not start at the requested seq"
+	waitFor(t, "the log line", func() bool { _, ok := rec.find(msg); return ok })
+	r, ok := rec.find(msg)
+	if !ok || r.Level != slog.LevelInfo || r.attr("requested_seq") != "0" || r.attr("first_seq") != "2" ||
+		r.attr("lost_batches") != "2" || r.attr("engine") != "e-short" {
+		t.Fatalf("log %+v (found %v), want an Info line with requested_seq 0, first_seq 2, lost_batches 2", r, ok)
 	}
 }

@@ -40,12 +40,21 @@ type liveStep struct {
 
 // live records a seq received on the live stream and says what to do.
 func (t *seqTracker) live(seq uint64) liveStep {
-	var st liveStep
+	restart := false
 	if t.haveLive && seq <= t.lastLive {
-		st.restart = true
+		restart = true
 		t.haveApplied = false
 	}
 	t.haveLive, t.lastLive = true, seq
+	st := t.step(seq)
+	st.restart = restart
+	return st
+}
+
+// step says what a batch with this seq means against the applied mark
+// (duplicate, or after missing seqs), without recording anything.
+func (t *seqTracker) step(seq uint64) liveStep {
+	var st liveStep
 	if !t.haveApplied {
 		st.fresh = true
 		st.missing, st.missFrom = seq > 0, 0

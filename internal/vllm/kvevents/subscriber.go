@@ -35,7 +35,9 @@ const (
 	// longer buffers them, also on reconnection), or a batch could not be
 	// decoded.
 	ResetGapLost
-	// ResetOverflow: the consumer queue was full and batches were dropped.
+	// ResetOverflow: the consumer queue was full, batches were dropped, and
+	// they could not be caught up by replay (no replay endpoint, the replay
+	// failed, or the engine no longer buffers the first one dropped).
 	ResetOverflow
 	// ResetReconnect: the connection to the engine rank was re-established
 	// and nothing could tell whether the engine process is still the one
@@ -121,7 +123,9 @@ type SubscriberConfig struct {
 	// counted (kvrouter_vllm_rejected_conns_total); those already open keep
 	// going. Default 4.
 	MaxConns int `yaml:"max_conns"`
-	// QueueSize bounds the Updates waiting for the consumer. Default 1024.
+	// QueueSize bounds the Updates waiting for the consumer, shared by the
+	// engine's ranks: 1..MaxQueueSize. A batch that finds it full is caught
+	// up later by replay (see overflow.go). Default DefaultQueueSize.
 	QueueSize int `yaml:"queue_size"`
 	// ReplayTimeout bounds one replay request, connection included.
 	// Default 5s.
@@ -144,6 +148,13 @@ type SubscriberConfig struct {
 	Now func() time.Time `yaml:"-"`
 }
 
+// Bounds of SubscriberConfig.QueueSize, in Updates (one decoded batch each;
+// an Update is about 100 bytes plus its events).
+const (
+	DefaultQueueSize = 1024
+	MaxQueueSize     = 1 << 20
+)
+
 func (c SubscriberConfig) withDefaults() SubscriberConfig {
 	if c.Engine == "" {
 		c.Engine = c.Endpoint
@@ -155,7 +166,7 @@ func (c SubscriberConfig) withDefaults() SubscriberConfig {
 		c.MaxConns = 4
 	}
 	if c.QueueSize == 0 {
-		c.QueueSize = 1024
+		c.QueueSize = DefaultQueueSize
 	}
 	if c.ReplayTimeout == 0 {
 		c.ReplayTimeout = 5 * time.Second
@@ -196,12 +207,18 @@ type SubscriberStats struct {
 	Reconnects        uint64 `json:"reconnects"`
 	RejectedConns     uint64 `json:"rejected_conns,omitempty"` // bind mode; omitted when 0 (kvrouter events output unchanged)
 	IdleChecks        uint64 `json:"idle_checks,omitempty"`    // omitted when 0
+	// QueueRecovered counts the batches of QueueDrops later handed on by
+	// replay; OverflowResets the overflows replay could not cover (each
+	// one ResetOverflow). Omitted when 0.
+	QueueRecovered uint64 `json:"queue_recovered,omitempty"`
+	OverflowResets uint64 `json:"overflow_resets,omitempty"`
 }
 
 // stats mirrors SubscriberStats with atomics.
 type stats struct {
 	batches, events, blocksStored, blocksRemoved, gaps, replays, replayErrors,
-	unrecoverable, restarts, queueDrops, malformed, duplicates, reconnects, rejectedConns, idleChecks atomic.Uint64
+	unrecoverable, restarts, queueDrops, malformed, duplicates, reconnects, rejectedConns, idleChecks,
+	queueRecovered, overflowResets atomic.Uint64
 }
 
 // Subscriber follows one vLLM engine's KV events: one live subscription per
@@ -222,6 +239,9 @@ type Subscriber struct {
 	queue   chan Update
 	started atomic.Bool
 	stats   stats
+	// ranks behind after a full queue (overflow.go); the apply goroutine
+	// wakes them when the queue has drained to half
+	behind atomic.Int32
 }
 
 // NewSubscriber checks cfg and returns a Subscriber; it binds and dials
@@ -247,13 +267,13 @@ func NewSubscriber(cfg SubscriberConfig, log *slog.Logger, m *SubscriberMetrics)
 	if cfg.MaxConns < 1 {
 		errs = append(errs, fmt.Errorf("max_conns %d: want >= 1", cfg.MaxConns))
 	}
-	if cfg.QueueSize < 1 {
-		errs = append(errs, fmt.Errorf("queue_size %d: want >= 1", cfg.QueueSize))
+	if cfg.QueueSize < 1 || cfg.QueueSize > MaxQueueSize {
+		errs = append(errs, fmt.Errorf("queue_size %d: want 1..%d", cfg.QueueSize, MaxQueueSize))
 	}
 	if cfg.ReplayTimeout < 0 || cfg.DialTimeout < 0 || cfg.ReconnectMin < 0 || cfg.ReconnectMax < cfg.ReconnectMin {
 		errs = append(errs, errors.New("timeouts must be positive and reconnect_max >= reconnect_min"))
 	}
-	s := &Subscriber{cfg: cfg, log: log.With("engine", cfg.Engine), m: m, queue: make(chan Update, max(cfg.QueueSize, 1))}
+	s := &Subscriber{cfg: cfg, log: log.With("engine", cfg.Engine), m: m, queue: make(chan Update, min(max(cfg.QueueSize, 1), MaxQueueSize))}
 	for r := 0; cfg.Endpoint != "" && r < cfg.DPSize && r < 1024; r++ {
 		ep, err := parseEndpoint(cfg.Endpoint, r, cfg.Bind)
 		if err != nil {
@@ -270,7 +290,7 @@ func NewSubscriber(cfg SubscriberConfig, log *slog.Logger, m *SubscriberMetrics)
 			errs = append(errs, fmt.Errorf("replay %w", err))
 			break
 		}
-		s.replay = append(s.replay, &replayer{ep: rep, timeout: cfg.ReplayTimeout})
+		s.replay = append(s.replay, &replayer{ep: rep, timeout: cfg.ReplayTimeout, topic: cfg.Topic})
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("vllm subscriber %q: %w", cfg.Engine, err)
@@ -283,9 +303,10 @@ func NewSubscriber(cfg SubscriberConfig, log *slog.Logger, m *SubscriberMetrics)
 // ctx ends, or an error when a bind fails or a goroutine panics (apply
 // included); in every case only after all its goroutines have returned and
 // its connections are closed, and after deleting its metric label values.
-// apply must not block for long: while it runs, Updates queue up to
-// QueueSize and then are dropped (the next Update of that rank carries
-// ResetOverflow). Run may be called once.
+// apply may fall behind for a while: Updates queue up to QueueSize, and the
+// batches that find the queue full are fetched again by replay once it has
+// drained to half (a rank is reset with ResetOverflow only when the engine no
+// longer buffers them, or has no replay endpoint). Run may be called once.
 func (s *Subscriber) Run(ctx context.Context, apply func(Update)) error {
 	if !s.started.CompareAndSwap(false, true) {
 		return fmt.Errorf("vllm subscriber %q: Run called twice", s.cfg.Engine)
@@ -309,8 +330,11 @@ func (s *Subscriber) Run(ctx context.Context, apply func(Update)) error {
 		lns[r] = ln
 	}
 	g, ctx := errgroup.WithContext(ctx)
+	ranks := make([]*rank, len(s.live))
 	for r := range s.live {
-		rs := s.newRank(r)
+		ranks[r] = s.newRank(r)
+	}
+	for r, rs := range ranks {
 		in := make(chan liveMsg, 64)
 		if ln := lns[r]; ln != nil {
 			g.Go(guard("accept", func() error { return rs.acceptLoop(ctx, ln, in) }))
@@ -326,6 +350,13 @@ func (s *Subscriber) Run(ctx context.Context, apply func(Update)) error {
 				return nil
 			case u := <-s.queue:
 				apply(u)
+				if s.behind.Load() > 0 && len(s.queue) <= s.cfg.QueueSize/2 {
+					for _, rs := range ranks {
+						if rs.waiting.Load() {
+							rs.wakeUp()
+						}
+					}
+				}
 			}
 		}
 	}))
@@ -341,7 +372,7 @@ func (s *Subscriber) Stats() SubscriberStats {
 		ReplayErrors: t.replayErrors.Load(), UnrecoverableGaps: t.unrecoverable.Load(),
 		Restarts: t.restarts.Load(), QueueDrops: t.queueDrops.Load(), Malformed: t.malformed.Load(),
 		Duplicates: t.duplicates.Load(), Reconnects: t.reconnects.Load(), RejectedConns: t.rejectedConns.Load(),
-		IdleChecks: t.idleChecks.Load(),
+		IdleChecks: t.idleChecks.Load(), QueueRecovered: t.queueRecovered.Load(), OverflowResets: t.overflowResets.Load(),
 	}
 }
 

@@ -3,6 +3,7 @@ package kvevents
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"kvrouter/internal/vllm"
 	"net"
 	"sync/atomic"
@@ -109,4 +110,72 @@ func BenchmarkSubscriberLoopback(b *testing.B) {
 	}
 	b.ReportMetric(float64(n)/elapsed, "batches/s")
 	b.ReportMetric(float64(n*blocks)/elapsed, "blocks/s")
+}
+
+// BenchmarkSubscriberOverflow measures catching up a full consumer queue by
+// replay against an in-process engine on loopback ZeroMQ (zmq4 PUB, and a
+// ROUTER replaying from a 10000-batch buffer; engineBatch payloads of
+// about 150 bytes, encoded per batch by the publisher, whose allocations
+// are included). One op is a burst of 1000 batches. queue=16384: the queue
+// holds the burst (no overflow). queue=64: the consumer takes nothing until
+// the whole burst has arrived (all but 65 found the queue full), then the
+// dropped batches are caught up by replay. Reported: batches/s delivered,
+// and catch-up replay requests per burst.
+//
+//	go test -run '^$' -bench BenchmarkSubscriberOverflow -benchtime 2s -count 1 ./internal/vllm/kvevents/
+func BenchmarkSubscriberOverflow(b *testing.B) {
+	for _, queue := range []int{16384, 64} {
+		b.Run(fmt.Sprintf("queue=%d", queue), func(b *testing.B) {
+			const burst = 1000
+			e := newBufEngine(b, "", 10000)
+			var got atomic.Int64
+			done := make(chan struct{}, 1)
+			var gate atomic.Int64 // drops the burst must reach before the consumer takes its first batch
+			s, err := NewSubscriber(SubscriberConfig{Endpoint: e.pubEP, ReplayEndpoint: e.replayEP, QueueSize: queue, IdleCheck: -1}, nil, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			runErr := make(chan error, 1)
+			go func() {
+				runErr <- s.Run(ctx, func(u Update) {
+					n := got.Add(1)
+					if n%burst == 1 && gate.Load() > 0 {
+						waitDrops(s, uint64(gate.Load()))
+					}
+					if n%burst == 0 {
+						done <- struct{}{}
+					}
+				})
+			}()
+			e.waitSubscribed()
+			b.ReportAllocs()
+			replays0 := s.Stats().Replays
+			for b.Loop() {
+				if queue < burst {
+					gate.Store(int64(s.Stats().QueueDrops) + burst - int64(queue) - 1)
+				}
+				for range burst {
+					e.publish()
+				}
+				select {
+				case <-done:
+				case <-time.After(time.Minute):
+					b.Fatalf("received %d batches; stats %+v", got.Load(), s.Stats())
+				}
+			}
+			elapsed := b.Elapsed().Seconds()
+			b.StopTimer()
+			st := s.Stats()
+			cancel()
+			if err := <-runErr; err != nil {
+				b.Fatal(err)
+			}
+			if st.OverflowResets != 0 || st.QueueRecovered != st.QueueDrops || int(st.Batches) != int(e.published()) {
+				b.Fatalf("stats %+v, published %d", st, e.published())
+			}
+			b.ReportMetric(float64(st.Batches)/elapsed, "batches/s")
+			b.ReportMetric(float64(st.Replays-replays0)/float64(b.N), "replays/burst")
+		})
+	}
 }
