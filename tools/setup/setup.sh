@@ -16,8 +16,9 @@
 #             License, so not vendored) in $KVROUTER_CACHE/llama3
 #   helm      helm v3.22.0 built from the Go module proxy into
 #             $KVROUTER_CACHE/bin (the chart tests)
-#   k8s       etcd and kube-apiserver for the Kubernetes tests
-#             (tools/k8s-testenv/setup.sh; skipped with SETUP_NO_K8S=1)
+#   k8s       Debian's kubernetes-client (kubectl), etcd and kube-apiserver
+#             for the Kubernetes tests (tools/k8s-testenv/setup.sh;
+#             skipped with SETUP_NO_K8S=1)
 #
 # Environment (defaults in brackets): KVROUTER_CACHE
 # [${XDG_CACHE_HOME:-$HOME/.cache}/kvrouter], PYTHON [/usr/bin/python3],
@@ -98,6 +99,13 @@ step_helm() {
 
 step_k8s() {
 	[ "${SETUP_NO_K8S:-}" = 1 ] && return
+	if ! command -v kubectl >/dev/null 2>&1; then
+		# The chart test applies the rendered manifests with kubectl --dry-run=server.
+		[ "$(id -u)" = 0 ] || fail "kubectl is missing and installing it needs root: apt-get install kubernetes-client"
+		export DEBIAN_FRONTEND=noninteractive
+		quiet apt-get install -y -q kubernetes-client || { quiet apt-get update -q && quiet apt-get install -y -q kubernetes-client; } ||
+			fail "cannot install Debian's kubernetes-client (kubectl) with apt-get (log: $log)"
+	fi
 	local out
 	out="$(GO=go bash "$root/tools/k8s-testenv/setup.sh" 2>&1)" ||
 		fail "the Kubernetes test environment is incomplete: $(echo "$out" | grep missing | sed 's/^k8s-testenv: //' | paste -sd';')"
