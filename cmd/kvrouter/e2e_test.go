@@ -100,6 +100,21 @@ func startE2ERouter(t *testing.T, modelYAML string, sims ...*e2eSim) *e2eRouter 
 // text and stops it when the test ends; logs go to stderr at level under -v.
 func serveYAML(t *testing.T, yaml string, level slog.Level) *e2eRouter {
 	t.Helper()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	}
+	r := &e2eRouter{t: t, url: startServe(t, yaml, log), client: &http.Client{Transport: &http.Transport{}}}
+	t.Cleanup(r.client.CloseIdleConnections)
+	return r
+}
+
+// startServe runs serve in-process on a loopback port with the router.yaml
+// text, logging to log, and stops it (checking it ended cleanly) when the
+// test ends. It returns the base URL, https when the configuration has a
+// certificate.
+func startServe(t *testing.T, yaml string, log *slog.Logger) string {
+	t.Helper()
 	cfg, pos, err := proxy.ParseConfig([]byte(yaml), func(string) string { return "" })
 	if err != nil {
 		t.Fatalf("%v\n%s", err, yaml)
@@ -110,20 +125,18 @@ func serveYAML(t *testing.T, yaml string, level slog.Level) *e2eRouter {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if testing.Verbose() {
-		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	}
 	go func() { done <- serve(ctx, &serveFlags{cfg: cfg, pos: pos}, ln, log) }()
-	r := &e2eRouter{t: t, url: "http://" + ln.Addr().String(), client: &http.Client{Transport: &http.Transport{}}}
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("serve: %v", err)
 		}
-		r.client.CloseIdleConnections()
 	})
-	return r
+	scheme := "http"
+	if cfg.TLS.CertFile != "" {
+		scheme = "https"
+	}
+	return scheme + "://" + ln.Addr().String()
 }
 
 // startE2ERouterWait is startE2ERouter waiting for readyPath to answer 200.

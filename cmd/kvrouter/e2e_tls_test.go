@@ -161,34 +161,13 @@ func (l *syncLog) String() string {
 // configuration). Stopped when the test ends.
 func serveLogged(t *testing.T, yaml string) (string, *syncLog) {
 	t.Helper()
-	cfg, pos, err := proxy.ParseConfig([]byte(yaml), func(string) string { return "" })
-	if err != nil {
-		t.Fatalf("%v\n%s", err, yaml)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	logs := &syncLog{}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- serve(ctx, &serveFlags{cfg: cfg, pos: pos}, ln, slog.New(slog.NewTextHandler(logs, nil)))
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
+	t.Cleanup(func() { // registered first, so it runs after serve has stopped
 		if t.Failed() {
 			t.Logf("router log:\n%s", logs)
 		}
 	})
-	scheme := "http"
-	if cfg.TLS.CertFile != "" {
-		scheme = "https"
-	}
-	return scheme + "://" + ln.Addr().String(), logs
+	return startServe(t, yaml, slog.New(slog.NewTextHandler(logs, nil))), logs
 }
 
 func tlsClient(t *testing.T, caPEM []byte) *http.Client {
