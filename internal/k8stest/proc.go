@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"syscall"
 	"time"
 )
@@ -23,8 +24,11 @@ type proc struct {
 // startProc starts path with args, output appended to logPath. The child
 // gets SIGKILL if the test binary dies first (Pdeathsig), so a crashed
 // test leaves no control plane behind. Pdeathsig fires when the forking
-// thread exits; Go keeps its threads unless a goroutine that locked one
-// ends, and the only such goroutine here (NetNS.Listen's) forks nothing.
+// OS thread exits, and Go ends a thread whenever a goroutine that locked it
+// returns still locked (NetNS.Listen's does, to drop a thread switched into
+// a network namespace): so the child is forked from a thread locked by a
+// goroutine that lives until the child has exited, and no other goroutine
+// can end that thread under it.
 func startProc(name, logPath, path string, args ...string) (*proc, error) {
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -33,16 +37,24 @@ func startProc(name, logPath, path string, args ...string) (*proc, error) {
 	cmd := exec.Command(path, args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
 	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
+	started := make(chan error, 1)
 	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread() // after Wait: the thread outlives the child
+		if err := cmd.Start(); err != nil {
+			f.Close()
+			started <- fmt.Errorf("start %s: %w", name, err)
+			return
+		}
+		started <- nil
 		p.err = cmd.Wait()
 		f.Close()
 		close(p.done)
 	}()
+	if err := <-started; err != nil {
+		return nil, err
+	}
 	return p, nil
 }
 
