@@ -61,6 +61,11 @@ func TestServeKubernetesDiscovery(t *testing.T) {
 		t.Skip("-short: starts a kube-apiserver")
 	}
 	c := k8stest.Start(t, k8stest.Options{})
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("kube-apiserver log:\n%s", c.Log())
+		}
+	})
 	ctx := t.Context()
 	const ns = "serve"
 	if err := c.CreateNamespace(ctx, ns); err != nil {

@@ -18,6 +18,7 @@ import (
 
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/kvindex/kvindexprom"
+	"kvrouter/internal/pool"
 	"kvrouter/internal/proxy"
 	"kvrouter/internal/routing/routingprom"
 	"kvrouter/internal/tokenizer"
@@ -176,10 +177,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 	var fcfg fleet.Config
 	var errs []error
 	for _, m := range cfg.Models {
-		fcfg.Models = append(fcfg.Models, m.Name)
-		for _, e := range m.Engines {
-			fcfg.Endpoints = append(fcfg.Endpoints, fleet.EndpointConfig{Name: e.Name, URL: e.URL, Models: []string{m.Name}, APIKey: e.APIKey})
-		}
+		fcfg.Models = append(fcfg.Models, m.Name) // engines join through the groups' pools
 	}
 	h := cfg.Health
 	fcfg.ProbeInterval, fcfg.ProbeTimeout, fcfg.ScrapeInterval = h.ProbeInterval, h.ProbeTimeout, h.ScrapeInterval
@@ -214,20 +212,14 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		return nil, err
 	}
 	ixReg := kvindexprom.Wrap(reg)
-	var subs []func(context.Context) error
-	var probes []*tokenizer.Probe
+	var runs []func(context.Context) error
+	var pools []*pool.Pool
+	var groups []*engineParts
 	routers := map[string]proxy.Router{}
 	toks := map[string]proxy.Tokenizer{}
 	for i, m := range cfg.Models {
-		eps := flt.Endpoints(m.Name)
 		bc := proxy.BackendConfig{Model: m.Name, Policy: m.Policy, ShadowServe: m.ShadowServe, Routing: m.Routing, Index: m.Index}
-		for j, e := range m.Engines {
-			name := eps[j].Name()
-			bc.Replicas = append(bc.Replicas, name)
-			if bc.DPSize == nil {
-				bc.DPSize = map[string]int{}
-			}
-			bc.DPSize[name] = e.DPSize
+		for _, e := range m.Engines {
 			bc.Exact = bc.Exact || e.Events != ""
 		}
 		if m.Discovery != nil {
@@ -240,21 +232,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 			continue
 		}
 		backends[m.Name], routers[m.Name] = b, b
-		for j, e := range m.Engines {
-			if e.Events == "" {
-				continue
-			}
-			sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{
-				Engine: eps[j].Name(), Endpoint: e.Events, ReplayEndpoint: e.Replay, DPSize: e.DPSize,
-				Bind: e.EventsBind, Topic: e.Topic, IdleCheck: e.IdleCheck, QueueSize: e.EventsQueue,
-			}, log, subMetrics)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", fl.pos.Field("models", i, "engines", j, "events"), err))
-				continue
-			}
-			subs = append(subs, func(ctx context.Context) error { return sub.Run(ctx, b.Apply) })
-		}
-		ts, err := newTokenSource(m, eps, tlsCfg.engineClient(), log, reg)
+		ts, err := newTokenSource(m, tlsCfg.engineClient(), log)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", fl.pos.Field("models", i, "tokenizer"), err))
 			continue
@@ -262,36 +240,52 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		if ts.failover != nil {
 			toks[m.Name] = ts.failover
 		}
-		probes = append(probes, ts.probes...)
+		parts := &engineParts{model: m.Name, backend: b, tokens: ts, subs: subMetrics, log: log, reg: reg, probes: map[string]*tokenizer.Probe{}}
+		p, err := pool.New(pool.Deps{Model: m.Name, Fleet: flt, Replicas: b, Parts: parts.build}, log, reg)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		pools, groups = append(pools, p), append(groups, parts)
+		runs = append(runs, p.Run)
 		if m.Discovery != nil {
-			run, err := newDiscoveredGroup(m, flt, b, ts, subMetrics, log, reg)
+			run, err := newDiscoveredGroup(m, p, log, reg)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", fl.pos.Field("models", i, "discovery"), err))
 				continue
 			}
-			subs = append(subs, run)
+			runs = append(runs, run)
+			continue
+		}
+		if err := p.Set(staticEngines(m)); err != nil {
+			errs = append(errs, engineErrors(err, m, i, fl))
 		}
 	}
-	closeProbes := func() {
-		for _, p := range probes {
+	closePools := func() {
+		for _, p := range pools {
 			p.Close()
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		closeProbes()
+		closePools()
 		return nil, err
 	}
 	srv, err := proxy.New(cfg, proxy.Deps{Fleet: flt, Routers: routers, Tokenizers: toks, Gatherer: reg, EngineTLS: tlsCfg.engines,
 		EventsConnected: func() map[string]bool { return connectedEngines(reg) }}, log, reg)
 	if err != nil {
+		closePools()
 		return nil, err
+	}
+	var probes []*tokenizer.Probe
+	for _, g := range groups {
+		probes = append(probes, g.currentProbes()...)
 	}
 	for _, p := range probes {
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		err := p.Check(pctx)
 		cancel()
 		if errors.Is(err, tokenizer.ErrMismatch) {
-			closeProbes()
+			closePools()
 			return nil, err
 		}
 		if err != nil {
@@ -305,37 +299,33 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		}
 		g, gctx := errgroup.WithContext(ctx)
 		g.Go(recovered("fleet", func() error { return ignoreCanceled(flt.Run(gctx)) }))
-		for _, run := range subs {
-			g.Go(recovered("kv events", func() error { return run(gctx) }))
-		}
-		for _, p := range probes {
-			g.Go(recovered("tokenizer probe", func() error { defer p.Close(); return ignoreCanceled(p.Run(gctx)) }))
+		for _, run := range runs {
+			g.Go(recovered("engines", func() error { return ignoreCanceled(run(gctx)) }))
 		}
 		g.Go(recovered("proxy", func() error { return srv.Run(gctx, ln) }))
 		return g.Wait()
 	}
-	return &serveApp{run: run, close: closeProbes, tls: tlsCfg.listener != nil}, nil
+	return &serveApp{run: run, close: closePools, tls: tlsCfg.listener != nil}, nil
 }
 
 // tokenSource is a model's tokenizer: a failover over its engines' token
-// sources (nil for "none"), the local tokenizer they share (nil for
-// "render") and the engines' mismatch probes.
+// sources (nil for "none") and the local tokenizer they share (nil for
+// "render").
 type tokenSource struct {
 	m        proxy.ModelConfig
 	failover *proxy.FailoverTokenizer
 	local    *tokenizer.Local
-	probes   []*tokenizer.Probe
 	client   *http.Client
 }
 
-// newTokenSource builds a model's tokenizer: nil for "none"; else one token
-// source per engine (the engine's render endpoints for "render"; a local
-// tokenizer from the path with that engine as fallback, and a mismatch
-// probe of that engine, otherwise), behind a proxy.FailoverTokenizer that
-// asks the first up engine and fails over on connection errors, so one
-// engine down never turns routing into load-only routing. Engines added
-// later join through engine.
-func newTokenSource(m proxy.ModelConfig, eps []*fleet.Endpoint, client *http.Client, log *slog.Logger, reg prometheus.Registerer) (*tokenSource, error) {
+// newTokenSource builds a model's tokenizer: none for "none"; else a
+// proxy.FailoverTokenizer that asks the first up engine and fails over on
+// connection errors, so one engine down never turns routing into
+// load-only routing. Engines join it as the group's pool adds them
+// (engineParts): each brings its render endpoints ("render") or, with a
+// local tokenizer from the path, that tokenizer with the engine as
+// fallback and a mismatch probe of the engine.
+func newTokenSource(m proxy.ModelConfig, client *http.Client, log *slog.Logger) (*tokenSource, error) {
 	ts := &tokenSource{m: m, client: client}
 	if m.Tokenizer == proxy.TokenizerNone {
 		return ts, nil
@@ -349,18 +339,7 @@ func newTokenSource(m proxy.ModelConfig, eps []*fleet.Endpoint, client *http.Cli
 			return nil, err
 		}
 	}
-	var engines []proxy.EngineTokenizer
-	for _, ep := range eps {
-		et, probe, err := ts.engine(ep, log, reg)
-		if err != nil {
-			return nil, err
-		}
-		engines = append(engines, et)
-		if probe != nil {
-			ts.probes = append(ts.probes, probe)
-		}
-	}
-	ft, err := proxy.NewFailoverTokenizer(m.Name, engines, log)
+	ft, err := proxy.NewFailoverTokenizer(m.Name, nil, log)
 	if err != nil {
 		return nil, err
 	}

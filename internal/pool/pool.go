@@ -130,11 +130,24 @@ func (p *Pool) Names() []string {
 	return out
 }
 
-// Set makes the pool's engines those of want: adds the new, removes the
-// gone (waiting for their parts to stop), re-adds the changed and updates
-// who is routable. Engines it could not add (a bad URL, a part that could
-// not be built) are left out and returned as errors; the rest of want is
-// applied. Duplicate names in want are an error and change nothing.
+// EngineError is why Set could not add one engine.
+type EngineError struct {
+	// Engine is the engine's name.
+	Engine string
+	Err    error
+}
+
+func (e *EngineError) Error() string { return "engine " + e.Engine + ": " + e.Err.Error() }
+
+// Unwrap returns the cause.
+func (e *EngineError) Unwrap() error { return e.Err }
+
+// Set makes the pool's engines those of want: adds the new (in want's
+// order, which is the fleet's order), removes the gone (waiting for their
+// parts to stop), re-adds the changed and updates who is routable. Engines
+// it could not add (a bad URL, a part that could not be built) are left out
+// and returned as *EngineError (joined); the rest of want is applied.
+// Duplicate names in want are an error and change nothing.
 func (p *Pool) Set(want []Engine) error {
 	byName := make(map[string]Engine, len(want))
 	for _, e := range want {
@@ -151,8 +164,8 @@ func (p *Pool) Set(want []Engine) error {
 		}
 	}
 	var errs []error
-	for _, name := range sortedKeys(byName) {
-		w := byName[name]
+	for _, w := range want {
+		name := w.Name
 		cur, ok := p.engines[name]
 		if !ok {
 			if err := p.addLocked(w); err != nil {
@@ -173,13 +186,13 @@ func (p *Pool) Set(want []Engine) error {
 func (p *Pool) addLocked(w Engine) error {
 	ep, err := p.deps.Fleet.Add(fleet.EndpointConfig{Name: w.Name, URL: w.URL, Models: []string{p.deps.Model}, APIKey: w.APIKey})
 	if err != nil {
-		return fmt.Errorf("pool %s: engine %s: %w", p.deps.Model, w.Name, err)
+		return &EngineError{Engine: w.Name, Err: err}
 	}
 	var parts []Part
 	if p.deps.Parts != nil {
 		if parts, err = p.deps.Parts(w, ep); err != nil {
 			p.deps.Fleet.Remove(w.Name)
-			return fmt.Errorf("pool %s: engine %s: %w", p.deps.Model, w.Name, err)
+			return &EngineError{Engine: w.Name, Err: err}
 		}
 	}
 	p.deps.Replicas.AddReplica(w.Name, max(w.DPSize, 1))
@@ -198,6 +211,16 @@ func (p *Pool) addLocked(w Engine) error {
 // replica (index entries included) and endpoint.
 func (p *Pool) removeLocked(e *engine) {
 	p.deps.Fleet.SetRoutable(e.Name, false)
+	e.stopLocked()
+	p.deps.Replicas.RemoveReplica(e.Name)
+	p.deps.Fleet.Remove(e.Name)
+	delete(p.engines, e.Name)
+	p.m.changes.WithLabelValues("removed").Inc()
+	p.log.Info("engine removed", "engine", e.Name, "url", e.URL)
+}
+
+// stopLocked stops e's parts, waits for them and closes them (once).
+func (e *engine) stopLocked() {
 	if e.started {
 		e.cancel()
 		<-e.done
@@ -207,15 +230,22 @@ func (p *Pool) removeLocked(e *engine) {
 			pt.Close()
 		}
 	}
-	p.deps.Replicas.RemoveReplica(e.Name)
-	p.deps.Fleet.Remove(e.Name)
-	delete(p.engines, e.Name)
-	p.m.changes.WithLabelValues("removed").Inc()
-	p.log.Info("engine removed", "engine", e.Name, "url", e.URL)
+	e.parts = nil
+}
+
+// Close releases the parts of every engine (after Run has returned, or
+// when it will not be called); the engines stay listed.
+func (p *Pool) Close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, e := range p.engines {
+		e.stopLocked()
+	}
 }
 
 // Run runs every engine's parts, those of engines added later too, until
-// ctx ends; then it stops them, waits for them and returns ctx's error.
+// ctx ends; then it stops them, waits for them, closes them and returns
+// ctx's error.
 func (p *Pool) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	p.mu.Lock()
@@ -246,6 +276,7 @@ func (p *Pool) Run(ctx context.Context) error {
 	p.start = nil
 	p.mu.Unlock()
 	wg.Wait()
+	p.Close()
 	return ctx.Err()
 }
 

@@ -1,0 +1,149 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"kvrouter/internal/fleet"
+	"kvrouter/internal/pool"
+	"kvrouter/internal/proxy"
+	"kvrouter/internal/tokenizer"
+	"kvrouter/internal/vllm/kvevents"
+)
+
+// engineParts builds what each engine of one model group needs beside its
+// endpoint and replica, for the group's pool: the KV event subscriber
+// feeding the group's backend, and the engine's token source in the
+// group's failover tokenizer with its mismatch probe. Engines from
+// router.yaml and from discovery get theirs the same way.
+type engineParts struct {
+	model   string
+	backend *proxy.Backend
+	tokens  *tokenSource
+	subs    *kvevents.SubscriberMetrics
+	log     *slog.Logger
+	reg     prometheus.Registerer
+
+	mu     sync.Mutex
+	probes map[string]*tokenizer.Probe // by engine, while it is in the pool
+}
+
+// build implements pool.Deps.Parts.
+func (g *engineParts) build(e pool.Engine, ep *fleet.Endpoint) ([]pool.Part, error) {
+	var out []pool.Part
+	if e.Events != "" {
+		sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{
+			Engine: e.Name, Endpoint: e.Events, ReplayEndpoint: e.Replay, DPSize: e.DPSize,
+			Bind: e.EventsBind, Topic: e.Topic, IdleCheck: e.IdleCheck, QueueSize: e.QueueSize,
+		}, g.log, g.subs)
+		if err != nil {
+			return nil, &partError{field: "events", err: err}
+		}
+		out = append(out, pool.Part{Name: "kv events", Run: func(ctx context.Context) error { return sub.Run(ctx, g.backend.Apply) }})
+	}
+	if g.tokens.failover == nil {
+		return out, nil
+	}
+	et, probe, err := g.tokens.engine(ep, g.log, g.reg)
+	if err == nil {
+		err = g.tokens.failover.Add(et)
+	}
+	if err != nil {
+		return nil, &partError{field: "tokenizer", err: err}
+	}
+	pt := pool.Part{Name: "tokenizer", Close: func() { g.tokens.failover.Remove(ep.Name()) }}
+	if probe != nil {
+		g.mu.Lock()
+		g.probes[e.Name] = probe
+		g.mu.Unlock()
+		pt.Run = func(ctx context.Context) error { return ignoreCanceled(probe.Run(ctx)) }
+		pt.Close = func() {
+			g.tokens.failover.Remove(ep.Name())
+			probe.Close()
+			g.mu.Lock()
+			delete(g.probes, e.Name)
+			g.mu.Unlock()
+		}
+	}
+	return append(out, pt), nil
+}
+
+// currentProbes returns the mismatch probes of the engines in the pool.
+func (g *engineParts) currentProbes() []*tokenizer.Probe {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]*tokenizer.Probe, 0, len(g.probes))
+	for _, p := range g.probes {
+		out = append(out, p)
+	}
+	return out
+}
+
+// partError names the engine setting a part could not be built from.
+type partError struct {
+	field string // "events" or "tokenizer"
+	err   error
+}
+
+func (e *partError) Error() string { return e.err.Error() }
+func (e *partError) Unwrap() error { return e.err }
+
+// staticEngines are a model group's engines as router.yaml lists them, in
+// its order, named as the fleet names them (name, else the URL's host).
+func staticEngines(m proxy.ModelConfig) []pool.Engine {
+	out := make([]pool.Engine, 0, len(m.Engines))
+	for _, e := range m.Engines {
+		out = append(out, pool.Engine{Name: engineName(e), URL: e.URL, APIKey: e.APIKey,
+			Events: e.Events, Replay: e.Replay, EventsBind: e.EventsBind, Topic: e.Topic,
+			DPSize: e.DPSize, IdleCheck: e.IdleCheck, QueueSize: e.EventsQueue, Routable: true})
+	}
+	return out
+}
+
+// engineName is e's name, or its URL's host:port when unnamed.
+func engineName(e proxy.EngineConfig) string {
+	if e.Name != "" {
+		return e.Name
+	}
+	if u, err := url.Parse(e.URL); err == nil && u.Host != "" {
+		return u.Host
+	}
+	return e.URL
+}
+
+// engineErrors maps the errors of a pool's Set on router.yaml's engines to
+// their fields ("models[i].engines[j].events (line n): ...").
+func engineErrors(err error, m proxy.ModelConfig, i int, fl *serveFlags) error {
+	var list []error
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		list = j.Unwrap()
+	} else {
+		list = []error{err}
+	}
+	out := make([]error, 0, len(list))
+	for _, e := range list {
+		var ee *pool.EngineError
+		if !errors.As(e, &ee) {
+			out = append(out, e)
+			continue
+		}
+		field := []any{"models", i, "engines"}
+		for j, ec := range m.Engines {
+			if engineName(ec) == ee.Engine {
+				field = append(field, j)
+			}
+		}
+		var pe *partError
+		if errors.As(ee.Err, &pe) {
+			field = append(field, pe.field)
+		}
+		out = append(out, fmt.Errorf("%s: %w", fl.pos.Field(field...), ee.Err))
+	}
+	return errors.Join(out...)
+}
