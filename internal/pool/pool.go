@@ -118,8 +118,8 @@ func New(deps Deps, log *slog.Logger, reg prometheus.Registerer) (*Pool, error) 
 	return &Pool{deps: deps, log: log.With("model", deps.Model), m: m, engines: map[string]*engine{}}, nil
 }
 
-// Names returns the engines' names, sorted.
-func (p *Pool) Names() []string {
+// names returns the engines' names, sorted.
+func (p *Pool) names() []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make([]string, 0, len(p.engines))

@@ -170,8 +170,8 @@ func TestSetFollowsSource(t *testing.T) {
 	if flt.Endpoint("e5") != nil || !slices.Equal(reps.list(), []string{"e1"}) {
 		t.Fatal("a failed add left an endpoint or replica behind")
 	}
-	if err := p.Set([]Engine{moved, moved}); err == nil || !slices.Equal(p.Names(), []string{"e1"}) {
-		t.Fatalf("duplicate names: err %v, names %v", err, p.Names())
+	if err := p.Set([]Engine{moved, moved}); err == nil || !slices.Equal(p.names(), []string{"e1"}) {
+		t.Fatalf("duplicate names: err %v, names %v", err, p.names())
 	}
 
 	cancel()
