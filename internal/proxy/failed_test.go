@@ -186,9 +186,11 @@ func TestTooLongAnsweredWithoutForwarding(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
 			go func() { done <- rg.srv.Run(ctx, ln) }()
-			t.Cleanup(func() { cancel(); <-done })
+			fleetDone := make(chan error, 1)
+			go func() { fleetDone <- rg.fleet.Run(ctx) }() // its model check reads /v1/models
+			t.Cleanup(func() { cancel(); <-done; <-fleetDone })
 			deadline := time.Now().Add(5 * time.Second)
-			for rg.srv.models["m"].maxModelLen.Load() != 4096 {
+			for rg.srv.maxModelLen("m") != 4096 {
 				if time.Now().After(deadline) {
 					t.Fatal("max_model_len not learned from /v1/models")
 				}

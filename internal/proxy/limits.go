@@ -1,73 +1,20 @@
 package proxy
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
-	"time"
 )
 
-// The engines' context length (vLLM's max_model_len) is read from their GET
-// /v1/models cards ({"id", "max_model_len", ...}; vLLM's ModelCard), at
-// start and then every limitsInterval (every second while a model's is
-// unknown), and from every listing a client asks for.
-const (
-	limitsInterval = 30 * time.Second
-	limitsRetry    = time.Second
-)
-
-// refreshLimits lists the up engines' models once and records each
-// configured model's max_model_len; it reports whether every model's is
-// known.
-func (s *Server) refreshLimits(ctx context.Context) bool {
-	cards, _ := s.deps.Fleet.ListModels(ctx)
-	s.learnLimits(cards)
-	for _, m := range s.models {
-		if m.maxModelLen.Load() == 0 {
-			return false
-		}
+// maxModelLen is the context length, in tokens, of model's engines as
+// the fleet last read it from their GET /v1/models cards (vLLM's ModelCard
+// max_model_len; fleet.Endpoint.MaxModelLen): the largest of them, so the
+// router never refuses what some engine accepts; 0 while none is known.
+func (s *Server) maxModelLen(model string) int {
+	n := 0
+	for _, ep := range s.deps.Fleet.Endpoints(model) {
+		n = max(n, ep.MaxModelLen(model))
 	}
-	return true
-}
-
-// learnLimits records the max_model_len of the cards of configured models
-// (ListModels: the first up engine's card of each model id). A change is
-// logged.
-func (s *Server) learnLimits(cards []json.RawMessage) {
-	for _, c := range cards {
-		var card struct {
-			ID          string `json:"id"`
-			MaxModelLen int64  `json:"max_model_len"`
-		}
-		if json.Unmarshal(c, &card) != nil || card.MaxModelLen <= 0 {
-			continue
-		}
-		m, ok := s.models[card.ID]
-		if !ok {
-			continue
-		}
-		if old := m.maxModelLen.Swap(card.MaxModelLen); old != card.MaxModelLen {
-			s.log.Info("engines' context length learned", "model", card.ID, "max_model_len", card.MaxModelLen, "was", old)
-		}
-	}
-}
-
-// runLimits refreshes the context lengths until ctx ends.
-func (s *Server) runLimits(ctx context.Context) {
-	for {
-		d := limitsInterval
-		if !s.refreshLimits(ctx) {
-			d = limitsRetry
-		}
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-	}
+	return n
 }
 
 // tooLong returns vLLM's 400 for a prompt of x.tokens plus the requested
@@ -83,7 +30,7 @@ func (s *Server) tooLong(x *exchange) *apiError {
 	if x.m.cfg.TooLong != TooLongReject || x.tokens == nil {
 		return nil
 	}
-	limit := int(x.m.maxModelLen.Load())
+	limit := s.maxModelLen(x.m.cfg.Name)
 	prompt, out := len(x.tokens), x.req.outputTokens
 	if limit <= 0 || prompt+out <= limit {
 		return nil

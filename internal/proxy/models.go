@@ -14,7 +14,6 @@ func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
 	for _, err := range errs {
 		s.log.Debug("listing models", "err", err)
 	}
-	s.learnLimits(cards)
 	seen := map[string]bool{}
 	for _, c := range cards {
 		var id struct {

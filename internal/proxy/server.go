@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -58,9 +57,6 @@ type model struct {
 	router    Router
 	tok       Tokenizer
 	transport *http.Transport
-	// maxModelLen is the engines' context length in tokens, from their
-	// /v1/models (limits.go); 0 until known.
-	maxModelLen atomic.Int64
 }
 
 // New builds a Server from a defaults-filled, validated cfg. It starts no
@@ -189,18 +185,6 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	lctx, stopLimits := context.WithCancel(ctx)
-	limitsDone := make(chan struct{})
-	go func() {
-		defer close(limitsDone)
-		defer func() {
-			if r := recover(); r != nil {
-				s.log.Error("reading the engines' context length panicked", "panic", r)
-			}
-		}()
-		s.runLimits(lctx)
-	}()
-	defer func() { stopLimits(); <-limitsDone }()
 	select {
 	case err := <-errc:
 		s.closeIdle()
