@@ -28,6 +28,9 @@ func newMetrics(reg prometheus.Registerer, model string) (*metrics, error) {
 	}
 	m.changes.WithLabelValues("added")
 	m.changes.WithLabelValues("removed")
+	for _, part := range []string{"kv events", "tokenizer"} { // serve's parts: 0, not "no data"
+		m.partFailures.WithLabelValues(part)
+	}
 	if reg == nil {
 		return m, nil
 	}
