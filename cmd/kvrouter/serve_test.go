@@ -195,7 +195,7 @@ func TestServeEventsBind(t *testing.T) {
 		e2eQwen3Dir, port, events, replay)
 	r := serveYAML(t, yaml, slog.LevelInfo)
 	// The router binds the events port (not the engine).
-	e2eEventually(t, 10*time.Second, "router bound "+events, func() bool {
+	e2eEventually(t, 30*time.Second, "router bound "+events, func() bool {
 		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", ev))
 		if err != nil {
 			return false
