@@ -51,8 +51,8 @@ func settingsFrom(ann map[string]string, def Settings, bad func(key, value strin
 	port(AnnotationReplayPort, &s.ReplayPort)
 	if v, ok := ann[AnnotationDPSize]; ok {
 		n, err := strconv.Atoi(strings.TrimSpace(v))
-		if err == nil && (n < 1 || n > 1024) {
-			err = fmt.Errorf("dp_size %d not in 1..1024", n)
+		if err == nil && (n < 1 || n > maxDPSize) {
+			err = fmt.Errorf("dp_size %d not in 1..%d", n, maxDPSize)
 		}
 		if err != nil {
 			bad(AnnotationDPSize, v, err)

@@ -76,6 +76,9 @@ type SecretRef struct {
 	Key  string `yaml:"key"`
 }
 
+// maxDPSize bounds dp_size, as router.yaml's engines are bounded.
+const maxDPSize = 1024
+
 // defaultPort is vllm serve's --port.
 const defaultPort = 8000
 
@@ -123,6 +126,11 @@ func (c Config) withDefaults() (Config, error) {
 	if err := c.Defaults.check(); err != nil {
 		errs = append(errs, fmt.Errorf("discovery: defaults: %w", err))
 	}
+	if c.Defaults.ReplayPort != 0 && c.Defaults.EventsPort == 0 {
+		// As for router.yaml's engines; a Pod's annotation may still turn
+		// its events off (events-port "0") and leave the default replay.
+		errs = append(errs, fmt.Errorf("discovery: defaults: replay_port %d needs events_port", c.Defaults.ReplayPort))
+	}
 	if c.Name == "" {
 		c.Name = c.Namespace + "/" + c.Service
 		if c.Service == "" {
@@ -143,8 +151,8 @@ func (s Settings) check() error {
 			errs = append(errs, fmt.Errorf("%s %d out of range", p.name, p.v))
 		}
 	}
-	if s.DPSize < 1 {
-		errs = append(errs, fmt.Errorf("dp_size %d below 1", s.DPSize))
+	if s.DPSize < 1 || s.DPSize > maxDPSize {
+		errs = append(errs, fmt.Errorf("dp_size %d: want 1..%d", s.DPSize, maxDPSize))
 	}
 	if s.EventsPort != 0 && s.EventsPort+s.DPSize-1 > 65535 {
 		errs = append(errs, fmt.Errorf("events_port %d + dp_size %d passes 65535", s.EventsPort, s.DPSize))

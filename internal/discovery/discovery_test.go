@@ -108,6 +108,17 @@ func TestConfigErrors(t *testing.T) {
 	if _, err := (Config{Namespace: "ns"}).withDefaults(); err == nil {
 		t.Error("no service and no selector accepted")
 	}
+	for _, tc := range []struct {
+		d    Settings
+		want string
+	}{
+		{Settings{EventsPort: 5557, DPSize: 5000}, "dp_size 5000: want 1..1024"},
+		{Settings{ReplayPort: 5600}, "replay_port 5600 needs events_port"},
+	} {
+		if _, err := (Config{Namespace: "ns", Service: "vllm", Defaults: tc.d}).withDefaults(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("defaults %+v: error %v, want %q", tc.d, err, tc.want)
+		}
+	}
 	c, err := Config{Namespace: "ns", Selector: "app=vllm"}.withDefaults()
 	if err != nil || !c.PodAnnotations || c.Defaults.DPSize != 1 || c.Resync != 5*time.Minute || c.Name != "ns/app=vllm" {
 		t.Errorf("defaults = %+v, %v", c, err)
