@@ -73,6 +73,7 @@ func (s *Server) forward(x *exchange) {
 
 // observeDecision records the decision's predictions.
 func (s *Server) observeDecision(x *exchange, d Decision) {
+	s.hold(x, d.Replica)
 	x.replica, x.cached = d.Replica, d.CachedTokens
 	model := x.req.model
 	if x.tokens != nil {

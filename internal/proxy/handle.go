@@ -29,6 +29,7 @@ type exchange struct {
 	fwd     []byte   // the body sent upstream
 	tokens  []uint32 // nil when unknown
 	replica string   // last replica tried
+	held    []string // replicas whose series this exchange holds (Server.hold)
 	cached  int
 	status  int    // status answered to the client
 	outcome string // requests_total outcome label
@@ -243,6 +244,7 @@ func (s *Server) explain(x *exchange) {
 	if d.Release != nil {
 		d.Release()
 	}
+	s.hold(x, d.Replica)
 	x.replica, x.cached = d.Replica, d.CachedTokens
 	out := struct {
 		Model        string          `json:"model"`
@@ -318,6 +320,7 @@ func (s *Server) finish(x *exchange) {
 		x.outcome = outcomeOK
 	}
 	s.m.requests.WithLabelValues(label, x.replica, x.outcome).Inc()
+	s.release(x)
 	lvl := slog.LevelInfo
 	if x.status >= 500 || x.outcome == outcomeUpstream || x.outcome == outcomeTimeout {
 		lvl = slog.LevelWarn

@@ -32,9 +32,7 @@ func (m *metrics) initModel(model string, replicas []string, shadow bool) {
 		m.requests.WithLabelValues(model, "", o)
 	}
 	for _, r := range replicas {
-		for _, o := range []string{outcomeOK, outcomeEngineError, outcomeBadRequest, outcomeUpstream, outcomeTimeout, outcomeClientClosed, outcomeRouteOnly} {
-			m.requests.WithLabelValues(model, r, o)
-		}
+		m.initReplica(model, r)
 	}
 	for _, h := range []*prometheus.HistogramVec{m.decision, m.promptTokens, m.cachedTokens, m.ttft, m.itl, m.tokenize} {
 		h.WithLabelValues(model)
@@ -48,6 +46,13 @@ func (m *metrics) initModel(model string, replicas []string, shadow bool) {
 		m.shadowDecisions.WithLabelValues(model, "true")
 		m.shadowDecisions.WithLabelValues(model, "false")
 		m.shadowCachedTokens.WithLabelValues(model)
+	}
+}
+
+// initReplica creates one replica's requests_total series at 0.
+func (m *metrics) initReplica(model, replica string) {
+	for _, o := range []string{outcomeOK, outcomeEngineError, outcomeBadRequest, outcomeUpstream, outcomeTimeout, outcomeClientClosed, outcomeRouteOnly} {
+		m.requests.WithLabelValues(model, replica, o)
 	}
 }
 

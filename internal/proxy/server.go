@@ -49,6 +49,7 @@ type Server struct {
 	m       *metrics
 	models  map[string]*model
 	handler http.Handler
+	reps    replicaSeries
 }
 
 // model is one configured model group.
@@ -72,7 +73,7 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 	if deps.Fleet == nil {
 		errs = append(errs, errors.New("no fleet"))
 	}
-	s := &Server{cfg: cfg, deps: deps, log: log, models: map[string]*model{}}
+	s := &Server{cfg: cfg, deps: deps, log: log, models: map[string]*model{}, reps: replicaSeries{held: map[string]int{}}}
 	for i, mc := range cfg.Models {
 		r := deps.Routers[mc.Name]
 		if r == nil {
