@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -9,7 +10,11 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"runtime/debug"
+	"slices"
+	"syscall"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,6 +36,18 @@ type serveFlags struct {
 	cfg      proxy.Config
 	pos      proxy.Positions
 	logLevel slog.Level
+	// configPath is --config ("" for the quick form); configHash is the
+	// SHA-256 of the content cfg was read from.
+	configPath string
+	configHash [32]byte
+	// getenv and override (the command line's --listen, --tls-*, applied
+	// to cfg) serve reloads of configPath.
+	getenv   func(string) string
+	override func(*proxy.Config)
+	// poll is how often configPath is read for a change (<= 0: never).
+	poll time.Duration
+	// hup receives SIGHUP (nil: none).
+	hup <-chan os.Signal
 }
 
 // parseServeFlags reads --config FILE, or builds a one-model configuration
@@ -53,6 +70,7 @@ func parseServeFlags(args []string, getenv func(string) string, sio stdio) (*ser
 		tlsKey    = fs.String("tls-key", "", "PEM private key of --tls-cert (overrides the file's tls.key_file)")
 		engineCA  = fs.String("engine-ca", "", "PEM CA file that verifies https:// engines instead of the system's roots (overrides the file's tls.engine_ca_file)")
 		evQueue   = fs.Int("events-queue", 0, "quick form: KV event batches per engine that may wait for the index (default 1024; more are caught up by replay)")
+		poll      = fs.Duration("config-poll", defaultConfigPoll, "how often to read --config for a changed content and reload it (0: only on SIGHUP)")
 	)
 	fs.Var(&engines, "engine", "quick form: engine base URL, e.g. http://10.0.0.1:8000 (repeatable)")
 	fs.Var(&events, "events", "quick form: KV events endpoint of the n-th --engine, e.g. tcp://10.0.0.1:5557 (repeatable, in --engine order)")
@@ -61,7 +79,7 @@ func parseServeFlags(args []string, getenv func(string) string, sio stdio) (*ser
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
-	out := &serveFlags{logLevel: logLevel}
+	out := &serveFlags{logLevel: logLevel, getenv: getenv, poll: *poll}
 	quick := *model != "" || len(engines) > 0 || len(events) > 0 || len(replays) > 0 || *tok != "" || *policy != "" || *noHitRepo || *evBind || *evQueue != 0
 	switch {
 	case *config != "" && quick:
@@ -76,6 +94,7 @@ func parseServeFlags(args []string, getenv func(string) string, sio stdio) (*ser
 			return nil, fmt.Errorf("%s: %w", *config, err)
 		}
 		out.cfg, out.pos = cfg, pos
+		out.configPath, out.configHash = *config, sha256.Sum256(data)
 	default:
 		if *model == "" || len(engines) == 0 {
 			return nil, fmt.Errorf("%w: want --config FILE, or --model NAME and at least one --engine URL", errUsage)
@@ -100,15 +119,18 @@ func parseServeFlags(args []string, getenv func(string) string, sio stdio) (*ser
 			return nil, fmt.Errorf("%w: %v", errUsage, err)
 		}
 	}
-	if *listen != "" {
-		out.cfg.Listen = *listen
+	out.override = func(c *proxy.Config) {
+		if *listen != "" {
+			c.Listen = *listen
+		}
+		if *tlsCert != "" || *tlsKey != "" {
+			c.TLS.CertFile, c.TLS.KeyFile = *tlsCert, *tlsKey
+		}
+		if *engineCA != "" {
+			c.TLS.EngineCAFile = *engineCA
+		}
 	}
-	if *tlsCert != "" || *tlsKey != "" {
-		out.cfg.TLS.CertFile, out.cfg.TLS.KeyFile = *tlsCert, *tlsKey
-	}
-	if *engineCA != "" {
-		out.cfg.TLS.EngineCAFile = *engineCA
-	}
+	out.override(&out.cfg)
 	return out, nil
 }
 
@@ -120,6 +142,10 @@ func runServe(ctx context.Context, args []string, sio stdio) error {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(sio.err, &slog.HandlerOptions{Level: fl.logLevel}))
+	hup := make(chan os.Signal, 1) // a burst of SIGHUPs is one reload
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	fl.hup = hup
 	// Everything that can reject the configuration runs before the socket
 	// opens: a start-up error never follows "listening on".
 	app, err := buildServe(ctx, fl, log)
@@ -214,6 +240,9 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 	ixReg := kvindexprom.Wrap(reg)
 	var runs []func(context.Context) error
 	var pools []*pool.Pool
+	static := map[string]*pool.Pool{} // the groups whose engines router.yaml lists
+	exact := map[string]bool{}
+	var srvRef atomic.Pointer[proxy.Server]
 	var groups []*engineParts
 	routers := map[string]proxy.Router{}
 	toks := map[string]proxy.Tokenizer{}
@@ -241,7 +270,8 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 			toks[m.Name] = ts.failover
 		}
 		parts := &engineParts{model: m.Name, backend: b, tokens: ts, subs: subMetrics, log: log, reg: reg, probes: map[string]*tokenizer.Probe{}}
-		p, err := pool.New(pool.Deps{Model: m.Name, Fleet: flt, Replicas: b, Parts: parts.build}, log, reg)
+		exact[m.Name] = bc.Exact
+		p, err := pool.New(pool.Deps{Model: m.Name, Fleet: hookedFleet{Fleet: flt, model: m.Name, srv: &srvRef}, Replicas: b, Parts: parts.build}, log, reg)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -257,6 +287,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 			runs = append(runs, run)
 			continue
 		}
+		static[m.Name] = p
 		if err := p.Set(staticEngines(m)); err != nil {
 			errs = append(errs, engineErrors(err, m, i, fl))
 		}
@@ -276,6 +307,16 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		closePools()
 		return nil, err
 	}
+	srvRef.Store(srv)
+	rm, err := newReloadMetrics(reg, time.Now())
+	if err != nil {
+		closePools()
+		return nil, err
+	}
+	rl := &reloader{path: fl.configPath, getenv: fl.getenv, override: fl.override, poll: fl.poll, hup: fl.hup,
+		log: log, m: rm, now: time.Now, running: cfg, exact: exact, pools: static, last: fl.configHash}
+	rl.running.Models = slices.Clone(cfg.Models)
+	runs = append(runs, rl.Run)
 	var probes []*tokenizer.Probe
 	for _, g := range groups {
 		probes = append(probes, g.currentProbes()...)
