@@ -13,8 +13,8 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"slices"
-	"syscall"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
