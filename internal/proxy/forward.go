@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/routing"
 )
 
 // Causes of an upstream request's cancellation.
@@ -21,6 +22,10 @@ var (
 	errIdleTimeout      = errors.New("idle timeout")
 	errClientGone       = errors.New("client disconnected")
 )
+
+// maxReroutes bounds the decisions of one request made void by engines
+// removed while it was routed (each is followed by a fresh healthy list).
+const maxReroutes = 3
 
 // forward routes x and relays the engine's answer, retrying on another
 // replica while nothing has reached the client.
@@ -31,6 +36,7 @@ func (s *Server) forward(x *exchange) {
 	}
 	var tried []string
 	var buf []*fleet.Endpoint
+	reroutes := 0 // decisions made void by an engine removed meanwhile
 	for attempt := 0; ; attempt++ {
 		var retry time.Duration
 		var err error
@@ -50,6 +56,13 @@ func (s *Server) forward(x *exchange) {
 		}
 		d, err := s.decide(x, s.routeInput(x, cands, false))
 		if err != nil {
+			if errors.Is(err, routing.ErrNoReplica) && reroutes < maxReroutes {
+				// The group lost its candidates after Healthy listed them
+				// (engines removed while serving): list again.
+				reroutes++
+				attempt--
+				continue
+			}
 			s.fail(x, serverError("routing: "+err.Error()), outcomeUpstream)
 			return
 		}
@@ -57,6 +70,13 @@ func (s *Server) forward(x *exchange) {
 		if ep == nil || !slices.Contains(cands, d.Replica) {
 			if d.Release != nil {
 				d.Release()
+			}
+			if ep == nil && slices.Contains(cands, d.Replica) && reroutes < maxReroutes {
+				// Removed from the fleet between Healthy and the decision:
+				// route again among the engines left.
+				reroutes++
+				attempt--
+				continue
 			}
 			s.fail(x, serverError(fmt.Sprintf("router chose unknown replica %q", d.Replica)), outcomeUpstream)
 			return

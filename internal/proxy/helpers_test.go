@@ -163,6 +163,7 @@ func (e *engine) serve(w http.ResponseWriter, r *http.Request) {
 // open leases so tests can check every exit path releases.
 type testRouter struct {
 	pick   func(in *RouteInput) string
+	route  func(in *RouteInput) (string, error) // when set, replaces pick and may fail
 	open   atomic.Int64
 	calls  atomic.Int64
 	mu     sync.Mutex
@@ -177,6 +178,12 @@ func (r *testRouter) Route(in *RouteInput) (Decision, error) {
 	name := in.Candidates[0]
 	if r.pick != nil {
 		name = r.pick(in)
+	}
+	if r.route != nil {
+		var err error
+		if name, err = r.route(in); err != nil {
+			return Decision{}, err
+		}
 	}
 	d := Decision{Replica: name, CachedTokens: 16 * len(in.Candidates), Explain: map[string]any{"candidates": in.Candidates}}
 	if !in.DryRun {

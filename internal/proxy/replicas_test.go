@@ -1,10 +1,15 @@
 package proxy
 
 import (
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/routing"
 )
 
 // seriesOf counts the samples of metric name labelled replica=r.
@@ -90,5 +95,48 @@ func TestRemovedReplicaSeries(t *testing.T) {
 		if n, v := rg.seriesOf("kvrouter_proxy_in_flight_requests", e.name); n != 1 || v != 0 {
 			t.Fatalf("re-added %s: %d in_flight series at %v, want 1 at 0", e.name, n, v)
 		}
+	}
+}
+
+// An engine removed between the healthy list and the routing decision
+// (a reload or discovery change under traffic): the request is routed
+// again among the engines left instead of failing, and it is not
+// counted as a retry; the same when the router has already forgotten
+// every candidate (routing.ErrNoReplica).
+func TestRemovedWhileRouting(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		first func(rg *rig) (string, error)
+	}{
+		{"chosen endpoint gone", func(rg *rig) (string, error) {
+			rg.fleet.Remove("e1") // after Healthy listed it
+			return "e1", nil
+		}},
+		{"router knows no candidate", func(rg *rig) (string, error) {
+			rg.fleet.Remove("e1")
+			return "", fmt.Errorf("model %q: %w", "m", routing.ErrNoReplica)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rg := newRig(t, 2)
+			var calls atomic.Int32
+			rg.router.route = func(in *RouteInput) (string, error) {
+				if calls.Add(1) == 1 {
+					return tc.first(rg)
+				}
+				return in.Candidates[0], nil
+			}
+			resp := rg.post("/v1/chat/completions", chatBody)
+			body := readAll(t, resp)
+			if resp.StatusCode != 200 || resp.Header.Get("X-Kvrouter-Replica") != "e0" {
+				t.Fatalf("%d from %q: %s", resp.StatusCode, resp.Header.Get("X-Kvrouter-Replica"), body)
+			}
+			if got := rg.engines[1].requests.Load(); got != 0 {
+				t.Errorf("removed e1 got %d requests", got)
+			}
+			if v := testutil.ToFloat64(rg.srv.m.retries.WithLabelValues("m", "conn_error")); v != 0 {
+				t.Errorf("counted as a retry: %v", v)
+			}
+		})
 	}
 }
