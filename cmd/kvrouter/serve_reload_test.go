@@ -73,7 +73,7 @@ func startReloadable(t *testing.T, path string, poll time.Duration, hup chan os.
 	}
 	logs := &syncLog{}
 	t.Cleanup(func() {
-		if t.Failed() || os.Getenv("SHOWLOG") != "" {
+		if t.Failed() {
 			t.Logf("router log:\n%s", logs)
 		}
 	})
@@ -267,4 +267,40 @@ models:
 			}
 		})
 	}
+}
+
+// An engine moved from one model group to another in one reload: the
+// removal from its old group runs first, so the new group can add it
+// (engine names are unique in the fleet) even though the new group comes
+// first in the file.
+func TestServeReloadMoveEngine(t *testing.T) {
+	e2eLeakCheck(t)
+	a, b, c := startE2ESim(t), startE2ESim(t), startE2ESim(t)
+	yaml := func(m, n string) string {
+		return "health: {probe_interval: 50ms, scrape_interval: -1s, models_interval: -1s}\nmodels:\n" +
+			"  - name: m\n    tokenizer: none\n    engines: [" + m + "]\n" +
+			"  - name: n\n    tokenizer: none\n    engines: [" + n + "]\n"
+	}
+	ea, eb, ec := fmt.Sprintf("{name: a, url: %q}", a.url), fmt.Sprintf("{name: b, url: %q}", b.url), fmt.Sprintf("{name: c, url: %q}", c.url)
+	cm := newConfigMapDir(t, yaml(ec, ea+", "+eb))
+	hup := make(chan os.Signal, 1)
+	url, logs := startReloadable(t, cm.path(), 0, hup)
+	e2eEventually(t, 10*time.Second, "router up", func() bool { return e2eMetric(t, url, "kvrouter_pool_engines", `model="n"`) == 2 })
+	cm.write(yaml(ea+", "+ec, eb))
+	hup <- syscall.SIGHUP
+	e2eEventually(t, 10*time.Second, "reloaded", func() bool {
+		return e2eMetric(t, url, "kvrouter_config_reloads_total", `result="ok"`)+e2eMetric(t, url, "kvrouter_config_reloads_total", `result="error"`) == 1
+	})
+	if v := e2eMetric(t, url, "kvrouter_config_reloads_total", `result="ok"`); v != 1 {
+		t.Fatalf("moving a from n to m: reload not ok:\n%s", logs)
+	}
+	if m, n := e2eMetric(t, url, "kvrouter_pool_engines", `model="m"`), e2eMetric(t, url, "kvrouter_pool_engines", `model="n"`); m != 2 || n != 1 {
+		t.Errorf("engines m %v, n %v; want 2 and 1", m, n)
+	}
+	r := &e2eRouter{t: t, url: url, client: &http.Client{Timeout: 10 * time.Second}}
+	defer r.client.CloseIdleConnections()
+	e2eEventually(t, 10*time.Second, "a serves m", func() bool {
+		resp, _ := r.post("/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":1}`, "X-Kvrouter-Route-Only", "0")
+		return resp.StatusCode == 200 && resp.Header.Get("X-Kvrouter-Replica") == "a"
+	})
 }
