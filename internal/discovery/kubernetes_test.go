@@ -176,6 +176,7 @@ func TestKubernetes(t *testing.T) {
 	t.Run("Latency", func(t *testing.T) { testLatency(t, newEnv(t, c, "latency")) })
 	t.Run("EngineInNetNS", func(t *testing.T) { testEngineInNetNS(t, newEnv(t, c, "netns")) })
 	t.Run("Kubeconfig", func(t *testing.T) { testKubeconfig(t, newEnv(t, c, "kubeconfig")) })
+	t.Run("APIKeySecret", func(t *testing.T) { testAPIKeySecret(t, newEnv(t, c, "secrets")) })
 }
 
 // testKubeconfig: with Config.Kubeconfig and no rest.Config, New reads

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
@@ -171,18 +172,31 @@ func (s *Source) Run(ctx context.Context) error {
 	b := &builder{cfg: s.cfg, skip: s.skipped, bad: s.badAnnotation, pending: func(addr, pod string) {
 		s.log.Debug("endpoint waits for its pod", "addr", addr, "pod", pod)
 	}}
+	keys := &secrets{s: s, cache: map[SecretRef]*secretEntry{}, now: time.Now}
+	refresh := time.NewTicker(s.cfg.SecretRefresh)
+	defer refresh.Stop()
 	var last []Engine
 	for first := true; ; first = false {
-		engines := s.build(b, sliceInf, podInf)
+		engines, err := keys.resolve(ctx, s.build(b, sliceInf, podInf), first)
+		if err != nil {
+			return err
+		}
 		if first || !slices.Equal(engines, last) {
 			s.send(Snapshot{Engines: engines})
 			s.logChange(last, engines)
 			last = engines
 		}
-		select {
-		case <-ctx.Done():
-			return stopped()
-		case <-s.kick:
+		for {
+			select {
+			case <-ctx.Done():
+				return stopped()
+			case <-s.kick:
+			case <-refresh.C:
+				if !keys.inUse() {
+					continue
+				}
+			}
+			break
 		}
 	}
 }
@@ -316,8 +330,10 @@ func (s *Source) logChange(old, cur []Engine) {
 			s.log.Info("engine discovered", "engine", e.Name, "addr", e.Addr, "state", e.State.String())
 		case p.State != e.State:
 			s.log.Info("engine state", "engine", e.Name, "addr", e.Addr, "state", e.State.String(), "was", p.State.String())
-		case p != e:
+		case p.Settings != e.Settings:
 			s.log.Info("engine settings changed", "engine", e.Name, "addr", e.Addr)
+		case p != e:
+			s.log.Info("engine API key changed", "engine", e.Name, "addr", e.Addr)
 		}
 	}
 	for _, e := range prev {
