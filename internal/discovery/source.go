@@ -91,9 +91,11 @@ func New(cfg Config, rc *rest.Config, log *slog.Logger, reg prometheus.Registere
 func (s *Source) Snapshots() <-chan Snapshot { return s.out }
 
 // Run lists and watches until ctx ends, then stops the informers and
-// returns nil after they have stopped. Before the first sync a list or
-// watch refused as forbidden or unauthorized (missing RBAC, bad token)
-// ends Run with that error; other failures, and any later, are logged,
+// returns nil after they have stopped. Calls the API server's
+// authorization says it will refuse (checkAccess) end Run at once with an
+// error wrapping ErrForbidden that names them. Before the first sync a
+// list or watch refused as forbidden or unauthorized (missing RBAC, bad
+// token) ends Run with that error; other failures, and any later, are logged,
 // counted, and retried by the informers with backoff.
 func (s *Source) Run(ctx context.Context) error {
 	if !s.started.CompareAndSwap(false, true) {
@@ -107,6 +109,9 @@ func (s *Source) Run(ctx context.Context) error {
 	// client-go logs through klog's contextual logger: this source's.
 	ictx := klog.NewContext(ctx, logr.FromSlogHandler(s.log.Handler()))
 
+	if err := s.checkAccess(ctx); err != nil {
+		return err
+	}
 	var synced atomic.Bool
 	var sliceInf, podInf cache.SharedIndexInformer
 	if s.cfg.Service != "" {
