@@ -66,11 +66,16 @@ func (s *k8sScenario) ep(pod string, ready, serving, terminating bool) discovery
 	return e
 }
 
-// pod creates a running, ready Pod with labels at sim's address.
-func (s *k8sScenario) pod(name string, labels map[string]string) {
+// pod creates a running, ready Pod with labels (and annotations) at
+// sim's address.
+func (s *k8sScenario) pod(name string, labels map[string]string, ann ...map[string]string) {
 	s.t.Helper()
+	var a map[string]string
+	if len(ann) > 0 {
+		a = ann[0]
+	}
 	p, err := s.cs.CoreV1().Pods(s.ns).Create(s.t.Context(), &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.ns, Labels: labels},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.ns, Labels: labels, Annotations: a},
 		Spec:       corev1.PodSpec{NodeName: "node-1", Containers: []corev1.Container{{Name: "vllm", Image: "vllm", Ports: []corev1.ContainerPort{{ContainerPort: 8000}}}}},
 	}, metav1.CreateOptions{})
 	if err != nil {
@@ -223,11 +228,21 @@ func TestServeKubernetesScenarios(t *testing.T) {
 // testRelabel: engines by Pod selector; e1 relabelled out of it stops
 // getting requests (vllm-project/router #279) and leaves the index.
 func testRelabel(t *testing.T, s *k8sScenario) {
-	sel := map[string]string{"app": "vllm"}
-	s.pod("e0", sel)
+	// e0's API key comes from a Secret (kvrouter/api-key-secret).
+	if _, err := s.cs.CoreV1().Secrets(s.ns).Create(t.Context(), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "keys", Namespace: s.ns},
+		StringData: map[string]string{"e0": "sk-e0\n"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.pod("e0", map[string]string{"app": "vllm"}, map[string]string{"kvrouter/api-key-secret": "keys/e0"})
 	s.pod("e1", map[string]string{"app": "vllm"})
 	s.serve("kv", "selector: app=vllm")
 	s.waitRouted("two engines", time.Now(), "e0", "e1")
+	if got, _ := s.sims["e0"].auth.Load().(string); got != "Bearer sk-e0" {
+		t.Errorf("e0 got Authorization %q, want its key from the Secret", got)
+	}
+	if got, _ := s.sims["e1"].auth.Load().(string); got != "" {
+		t.Errorf("e1 (no key) got Authorization %q", got)
+	}
 	// The approximate index holds, per replica, the blocks of each
 	// distinct prompt it answered (all prompts have the same length).
 	entries := e2eMetric(t, s.r.url, "kvrouter_kvindex_entries", `index="approx"`)

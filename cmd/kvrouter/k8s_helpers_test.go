@@ -91,6 +91,7 @@ type countedSim struct {
 	inFlight atomic.Int64 // of those, not answered yet
 	release  chan struct{}
 	released atomic.Bool
+	auth     atomic.Value // string: the last generation request's Authorization header
 }
 
 // Release lets every held request (and later ones) go on.
@@ -126,6 +127,7 @@ func startCountedSim(t *testing.T) *countedSim {
 	hs := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, "/v1/") {
 			s.arrived.Add(1)
+			s.auth.Store(r.Header.Get("Authorization"))
 			s.inFlight.Add(1)
 			defer s.inFlight.Add(-1)
 			if r.Header.Get("X-Test-Hold") != "" {
