@@ -12,7 +12,7 @@ export KVROUTER_LLAMA3_NPM ?= $(KVROUTER_CACHE)/llama3/node_modules
 # helm, built by set-up, for the chart tests.
 export KVROUTER_HELM ?= $(KVROUTER_CACHE)/bin/helm
 
-.PHONY: test fmt vet deps race fuzz bench demo build clean setup-test setup-demo k8s-testenv
+.PHONY: test fmt vet deps race fuzz bench demo build clean setup-test setup-demo k8s-testenv manifests
 
 ## test: everything CI runs: set-up, gofmt, vet, import rules, race tests, short fuzzing.
 test: setup-test
@@ -61,6 +61,11 @@ bench:
 ## from the k8s.io/kubernetes module and cached outside the repo (see tools/k8s-testenv/setup.sh).
 k8s-testenv:
 	GO=$(GO) bash tools/k8s-testenv/setup.sh
+
+## manifests: deploy/manifests/*.yaml, plain manifests rendered from the Helm chart (default
+## values and the production-stack example) for users without Helm; TestManifests checks them.
+manifests:
+	@tools/manifests/render.sh deploy/manifests
 
 ## demo: 4 engine-sims and kvrouter on loopback, Mooncake trace slice, round_robin vs kv.
 demo: setup-demo

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -37,8 +38,10 @@ func helmBin(t *testing.T) string {
 
 // TestHelmChart lints the chart, renders it with the default values and
 // the production-stack example, checks that each rendered router.yaml is
-// a valid kvrouter configuration, and applies the manifests with
-// `kubectl apply --dry-run=server` to a real kube-apiserver.
+// a valid kvrouter configuration, and applies them and the plain manifests
+// of deploy/manifests with `kubectl apply --dry-run=server` to a real
+// kube-apiserver in RBAC mode; then runs discovery under the chart's own
+// RBAC (testChartRBAC).
 func TestHelmChart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: runs helm and a kube-apiserver")
@@ -94,20 +97,35 @@ func TestHelmChart(t *testing.T) {
 		}
 		t.Skip("kubectl not found")
 	}
-	c := k8stest.Start(t, k8stest.Options{})
-	if err := c.CreateNamespace(t.Context(), "vllm"); err != nil {
-		t.Fatal(err)
+	c := k8stest.Start(t, k8stest.Options{RBAC: true})
+	for _, ns := range []string{"vllm", "default"} {
+		if err := c.CreateNamespace(t.Context(), ns); err != nil {
+			t.Fatal(err)
+		}
 	}
 	rc := c.Config()
+	files := map[string]string{}
 	for name, out := range rendered {
 		f := filepath.Join(t.TempDir(), name+".yaml")
 		if err := os.WriteFile(f, out, 0o600); err != nil {
 			t.Fatal(err)
 		}
+		files[name] = f
+	}
+	// The plain manifests (TestManifests checks they are the chart's).
+	manifests, _ := filepath.Glob(filepath.Join(manifestsDir, "*.yaml"))
+	if len(manifests) == 0 {
+		t.Fatal("no manifests in deploy/manifests")
+	}
+	for _, f := range manifests {
+		files["manifests/"+filepath.Base(f)] = f
+	}
+	for name, f := range files {
 		got := run(kubectl, "--server", rc.Host, "--token", rc.BearerToken, "--certificate-authority", rc.CAFile,
 			"apply", "--dry-run=server", "-f", f)
-		if !strings.Contains(string(got), "deployment.apps/kvr-kvrouter created (server dry run)") {
+		if !regexp.MustCompile(`deployment.apps/\S+ created \(server dry run\)`).Match(got) {
 			t.Errorf("%s: kubectl apply --dry-run=server:\n%s", name, got)
 		}
 	}
+	t.Run("RBAC", func(t *testing.T) { testChartRBAC(t, c, helm, chart) })
 }

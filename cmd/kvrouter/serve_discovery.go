@@ -29,16 +29,11 @@ func newDiscoveredGroup(m proxy.ModelConfig, p *pool.Pool, log *slog.Logger, reg
 		g, gctx := errgroup.WithContext(ctx)
 		g.Go(recovered("discovery", func() error { return src.Run(gctx) }))
 		g.Go(recovered("discovery snapshots", func() error {
-			warned := false
 			for {
 				select {
 				case <-gctx.Done():
 					return nil
 				case snap := <-src.Snapshots():
-					if !warned && hasAPIKeySecret(snap) {
-						warned = true
-						log.Warn("engine API-key Secret references are not read yet; those engines get no API key", "annotation", discovery.AnnotationAPIKeySecret)
-					}
 					if err := p.Set(poolEngines(snap)); err != nil {
 						log.Warn("some discovered engines could not be added", "err", err)
 					}
@@ -50,7 +45,7 @@ func newDiscoveredGroup(m proxy.ModelConfig, p *pool.Pool, log *slog.Logger, reg
 }
 
 // poolEngines turns a discovery snapshot into the pool's engines: HTTP on
-// the engine's address, KV events and replay on its host at the annotated
+// the engine's address with its API key (from its Secret), KV events and replay on its host at the annotated
 // (or default) ports, routable only when ready. An engine is named by its
 // Pod, or by its address when two share a Pod name.
 func poolEngines(s discovery.Snapshot) []pool.Engine {
@@ -64,7 +59,7 @@ func poolEngines(s discovery.Snapshot) []pool.Engine {
 		if count[name] > 1 {
 			name = e.Addr
 		}
-		pe := pool.Engine{Name: name, URL: "http://" + e.Addr, DPSize: max(e.Settings.DPSize, 1), Topic: e.Settings.Topic,
+		pe := pool.Engine{Name: name, URL: "http://" + e.Addr, APIKey: e.APIKey, DPSize: max(e.Settings.DPSize, 1), Topic: e.Settings.Topic,
 			Routable: e.State == discovery.StateReady}
 		if e.Settings.EventsPort > 0 {
 			pe.Events = "tcp://" + net.JoinHostPort(e.Host(), strconv.Itoa(e.Settings.EventsPort))
@@ -75,13 +70,4 @@ func poolEngines(s discovery.Snapshot) []pool.Engine {
 		out = append(out, pe)
 	}
 	return out
-}
-
-func hasAPIKeySecret(s discovery.Snapshot) bool {
-	for _, e := range s.Engines {
-		if e.Settings.APIKeySecret.Name != "" {
-			return true
-		}
-	}
-	return false
 }

@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -71,8 +72,12 @@ func settingsFrom(ann map[string]string, def Settings, bad func(key, value strin
 			s.APIKeySecret = ref
 		}
 	}
-	if err := s.check(); err != nil {
-		bad("kvrouter/*", fmt.Sprintf("events %d, replay %d, dp_size %d", s.EventsPort, s.ReplayPort, s.DPSize), err)
+	if errs := s.check(); len(errs) > 0 {
+		joined := make([]error, len(errs))
+		for i, e := range errs {
+			joined[i] = e
+		}
+		bad("kvrouter/*", fmt.Sprintf("events %d, replay %d, dp_size %d", s.EventsPort, s.ReplayPort, s.DPSize), errors.Join(joined...))
 		return def
 	}
 	return s

@@ -39,6 +39,11 @@ type Config struct {
 	// Resync is the informers' resync period (5m); snapshots are rebuilt
 	// then and sent only if they changed.
 	Resync time.Duration `yaml:"resync"`
+	// SecretRefresh is how often the API-key Secrets that engines
+	// reference (Settings.APIKeySecret) are read again to follow a
+	// rotated key (1m). A reference seen for the first time is read at
+	// once. Reading needs RBAC get on those Secrets.
+	SecretRefresh time.Duration `yaml:"secret_refresh"`
 	// Defaults are the settings of engines whose Pod has no annotation for
 	// them.
 	Defaults Settings `yaml:"defaults"`
@@ -65,8 +70,8 @@ type Settings struct {
 	// Topic is the KV events topic (--kv-events-config "topic"; "").
 	Topic string `yaml:"topic"`
 	// APIKeySecret names the Secret key holding the engine's API key
-	// (none when Name is empty). Discovery reports the reference; reading
-	// the Secret is the consumer's (RBAC get secrets).
+	// (none when Name is empty). The Source reads it (RBAC get on that
+	// Secret) and reports the key as Engine.APIKey.
 	APIKeySecret SecretRef `yaml:"api_key_secret"`
 }
 
@@ -82,25 +87,41 @@ const maxDPSize = 1024
 // defaultPort is vllm serve's --port.
 const defaultPort = 8000
 
-// withDefaults fills zero fields and returns every problem at once.
+// FieldError is one problem of a Config, naming its field by its yaml
+// path inside the discovery block, e.g. "defaults.dp_size".
+type FieldError struct {
+	// Field is the yaml path: "namespace", "defaults.replay_port", ...
+	Field string
+	// Msg says what is wrong with the value.
+	Msg string
+}
+
+func (e *FieldError) Error() string { return "discovery: " + e.Field + ": " + e.Msg }
+
+func fieldErr(field, format string, a ...any) error {
+	return &FieldError{Field: field, Msg: fmt.Sprintf(format, a...)}
+}
+
+// withDefaults fills zero fields and returns every problem at once, each a
+// *FieldError.
 func (c Config) withDefaults() (Config, error) {
 	var errs []error
 	if c.Namespace == "" {
-		errs = append(errs, errors.New("discovery: namespace is required"))
+		errs = append(errs, fieldErr("namespace", "required"))
 	} else if msgs := validation.IsDNS1123Label(c.Namespace); len(msgs) > 0 {
-		errs = append(errs, fmt.Errorf("discovery: namespace %q: %s", c.Namespace, msgs[0]))
+		errs = append(errs, fieldErr("namespace", "%q: %s", c.Namespace, msgs[0]))
 	}
 	if c.Service == "" && c.Selector == "" {
-		errs = append(errs, errors.New("discovery: service or selector is required"))
+		errs = append(errs, fieldErr("service", "service or selector is required"))
 	}
 	if c.Service != "" {
 		if msgs := validation.IsDNS1035Label(c.Service); len(msgs) > 0 {
-			errs = append(errs, fmt.Errorf("discovery: service %q: %s", c.Service, msgs[0]))
+			errs = append(errs, fieldErr("service", "%q: %s", c.Service, msgs[0]))
 		}
 	}
 	if c.Selector != "" {
 		if _, err := labels.Parse(c.Selector); err != nil {
-			errs = append(errs, fmt.Errorf("discovery: selector %q: %w", c.Selector, err))
+			errs = append(errs, fieldErr("selector", "%q: %v", c.Selector, err))
 		}
 	}
 	if c.Service == "" {
@@ -109,27 +130,33 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Port != "" {
 		if n, err := strconv.Atoi(c.Port); err == nil {
 			if n < 1 || n > 65535 {
-				errs = append(errs, fmt.Errorf("discovery: port %d out of range", n))
+				errs = append(errs, fieldErr("port", "%d out of range", n))
 			}
 		} else if msgs := validation.IsValidPortName(c.Port); len(msgs) > 0 {
-			errs = append(errs, fmt.Errorf("discovery: port %q: %s", c.Port, msgs[0]))
+			errs = append(errs, fieldErr("port", "%q: %s", c.Port, msgs[0]))
 		}
 	}
 	if c.Resync == 0 {
 		c.Resync = 5 * time.Minute
 	} else if c.Resync < 0 {
-		errs = append(errs, fmt.Errorf("discovery: resync %s is negative", c.Resync))
+		errs = append(errs, fieldErr("resync", "%s is negative", c.Resync))
+	}
+	if c.SecretRefresh == 0 {
+		c.SecretRefresh = time.Minute
+	} else if c.SecretRefresh < 0 {
+		errs = append(errs, fieldErr("secret_refresh", "%s is negative", c.SecretRefresh))
 	}
 	if c.Defaults.DPSize == 0 {
 		c.Defaults.DPSize = 1
 	}
-	if err := c.Defaults.check(); err != nil {
-		errs = append(errs, fmt.Errorf("discovery: defaults: %w", err))
+	for _, e := range c.Defaults.check() {
+		e.Field = "defaults." + e.Field
+		errs = append(errs, e)
 	}
 	if c.Defaults.ReplayPort != 0 && c.Defaults.EventsPort == 0 {
 		// As for router.yaml's engines; a Pod's annotation may still turn
 		// its events off (events-port "0") and leave the default replay.
-		errs = append(errs, fmt.Errorf("discovery: defaults: replay_port %d needs events_port", c.Defaults.ReplayPort))
+		errs = append(errs, fieldErr("defaults.replay_port", "%d needs events_port", c.Defaults.ReplayPort))
 	}
 	if c.Name == "" {
 		c.Name = c.Namespace + "/" + c.Service
@@ -140,33 +167,36 @@ func (c Config) withDefaults() (Config, error) {
 	return c, errors.Join(errs...)
 }
 
-// check reports settings no engine can have.
-func (s Settings) check() error {
-	var errs []error
+// check reports settings no engine can have, each naming its field.
+func (s Settings) check() []*FieldError {
+	var errs []*FieldError
+	add := func(field, format string, a ...any) {
+		errs = append(errs, &FieldError{Field: field, Msg: fmt.Sprintf(format, a...)})
+	}
 	for _, p := range []struct {
 		name string
 		v    int
 	}{{"events_port", s.EventsPort}, {"replay_port", s.ReplayPort}} {
 		if p.v < 0 || p.v > 65535 {
-			errs = append(errs, fmt.Errorf("%s %d out of range", p.name, p.v))
+			add(p.name, "%d out of range", p.v)
 		}
 	}
 	if s.DPSize < 1 || s.DPSize > maxDPSize {
-		errs = append(errs, fmt.Errorf("dp_size %d: want 1..%d", s.DPSize, maxDPSize))
+		add("dp_size", "%d: want 1..%d", s.DPSize, maxDPSize)
 	}
 	if s.EventsPort != 0 && s.EventsPort+s.DPSize-1 > 65535 {
-		errs = append(errs, fmt.Errorf("events_port %d + dp_size %d passes 65535", s.EventsPort, s.DPSize))
+		add("events_port", "%d + dp_size %d passes 65535", s.EventsPort, s.DPSize)
 	}
 	if s.ReplayPort != 0 && s.ReplayPort+s.DPSize-1 > 65535 {
-		errs = append(errs, fmt.Errorf("replay_port %d + dp_size %d passes 65535", s.ReplayPort, s.DPSize))
+		add("replay_port", "%d + dp_size %d passes 65535", s.ReplayPort, s.DPSize)
 	}
 	if s.EventsPort != 0 && s.ReplayPort != 0 && s.EventsPort < s.ReplayPort+s.DPSize && s.ReplayPort < s.EventsPort+s.DPSize {
-		errs = append(errs, fmt.Errorf("events ports %d+%d overlap replay ports %d+%d", s.EventsPort, s.DPSize, s.ReplayPort, s.DPSize))
+		add("replay_port", "events ports %d+%d overlap replay ports %d+%d", s.EventsPort, s.DPSize, s.ReplayPort, s.DPSize)
 	}
 	if (s.APIKeySecret.Name == "") != (s.APIKeySecret.Key == "") {
-		errs = append(errs, fmt.Errorf("api_key_secret needs both name and key, got %q/%q", s.APIKeySecret.Name, s.APIKeySecret.Key))
+		add("api_key_secret", "needs both name and key, got %q/%q", s.APIKeySecret.Name, s.APIKeySecret.Key)
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // RESTConfig returns the client configuration for kubeconfig, a file

@@ -91,7 +91,8 @@ func FuzzSettingsFrom(f *testing.F) {
 		ann := map[string]string{AnnotationEventsPort: ev, AnnotationReplayPort: rp, AnnotationDPSize: dp,
 			AnnotationTopic: topic, AnnotationAPIKeySecret: secret}
 		s := settingsFrom(ann, Settings{DPSize: 1}, func(string, string, error) {})
-		if err := s.check(); err != nil {
+		if errs := s.check(); len(errs) > 0 {
+			err := errs[0]
 			t.Fatalf("settingsFrom(%v) = %+v: %v", ann, s, err)
 		}
 	})
@@ -100,7 +101,7 @@ func FuzzSettingsFrom(f *testing.F) {
 func TestConfigErrors(t *testing.T) {
 	_, err := Config{Selector: "a in (", Port: "99999", Resync: -time.Second,
 		Defaults: Settings{EventsPort: 5557, ReplayPort: 5557}}.withDefaults()
-	for _, want := range []string{"namespace is required", "selector", "port 99999", "resync", "overlap"} {
+	for _, want := range []string{"namespace: required", "selector: ", "port: 99999 out of range", "resync: -1s is negative", "defaults.replay_port: events ports 5557+1 overlap"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v lacks %q", err, want)
 		}
@@ -112,8 +113,8 @@ func TestConfigErrors(t *testing.T) {
 		d    Settings
 		want string
 	}{
-		{Settings{EventsPort: 5557, DPSize: 5000}, "dp_size 5000: want 1..1024"},
-		{Settings{ReplayPort: 5600}, "replay_port 5600 needs events_port"},
+		{Settings{EventsPort: 5557, DPSize: 5000}, "discovery: defaults.dp_size: 5000: want 1..1024"},
+		{Settings{ReplayPort: 5600}, "discovery: defaults.replay_port: 5600 needs events_port"},
 	} {
 		if _, err := (Config{Namespace: "ns", Service: "vllm", Defaults: tc.d}).withDefaults(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("defaults %+v: error %v, want %q", tc.d, err, tc.want)

@@ -24,7 +24,11 @@
 // Secret reference) come from Pod annotations (AnnotationEventsPort and
 // the others; docs/kubernetes.md) over Config.Defaults. With a Service they
 // are read only when Config.PodAnnotations is set, which adds a Pod
-// informer (and the RBAC to list and watch Pods).
+// informer (and the RBAC to list and watch Pods). The API key of an engine
+// whose settings name a Secret key is read from that Secret (a get, again
+// every Config.SecretRefresh) and reported as Engine.APIKey. Before its
+// informers start, Run checks with a SelfSubjectAccessReview per call
+// that the API server will allow what it calls (ErrForbidden otherwise).
 //
 // Run owns the informers and their goroutines and returns after all of
 // them stopped. Snapshots delivers each changed snapshot on a channel of

@@ -176,6 +176,7 @@ func TestKubernetes(t *testing.T) {
 	t.Run("Latency", func(t *testing.T) { testLatency(t, newEnv(t, c, "latency")) })
 	t.Run("EngineInNetNS", func(t *testing.T) { testEngineInNetNS(t, newEnv(t, c, "netns")) })
 	t.Run("Kubeconfig", func(t *testing.T) { testKubeconfig(t, newEnv(t, c, "kubeconfig")) })
+	t.Run("APIKeySecret", func(t *testing.T) { testAPIKeySecret(t, newEnv(t, c, "secrets")) })
 }
 
 // testKubeconfig: with Config.Kubeconfig and no rest.Config, New reads
@@ -314,6 +315,7 @@ func testPodSelector(t *testing.T, e *env) {
 // yet waits for it; a bad annotation keeps the default and is counted.
 func testAnnotations(t *testing.T, e *env) {
 	def := Settings{EventsPort: 5557, ReplayPort: 5600, DPSize: 1, Topic: "kv@"}
+	e.secret(t, "engine-keys", map[string]string{"llama": "sk-llama"})
 	r := start(t, e.c.Config(), Config{Namespace: e.ns, Service: "vllm", PodAnnotations: true, Defaults: def})
 	e.pod(t, "pod-192-0-2-1", "192.0.2.1", nil, map[string]string{
 		AnnotationEventsPort: "6000", AnnotationReplayPort: "6100", AnnotationDPSize: "2",
@@ -324,7 +326,7 @@ func testAnnotations(t *testing.T, e *env) {
 	s := r.waitAddrs(t, "192.0.2.1:8000=ready", "192.0.2.2:8000=ready") // no Pod for .3 yet
 	want := []Engine{
 		{Name: "pod-192-0-2-1", Addr: "192.0.2.1:8000", State: StateReady, Settings: Settings{
-			EventsPort: 6000, ReplayPort: 6100, DPSize: 2, Topic: "llama", APIKeySecret: SecretRef{"engine-keys", "llama"}}},
+			EventsPort: 6000, ReplayPort: 6100, DPSize: 2, Topic: "llama", APIKeySecret: SecretRef{"engine-keys", "llama"}}, APIKey: "sk-llama"},
 		{Name: "pod-192-0-2-2", Addr: "192.0.2.2:8000", State: StateReady, Settings: def},
 	}
 	if !equal(s.Engines, want) {

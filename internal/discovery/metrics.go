@@ -9,6 +9,8 @@ type metrics struct {
 	lists       prometheus.Counter
 	watchErrors prometheus.Counter
 	badAnn      prometheus.Counter
+	// secretErrors counts failed reads of API-key Secrets.
+	secretErrors prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, source string) (*metrics, error) {
@@ -34,6 +36,10 @@ func newMetrics(reg prometheus.Registerer, source string) (*metrics, error) {
 			Name: "kvrouter_discovery_bad_annotations_total", ConstLabels: cl,
 			Help: "Distinct Pod annotation values that did not parse (the default was used).",
 		}),
+		secretErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvrouter_discovery_secret_errors_total", ConstLabels: cl,
+			Help: "Reads of engines' API-key Secrets that failed (missing Secret or key, empty value, forbidden, API server unreachable); the key read before is kept, an engine without one is left out.",
+		}),
 	}
 	for _, s := range []State{StateReady, StateDraining, StateNotReady} {
 		m.engines.WithLabelValues(s.String())
@@ -41,7 +47,7 @@ func newMetrics(reg prometheus.Registerer, source string) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.snapshots, m.engines, m.lists, m.watchErrors, m.badAnn} {
+	for _, c := range []prometheus.Collector{m.snapshots, m.engines, m.lists, m.watchErrors, m.badAnn, m.secretErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

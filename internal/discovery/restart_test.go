@@ -91,7 +91,7 @@ func TestRBAC(t *testing.T) {
 
 	want := []rbacv1.PolicyRule{
 		{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}},
-		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
 	}
 	if got, _ := yaml.Marshal(role.Rules); string(got) != string(must(yaml.Marshal(want))) {
 		t.Fatalf("Role rules:\n%s\nwant exactly:\n%s", got, must(yaml.Marshal(want)))
@@ -145,7 +145,7 @@ func TestRBAC(t *testing.T) {
 		defer cancel()
 		t0 := time.Now()
 		err = src.Run(ctx)
-		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), what) || errors.Is(err, context.DeadlineExceeded) {
+		if !(apierrors.IsForbidden(err) || errors.Is(err, ErrForbidden)) || !strings.Contains(err.Error(), what) || errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("Run = %v, want forbidden for %s", err, what)
 		}
 		t.Logf("refused after %v: %v", time.Since(t0).Round(time.Millisecond), err)

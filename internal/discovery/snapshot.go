@@ -48,6 +48,9 @@ type Engine struct {
 	State State
 	// Settings are Config.Defaults overlaid with the Pod's annotations.
 	Settings Settings
+	// APIKey is the engine's API key, read from the Secret key
+	// Settings.APIKeySecret names ("" when it names none).
+	APIKey string
 }
 
 // Host is Addr's IP (or name), the host of the KV event and replay ports.

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
@@ -90,9 +91,11 @@ func New(cfg Config, rc *rest.Config, log *slog.Logger, reg prometheus.Registere
 func (s *Source) Snapshots() <-chan Snapshot { return s.out }
 
 // Run lists and watches until ctx ends, then stops the informers and
-// returns nil after they have stopped. Before the first sync a list or
-// watch refused as forbidden or unauthorized (missing RBAC, bad token)
-// ends Run with that error; other failures, and any later, are logged,
+// returns nil after they have stopped. Calls the API server's
+// authorization says it will refuse (checkAccess) end Run at once with an
+// error wrapping ErrForbidden that names them. Before the first sync a
+// list or watch refused as forbidden or unauthorized (missing RBAC, bad
+// token) ends Run with that error; other failures, and any later, are logged,
 // counted, and retried by the informers with backoff.
 func (s *Source) Run(ctx context.Context) error {
 	if !s.started.CompareAndSwap(false, true) {
@@ -106,6 +109,9 @@ func (s *Source) Run(ctx context.Context) error {
 	// client-go logs through klog's contextual logger: this source's.
 	ictx := klog.NewContext(ctx, logr.FromSlogHandler(s.log.Handler()))
 
+	if err := s.checkAccess(ctx); err != nil {
+		return err
+	}
 	var synced atomic.Bool
 	var sliceInf, podInf cache.SharedIndexInformer
 	if s.cfg.Service != "" {
@@ -171,18 +177,31 @@ func (s *Source) Run(ctx context.Context) error {
 	b := &builder{cfg: s.cfg, skip: s.skipped, bad: s.badAnnotation, pending: func(addr, pod string) {
 		s.log.Debug("endpoint waits for its pod", "addr", addr, "pod", pod)
 	}}
+	keys := &secrets{s: s, cache: map[SecretRef]*secretEntry{}, now: time.Now}
+	refresh := time.NewTicker(s.cfg.SecretRefresh)
+	defer refresh.Stop()
 	var last []Engine
 	for first := true; ; first = false {
-		engines := s.build(b, sliceInf, podInf)
+		engines, err := keys.resolve(ctx, s.build(b, sliceInf, podInf), first)
+		if err != nil {
+			return err
+		}
 		if first || !slices.Equal(engines, last) {
 			s.send(Snapshot{Engines: engines})
 			s.logChange(last, engines)
 			last = engines
 		}
-		select {
-		case <-ctx.Done():
-			return stopped()
-		case <-s.kick:
+		for {
+			select {
+			case <-ctx.Done():
+				return stopped()
+			case <-s.kick:
+			case <-refresh.C:
+				if !keys.inUse() {
+					continue
+				}
+			}
+			break
 		}
 	}
 }
@@ -316,8 +335,10 @@ func (s *Source) logChange(old, cur []Engine) {
 			s.log.Info("engine discovered", "engine", e.Name, "addr", e.Addr, "state", e.State.String())
 		case p.State != e.State:
 			s.log.Info("engine state", "engine", e.Name, "addr", e.Addr, "state", e.State.String(), "was", p.State.String())
-		case p != e:
+		case p.Settings != e.Settings:
 			s.log.Info("engine settings changed", "engine", e.Name, "addr", e.Addr)
+		case p != e:
+			s.log.Info("engine API key changed", "engine", e.Name, "addr", e.Addr)
 		}
 	}
 	for _, e := range prev {

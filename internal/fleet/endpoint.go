@@ -73,7 +73,9 @@ type Endpoint struct {
 	name   string
 	base   string
 	models []string
-	apiKey string
+	// apiKey is the bearer token sent to the engine; it may change
+	// (SetAPIKey, a rotated Secret) while the endpoint lives.
+	apiKey atomic.Pointer[string]
 
 	inFlight atomic.Int64
 	// notAdmitted: the endpoint's source keeps it from new requests
@@ -118,7 +120,16 @@ func (e *Endpoint) URL() string { return e.base }
 func (e *Endpoint) Models() []string { return e.models }
 
 // APIKey is the bearer token to send to the engine, or "".
-func (e *Endpoint) APIKey() string { return e.apiKey }
+func (e *Endpoint) APIKey() string {
+	if k := e.apiKey.Load(); k != nil {
+		return *k
+	}
+	return ""
+}
+
+// SetAPIKey replaces the bearer token sent to the engine from the next
+// request or probe on (a rotated key); requests in flight keep theirs.
+func (e *Endpoint) SetAPIKey(key string) { e.apiKey.Store(&key) }
 
 // Admitted reports whether the endpoint's source lets it take new
 // requests (Fleet.SetRoutable; true unless set otherwise).

@@ -246,14 +246,15 @@ func (f *Fleet) newEndpoint(ec EndpointConfig) (*Endpoint, error) {
 	if name == "" {
 		name = u.Host
 	}
-	return &Endpoint{
+	ep := &Endpoint{
 		name:    name,
 		base:    strings.TrimRight(ec.URL, "/"),
 		models:  slices.Clone(ec.Models),
-		apiKey:  ec.APIKey,
 		backoff: f.cfg.BackoffBase,
 		probed:  f.cfg.ProbeInterval < 0,
-	}, nil
+	}
+	ep.SetAPIKey(ec.APIKey)
+	return ep, nil
 }
 
 // Models returns the model names (configured, or served by an endpoint

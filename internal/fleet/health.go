@@ -266,8 +266,8 @@ func (f *Fleet) get(ctx context.Context, ep *Endpoint, path string, read func(io
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", ep.name, path, err)
 	}
-	if ep.apiKey != "" {
-		req.Header.Set("Authorization", "Bearer "+ep.apiKey)
+	if k := ep.APIKey(); k != "" {
+		req.Header.Set("Authorization", "Bearer "+k)
 	}
 	resp, err := f.cfg.Client.Do(req)
 	if err != nil {

@@ -39,9 +39,11 @@ type Engine struct {
 }
 
 // sameEngine reports whether a and b are the same engine process as far
-// as the router's connections go (Routable aside).
+// as the router's connections go (Routable and APIKey aside: both change
+// in place).
 func sameEngine(a, b Engine) bool {
 	a.Routable, b.Routable = false, false
+	a.APIKey, b.APIKey = "", ""
 	return a == b
 }
 
@@ -84,6 +86,7 @@ type Deps struct {
 // engine is a member of the pool.
 type engine struct {
 	Engine
+	ep      *fleet.Endpoint
 	parts   []Part
 	started bool
 	cancel  context.CancelFunc
@@ -144,7 +147,8 @@ func (e *EngineError) Unwrap() error { return e.Err }
 
 // Set makes the pool's engines those of want: adds the new (in want's
 // order, which is the fleet's order), removes the gone (waiting for their
-// parts to stop), re-adds the changed and updates who is routable. Engines
+// parts to stop), re-adds the changed, updates who is routable and swaps
+// a changed API key in place (index entries and parts kept). Engines
 // it could not add (a bad URL, a part that could not be built) are left out
 // and returned as *EngineError (joined); the rest of want is applied.
 // Duplicate names in want are an error and change nothing.
@@ -173,6 +177,13 @@ func (p *Pool) Set(want []Engine) error {
 			}
 			continue
 		}
+		if cur.APIKey != w.APIKey {
+			cur.APIKey = w.APIKey
+			if cur.ep != nil {
+				cur.ep.SetAPIKey(w.APIKey)
+			}
+			p.log.Info("engine API key changed", "engine", name)
+		}
 		if cur.Routable != w.Routable {
 			cur.Routable = w.Routable
 			p.deps.Fleet.SetRoutable(name, w.Routable)
@@ -197,7 +208,7 @@ func (p *Pool) addLocked(w Engine) error {
 	}
 	p.deps.Replicas.AddReplica(w.Name, max(w.DPSize, 1))
 	p.deps.Fleet.SetRoutable(w.Name, w.Routable)
-	e := &engine{Engine: w, parts: parts, done: make(chan struct{})}
+	e := &engine{Engine: w, ep: ep, parts: parts, done: make(chan struct{})}
 	p.engines[w.Name] = e
 	p.m.changes.WithLabelValues("added").Inc()
 	p.log.Info("engine added", "engine", w.Name, "url", w.URL, "events", w.Events, "routable", w.Routable)

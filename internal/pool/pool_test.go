@@ -218,3 +218,33 @@ func counterValue(c interface{ Write(*dto.Metric) error }) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+// A changed API key is swapped on the live endpoint: the engine is not
+// removed and added again (its replica, index entries and parts stay).
+func TestSetRotatesAPIKey(t *testing.T) {
+	flt, err := fleet.New(fleet.Config{Models: []string{"m"}, ProbeInterval: -1, ScrapeInterval: -1, ModelsInterval: -1}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps := &replicas{}
+	p, err := New(Deps{Model: "m", Fleet: flt, Replicas: reps}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := testEngine("e1", true)
+	e.APIKey = "old"
+	if err := p.Set([]Engine{e}); err != nil {
+		t.Fatal(err)
+	}
+	ep := flt.Endpoint("e1")
+	e.APIKey = "new"
+	if err := p.Set([]Engine{e}); err != nil {
+		t.Fatal(err)
+	}
+	if got := flt.Endpoint("e1"); got != ep || got.APIKey() != "new" {
+		t.Fatalf("endpoint %p key %q, want the same %p with key new", got, got.APIKey(), ep)
+	}
+	if !slices.Equal(reps.log, []string{"+e1"}) {
+		t.Errorf("replica calls %v: the engine was re-added", reps.log)
+	}
+}

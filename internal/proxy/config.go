@@ -348,6 +348,32 @@ func pathString(path []any) string {
 
 func ferr(msg string, path ...any) error { return &fieldError{path: path, msg: msg} }
 
+// discoveryErrors names each problem of models[i].discovery by its
+// sub-field ("models[0].discovery.defaults.dp_size: ...").
+func discoveryErrors(err error, i int) []error {
+	if err == nil {
+		return nil
+	}
+	list := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		list = j.Unwrap()
+	}
+	out := make([]error, 0, len(list))
+	for _, e := range list {
+		path := []any{"models", i, "discovery"}
+		var fe *discovery.FieldError
+		if !errors.As(e, &fe) {
+			out = append(out, ferr(e.Error(), path...))
+			continue
+		}
+		for _, f := range strings.Split(fe.Field, ".") {
+			path = append(path, f)
+		}
+		out = append(out, ferr(fe.Msg, path...))
+	}
+	return out
+}
+
 // Validate returns every problem of a defaults-filled Config at once, each
 // naming its field (e.g. "models[0].engines[1].url: ...").
 func (c *Config) Validate() error {
@@ -372,9 +398,7 @@ func (c *Config) Validate() error {
 		case m.Discovery != nil && len(m.Engines) > 0:
 			errs = append(errs, ferr("engines and discovery exclude each other", "models", i, "discovery"))
 		case m.Discovery != nil:
-			if err := m.Discovery.Validate(); err != nil {
-				errs = append(errs, ferr(err.Error(), "models", i, "discovery"))
-			}
+			errs = append(errs, discoveryErrors(m.Discovery.Validate(), i)...)
 		case len(m.Engines) == 0:
 			errs = append(errs, ferr("at least one engine (or discovery) is required", "models", i, "engines"))
 		}

@@ -144,6 +144,13 @@ func TestParseConfigErrors(t *testing.T) {
 			[]string{"models[0].engines[0].events_queue (line 5): 2000000: must be in 1..1048576"}},
 		{"events_queue type", "models:\n  - name: m\n    engines:\n      - {url: 'http://a:1', events_queue: big}\n",
 			[]string{"models[0].engines[0].events_queue (line 4): cannot unmarshal"}},
+		{"discovery type errors name the sub-field", "models:\n  - name: m\n    discovery:\n      namespace: x\n      service: vllm\n      resync: soon\n      defaults: {dp_size: two}\n",
+			[]string{"models[0].discovery.resync (line 6): cannot unmarshal !!str `soon` into time.Duration",
+				"models[0].discovery.defaults.dp_size (line 7): cannot unmarshal !!str `two` into int"}},
+		{"discovery value errors name the sub-field", "models:\n  - name: m\n    discovery:\n      namespace: x\n      selector: 'a in ('\n      defaults:\n        dp_size: 5000\n        replay_port: 5600\n",
+			[]string{"models[0].discovery.selector (line 5): \"a in (\"", "models[0].discovery.defaults.dp_size (line 7): 5000: want 1..1024",
+				"models[0].discovery.defaults.replay_port (line 8): 5600 needs events_port"}},
+		{"discovery without namespace", "models:\n  - name: m\n    discovery: {service: vllm}\n", []string{"models[0].discovery.namespace (line 3): required"}},
 		{"bad mismatch reaction", "models:\n  - name: m\n    tokenizer_mismatch: panic\n    engines: [{url: 'http://a:1'}]\n", []string{"tokenizer_mismatch (line 3)"}},
 	}
 	for _, tt := range tests {

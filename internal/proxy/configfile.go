@@ -230,6 +230,11 @@ func (p Positions) annotate(err error) error {
 func configTypeAt(path []any) reflect.Type {
 	t := reflect.TypeFor[Config]()
 	for _, step := range path {
+		// Optional blocks (models[i].discovery) are pointers: yaml.v3
+		// names the pointed-to type.
+		for t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
 		switch s := step.(type) {
 		case int:
 			if t.Kind() != reflect.Slice {
@@ -253,6 +258,9 @@ func configTypeAt(path []any) reflect.Type {
 			}
 			t = next
 		}
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
 	}
 	return t
 }
