@@ -236,6 +236,9 @@ func (b *Backend) Observe(engine string, m enginemetrics.Metrics, at time.Time) 
 	b.setBlockSize(engine, m.BlockSize, "metrics")
 	g := b.cur.Load()
 	g.router.ObserveGauges(engine, routing.Gauges{Waiting: int(m.Waiting), Running: int(m.Running), KVUsage: m.KVCacheUsage, At: at})
+	if pt, ps, dt, ds, ok := m.RateCounters(); ok {
+		g.router.ObserveRates(engine, routing.RateSample{At: at, PrefillTokens: pt, PrefillSeconds: ps, DecodeTokens: dt, DecodeSeconds: ds})
+	}
 	if blocks == 0 {
 		return
 	}
