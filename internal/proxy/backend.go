@@ -333,7 +333,7 @@ func (b *Backend) Route(in *RouteInput) (Decision, error) {
 	}
 	if in.DryRun {
 		d, err := g.router.Evaluate(req, nil)
-		out := Decision{Replica: d.Name, CachedTokens: cachedTokens(d, g.blockSize, len(in.Tokens)), Explain: explanation(d, g, len(in.Tokens))}
+		out := Decision{Replica: d.Name, Policy: d.Policy, CachedTokens: cachedTokens(d, g.blockSize, len(in.Tokens)), Explain: explanation(d, g, len(in.Tokens))}
 		if g.shadow != nil {
 			out.Shadow = b.shadowDecision(g, req, len(in.Tokens))
 		}
@@ -352,6 +352,7 @@ func (b *Backend) Route(in *RouteInput) (Decision, error) {
 	}
 	return Decision{
 		Replica:      d.Name,
+		Policy:       d.Policy,
 		CachedTokens: cachedTokens(d, g.blockSize, len(in.Tokens)),
 		Release:      lease.Release,
 		Failed:       lease.Failed,

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/tracing"
 )
 
 // Deps are a Server's collaborators.
@@ -39,6 +40,9 @@ type Deps struct {
 	Gatherer prometheus.Gatherer
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// Tracing traces requests (OpenTelemetry); nil records nothing but
+	// still passes a client's traceparent on to the engine.
+	Tracing *tracing.Tracing
 }
 
 // Server is the HTTP front. Safe for concurrent use.
@@ -49,6 +53,7 @@ type Server struct {
 	m       *metrics
 	models  map[string]*model
 	handler http.Handler
+	tr      *tracing.Tracing
 }
 
 // model is one configured model group.
@@ -72,7 +77,7 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 	if deps.Fleet == nil {
 		errs = append(errs, errors.New("no fleet"))
 	}
-	s := &Server{cfg: cfg, deps: deps, log: log, models: map[string]*model{}}
+	s := &Server{cfg: cfg, deps: deps, log: log, models: map[string]*model{}, tr: tracingOrDisabled(deps.Tracing)}
 	for i, mc := range cfg.Models {
 		r := deps.Routers[mc.Name]
 		if r == nil {
