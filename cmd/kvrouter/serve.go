@@ -27,6 +27,7 @@ import (
 	"kvrouter/internal/proxy"
 	"kvrouter/internal/routing/routingprom"
 	"kvrouter/internal/tokenizer"
+	"kvrouter/internal/tracing"
 	"kvrouter/internal/vllm/enginemetrics"
 	"kvrouter/internal/vllm/kvevents"
 )
@@ -301,15 +302,32 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		closePools()
 		return nil, err
 	}
-	srv, err := proxy.New(cfg, proxy.Deps{Fleet: flt, Routers: routers, Tokenizers: toks, Gatherer: reg, EngineTLS: tlsCfg.engines,
-		EventsConnected: func() map[string]bool { return connectedEngines(reg) }}, log, reg)
+	tr, err := tracing.FromEnv(ctx, os.Getenv, buildVersion())
 	if err != nil {
+		closePools()
+		return nil, err
+	}
+	if tr.Enabled {
+		log.Info("tracing on: OTLP export (OTEL_* environment)", "protocol", tr.Protocol)
+	}
+	stopTracing := func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := tr.Shutdown(sctx); err != nil {
+			log.Warn("tracing: flushing spans at exit", "err", err)
+		}
+	}
+	srv, err := proxy.New(cfg, proxy.Deps{Fleet: flt, Routers: routers, Tokenizers: toks, Gatherer: reg, EngineTLS: tlsCfg.engines,
+		EventsConnected: func() map[string]bool { return connectedEngines(reg) }, Tracing: tr}, log, reg)
+	if err != nil {
+		stopTracing()
 		closePools()
 		return nil, err
 	}
 	srvRef.Store(srv)
 	rm, err := newReloadMetrics(reg, time.Now())
 	if err != nil {
+		stopTracing()
 		closePools()
 		return nil, err
 	}
@@ -326,6 +344,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		err := p.Check(pctx)
 		cancel()
 		if errors.Is(err, tokenizer.ErrMismatch) {
+			stopTracing()
 			closePools()
 			return nil, err
 		}
@@ -344,9 +363,10 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 			g.Go(recovered("engines", func() error { return ignoreCanceled(run(gctx)) }))
 		}
 		g.Go(recovered("proxy", func() error { return srv.Run(gctx, ln) }))
+		defer stopTracing() // after the drain: the last requests' spans go out
 		return g.Wait()
 	}
-	return &serveApp{run: run, close: closePools, tls: tlsCfg.listener != nil}, nil
+	return &serveApp{run: run, close: func() { stopTracing(); closePools() }, tls: tlsCfg.listener != nil}, nil
 }
 
 // tokenSource is a model's tokenizer: a failover over its engines' token

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -58,6 +59,8 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 	seed := fs.Uint64("seed", 1, "random seed (generators, arrivals, tie-breaks, event loss)")
 	parallel := fs.Int("parallel", 0, "policies simulated at once (0: GOMAXPROCS)")
 	pipeline := fs.String("pipeline", string(sim.PipelineAuto), "apply a policy's KV events to its index on a second goroutine (same results, less wall time when a core is free): auto (once fewer policies remain than GOMAXPROCS), on, off")
+	prefillScale := fs.String("prefill-scale", "", "heterogeneous fleet: comma-separated factors on the profile's prefill rate, replica i taking factor i mod n (e.g. 1,0.4: half the replicas at 0.4x); --load counts the mean")
+	rates := fs.String("rates", sim.RatesConfigured, "prefill rates the router uses: configured (the --routing file's, else the profile's, for every replica), known (each replica's true rate), learned (from the engines' counters, as serve learns from /metrics)")
 	asJSON := fs.Bool("json", false, "print the report as JSON instead of a markdown table")
 	htmlPath := fs.String("html", "", "also write a self-contained HTML report with plots to this file")
 	if err := parseFlags(fs, args); err != nil {
@@ -74,7 +77,13 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 	default:
 		return fmt.Errorf("%w: --pipeline %q: want auto, on or off", errUsage, *pipeline)
 	}
+	scales, err := parseFloats(*prefillScale)
+	if err != nil {
+		return fmt.Errorf("%w: --prefill-scale: %v", errUsage, err)
+	}
 	cfg := sim.Config{
+		PrefillScale:  scales,
+		Rates:         *rates,
 		Policies:      splitList(*policies),
 		Engine:        enginesim.CoreConfig{Profile: *profile, BlockSize: *blockSize, NumGPUBlocks: *gpuBlocks, MaxNumSeqs: *maxSeqs, MaxNumBatchedTokens: *maxBatched},
 		EventDelay:    *eventDelay,
@@ -105,7 +114,7 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 			return err
 		}
 	}
-	opts := sim.ScenarioOptions{Replicas: *replicas, Load: *load, Requests: *requests, PrefillRate: timing.PrefillTokensPerSec, Seed: *seed}
+	opts := sim.ScenarioOptions{Replicas: *replicas, Load: *load, Requests: *requests, PrefillRate: timing.PrefillTokensPerSec * mean(scales), Seed: *seed}
 	if *scenario == "mooncake" || *scenario == "saturation" {
 		if opts.Trace, err = readTrace(*tracePath); err != nil {
 			return err
@@ -141,6 +150,9 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 		"replicas": strconv.Itoa(*replicas), "start_replicas": strconv.Itoa(sc.Replicas), "profile": *profile,
 		"block_size": strconv.Itoa(*blockSize), "event_delay": eventDelay.String(), "event_loss": fmt.Sprint(*eventLoss),
 		"seed": fmt.Sprint(*seed), "wall_time": time.Since(start).Round(time.Millisecond).String(),
+	}
+	if len(scales) > 0 {
+		rep.Setup["prefill_scale"], rep.Setup["rates"] = *prefillScale, *rates
 	}
 	for _, s := range cfg.Scale {
 		rep.Setup["scale"] += fmt.Sprintf("%v:%+d ", s.At.Round(time.Second), s.Delta)
@@ -284,4 +296,30 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// parseFloats parses a comma-separated list of positive numbers ("" is
+// none).
+func parseFloats(s string) ([]float64, error) {
+	var out []float64
+	for _, f := range splitList(s) {
+		x, err := strconv.ParseFloat(f, 64)
+		if err != nil || !(x > 0) || math.IsInf(x, 0) {
+			return nil, fmt.Errorf("%q: want a positive number", f)
+		}
+		out = append(out, x)
+	}
+	return out, nil
+}
+
+// mean is the average of xs, 1 for none.
+func mean(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 1
+	}
+	sum := 0.0
+	for _, x := range xs {
+		sum += x
+	}
+	return sum / float64(len(xs))
 }

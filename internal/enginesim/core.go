@@ -52,6 +52,12 @@ type Output struct {
 	// admission, vLLM's num_cached_tokens and usage cached_tokens.
 	PromptTokens int
 	CachedTokens int
+	// PrefillTime and DecodeTime are set on the last token: from the
+	// step of the first admission to the end of the step of the first
+	// token, and from there to the end of this step, on the timing model's
+	// clock (vLLM's FinishedRequestStats.prefill_time and decode_time,
+	// vllm/v1/metrics/stats.py).
+	PrefillTime, DecodeTime time.Duration
 }
 
 // StepResult is what one Step did. Outputs and Events are owned by the Core
@@ -89,6 +95,14 @@ type Stats struct {
 	// PromptTokens and GenerationTokens count tokens of admitted prompts
 	// (first admission only) and generated tokens.
 	PromptTokens, GenerationTokens int64
+	// PrefillComputedTokens counts prompt tokens computed in prefill steps
+	// (recomputation after preemption included; the sum of vLLM's
+	// request_prefill_kv_computed_tokens up to that).
+	PrefillComputedTokens int64
+	// PrefillSeconds and DecodeSeconds sum Output.PrefillTime and
+	// DecodeTime over finished requests (vLLM's
+	// request_prefill_time_seconds and request_decode_time_seconds _sum).
+	PrefillSeconds, DecodeSeconds float64
 	// Finished and Aborted count requests.
 	Finished, Aborted int64
 	// Steps counts steps that scheduled anything.
@@ -128,6 +142,10 @@ type seq struct {
 	lastHash  []byte // digest of hashes[len-1]
 	// cachedTokens is num_cached_tokens, set at the first admission (-1 before).
 	cachedTokens int
+	// scheduledAt and firstTokenAt are Core.busy at the start of the step
+	// of the first admission and at the end of the step of the first
+	// token (vLLM's scheduled_ts and first_token_ts).
+	scheduledAt, firstTokenAt time.Duration
 }
 
 func (s *seq) numTokens() int { return len(s.tokens) }
@@ -146,6 +164,9 @@ type Core struct {
 	byID    map[string]*seq
 	loraIDs map[string]int64
 	stats   Stats
+	// busy is the sum of all step durations so far: the timing model's
+	// clock, which stands still while the Core is idle.
+	busy time.Duration
 
 	group0 *int
 	kind   *string

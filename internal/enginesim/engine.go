@@ -295,6 +295,8 @@ func (e *engine) deliver(now time.Time) {
 		}
 		if o.Finished {
 			e.m.e2e.Observe(now.Sub(st.submitted).Seconds())
+			e.m.prefillTime.Observe(o.PrefillTime.Seconds())
+			e.m.decodeTime.Observe(o.DecodeTime.Seconds())
 			e.m.success.WithLabelValues(o.FinishReason).Inc()
 			delete(e.streams, o.ID)
 		}

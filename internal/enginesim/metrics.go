@@ -22,6 +22,8 @@ type snapshot struct {
 type metrics struct {
 	ttft          prometheus.Histogram
 	e2e           prometheus.Histogram
+	prefillTime   prometheus.Histogram
+	decodeTime    prometheus.Histogram
 	success       *prometheus.CounterVec
 	eventBatches  prometheus.Counter
 	eventsDropped *prometheus.CounterVec
@@ -43,12 +45,18 @@ func newMetrics(reg prometheus.Registerer, model string, cfg CoreConfig, hashAlg
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels},
 			func() float64 { return float64(f(get())) })
 	}
+	// phaseBuckets are vLLM's request_latency_buckets (loggers.py).
+	phaseBuckets := []float64{0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680}
 	buckets := []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}
 	m := &metrics{
 		ttft: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "vllm:time_to_first_token_seconds",
 			Help: "Histogram of time to first token in seconds.", ConstLabels: labels, Buckets: buckets}),
 		e2e: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "vllm:e2e_request_latency_seconds",
 			Help: "Histogram of end to end request latency in seconds.", ConstLabels: labels, Buckets: buckets}),
+		prefillTime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "vllm:request_prefill_time_seconds",
+			Help: "Histogram of time spent in PREFILL phase for request.", ConstLabels: labels, Buckets: phaseBuckets}),
+		decodeTime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "vllm:request_decode_time_seconds",
+			Help: "Histogram of time spent in DECODE phase for request.", ConstLabels: labels, Buckets: phaseBuckets}),
 		success: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vllm:request_success_total",
 			Help: "Count of successfully processed requests.", ConstLabels: labels}, []string{"finished_reason"}),
 		eventBatches: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_enginesim_kv_event_batches_total",
@@ -91,7 +99,7 @@ func newMetrics(reg prometheus.Registerer, model string, cfg CoreConfig, hashAlg
 			func(s *snapshot) int64 { return s.stats.PromptTokens }),
 		counter("vllm:generation_tokens_total", "Number of generation tokens processed.",
 			func(s *snapshot) int64 { return s.stats.GenerationTokens }),
-		info, m.ttft, m.e2e, m.success, m.eventBatches, m.eventsDropped, m.replays, m.faults,
+		info, m.ttft, m.e2e, m.prefillTime, m.decodeTime, m.success, m.eventBatches, m.eventsDropped, m.replays, m.faults,
 	}
 	if cfg.NumCPUBlocks > 0 {
 		cs = append(cs,

@@ -70,13 +70,18 @@ func (c *Core) Step() StepResult {
 		}
 	}
 
-	finished := false
 	for _, sc := range c.scheduled {
 		if sc.decode {
 			res.DecodeSeqs++
 		} else {
 			res.PrefillTokens += sc.n
 		}
+	}
+	res.Duration = c.cfg.Timing.stepDuration(res.PrefillTokens, res.DecodeSeqs, res.LoadedTokens)
+	c.stats.PrefillComputedTokens += int64(res.PrefillTokens)
+	c.busy += res.Duration
+	finished := false
+	for _, sc := range c.scheduled {
 		s := sc.s
 		s.computed += sc.n
 		if s.computed < s.numTokens() {
@@ -87,8 +92,14 @@ func (c *Core) Step() StepResult {
 		s.tokens = append(s.tokens, tok)
 		c.stats.GenerationTokens++
 		o := Output{ID: s.id, Token: tok, Index: idx, PromptTokens: s.promptLen, CachedTokens: s.cachedTokens}
+		if idx == 0 {
+			s.firstTokenAt = c.busy
+		}
 		if s.generated() >= s.maxTokens {
 			o.Finished, o.FinishReason = true, "length"
+			o.PrefillTime, o.DecodeTime = s.firstTokenAt-s.scheduledAt, c.busy-s.firstTokenAt
+			c.stats.PrefillSeconds += o.PrefillTime.Seconds()
+			c.stats.DecodeSeconds += o.DecodeTime.Seconds()
 			c.finish(s)
 			finished = true
 		}
@@ -106,7 +117,6 @@ func (c *Core) Step() StepResult {
 	}
 
 	res.Scheduled = len(c.scheduled)
-	res.Duration = c.cfg.Timing.stepDuration(res.PrefillTokens, res.DecodeSeqs, res.LoadedTokens)
 	if res.Scheduled > 0 {
 		c.stats.Steps++
 	}
@@ -203,6 +213,7 @@ func (c *Core) admit(s *seq, hits []int32, cpuHit, computed, n int) bool {
 	first := s.cachedTokens < 0
 	if first {
 		s.cachedTokens = computed
+		s.scheduledAt = c.busy
 		c.stats.PromptTokens += int64(s.promptLen)
 	}
 	c.stats.PrefixQueries += int64(s.numTokens())

@@ -236,6 +236,9 @@ func (b *Backend) Observe(engine string, m enginemetrics.Metrics, at time.Time) 
 	b.setBlockSize(engine, m.BlockSize, "metrics")
 	g := b.cur.Load()
 	g.router.ObserveGauges(engine, routing.Gauges{Waiting: int(m.Waiting), Running: int(m.Running), KVUsage: m.KVCacheUsage, At: at})
+	if pt, ps, dt, ds, ok := m.RateCounters(); ok {
+		g.router.ObserveRates(engine, routing.RateSample{At: at, PrefillTokens: pt, PrefillSeconds: ps, DecodeTokens: dt, DecodeSeconds: ds})
+	}
 	if blocks == 0 {
 		return
 	}
@@ -330,7 +333,7 @@ func (b *Backend) Route(in *RouteInput) (Decision, error) {
 	}
 	if in.DryRun {
 		d, err := g.router.Evaluate(req, nil)
-		out := Decision{Replica: d.Name, CachedTokens: cachedTokens(d, g.blockSize, len(in.Tokens)), Explain: explanation(d, g, len(in.Tokens))}
+		out := Decision{Replica: d.Name, Policy: d.Policy, CachedTokens: cachedTokens(d, g.blockSize, len(in.Tokens)), Explain: explanation(d, g, len(in.Tokens))}
 		if g.shadow != nil {
 			out.Shadow = b.shadowDecision(g, req, len(in.Tokens))
 		}
@@ -349,6 +352,7 @@ func (b *Backend) Route(in *RouteInput) (Decision, error) {
 	}
 	return Decision{
 		Replica:      d.Name,
+		Policy:       d.Policy,
 		CachedTokens: cachedTokens(d, g.blockSize, len(in.Tokens)),
 		Release:      lease.Release,
 		Failed:       lease.Failed,

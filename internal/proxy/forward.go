@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
+
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/routing"
 )
@@ -95,6 +97,7 @@ func (s *Server) forward(x *exchange) {
 func (s *Server) observeDecision(x *exchange, d Decision) {
 	s.hold(x, d.Replica)
 	x.replica, x.cached = d.Replica, d.CachedTokens
+	s.traceDecision(x, d)
 	model := x.req.model
 	if x.tokens != nil {
 		s.m.promptTokens.WithLabelValues(model).Observe(float64(len(x.tokens)))
@@ -137,12 +140,22 @@ func (s *Server) try(x *exchange, ep *fleet.Endpoint, d Decision, canRetry bool)
 	wd := newWatchdog(cancel, x.m.cfg.Timeouts.FirstByte, x.m.cfg.Timeouts.Idle)
 	defer wd.stop()
 
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.URL()+x.req.kind.path(), bytes.NewReader(x.fwd))
+	legCtx, leg := s.startLeg(ctx, x, ep)
+	legStatus := 0
+	defer func() {
+		var err error
+		if !retry && x.outcome != outcomeOK && x.outcome != outcomeEngineError {
+			err = x.err
+		}
+		endLeg(leg, legStatus, retry, err)
+	}()
+	req, err := http.NewRequestWithContext(legCtx, http.MethodPost, ep.URL()+x.req.kind.path(), bytes.NewReader(x.fwd))
 	if err != nil {
 		s.fail(x, serverError(err.Error()), outcomeUpstream)
 		return false
 	}
 	outHeaders(req.Header, x.r.Header, x.id, ep.APIKey())
+	s.tr.Propagator.Inject(legCtx, propagation.HeaderCarrier(req.Header))
 	req.ContentLength = int64(len(x.fwd))
 
 	resp, err := x.m.transport.RoundTrip(req)
@@ -150,6 +163,7 @@ func (s *Server) try(x *exchange, ep *fleet.Endpoint, d Decision, canRetry bool)
 		return s.upstreamFailed(x, ep, ctx, err, canRetry)
 	}
 	status := resp.StatusCode
+	legStatus = status
 	s.deps.Fleet.Report(ep, fleet.OutcomeOf(status))
 	if status/100 != 2 {
 		failed() // as soon as the engine's error status is known

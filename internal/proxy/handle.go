@@ -13,6 +13,10 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"kvrouter/internal/fleet"
 )
 
@@ -40,6 +44,8 @@ type exchange struct {
 	// streamErr: the engine's event stream carried an error event.
 	streamErr bool
 	err       error
+	// span is the request's trace span (a no-op one when tracing is off).
+	span trace.Span
 }
 
 // Outcome labels of kvrouter_proxy_requests_total.
@@ -58,6 +64,7 @@ const (
 func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, k kind) {
 	x := &exchange{w: w, r: r, id: requestID(r), start: s.deps.Now()}
 	w.Header().Set("X-Request-Id", x.id)
+	s.startSpan(x, r.URL.Path)
 	defer s.finish(x)
 	if !s.prepare(x, k) {
 		return
@@ -74,6 +81,7 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, k kind) 
 func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request) {
 	x := &exchange{w: w, r: r, id: requestID(r), start: s.deps.Now()}
 	w.Header().Set("X-Request-Id", x.id)
+	s.startSpan(x, r.URL.Path)
 	defer s.finish(x)
 	body, ok := s.readBody(x)
 	if !ok {
@@ -174,8 +182,15 @@ func (s *Server) tokenize(x *exchange) []uint32 {
 		return nil
 	}
 	t0 := time.Now()
-	ids, err := x.m.tok.Tokens(x.r.Context(), req.kind == kindChat, req.body, req.promptText)
+	ctx, span := s.startChild(x, spanTokenize, trace.SpanKindInternal)
+	ids, err := x.m.tok.Tokens(ctx, req.kind == kindChat, req.body, req.promptText)
 	s.m.tokenize.WithLabelValues(req.model).Observe(time.Since(t0).Seconds())
+	if err != nil {
+		span.SetStatus(codes.Error, err.Error())
+	} else {
+		span.SetAttributes(attribute.Int(attrPromptTokens, len(ids)))
+	}
+	span.End()
 	if err != nil {
 		s.m.tokenizeErrors.WithLabelValues(req.model).Inc()
 		if errors.Is(err, ErrNoTokenizerEngine) {
@@ -224,8 +239,16 @@ func (s *Server) routeInput(x *exchange, cands []string, dry bool) *RouteInput {
 // decide asks the model's router, timing the decision.
 func (s *Server) decide(x *exchange, in *RouteInput) (Decision, error) {
 	t0 := time.Now()
+	_, span := s.startChild(x, spanRoute, trace.SpanKindInternal)
 	d, err := x.m.router.Route(in)
 	s.m.decision.WithLabelValues(x.req.model).Observe(time.Since(t0).Seconds())
+	if err != nil {
+		span.SetStatus(codes.Error, err.Error())
+	} else {
+		span.SetAttributes(attribute.String(attrReplica, d.Replica), attribute.Int(attrCached, d.CachedTokens),
+			attribute.Int("kvrouter.candidate_count", len(in.Candidates)))
+	}
+	span.End()
 	return d, err
 }
 
@@ -338,6 +361,7 @@ func (s *Server) finish(x *exchange) {
 		}
 		s.log.LogAttrs(x.r.Context(), lvl, "request", attrs...)
 	}
+	s.endSpan(x)
 	if x.abort {
 		panic(http.ErrAbortHandler) // net/http's documented way to cut a response short
 	}

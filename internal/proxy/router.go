@@ -55,6 +55,8 @@ type RouteInput struct {
 type Decision struct {
 	// Replica is the chosen candidate's name.
 	Replica string
+	// Policy names the policy that chose ("" when the router has none).
+	Policy string
 	// CachedTokens is the predicted prefix-cache hit on Replica, in tokens.
 	CachedTokens int
 	// Release ends the request's load lease; the proxy calls it exactly

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/tracing"
 )
 
 // Deps are a Server's collaborators.
@@ -39,6 +40,9 @@ type Deps struct {
 	Gatherer prometheus.Gatherer
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// Tracing traces requests (OpenTelemetry); nil records nothing but
+	// still passes a client's traceparent on to the engine.
+	Tracing *tracing.Tracing
 }
 
 // Server is the HTTP front. Safe for concurrent use.
@@ -50,6 +54,7 @@ type Server struct {
 	models  map[string]*model
 	handler http.Handler
 	reps    replicaSeries
+	tr      *tracing.Tracing
 }
 
 // model is one configured model group.
@@ -73,7 +78,8 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 	if deps.Fleet == nil {
 		errs = append(errs, errors.New("no fleet"))
 	}
-	s := &Server{cfg: cfg, deps: deps, log: log, models: map[string]*model{}, reps: replicaSeries{held: map[string]int{}}}
+	s := &Server{cfg: cfg, deps: deps, log: log, models: map[string]*model{}, reps: replicaSeries{held: map[string]int{}},
+		tr: tracingOrDisabled(deps.Tracing)}
 	for i, mc := range cfg.Models {
 		r := deps.Routers[mc.Name]
 		if r == nil {

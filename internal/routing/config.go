@@ -16,9 +16,14 @@ type Config struct {
 	// tokens. Default 16.
 	BlockSize int `yaml:"block_size"`
 	// PrefillRate and DecodeRate are each replica's throughput in tokens/s
-	// until SetRates. Defaults 10,000 and 2,000.
+	// until SetRates or learning (LearnRates) changes them. Defaults
+	// 10,000 and 2,000.
 	PrefillRate float64 `yaml:"prefill_rate"`
 	DecodeRate  float64 `yaml:"decode_rate"`
+	// LearnRates learns each replica's rates from its engine's counters
+	// (Router.ObserveRates). By default it learns the rates left unset
+	// above; one set explicitly stays as set.
+	LearnRates RateLearning `yaml:"learn_rates"`
 	// DefaultMaxTokens is the expected output length when a request gives
 	// none, in tokens. Default 256.
 	DefaultMaxTokens int `yaml:"default_max_tokens"`
@@ -109,6 +114,7 @@ func DefaultConfig(cfg Config) Config {
 	if cfg.BlockSize == 0 {
 		cfg.BlockSize = 16
 	}
+	cfg.LearnRates = cfg.LearnRates.resolve(cfg.PrefillRate != 0, cfg.DecodeRate != 0)
 	def(&cfg.PrefillRate, 10000)
 	def(&cfg.DecodeRate, 2000)
 	if cfg.DefaultMaxTokens == 0 {
@@ -160,6 +166,9 @@ func (cfg Config) validate() error {
 	var errs []error
 	if cfg.BlockSize < 0 {
 		errs = append(errs, fmt.Errorf("block_size %d: must be positive", cfg.BlockSize))
+	}
+	if err := cfg.LearnRates.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if cfg.PrefillRate < 0 || cfg.DecodeRate < 0 {
 		errs = append(errs, fmt.Errorf("prefill_rate %v, decode_rate %v: must be positive", cfg.PrefillRate, cfg.DecodeRate))

@@ -32,6 +32,7 @@ type replica struct {
 
 	prefillRate, decodeRate atomic.Uint64 // float64 bits
 	gauges                  atomic.Pointer[Gauges]
+	learn                   rateLearner
 }
 
 func (r *replica) load(now time.Time, maxAge time.Duration) Load {

@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"slices"
 	"time"
@@ -64,6 +65,19 @@ type Config struct {
 	GaugeInterval time.Duration
 	// Scale lists fleet changes, in any order.
 	Scale []Scale
+	// PrefillScale makes the fleet heterogeneous: replica i prefills at
+	// PrefillScale[i mod len] times the engine's prefill throughput
+	// (default: all 1; each must be positive). Example: 1, 0.4 mixes two
+	// GPU generations half and half.
+	PrefillScale []float64
+	// Rates is what the router knows of each replica's prefill rate:
+	// RatesConfigured (default) uses Routing's rates for every replica (the
+	// engine profile's when Routing.PrefillRate is zero), RatesKnown sets
+	// each replica's true prefill rate, RatesLearned starts from the
+	// configured rates and learns both from the engines' counters at every
+	// gauge refresh (routing.Router.ObserveRates, as serve does from
+	// /metrics).
+	Rates string
 	// SLO is the goodput threshold (default TTFT 2s, TPOT 100ms).
 	SLO report.SLO
 	// Seed makes runs reproducible (routing tie-breaks, event loss). Each
@@ -88,6 +102,13 @@ type Config struct {
 	// CPU, 12.5 s wall) and gain nothing from on.
 	Pipeline PipelineMode
 }
+
+// Values of Config.Rates.
+const (
+	RatesConfigured = "configured"
+	RatesKnown      = "known"
+	RatesLearned    = "learned"
+)
 
 // Defaults of Config's zero fields.
 const (
@@ -143,6 +164,18 @@ func (cfg Config) withDefaults() (Config, error) {
 	case PipelineAuto, PipelineOn, PipelineOff:
 	default:
 		errs = append(errs, fmt.Errorf("pipeline %q: want %s, %s or %s", cfg.Pipeline, PipelineAuto, PipelineOn, PipelineOff))
+	}
+	switch cfg.Rates {
+	case "":
+		cfg.Rates = RatesConfigured
+	case RatesConfigured, RatesKnown, RatesLearned:
+	default:
+		errs = append(errs, fmt.Errorf("rates %q: want %s, %s or %s", cfg.Rates, RatesConfigured, RatesKnown, RatesLearned))
+	}
+	for _, x := range cfg.PrefillScale {
+		if !(x > 0) || math.IsInf(x, 0) {
+			errs = append(errs, fmt.Errorf("prefill scale %v: must be positive and finite", x))
+		}
 	}
 	if cfg.Parallel < 1 {
 		errs = append(errs, fmt.Errorf("parallel %d: need at least 1", cfg.Parallel))

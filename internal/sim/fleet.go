@@ -109,6 +109,11 @@ func newFleet(cfg Config, policy string, w *workload.Workload, seed uint64) (*fl
 		if rcfg.PrefillRate == 0 {
 			rcfg.PrefillRate = cfg.prefillRate()
 		}
+		if cfg.Rates == RatesLearned && rcfg.LearnRates.Mode == "" {
+			rcfg.LearnRates.Mode = routing.LearnOn
+		} else if cfg.Rates != RatesLearned {
+			rcfg.LearnRates.Mode = routing.LearnOff
+		}
 		var ix routing.Index
 		if f.ix != nil {
 			ix = f.ix
@@ -163,6 +168,11 @@ func (f *fleet) addReplicas(n int) error {
 	for range n {
 		ecfg := f.cfg.Engine
 		ecfg.NoEvents = f.ix == nil
+		rate := f.cfg.prefillRate()
+		if sc := f.cfg.PrefillScale; len(sc) > 0 {
+			rate *= sc[len(f.reps)%len(sc)]
+			ecfg.Timing.PrefillTokensPerSec = rate
+		}
 		core, err := enginesim.NewCore(ecfg)
 		if err != nil {
 			return err
@@ -173,9 +183,22 @@ func (f *fleet) addReplicas(n int) error {
 		f.run.Replicas = append(f.run.Replicas, r.name)
 		if f.router != nil {
 			f.router.AddReplica(r.name)
+			switch f.cfg.Rates {
+			case RatesKnown:
+				f.router.SetRates(r.name, rate, 0)
+			case RatesLearned:
+				f.router.ObserveRates(r.name, rateSample(core, f.clock()))
+			}
 		}
 	}
 	return nil
+}
+
+// rateSample reads a Core's counters as serve reads an engine's /metrics.
+func rateSample(c *enginesim.Core, at time.Time) routing.RateSample {
+	s := c.Stats()
+	return routing.RateSample{At: at, PrefillTokens: float64(s.PrefillComputedTokens), PrefillSeconds: s.PrefillSeconds,
+		DecodeTokens: float64(s.GenerationTokens), DecodeSeconds: s.DecodeSeconds}
 }
 
 // simulate runs the whole workload and returns the policy's Run.
@@ -419,6 +442,9 @@ func (f *fleet) gauges() {
 	for _, r := range f.reps {
 		if !r.removed {
 			f.router.ObserveGauges(r.name, routing.Gauges{Waiting: r.core.Waiting(), Running: r.core.Running(), KVUsage: r.core.KVUsage(), At: at})
+			if f.cfg.Rates == RatesLearned {
+				f.router.ObserveRates(r.name, rateSample(r.core, at))
+			}
 		}
 	}
 }

@@ -22,28 +22,31 @@ func (w wrapped) RegisterRouter(policy string, stats func() routing.Stats) error
 		return prometheus.NewDesc("kvrouter_routing_"+name, help, labels, l)
 	}
 	return w.reg.Register(&collector{
-		stats:     stats,
-		decisions: d("decisions_total", "Requests routed, by chosen replica.", "replica"),
-		inFlight:  d("in_flight_requests", "Requests routed and not yet released, by replica.", "replica"),
-		queued:    d("queued_prefill_tokens", "Uncached prompt tokens of requests before their first token, by replica.", "replica"),
-		decode:    d("running_decode_tokens", "Expected output tokens of requests past their first token, by replica.", "replica"),
-		noReplica: d("no_replica_total", "Route calls that found no eligible replica."),
-		underflow: d("lease_underflow_total", "Load releases that would have made a counter negative (accounting bugs)."),
-		prompt:    d("prompt_tokens_total", "Prompt tokens routed."),
-		cached:    d("cached_tokens_total", "Prompt tokens in leading blocks the chosen replica held or had predicted."),
-		duration:  d("route_duration_seconds", "Time to choose a replica: hashing, lookup, policy."),
+		stats:       stats,
+		decisions:   d("decisions_total", "Requests routed, by chosen replica.", "replica"),
+		inFlight:    d("in_flight_requests", "Requests routed and not yet released, by replica.", "replica"),
+		queued:      d("queued_prefill_tokens", "Uncached prompt tokens of requests before their first token, by replica.", "replica"),
+		decode:      d("running_decode_tokens", "Expected output tokens of requests past their first token, by replica.", "replica"),
+		prefillRate: d("prefill_rate_tokens_per_second", "Prefill throughput the cost function uses, by replica: configured, set, or learned from the engine (learn_rates).", "replica"),
+		decodeRate:  d("decode_rate_tokens_per_second", "Decode throughput the cost function uses, by replica: configured, set, or learned from the engine (learn_rates).", "replica"),
+		noReplica:   d("no_replica_total", "Route calls that found no eligible replica."),
+		underflow:   d("lease_underflow_total", "Load releases that would have made a counter negative (accounting bugs)."),
+		prompt:      d("prompt_tokens_total", "Prompt tokens routed."),
+		cached:      d("cached_tokens_total", "Prompt tokens in leading blocks the chosen replica held or had predicted."),
+		duration:    d("route_duration_seconds", "Time to choose a replica: hashing, lookup, policy."),
 	})
 }
 
 type collector struct {
 	stats                                          func() routing.Stats
 	decisions, inFlight, queued, decode            *prometheus.Desc
+	prefillRate, decodeRate                        *prometheus.Desc
 	noReplica, underflow, prompt, cached, duration *prometheus.Desc
 }
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.decisions, c.inFlight, c.queued, c.decode, c.noReplica, c.underflow, c.prompt, c.cached, c.duration} {
+	for _, d := range []*prometheus.Desc{c.decisions, c.inFlight, c.queued, c.decode, c.prefillRate, c.decodeRate, c.noReplica, c.underflow, c.prompt, c.cached, c.duration} {
 		ch <- d
 	}
 }
@@ -57,6 +60,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(r.Load.InFlight), r.Name)
 		ch <- prometheus.MustNewConstMetric(c.queued, prometheus.GaugeValue, float64(r.Load.QueuedPrefill), r.Name)
 		ch <- prometheus.MustNewConstMetric(c.decode, prometheus.GaugeValue, float64(r.Load.RunningDecode), r.Name)
+		ch <- prometheus.MustNewConstMetric(c.prefillRate, prometheus.GaugeValue, r.Load.PrefillRate, r.Name)
+		ch <- prometheus.MustNewConstMetric(c.decodeRate, prometheus.GaugeValue, r.Load.DecodeRate, r.Name)
 	}
 	ch <- prometheus.MustNewConstMetric(c.noReplica, prometheus.CounterValue, float64(s.NoReplica))
 	ch <- prometheus.MustNewConstMetric(c.underflow, prometheus.CounterValue, float64(s.LeaseUnderflow))

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 
 	dto "github.com/prometheus/client_model/go"
@@ -32,6 +33,18 @@ type Metrics struct {
 	PrefixCacheQueries, PrefixCacheHits float64
 	// Preemptions counts preempted requests (vllm:num_preemptions_total).
 	Preemptions float64
+	// PromptTokens and GenerationTokens are token counters
+	// (vllm:prompt_tokens_total, vllm:generation_tokens_total).
+	PromptTokens, GenerationTokens float64
+	// PrefillSeconds and DecodeSeconds are the _sum of the histograms
+	// vllm:request_prefill_time_seconds (first scheduled to first token)
+	// and vllm:request_decode_time_seconds (first token to finish),
+	// observed once per finished request (PrometheusStatLogger.record).
+	PrefillSeconds, DecodeSeconds float64
+	// PrefillComputedTokens is the _sum of
+	// vllm:request_prefill_kv_computed_tokens (prompt tokens computed, not
+	// found in the prefix cache), on engines that have it; -1 when absent.
+	PrefillComputedTokens float64
 	// BlockSize (tokens), NumGPUBlocks and HashAlgo come from the labels
 	// block_size, num_gpu_blocks and prefix_caching_hash_algo of
 	// vllm:cache_config_info (first engine's; 0 or "" when absent or not
@@ -59,6 +72,11 @@ const (
 	metricHitsOld        = "vllm:gpu_prefix_cache_hits_total"
 	metricPreemptions    = "vllm:num_preemptions_total"
 	metricCacheConfig    = "vllm:cache_config_info"
+	metricPromptTokens   = "vllm:prompt_tokens_total"
+	metricGenTokens      = "vllm:generation_tokens_total"
+	metricPrefillTime    = "vllm:request_prefill_time_seconds"
+	metricDecodeTime     = "vllm:request_decode_time_seconds"
+	metricPrefillKV      = "vllm:request_prefill_kv_computed_tokens"
 	labelEngine          = "engine"
 	labelBlockSize       = "block_size"
 	labelNumGPUBlocks    = "num_gpu_blocks"
@@ -117,6 +135,21 @@ func Parse(r io.Reader) (Metrics, error) {
 	if m.Preemptions, _, ok = sum(metricPreemptions); !ok {
 		m.Missing = append(m.Missing, metricPreemptions)
 	}
+	if m.PromptTokens, _, ok = sum(metricPromptTokens); !ok {
+		m.Missing = append(m.Missing, metricPromptTokens)
+	}
+	if m.GenerationTokens, _, ok = sum(metricGenTokens); !ok {
+		m.Missing = append(m.Missing, metricGenTokens)
+	}
+	if m.PrefillSeconds, ok = histSum(families[metricPrefillTime]); !ok {
+		m.Missing = append(m.Missing, metricPrefillTime)
+	}
+	if m.DecodeSeconds, ok = histSum(families[metricDecodeTime]); !ok {
+		m.Missing = append(m.Missing, metricDecodeTime)
+	}
+	if m.PrefillComputedTokens, ok = histSum(families[metricPrefillKV]); !ok {
+		m.PrefillComputedTokens = -1
+	}
 	if mf := families[metricCacheConfig]; mf != nil && len(mf.GetMetric()) > 0 {
 		s := mf.GetMetric()[0]
 		m.BlockSize = atoiOrZero(labelValue(s, labelBlockSize))
@@ -127,6 +160,24 @@ func Parse(r io.Reader) (Metrics, error) {
 	}
 	m.Engines = len(engines)
 	return m, nil
+}
+
+// histSum adds up the _sum of a histogram family's samples (every engine
+// and model); ok is false when the family is absent, empty or not a
+// histogram.
+func histSum(mf *dto.MetricFamily) (float64, bool) {
+	if mf == nil || len(mf.GetMetric()) == 0 {
+		return 0, false
+	}
+	total := 0.0
+	for _, s := range mf.GetMetric() {
+		h := s.GetHistogram()
+		if h == nil {
+			return 0, false
+		}
+		total += h.GetSampleSum()
+	}
+	return total, true
 }
 
 // sampleValue returns a gauge, counter or untyped sample's value.
@@ -161,4 +212,26 @@ func atoiOrZero(s string) int {
 		return int(f)
 	}
 	return 0
+}
+
+// RateCounters returns the cumulative counters a router learns an engine's
+// throughput from: prompt tokens computed (PrefillComputedTokens, else
+// PromptTokens minus PrefixCacheHits: hits after a preemption then count
+// against the prefill, a small low bias), prefill seconds, generated tokens
+// and decode seconds. ok is false when any of them is missing (an engine
+// too old to have the phase histograms).
+func (m Metrics) RateCounters() (prefillTokens, prefillSeconds, decodeTokens, decodeSeconds float64, ok bool) {
+	for _, name := range []string{metricPromptTokens, metricGenTokens, metricPrefillTime, metricDecodeTime} {
+		if slices.Contains(m.Missing, name) {
+			return 0, 0, 0, 0, false
+		}
+	}
+	prefillTokens = m.PrefillComputedTokens
+	if prefillTokens < 0 {
+		if slices.Contains(m.Missing, metricHits) {
+			return 0, 0, 0, 0, false
+		}
+		prefillTokens = math.Max(0, m.PromptTokens-m.PrefixCacheHits)
+	}
+	return prefillTokens, m.PrefillSeconds, m.GenerationTokens, m.DecodeSeconds, true
 }

@@ -47,6 +47,29 @@ vllm:time_to_first_token_seconds_bucket{engine="0",le="0.001",model_name="Qwen/Q
 vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="Qwen/Qwen3-8B"} 7.0
 vllm:time_to_first_token_seconds_count{engine="0",model_name="Qwen/Qwen3-8B"} 7.0
 vllm:time_to_first_token_seconds_sum{engine="0",model_name="Qwen/Qwen3-8B"} 1.25
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="Qwen/Qwen3-8B"} 9000.0
+vllm:prompt_tokens_total{engine="1",model_name="Qwen/Qwen3-8B"} 4000.0
+# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="Qwen/Qwen3-8B"} 700.0
+vllm:generation_tokens_total{engine="1",model_name="Qwen/Qwen3-8B"} 300.0
+# HELP vllm:request_prefill_time_seconds Histogram of time spent in PREFILL phase for request.
+# TYPE vllm:request_prefill_time_seconds histogram
+vllm:request_prefill_time_seconds_bucket{engine="0",le="0.3",model_name="Qwen/Qwen3-8B"} 6.0
+vllm:request_prefill_time_seconds_bucket{engine="0",le="+Inf",model_name="Qwen/Qwen3-8B"} 7.0
+vllm:request_prefill_time_seconds_count{engine="0",model_name="Qwen/Qwen3-8B"} 7.0
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="Qwen/Qwen3-8B"} 0.5
+vllm:request_prefill_time_seconds_bucket{engine="1",le="0.3",model_name="Qwen/Qwen3-8B"} 3.0
+vllm:request_prefill_time_seconds_bucket{engine="1",le="+Inf",model_name="Qwen/Qwen3-8B"} 3.0
+vllm:request_prefill_time_seconds_count{engine="1",model_name="Qwen/Qwen3-8B"} 3.0
+vllm:request_prefill_time_seconds_sum{engine="1",model_name="Qwen/Qwen3-8B"} 0.25
+# HELP vllm:request_decode_time_seconds Histogram of time spent in DECODE phase for request.
+# TYPE vllm:request_decode_time_seconds histogram
+vllm:request_decode_time_seconds_bucket{engine="0",le="+Inf",model_name="Qwen/Qwen3-8B"} 7.0
+vllm:request_decode_time_seconds_count{engine="0",model_name="Qwen/Qwen3-8B"} 7.0
+vllm:request_decode_time_seconds_sum{engine="0",model_name="Qwen/Qwen3-8B"} 12.0
 # HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
 # TYPE vllm:cache_config_info gauge
 vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="0",gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="27913",prefix_caching_hash_algo="sha256_cbor"} 1.0
@@ -61,8 +84,9 @@ func TestParse(t *testing.T) {
 	}{
 		{"two engines", sampleMetrics, Metrics{
 			Running: 5, Waiting: 1, KVCacheUsage: 0.375, PrefixCacheQueries: 15000,
-			PrefixCacheHits: 8000, Preemptions: 3, BlockSize: 16, NumGPUBlocks: 27913,
-			HashAlgo: "sha256_cbor", Engines: 2,
+			PrefixCacheHits: 8000, Preemptions: 3, PromptTokens: 13000, GenerationTokens: 1000,
+			PrefillSeconds: 0.75, DecodeSeconds: 12, PrefillComputedTokens: -1,
+			BlockSize: 16, NumGPUBlocks: 27913, HashAlgo: "sha256_cbor", Engines: 2,
 		}},
 		{"old names, no engine label, untyped, num_gpu_blocks None", `vllm:num_requests_running{model_name="m"} 1
 vllm:num_requests_waiting{model_name="m"} 4
@@ -72,12 +96,15 @@ vllm:gpu_prefix_cache_hits_total{model_name="m"} 16
 vllm:num_preemptions_total{model_name="m"} 0
 vllm:cache_config_info{block_size="64.0",num_gpu_blocks="None"} 1
 `, Metrics{Running: 1, Waiting: 4, KVCacheUsage: 0.9, PrefixCacheQueries: 32,
-			PrefixCacheHits: 16, BlockSize: 64, Engines: 1}},
-		{"empty", "", Metrics{Missing: []string{metricRunning, metricWaiting, metricKVUsage,
-			metricQueries, metricHits, metricPreemptions, metricCacheConfig}}},
+			PrefixCacheHits: 16, BlockSize: 64, Engines: 1, PrefillComputedTokens: -1,
+			Missing: []string{metricPromptTokens, metricGenTokens, metricPrefillTime, metricDecodeTime}}},
+		{"empty", "", Metrics{PrefillComputedTokens: -1, Missing: []string{metricRunning, metricWaiting, metricKVUsage,
+			metricQueries, metricHits, metricPreemptions, metricPromptTokens, metricGenTokens,
+			metricPrefillTime, metricDecodeTime, metricCacheConfig}}},
 		{"only running", "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 2\n", Metrics{
-			Running: 2, Engines: 1, Missing: []string{metricWaiting, metricKVUsage, metricQueries,
-				metricHits, metricPreemptions, metricCacheConfig}}},
+			Running: 2, Engines: 1, PrefillComputedTokens: -1, Missing: []string{metricWaiting, metricKVUsage, metricQueries,
+				metricHits, metricPreemptions, metricPromptTokens, metricGenTokens, metricPrefillTime,
+				metricDecodeTime, metricCacheConfig}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -117,7 +144,7 @@ func FuzzParse(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if m.BlockSize < 0 || m.NumGPUBlocks < 0 || m.Engines < 0 || len(m.Missing) > 7 {
+		if m.BlockSize < 0 || m.NumGPUBlocks < 0 || m.Engines < 0 || len(m.Missing) > 11 {
 			t.Fatalf("inconsistent result %+v", m)
 		}
 		m2, err := Parse(strings.NewReader(text))
@@ -129,10 +156,40 @@ func FuzzParse(f *testing.F) {
 
 // normNaN replaces NaN values so results compare with DeepEqual.
 func normNaN(m Metrics) Metrics {
-	for _, p := range []*float64{&m.Running, &m.Waiting, &m.KVCacheUsage, &m.PrefixCacheQueries, &m.PrefixCacheHits, &m.Preemptions} {
+	for _, p := range []*float64{&m.Running, &m.Waiting, &m.KVCacheUsage, &m.PrefixCacheQueries, &m.PrefixCacheHits, &m.Preemptions, &m.PromptTokens, &m.GenerationTokens, &m.PrefillSeconds, &m.DecodeSeconds, &m.PrefillComputedTokens} {
 		if *p != *p {
 			*p = -1
 		}
 	}
 	return m
+}
+
+func TestRateCounters(t *testing.T) {
+	m, err := Parse(strings.NewReader(sampleMetrics))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pt, ps, dt, ds, ok := m.RateCounters()
+	// Computed prompt tokens: 13,000 prompt tokens - 8,000 cache hits.
+	if !ok || pt != 5000 || ps != 0.75 || dt != 1000 || ds != 12 {
+		t.Errorf("RateCounters = %v %v %v %v %v, want 5000 0.75 1000 12 true", pt, ps, dt, ds, ok)
+	}
+	withKV := sampleMetrics + `# TYPE vllm:request_prefill_kv_computed_tokens histogram
+vllm:request_prefill_kv_computed_tokens_bucket{engine="0",le="+Inf",model_name="Qwen/Qwen3-8B"} 7.0
+vllm:request_prefill_kv_computed_tokens_count{engine="0",model_name="Qwen/Qwen3-8B"} 7.0
+vllm:request_prefill_kv_computed_tokens_sum{engine="0",model_name="Qwen/Qwen3-8B"} 4321.0
+`
+	if m, err = Parse(strings.NewReader(withKV)); err != nil {
+		t.Fatal(err)
+	}
+	if pt, _, _, _, ok = m.RateCounters(); !ok || pt != 4321 {
+		t.Errorf("with request_prefill_kv_computed_tokens: prefill tokens %v %v, want 4321 true", pt, ok)
+	}
+	old := strings.ReplaceAll(sampleMetrics, "vllm:request_decode_time_seconds", "vllm:other")
+	if m, err = Parse(strings.NewReader(old)); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, _, ok = m.RateCounters(); ok {
+		t.Error("RateCounters ok without vllm:request_decode_time_seconds")
+	}
 }
