@@ -172,9 +172,9 @@ models:
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	for l := range strings.Lines(string(body)) {
-		// The fleet's series (endpoint=) go with the engine; the proxy's
-		// per-replica request counters stay (known gap: docs/kubernetes.md).
-		if strings.Contains(l, `endpoint="`+podA+`"`) {
+		// Every series naming the engine (fleet endpoint=, proxy and
+		// routing replica=, ...) goes with it.
+		if strings.Contains(l, `="`+podA+`"`) {
 			t.Errorf("removed engine %s left a series: %s", podA, strings.TrimSpace(l))
 		}
 	}
