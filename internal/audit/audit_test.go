@@ -11,7 +11,9 @@ import (
 
 // TestVerdicts decides verdicts from counters over a 100 s window.
 func TestVerdicts(t *testing.T) {
-	c := func(q, h, req, pre float64) Counters { return Counters{Queries: q, Hits: h, Requests: req, Preemptions: pre} }
+	c := func(q, h, req, pre float64) Counters {
+		return Counters{Queries: q, Hits: h, Requests: req, Preemptions: pre}
+	}
 	for _, tt := range []struct {
 		name   string
 		reps   map[string]Counters
