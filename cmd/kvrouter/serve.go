@@ -22,6 +22,7 @@ import (
 	"kvrouter/internal/proxy"
 	"kvrouter/internal/routing/routingprom"
 	"kvrouter/internal/tokenizer"
+	"kvrouter/internal/ui"
 	"kvrouter/internal/vllm/enginemetrics"
 	"kvrouter/internal/vllm/kvevents"
 )
@@ -31,6 +32,7 @@ type serveFlags struct {
 	cfg      proxy.Config
 	pos      proxy.Positions
 	logLevel slog.Level
+	noUI     bool // --ui=false: no /ui page
 }
 
 // parseServeFlags reads --config FILE, or builds a one-model configuration
@@ -58,10 +60,11 @@ func parseServeFlags(args []string, getenv func(string) string, sio stdio) (*ser
 	fs.Var(&events, "events", "quick form: KV events endpoint of the n-th --engine, e.g. tcp://10.0.0.1:5557 (repeatable, in --engine order)")
 	fs.Var(&replays, "replay", "quick form: replay endpoint of the n-th --engine, e.g. tcp://10.0.0.1:5600 (repeatable, in --engine order)")
 	fs.TextVar(&logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
+	uiOn := fs.Bool("ui", true, "serve the live fleet page on /ui (API key required when api_key is set)")
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
-	out := &serveFlags{logLevel: logLevel}
+	out := &serveFlags{logLevel: logLevel, noUI: !*uiOn}
 	quick := *model != "" || len(engines) > 0 || len(events) > 0 || len(replays) > 0 || *tok != "" || *policy != "" || *noHitRepo || *evBind || *evQueue != 0
 	switch {
 	case *config != "" && quick:
@@ -185,7 +188,11 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 	fcfg.BackoffBase, fcfg.BackoffMax = h.BackoffBase, h.BackoffMax
 	fcfg.EjectAfterProbeTimeouts, fcfg.PanicThreshold, fcfg.ModelsInterval = h.EjectAfterProbeTimeouts, h.PanicThreshold, h.ModelsInterval
 	fcfg.TLS = tlsCfg.engines
+	var page *ui.UI // set once the fleet exists, before anything runs
 	fcfg.OnMetrics = func(ep *fleet.Endpoint, m enginemetrics.Metrics) {
+		if page != nil {
+			page.Observe(ep.Name(), m)
+		}
 		for _, model := range ep.Models() {
 			if b := backends[model]; b != nil {
 				b.Observe(ep.Name(), m, time.Now())
@@ -270,8 +277,12 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		closePools()
 		return nil, err
 	}
-	srv, err := proxy.New(cfg, proxy.Deps{Fleet: flt, Routers: routers, Tokenizers: toks, Gatherer: reg, EngineTLS: tlsCfg.engines,
-		EventsConnected: func() map[string]bool { return connectedEngines(reg) }}, log, reg)
+	deps := proxy.Deps{Fleet: flt, Routers: routers, Tokenizers: toks, Gatherer: reg, EngineTLS: tlsCfg.engines,
+		EventsConnected: func() map[string]bool { return connectedEngines(reg) }}
+	if !fl.noUI {
+		page = newUI(cfg, flt, reg, &deps)
+	}
+	srv, err := proxy.New(cfg, deps, log, reg)
 	if err != nil {
 		closePools()
 		return nil, err

@@ -225,6 +225,9 @@ func (s *Server) decide(x *exchange, in *RouteInput) (Decision, error) {
 	t0 := time.Now()
 	d, err := x.m.router.Route(in)
 	s.m.decision.WithLabelValues(x.req.model).Observe(time.Since(t0).Seconds())
+	if err == nil && s.deps.OnDecision != nil {
+		s.deps.OnDecision(x.req.model, x.id, len(x.tokens), d)
+	}
 	return d, err
 }
 
