@@ -19,7 +19,7 @@ func (r Report) WriteText(w io.Writer) error {
 			fmt.Fprintf(&b, "  shadow: kv would have found %.1f%% of %0.f prompt tokens cached\n", 100*m.Shadow.HitRate, m.Shadow.PromptTokens)
 		}
 		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "  replica\thit rate (tokens)\tqueried tokens/s\trequests/s\tpreemptions/request\tKV usage\texternal hit rate\t")
+		fmt.Fprintln(tw, "  replica\thit rate (tokens)\tqueried tokens/s\trequests/s\tpreemptions/request\tKV usage\texternal hit rate")
 		for _, rep := range m.Replicas {
 			usage, ext := "-", "-"
 			if rep.KVUsage != nil {
@@ -28,9 +28,9 @@ func (r Report) WriteText(w io.Writer) error {
 			if rep.ExternalHitRate != nil {
 				ext = fmt.Sprintf("%.1f%%", 100**rep.ExternalHitRate)
 			}
-			fmt.Fprintf(tw, "  %s\t%.1f%%\t%.0f\t%.2f\t%.3f\t%s\t%s\t\n", rep.Name, 100*rep.HitRate, rep.QueryTokensPerSec, rep.RequestsPerSec, rep.PreemptionShare, usage, ext)
+			fmt.Fprintf(tw, "  %s\t%.1f%%\t%.0f\t%.2f\t%.3f\t%s\t%s\n", rep.Name, 100*rep.HitRate, rep.QueryTokensPerSec, rep.RequestsPerSec, rep.PreemptionShare, usage, ext)
 		}
-		fmt.Fprintf(tw, "  fleet (%d)\t%.1f%%\t%.0f\t%.2f\t%.3f\t\t\t\n", len(m.Replicas), 100*m.HitRate, m.QueryTokensPerSec, m.RequestsPerSec, ratio(m.PreemptionsPerSec, m.RequestsPerSec))
+		fmt.Fprintf(tw, "  fleet (%d)\t%.1f%%\t%.0f\t%.2f\t%.3f\n", len(m.Replicas), 100*m.HitRate, m.QueryTokensPerSec, m.RequestsPerSec, ratio(m.PreemptionsPerSec, m.RequestsPerSec))
 		if err := tw.Flush(); err != nil {
 			return err
 		}
