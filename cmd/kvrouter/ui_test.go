@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"kvrouter/internal/browsertest"
 	"kvrouter/internal/promtest"
 )
 
@@ -51,11 +52,11 @@ models:
 		}
 	}
 
-	page := startChromium(t, url+"/ui")
+	page := browsertest.Open(t, url+"/ui")
 	type row struct{ Engine, State, Events string }
 	rows := func() map[string]row {
 		var rs []row
-		page.eval(`[...document.querySelectorAll("tr[data-engine]")].map(r => ({Engine: r.dataset.engine, State: r.dataset.state, Events: r.dataset.events}))`, &rs)
+		page.Eval(`[...document.querySelectorAll("tr[data-engine]")].map(r => ({Engine: r.dataset.engine, State: r.dataset.state, Events: r.dataset.events}))`, &rs)
 		m := map[string]row{}
 		for _, x := range rs {
 			m[x.Engine] = x
@@ -64,7 +65,7 @@ models:
 	}
 	polls := func() int {
 		var n string
-		page.eval(`document.body.dataset.polls || "0"`, &n)
+		page.Eval(`document.body.dataset.polls || "0"`, &n)
 		var v int
 		fmt.Sscan(n, &v)
 		return v
@@ -74,14 +75,14 @@ models:
 		return m["gpu-a"] == row{"gpu-a", "up", "connected"} && m["gpu-b"] == row{"gpu-b", "up", "connected"}
 	})
 	var decisions int
-	page.eval(`document.querySelectorAll("details[data-request]").length`, &decisions)
+	page.Eval(`document.querySelectorAll("details[data-request]").length`, &decisions)
 	var explain string
-	page.eval(`(document.querySelector("details[data-request] pre") || {}).textContent || ""`, &explain)
+	page.Eval(`(document.querySelector("details[data-request] pre") || {}).textContent || ""`, &explain)
 	if decisions != 6 || !strings.Contains(explain, `"policy": "kv"`) || !strings.Contains(explain, `"cached_tokens"`) {
 		t.Errorf("recent decisions: %d, explain %q; want 6 with kv's explain", decisions, explain)
 	}
 	var hit string
-	page.eval(`document.querySelector("section[data-model=m] .summary").textContent`, &hit)
+	page.Eval(`document.querySelector("section[data-model=m] .summary").textContent`, &hit)
 	if !strings.Contains(hit, "engines up 2 / 2") || !strings.Contains(hit, "hit rate predicted") {
 		t.Errorf("summary %q", hit)
 	}
@@ -94,7 +95,7 @@ models:
 	if after := polls(); after <= before {
 		t.Errorf("polls %d -> %d: the page did not update itself", before, after)
 	}
-	png := page.screenshot()
+	png := page.Screenshot()
 	if len(png) < 1000 || string(png[1:4]) != "PNG" {
 		t.Fatalf("screenshot: %d bytes", len(png))
 	}

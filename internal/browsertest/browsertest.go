@@ -1,4 +1,9 @@
-package main
+// Package browsertest drives Debian's headless Chromium for tests over the
+// DevTools protocol on a pipe (--remote-debugging-pipe: JSON messages
+// ending in NUL on file descriptors 3 and 4), so no WebSocket library is
+// needed. Network access is held to 127.0.0.1 and file:// URLs. Without
+// chromium a test skips, or fails under KVROUTER_TOOLS_REQUIRED=1.
+package browsertest
 
 import (
 	"bufio"
@@ -13,10 +18,8 @@ import (
 	"kvrouter/internal/promtest"
 )
 
-// cdp drives a headless Chromium over the DevTools protocol on a pipe
-// (--remote-debugging-pipe: JSON messages ending in NUL on fds 3 and 4),
-// so the test needs no WebSocket library.
-type cdp struct {
+// Page is one Chromium tab attached over the DevTools protocol.
+type Page struct {
 	t       *testing.T
 	w       *os.File
 	replies chan map[string]json.RawMessage
@@ -25,10 +28,10 @@ type cdp struct {
 	session string
 }
 
-// startChromium launches Debian's chromium headless, with networking held
-// to loopback (every host but 127.0.0.1 resolves to nothing), opens url in
-// a new tab and attaches to it.
-func startChromium(t *testing.T, url string) *cdp {
+// Open launches chromium headless, with networking held to loopback
+// (every host but 127.0.0.1 resolves to nothing), opens url in a new tab
+// and attaches to it. Chromium is killed when the test ends.
+func Open(t *testing.T, url string) *Page {
 	t.Helper()
 	bin := promtest.Tool(t, "chromium")
 	toChrome, ourW, err := os.Pipe()
@@ -50,7 +53,7 @@ func startChromium(t *testing.T, url string) *cdp {
 	}
 	toChrome.Close()
 	fromChrome.Close()
-	c := &cdp{t: t, w: ourW, replies: make(chan map[string]json.RawMessage, 64)}
+	c := &Page{t: t, w: ourW, replies: make(chan map[string]json.RawMessage, 64)}
 	go func() {
 		r := bufio.NewReaderSize(ourR, 1<<20)
 		for {
@@ -74,18 +77,18 @@ func startChromium(t *testing.T, url string) *cdp {
 	var target struct {
 		TargetID string `json:"targetId"`
 	}
-	c.call("Target.createTarget", map[string]any{"url": url}, &target)
+	c.Call("Target.createTarget", map[string]any{"url": url}, &target)
 	var att struct {
 		SessionID string `json:"sessionId"`
 	}
-	c.call("Target.attachToTarget", map[string]any{"targetId": target.TargetID, "flatten": true}, &att)
+	c.Call("Target.attachToTarget", map[string]any{"targetId": target.TargetID, "flatten": true}, &att)
 	c.session = att.SessionID
 	return c
 }
 
-// call sends one command (to the attached page once there is one) and
+// Call sends one command (to the attached page once there is one) and
 // decodes its result into out.
-func (c *cdp) call(method string, params map[string]any, out any) {
+func (c *Page) Call(method string, params map[string]any, out any) {
 	c.t.Helper()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -123,9 +126,9 @@ func (c *cdp) call(method string, params map[string]any, out any) {
 	}
 }
 
-// eval evaluates a JavaScript expression in the page and decodes its
+// Eval evaluates a JavaScript expression in the page and decodes its
 // JSON-serializable value into out.
-func (c *cdp) eval(expr string, out any) {
+func (c *Page) Eval(expr string, out any) {
 	c.t.Helper()
 	var res struct {
 		Result struct {
@@ -133,7 +136,7 @@ func (c *cdp) eval(expr string, out any) {
 		} `json:"result"`
 		ExceptionDetails json.RawMessage `json:"exceptionDetails"`
 	}
-	c.call("Runtime.evaluate", map[string]any{"expression": expr, "returnByValue": true}, &res)
+	c.Call("Runtime.evaluate", map[string]any{"expression": expr, "returnByValue": true}, &res)
 	if res.ExceptionDetails != nil {
 		c.t.Fatalf("eval %s: %s", expr, res.ExceptionDetails)
 	}
@@ -142,12 +145,12 @@ func (c *cdp) eval(expr string, out any) {
 	}
 }
 
-// screenshot returns the page as PNG.
-func (c *cdp) screenshot() []byte {
+// Screenshot returns the page as PNG.
+func (c *Page) Screenshot() []byte {
 	c.t.Helper()
 	var res struct {
 		Data []byte `json:"data"` // base64 in JSON
 	}
-	c.call("Page.captureScreenshot", map[string]any{"format": "png", "captureBeyondViewport": true}, &res)
+	c.Call("Page.captureScreenshot", map[string]any{"format": "png", "captureBeyondViewport": true}, &res)
 	return res.Data
 }
