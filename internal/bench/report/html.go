@@ -57,6 +57,14 @@ svg{display:block;margin:12px 0;background:#fff}
 		hit.series = append(hit.series, series{name: "bound", color: "#777777", dash: true, width: 1.2,
 			pts: []point{{lo.Seconds(), r.HitRateBound}, {hi.Seconds(), r.HitRateBound}}})
 	}
+	r.sweepSVG(&b, func(policy string) string {
+		for i, run := range r.runs {
+			if run.Policy == policy {
+				return color(i)
+			}
+		}
+		return color(len(r.runs))
+	})
 	ttft.svg(&b)
 	itl.svg(&b)
 	e2e.svg(&b)

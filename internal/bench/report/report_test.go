@@ -366,6 +366,8 @@ func TestHTMLLabelsInside(t *testing.T) {
 	var buf bytes.Buffer
 	r := New("labels", workload.Info{Name: "fixed"}, runs, SLO{})
 	r.HitRateBound = 0.9
+	r.AddSweep(0.5, r) // the goodput-against-load plot too
+	r.AddSweep(2, r)
 	if err := r.HTML(&buf); err != nil {
 		t.Fatal(err)
 	}
