@@ -47,7 +47,7 @@ type UI struct {
 
 	mu      sync.Mutex
 	engines map[string]engineSample // by endpoint name
-	recent  []Decision              // ring of the last Recent, oldest first once full
+	recent  []recorded // ring of the last Recent
 	next    int
 }
 
@@ -65,6 +65,14 @@ type Decision struct {
 	CachedTokens int             `json:"cached_tokens"`
 	PromptTokens int             `json:"prompt_tokens"`
 	Explain      json.RawMessage `json:"explain,omitempty"`
+}
+
+// recorded is a decision as Record keeps it: explain is marshalled only
+// when the page asks (the proxy builds a fresh record per decision and
+// does not touch it afterwards).
+type recorded struct {
+	d       Decision
+	explain any
 }
 
 // New returns a UI over deps.
@@ -90,33 +98,39 @@ func (u *UI) Forget(engine string) {
 	u.mu.Unlock()
 }
 
-// Record adds a routing decision to the recent list; explain is marshalled
-// now (an unmarshallable one is left out).
+// Record adds a routing decision to the recent list. explain must not be
+// changed afterwards: it is marshalled when the page reads it (an
+// unmarshallable one is left out). It is on the request path: a lock and
+// a copy, no allocation of its own once the list is full (BenchmarkRecord).
 func (u *UI) Record(model, requestID, replica string, cached, prompt int, explain any) {
-	d := Decision{Time: u.deps.Now(), Model: model, RequestID: requestID, Replica: replica, CachedTokens: cached, PromptTokens: prompt}
-	if explain != nil {
-		if b, err := json.Marshal(explain); err == nil {
-			d.Explain = b
-		}
-	}
+	r := recorded{Decision{Time: u.deps.Now(), Model: model, RequestID: requestID, Replica: replica, CachedTokens: cached, PromptTokens: prompt}, explain}
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if len(u.recent) < Recent {
-		u.recent = append(u.recent, d)
+		u.recent = append(u.recent, r)
 		return
 	}
-	u.recent[u.next] = d
+	u.recent[u.next] = r
 	u.next = (u.next + 1) % Recent
 }
 
-// recentDecisions returns the recent decisions, newest first.
+// recentDecisions returns the recent decisions, newest first, with their
+// explain records marshalled.
 func (u *UI) recentDecisions() []Decision {
 	u.mu.Lock()
-	defer u.mu.Unlock()
-	out := make([]Decision, 0, len(u.recent))
+	rs := make([]recorded, 0, len(u.recent))
 	for i := range u.recent {
-		j := (u.next - 1 - i + 2*len(u.recent)) % len(u.recent)
-		out = append(out, u.recent[j])
+		rs = append(rs, u.recent[(u.next-1-i+2*len(u.recent))%len(u.recent)])
+	}
+	u.mu.Unlock()
+	out := make([]Decision, len(rs))
+	for i, r := range rs {
+		out[i] = r.d
+		if r.explain != nil {
+			if b, err := json.Marshal(r.explain); err == nil {
+				out[i].Explain = b
+			}
+		}
 	}
 	return out
 }

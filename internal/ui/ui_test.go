@@ -127,3 +127,19 @@ func TestPageSelfContained(t *testing.T) {
 		t.Errorf("CSP %q", resp.Header.Get("Content-Security-Policy"))
 	}
 }
+
+// BenchmarkRecord is the /ui's cost on the request path: one decision
+// recorded into a full list.
+//
+//	go test -run '^$' -bench BenchmarkRecord -benchmem ./internal/ui/
+func BenchmarkRecord(b *testing.B) {
+	u := New(Config{}, Deps{Fleet: nil})
+	var explain any = struct{ Policy string }{"kv"} // boxed once, as the proxy hands it over
+	for range Recent {
+		u.Record("m", "id", "a", 16, 100, explain)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		u.Record("m", "0123456789abcdef0123456789abcdef", "gpu-a", 608, 617, explain)
+	}
+}
