@@ -47,7 +47,7 @@ type UI struct {
 
 	mu      sync.Mutex
 	engines map[string]engineSample // by endpoint name
-	recent  []recorded // ring of the last Recent
+	recent  []recorded              // ring of the last Recent
 	next    int
 }
 
