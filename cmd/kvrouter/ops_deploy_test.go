@@ -193,7 +193,7 @@ func TestDashboardAndRulesLive(t *testing.T) {
 	url, _ := serveLogged(t, y.String())
 	r := &e2eRouter{t: t, url: url, client: &http.Client{Timeout: 30 * time.Second}}
 	t.Cleanup(r.client.CloseIdleConnections)
-	e2eEventually(t, 60*time.Second, "router ready", func() bool { code, _ := r.ready("?full=1"); return code == 200 })
+	opsWaitReady(t, url)
 	t.Cleanup(func() { a.stop(); b.stop(); c.stop() }) // before the router stops (zmq4 close race)
 
 	prom := promtest.Start(t, time.Second, []promtest.Job{

@@ -83,3 +83,27 @@ func opsPost(r *e2eRouter, path, body string) error {
 	}
 	return nil
 }
+
+// opsWaitReady waits up to 2 minutes for the router's /ready?full=1 to
+// answer 200. Errors are retried: the router accepts connections before it
+// serves them (under -race on a loaded machine, loading two tokenizers and
+// probing the engines takes tens of seconds).
+func opsWaitReady(t *testing.T, url string) {
+	t.Helper()
+	c := &http.Client{Timeout: 5 * time.Second}
+	defer c.CloseIdleConnections()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		resp, err := c.Get(url + "/ready?full=1")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("router not ready within 2 minutes (last: %v)", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -44,7 +44,7 @@ models:
 `, e2eQwen3Dir, a.url, a.events, a.replay, b.url, b.events, b.replay))
 	r := &e2eRouter{t: t, url: url, client: &http.Client{Timeout: 30 * time.Second}}
 	t.Cleanup(r.client.CloseIdleConnections)
-	e2eEventually(t, 60*time.Second, "router ready", func() bool { code, _ := r.ready("?full=1"); return code == 200 })
+	opsWaitReady(t, url)
 	t.Cleanup(func() { a.stop(); b.stop() })
 	for i := range 6 {
 		if err := opsPost(r, "/v1/chat/completions", e2eChat("You are a helpful assistant.", fmt.Sprintf("question %d", i%2))); err != nil {
