@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"kvrouter/internal/enginesim"
 )
 
 // load reads a real config.json from testdata/models (see testdata/README.md).
@@ -250,4 +252,26 @@ func FuzzParseConfig(f *testing.F) {
 			t.Fatalf("negative bytes per token for %+v", m)
 		}
 	})
+}
+
+// TestEngineSimProfileFits ties the simulator's h100-llama3-8b profile to
+// this package's arithmetic: its 27,000 GPU blocks of 16 tokens are what
+// Llama 3.1 8B leaves on an 80 GiB H100 at 0.9 utilization when vLLM's
+// profiling run reserves about 4.3 GiB besides the weights (activations
+// and CUDA graphs: a plausible 1-8 GiB).
+func TestEngineSimProfileFits(t *testing.T) {
+	_, blocks, err := enginesim.Profile(enginesim.ProfileH100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := load(t, "llama-3.1-8b-instruct")
+	r, err := Compute(Input{Model: m, GPUMemory: 80 * GiB})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reserve := r.KVMemory - float64(blocks)*16*KVBytesPerToken(m, 2)
+	if reserve < 1*GiB || reserve > 8*GiB {
+		t.Errorf("the profile's %d blocks imply a %.2f GiB reserve, outside 1-8 GiB", blocks, reserve/GiB)
+	}
+	t.Logf("h100-llama3-8b: %d blocks = %.2f GiB of KV; implied reserve %.2f GiB", blocks, float64(blocks)*16*131072/GiB, reserve/GiB)
 }
