@@ -40,6 +40,8 @@ func commands() []command {
 		{"tokenize", "tokenize text or a chat with a tokenizer.json", runTokenize},
 		{"sim", "simulate a fleet on a virtual clock and compare policies", runSim},
 		{"bench", "replay a workload against live servers", runBench},
+		{"audit", "does this fleet's traffic deserve a KV-aware router? (Prometheus or the engines' /metrics)", runAudit},
+		{"plan", "size the KV cache: bytes per token, tokens per GPU, requests that fit, transfer time", runPlan},
 		{"demo", "start engine-sims and kvrouter and compare policies on the Mooncake trace", runDemo},
 		{"version", "print the build: version, VCS revision, Go version", runVersion},
 	}

@@ -28,6 +28,7 @@ import (
 	"kvrouter/internal/routing/routingprom"
 	"kvrouter/internal/tokenizer"
 	"kvrouter/internal/tracing"
+	"kvrouter/internal/ui"
 	"kvrouter/internal/vllm/enginemetrics"
 	"kvrouter/internal/vllm/kvevents"
 )
@@ -49,6 +50,7 @@ type serveFlags struct {
 	poll time.Duration
 	// hup receives SIGHUP (nil: none).
 	hup <-chan os.Signal
+	noUI     bool // --ui=false: no /ui page
 }
 
 // parseServeFlags reads --config FILE, or builds a one-model configuration
@@ -77,10 +79,11 @@ func parseServeFlags(args []string, getenv func(string) string, sio stdio) (*ser
 	fs.Var(&events, "events", "quick form: KV events endpoint of the n-th --engine, e.g. tcp://10.0.0.1:5557 (repeatable, in --engine order)")
 	fs.Var(&replays, "replay", "quick form: replay endpoint of the n-th --engine, e.g. tcp://10.0.0.1:5600 (repeatable, in --engine order)")
 	fs.TextVar(&logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
+	uiOn := fs.Bool("ui", true, "serve the live fleet page on /ui (API key required when api_key is set)")
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
-	out := &serveFlags{logLevel: logLevel, getenv: getenv, poll: *poll}
+	out := &serveFlags{logLevel: logLevel, getenv: getenv, poll: *poll, noUI: !*uiOn}
 	quick := *model != "" || len(engines) > 0 || len(events) > 0 || len(replays) > 0 || *tok != "" || *policy != "" || *noHitRepo || *evBind || *evQueue != 0
 	switch {
 	case *config != "" && quick:
@@ -212,7 +215,11 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 	fcfg.BackoffBase, fcfg.BackoffMax = h.BackoffBase, h.BackoffMax
 	fcfg.EjectAfterProbeTimeouts, fcfg.PanicThreshold, fcfg.ModelsInterval = h.EjectAfterProbeTimeouts, h.PanicThreshold, h.ModelsInterval
 	fcfg.TLS = tlsCfg.engines
+	var page *ui.UI // set once the fleet exists, before anything runs
 	fcfg.OnMetrics = func(ep *fleet.Endpoint, m enginemetrics.Metrics) {
+		if page != nil {
+			page.Observe(ep.Name(), m)
+		}
 		for _, model := range ep.Models() {
 			if b := backends[model]; b != nil {
 				b.Observe(ep.Name(), m, time.Now())
@@ -317,8 +324,12 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 			log.Warn("tracing: flushing spans at exit", "err", err)
 		}
 	}
-	srv, err := proxy.New(cfg, proxy.Deps{Fleet: flt, Routers: routers, Tokenizers: toks, Gatherer: reg, EngineTLS: tlsCfg.engines,
-		EventsConnected: func() map[string]bool { return connectedEngines(reg) }, Tracing: tr}, log, reg)
+	deps := proxy.Deps{Fleet: flt, Routers: routers, Tokenizers: toks, Gatherer: reg, EngineTLS: tlsCfg.engines,
+		EventsConnected: func() map[string]bool { return connectedEngines(reg) }, Tracing: tr}
+	if !fl.noUI {
+		page = newUI(cfg, flt, reg, &deps)
+	}
+	srv, err := proxy.New(cfg, deps, log, reg)
 	if err != nil {
 		stopTracing()
 		closePools()

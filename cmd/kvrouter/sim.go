@@ -39,7 +39,7 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 	tracePath := fs.String("trace", "", "Mooncake trace file, JSON lines or gzip (default: the conversation trace embedded in the binary)")
 	replicas := fs.Int("replicas", sim.DefaultReplicas, "replicas at the end of the run (scale_out starts with half)")
 	policies := fs.String("policies", strings.Join(sim.DefaultPolicies(), ","), "comma-separated policies to compare: "+strings.Join(sim.Policies(), ", "))
-	load := fs.Float64("load", 0, "offered load: prompt tokens per second over the fleet's prefill capacity, as if nothing were cached (0: the scenario's default: "+defaultLoads()+")")
+	loadFlag := fs.String("load", "0", "offered load: prompt tokens per second over the fleet's prefill capacity, as if nothing were cached (0: the scenario's default: "+defaultLoads()+"); a comma-separated list sweeps the loads and adds goodput against load to the report")
 	speed := fs.Float64("speed", 0, "mooncake and saturation: divide the trace's inter-arrival times by this instead of deriving it from --load")
 	requests := fs.Int("requests", 0, "requests of synthetic scenarios (0: 4000); for trace scenarios, replay only the first N records (0: all)")
 	repeat := fs.Int("repeat", 1, "replay the workload this many times back to back, each copy with its own tokens (1..8)")
@@ -65,6 +65,10 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 	htmlPath := fs.String("html", "", "also write a self-contained HTML report with plots to this file")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	loads, err := parseLoads(*loadFlag)
+	if err != nil {
+		return fmt.Errorf("%w: --load: %v", errUsage, err)
 	}
 	if strings.TrimSpace(strings.ReplaceAll(*policies, ",", "")) == "" {
 		return fmt.Errorf("%w: --policies is empty (known: %s)", errUsage, strings.Join(sim.Policies(), ", "))
@@ -114,50 +118,92 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 			return err
 		}
 	}
-	opts := sim.ScenarioOptions{Replicas: *replicas, Load: *load, Requests: *requests, PrefillRate: timing.PrefillTokensPerSec * mean(scales), Seed: *seed}
-	if *scenario == "mooncake" || *scenario == "saturation" {
-		if opts.Trace, err = readTrace(*tracePath); err != nil {
+	// one simulates the scenario at load (0: its default) and reports it.
+	one := func(load float64) (*report.Report, float64, error) {
+		opts := sim.ScenarioOptions{Replicas: *replicas, Load: load, Requests: *requests, PrefillRate: timing.PrefillTokensPerSec * mean(scales), Seed: *seed}
+		if *scenario == "mooncake" || *scenario == "saturation" {
+			if opts.Trace, err = readTrace(*tracePath); err != nil {
+				return nil, 0, err
+			}
+		}
+		sc, err := sim.BuildScenario(*scenario, opts)
+		if err != nil {
+			return nil, 0, fmt.Errorf("%w: %v", errUsage, err)
+		}
+		if *speed > 0 && sc.Workload.Name == "mooncake" {
+			if sc.Workload, err = workload.Mooncake(opts.Trace, workload.MooncakeOptions{Speed: *speed, Limit: *requests}); err != nil {
+				return nil, 0, err
+			}
+			sc.Workload.Params["scenario"] = *scenario
+		}
+		w := sc.Workload
+		if *repeat != 1 {
+			if w, err = workload.Repeat(w, *repeat); err != nil {
+				return nil, 0, fmt.Errorf("%w: %v", errUsage, err)
+			}
+		}
+		cfg.Replicas = sc.Replicas
+		cfg.Scale = append(sc.Scale, extra...)
+		start := time.Now()
+		runs, err := sim.Run(ctx, cfg, w)
+		if err != nil {
+			return nil, 0, err
+		}
+		title := fmt.Sprintf("kvrouter sim: %s, %d replicas, load %.2g", *scenario, *replicas, sc.Load)
+		rep := report.New(title, w.Info(), runs, cfg.SLO)
+		rep.HitRateBound = sim.HitRateBound(w, *blockSize)
+		rep.Setup = map[string]string{
+			"replicas": strconv.Itoa(*replicas), "start_replicas": strconv.Itoa(sc.Replicas), "profile": *profile,
+			"block_size": strconv.Itoa(*blockSize), "event_delay": eventDelay.String(), "event_loss": fmt.Sprint(*eventLoss),
+			"seed": fmt.Sprint(*seed), "wall_time": time.Since(start).Round(time.Millisecond).String(),
+		}
+		if len(scales) > 0 {
+			rep.Setup["prefill_scale"], rep.Setup["rates"] = *prefillScale, *rates
+		}
+		for _, s := range cfg.Scale {
+			rep.Setup["scale"] += fmt.Sprintf("%v:%+d ", s.At.Round(time.Second), s.Delta)
+		}
+		return rep, sc.Load, nil
+	}
+	var rep *report.Report
+	var sweep []report.SweepPoint
+	for _, load := range loads {
+		r, used, err := one(load)
+		if err != nil {
 			return err
 		}
-	}
-	sc, err := sim.BuildScenario(*scenario, opts)
-	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	if *speed > 0 && sc.Workload.Name == "mooncake" {
-		if sc.Workload, err = workload.Mooncake(opts.Trace, workload.MooncakeOptions{Speed: *speed, Limit: *requests}); err != nil {
-			return err
+		if len(loads) > 1 {
+			r.Sweep = sweep
+			r.AddSweep(used, r)
+			sweep = r.Sweep
 		}
-		sc.Workload.Params["scenario"] = *scenario
-	}
-	w := sc.Workload
-	if *repeat != 1 {
-		if w, err = workload.Repeat(w, *repeat); err != nil {
-			return fmt.Errorf("%w: %v", errUsage, err)
-		}
-	}
-	cfg.Replicas = sc.Replicas
-	cfg.Scale = append(sc.Scale, extra...)
-	start := time.Now()
-	runs, err := sim.Run(ctx, cfg, w)
-	if err != nil {
-		return err
-	}
-	title := fmt.Sprintf("kvrouter sim: %s, %d replicas, load %.2g", *scenario, *replicas, sc.Load)
-	rep := report.New(title, w.Info(), runs, cfg.SLO)
-	rep.HitRateBound = sim.HitRateBound(w, *blockSize)
-	rep.Setup = map[string]string{
-		"replicas": strconv.Itoa(*replicas), "start_replicas": strconv.Itoa(sc.Replicas), "profile": *profile,
-		"block_size": strconv.Itoa(*blockSize), "event_delay": eventDelay.String(), "event_loss": fmt.Sprint(*eventLoss),
-		"seed": fmt.Sprint(*seed), "wall_time": time.Since(start).Round(time.Millisecond).String(),
-	}
-	if len(scales) > 0 {
-		rep.Setup["prefill_scale"], rep.Setup["rates"] = *prefillScale, *rates
-	}
-	for _, s := range cfg.Scale {
-		rep.Setup["scale"] += fmt.Sprintf("%v:%+d ", s.At.Round(time.Second), s.Delta)
+		rep = r
 	}
 	return writeReport(rep, *asJSON, *htmlPath, sio)
+}
+
+// parseLoads reads --load: one value (0: the scenario's default) or a
+// comma-separated list of positive loads to sweep.
+func parseLoads(s string) ([]float64, error) {
+	var out []float64
+	for _, part := range splitList(s) {
+		v, err := strconv.ParseFloat(part, 64)
+		if err != nil || v < 0 || math.IsInf(v, 0) || math.IsNaN(v) {
+			return nil, fmt.Errorf("%q: want a non-negative number", part)
+		}
+		out = append(out, v)
+	}
+	if len(out) == 0 {
+		return []float64{0}, nil
+	}
+	if len(out) > 1 {
+		for _, v := range out {
+			if v == 0 {
+				return nil, fmt.Errorf("a sweep needs positive loads, got %s", s)
+			}
+		}
+	}
+	return out, nil
 }
 
 func defaultLoads() string {

@@ -249,6 +249,9 @@ func (s *Server) decide(x *exchange, in *RouteInput) (Decision, error) {
 			attribute.Int("kvrouter.candidate_count", len(in.Candidates)))
 	}
 	span.End()
+	if err == nil && s.deps.OnDecision != nil {
+		s.deps.OnDecision(x.req.model, x.id, len(x.tokens), d)
+	}
 	return d, err
 }
 

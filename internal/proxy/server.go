@@ -38,6 +38,13 @@ type Deps struct {
 	EngineTLS *tls.Config
 	// Gatherer serves GET /metrics; nil: 404.
 	Gatherer prometheus.Gatherer
+	// UI, when not nil, serves GET /ui and GET /ui/... (the fleet page; it
+	// does its own authentication).
+	UI http.Handler
+	// OnDecision, when not nil, is called with every routing decision
+	// (forwarded attempts and dry runs) after the router answered; it must
+	// not block.
+	OnDecision func(model, requestID string, promptTokens int, d Decision)
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 	// Tracing traces requests (OpenTelemetry); nil records nothing but
@@ -147,6 +154,10 @@ func (s *Server) routes() http.Handler {
 	handle("GET", "/ready", http.HandlerFunc(s.serveReady))
 	if s.deps.Gatherer != nil {
 		handle("GET", "/metrics", promhttp.HandlerFor(s.deps.Gatherer, promhttp.HandlerOpts{}))
+	}
+	if s.deps.UI != nil {
+		handle("GET", "/ui", s.deps.UI)
+		mux.Handle("GET /ui/", s.deps.UI)
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		// "/" matches every method, so ServeMux's own 405 never happens:

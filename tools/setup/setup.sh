@@ -19,6 +19,9 @@
 #   k8s       Debian's kubernetes-client (kubectl), etcd and kube-apiserver
 #             for the Kubernetes tests (tools/k8s-testenv/setup.sh;
 #             skipped with SETUP_NO_K8S=1)
+#   prometheus Debian's prometheus (prometheus, promtool): the dashboard,
+#             alert-rule and audit tests (internal/ops)
+#   chromium  Debian's chromium, headless: the /ui page test (internal/ui)
 #
 # Environment (defaults in brackets): KVROUTER_CACHE
 # [${XDG_CACHE_HOME:-$HOME/.cache}/kvrouter], PYTHON [/usr/bin/python3],
@@ -112,9 +115,27 @@ step_k8s() {
 	echo "$out" >>"$log"
 }
 
+# apt_part CMD PKG WHY: installs Debian's PKG (no recommends) unless CMD is on PATH.
+apt_part() {
+	command -v "$1" >/dev/null 2>&1 && return
+	[ "$(id -u)" = 0 ] || fail "$1 is missing and installing it needs root: apt-get install $2 ($3)"
+	need_cmd apt-get "Debian's $2 is needed ($3)"
+	export DEBIAN_FRONTEND=noninteractive
+	quiet apt-get install -y -q --no-install-recommends "$2" || { quiet apt-get update -q && quiet apt-get install -y -q --no-install-recommends "$2"; } ||
+		fail "cannot install Debian's $2 with apt-get (log: $log)"
+	command -v "$1" >/dev/null 2>&1 || fail "$2 was installed but $1 is still not on PATH (log: $log)"
+}
+
+step_prometheus() {
+	apt_part prometheus prometheus "the dashboard, rule and audit tests run a real Prometheus"
+	apt_part promtool prometheus "promtool check rules and promtool test rules"
+}
+
+step_chromium() { apt_part chromium chromium "the /ui test loads the page in headless Chromium"; }
+
 case "${1:-}" in
 demo) step_go ;;
-test) step_go; step_python; step_openai; step_llama3; step_helm; step_k8s ;;
+test) step_go; step_python; step_openai; step_llama3; step_helm; step_k8s; step_prometheus; step_chromium ;;
 *) echo "usage: $0 demo|test" >&2; exit 2 ;;
 esac
 echo "setup ($1): ready"

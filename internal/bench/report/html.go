@@ -11,9 +11,11 @@ import (
 // plotBins is the number of time bins of the over-time plots.
 const plotBins = 120
 
-// HTML writes one self-contained page: the comparison table, a TTFT CDF per
-// policy, hit rate over time per policy, in-flight requests per replica over
-// time for each policy, and the report's JSON in a
+// HTML writes one self-contained page: the comparison table, TTFT, ITL and
+// end-to-end latency CDFs per policy, hit rate over time per policy (with
+// the hit-rate bound as a dashed line when known), in-flight requests per
+// replica over time for each policy (one colour per replica on every plot),
+// and the report's JSON in a
 // <script type="application/json" id="report-data"> element. The page loads
 // nothing from the network and runs no scripts.
 func (r *Report) HTML(w io.Writer) error {
@@ -38,23 +40,43 @@ svg{display:block;margin:12px 0;background:#fff}
 	r.htmlTable(&b)
 
 	lo, hi := span(r.runs)
-	cdf := chart{title: "TTFT, cumulative distribution", xlabel: "TTFT (ms, log scale)", ylabel: "share of requests",
-		xlog: true, yFixed: true, ymin: 0, ymax: 1, legend: true}
+	cdf := func(title, x string) chart {
+		return chart{title: title + ", cumulative distribution", xlabel: x + " (ms, log scale)", ylabel: "share",
+			xlog: true, yFixed: true, ymin: 0, ymax: 1, legend: true}
+	}
+	ttft, itl, e2e := cdf("TTFT", "TTFT"), cdf("Inter-token latency", "gap between tokens"), cdf("End-to-end latency", "e2e")
 	hit := chart{title: "Prefix-cache hit rate over time", xlabel: "time (s)", ylabel: "hit rate",
 		yFixed: true, ymin: 0, ymax: 1, legend: true}
 	for i, run := range r.runs {
-		cdf.series = append(cdf.series, series{name: run.Policy, color: color(i), pts: ttftCDF(run, 200)})
+		ttft.series = append(ttft.series, series{name: run.Policy, color: color(i), pts: ttftCDF(run, 200)})
+		itl.series = append(itl.series, series{name: run.Policy, color: color(i), pts: itlCDF(run, 200)})
+		e2e.series = append(e2e.series, series{name: run.Policy, color: color(i), pts: e2eCDF(run, 200)})
 		hit.series = append(hit.series, series{name: run.Policy, color: color(i), pts: hitRateOverTime(run, lo, hi, plotBins/2)})
 	}
-	cdf.svg(&b)
+	if r.HitRateBound > 0 { // the bound no policy can exceed (Report.HitRateBound)
+		hit.series = append(hit.series, series{name: "bound", color: "#777777", dash: true, width: 1.2,
+			pts: []point{{lo.Seconds(), r.HitRateBound}, {hi.Seconds(), r.HitRateBound}}})
+	}
+	r.sweepSVG(&b, func(policy string) string {
+		for i, run := range r.runs {
+			if run.Policy == policy {
+				return color(i)
+			}
+		}
+		return color(len(r.runs))
+	})
+	ttft.svg(&b)
+	itl.svg(&b)
+	e2e.svg(&b)
 	hit.svg(&b)
+	colors := replicaColors(r.runs)
 	for _, run := range r.runs {
 		names, load := loadOverTime(run, lo, hi, plotBins)
 		c := chart{title: "In-flight requests per replica: " + run.Policy, xlabel: "time (s)", ylabel: "requests (time-averaged)",
 			legend: len(names) <= 8}
 		for j, n := range names {
 			if j < len(load) {
-				c.series = append(c.series, series{name: n, color: color(j), width: 1.2, pts: load[j]})
+				c.series = append(c.series, series{name: n, color: colors[n], width: 1.2, pts: load[j]})
 			}
 		}
 		c.svg(&b)

@@ -27,6 +27,9 @@ type Report struct {
 	HitRateBound float64 `json:"hit_rate_bound,omitempty"`
 	// Setup records the run's settings (replicas, engine profile, ...).
 	Setup map[string]string `json:"setup,omitempty"`
+	// Sweep holds goodput per policy at each offered load of a --load
+	// sweep, by load (AddSweep); empty for a single run.
+	Sweep []SweepPoint `json:"sweep,omitempty"`
 
 	runs []*Run
 }
@@ -78,6 +81,7 @@ func (r *Report) Markdown(w io.Writer) error {
 	}
 	fmt.Fprintf(&b, "\nWorkload: %s, %d requests, %d input / %d output tokens over %.1f s.\n",
 		r.Workload.Name, r.Workload.Requests, r.Workload.InputTokens, r.Workload.OutputTokens, r.Workload.DurationS)
+	r.sweepMarkdown(&b)
 	_, err := io.WriteString(w, b.String())
 	if err != nil {
 		return fmt.Errorf("write markdown report: %w", err)

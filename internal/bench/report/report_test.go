@@ -12,11 +12,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"kvrouter/internal/browsertest"
 	"kvrouter/internal/workload"
 )
 
@@ -252,11 +254,12 @@ func TestHTML(t *testing.T) {
 	if len(stack) != 0 {
 		t.Fatalf("unclosed elements %v", stack)
 	}
-	if svgs != 4 { // CDF, hit rate, one load chart per policy
-		t.Errorf("%d svg plots, want 4", svgs)
+	if svgs != 6 { // TTFT, ITL and e2e CDFs, hit rate, one load chart per policy
+		t.Errorf("%d svg plots, want 6", svgs)
 	}
-	// round_robin and kv: one CDF and one hit-rate line each; r0..r2: one load line per policy.
-	for name, want := range map[string]int{"round_robin": 2, "kv": 2, "r0": 2, "r1": 2, "r2": 2} {
+	// round_robin and kv: three CDFs and one hit-rate line each; r0..r2: one
+	// load line per policy; the hit-rate bound.
+	for name, want := range map[string]int{"round_robin": 4, "kv": 4, "r0": 2, "r1": 2, "r2": 2, "bound": 1} {
 		if lines[name] != want {
 			t.Errorf("%d lines named %q, want %d", lines[name], name, want)
 		}
@@ -300,5 +303,102 @@ func renderInChromium(t *testing.T, page []byte) {
 	png, err := os.ReadFile(out)
 	if err != nil || len(png) < 10000 || !bytes.HasPrefix(png, []byte("\x89PNG")) {
 		t.Fatalf("screenshot: %d bytes, %v", len(png), err)
+	}
+}
+
+// TestHTMLReplicaColours: a replica has one colour on every plot, even
+// when the runs list their replicas in different orders.
+func TestHTMLReplicaColours(t *testing.T) {
+	runs := fixedRuns()
+	runs[1].Replicas = []string{"r2", "r0", "r1"}
+	var buf bytes.Buffer
+	if err := New("colours", workload.Info{Name: "fixed"}, runs, SLO{}).HTML(&buf); err != nil {
+		t.Fatal(err)
+	}
+	re := regexp.MustCompile(`data-series="(r\d)" fill="none" stroke="(#[0-9A-Fa-f]{6})"`)
+	colours := map[string]map[string]bool{}
+	for _, m := range re.FindAllStringSubmatch(buf.String(), -1) {
+		if colours[m[1]] == nil {
+			colours[m[1]] = map[string]bool{}
+		}
+		colours[m[1]][m[2]] = true
+	}
+	used := map[string]string{}
+	for _, r := range []string{"r0", "r1", "r2"} {
+		if len(colours[r]) != 1 {
+			t.Errorf("replica %s drawn in %d colours %v, want 1", r, len(colours[r]), colours[r])
+		}
+		for c := range colours[r] {
+			if other, ok := used[c]; ok {
+				t.Errorf("%s and %s share colour %s", r, other, c)
+			}
+			used[c] = r
+		}
+	}
+}
+
+// TestHTMLCDFs: the ITL CDF reads the pooled histogram (10 ms for
+// round_robin, 5 ms for kv) and the e2e CDF the samples.
+func TestHTMLCDFs(t *testing.T) {
+	runs := fixedRuns()
+	itl := itlCDF(runs[1], 4)
+	if len(itl) != 5 || math.Abs(itl[2].X-5) > 0.05 || itl[4].Y != 1 {
+		t.Errorf("kv ITL CDF %v, want ~5 ms", itl)
+	}
+	e2e := e2eCDF(runs[0], 10)
+	if e2e[0].X != 100 || e2e[10].X != 190 { // e2e = 10(i+1)+90 ms
+		t.Errorf("round_robin e2e CDF %v", e2e)
+	}
+	if itlCDF(&Run{}, 4) != nil || e2eCDF(&Run{}, 4) != nil {
+		t.Error("empty runs gave points")
+	}
+}
+
+// TestHTMLLabelsInside renders a report with wide values (long tick
+// labels) in headless Chromium and checks that every text of every plot
+// (title, ticks, axis labels, legend) lies inside its SVG: nothing is
+// clipped.
+func TestHTMLLabelsInside(t *testing.T) {
+	runs := fixedRuns()
+	for i := range runs[0].Samples { // e2e up to ~2 minutes: ticks like 1e+05 ms
+		runs[0].Samples[i].End += time.Duration(i) * 13 * time.Second
+	}
+	var buf bytes.Buffer
+	r := New("labels", workload.Info{Name: "fixed"}, runs, SLO{})
+	r.HitRateBound = 0.9
+	r.AddSweep(0.5, r) // the goodput-against-load plot too
+	r.AddSweep(2, r)
+	if err := r.HTML(&buf); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "report.html")
+	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	page := browsertest.Open(t, "file://"+path)
+	var out struct {
+		Texts   int
+		Outside []string
+	}
+	js := `(() => { const out = {Texts: 0, Outside: []};
+	  for (const svg of document.querySelectorAll("svg")) {
+	    const s = svg.getBoundingClientRect();
+	    for (const t of svg.querySelectorAll("text")) {
+	      const b = t.getBoundingClientRect(); out.Texts++;
+	      if (b.left < s.left - 0.5 || b.right > s.right + 0.5 || b.top < s.top - 0.5 || b.bottom > s.bottom + 0.5)
+	        out.Outside.push(svg.getAttribute("aria-label") + ": " + t.textContent);
+	    }
+	  }
+	  return out; })()`
+	deadline := time.Now().Add(10 * time.Second)
+	for out.Texts == 0 && time.Now().Before(deadline) {
+		page.Eval(js, &out)
+		time.Sleep(50 * time.Millisecond)
+	}
+	if out.Texts < 60 {
+		t.Fatalf("%d texts measured", out.Texts)
+	}
+	if len(out.Outside) > 0 {
+		t.Errorf("%d of %d texts outside their plot: %q", len(out.Outside), out.Texts, out.Outside)
 	}
 }

@@ -29,6 +29,64 @@ func ttftCDF(r *Run, n int) []point {
 	return pts
 }
 
+// e2eCDF returns the end-to-end latency distribution of successful
+// requests as at most n+1 points (ms, cumulative share).
+func e2eCDF(r *Run, n int) []point {
+	var v []float64
+	for i := range r.Samples {
+		if s := &r.Samples[i]; s.ok() {
+			v = append(v, ms(s.End-s.Arrival))
+		}
+	}
+	if len(v) == 0 {
+		return nil
+	}
+	slices.Sort(v)
+	pts := make([]point, 0, n+1)
+	for i := 0; i <= n; i++ {
+		q := float64(i) / float64(n)
+		pts = append(pts, point{Percentile(v, q), q})
+	}
+	return pts
+}
+
+// itlCDF returns the pooled inter-token gap distribution (Run.ITL) as at
+// most n+1 points (ms, cumulative share), read back from the histogram.
+func itlCDF(r *Run, n int) []point {
+	if r.ITL.Count() == 0 {
+		return nil
+	}
+	pts := make([]point, 0, n+1)
+	for i := 0; i <= n; i++ {
+		q := float64(i) / float64(n)
+		pts = append(pts, point{ms(r.ITL.Quantile(q)), q})
+	}
+	return pts
+}
+
+// replicaColors gives every replica of every run one colour, by its place
+// in the sorted union of their names, so a replica looks the same on every
+// plot.
+func replicaColors(runs []*Run) map[string]string {
+	seen := map[string]bool{}
+	var names []string
+	for _, r := range runs {
+		all, _ := busy(r)
+		for _, n := range all {
+			if !seen[n] {
+				seen[n] = true
+				names = append(names, n)
+			}
+		}
+	}
+	slices.Sort(names)
+	out := make(map[string]string, len(names))
+	for i, n := range names {
+		out[n] = color(i)
+	}
+	return out
+}
+
 // span returns the earliest arrival and the latest end over all runs.
 func span(runs []*Run) (lo, hi time.Duration) {
 	first := true

@@ -11,6 +11,7 @@ import (
 type series struct {
 	name, color string
 	width       float64
+	dash        bool // drawn dashed: a bound, not a measurement
 	pts         []point
 }
 
@@ -27,7 +28,7 @@ type chart struct {
 
 const (
 	chartW, chartH                     = 720, 340
-	marginL, marginR, marginT, marginB = 64, 16, 34, 46
+	marginL, marginR, marginT, marginB = 64, 32, 34, 46 // marginR: half a tick label at the right edge
 )
 
 // palette holds distinguishable colours (Okabe-Ito, then greys).
@@ -121,8 +122,12 @@ func (c *chart) svg(b *strings.Builder) {
 		if w == 0 {
 			w = 1.8
 		}
-		fmt.Fprintf(b, `<polyline data-series="%s" fill="none" stroke="%s" stroke-width="%.1f" points="%s"/>`+"\n",
-			html.EscapeString(s.name), s.color, w, strings.TrimSpace(pts.String()))
+		dash := ""
+		if s.dash {
+			dash = ` stroke-dasharray="6 4"`
+		}
+		fmt.Fprintf(b, `<polyline data-series="%s" fill="none" stroke="%s" stroke-width="%.1f"%s points="%s"/>`+"\n",
+			html.EscapeString(s.name), s.color, w, dash, strings.TrimSpace(pts.String()))
 	}
 	if c.legend {
 		for i, s := range c.series {
