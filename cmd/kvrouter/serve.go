@@ -49,8 +49,8 @@ type serveFlags struct {
 	// poll is how often configPath is read for a change (<= 0: never).
 	poll time.Duration
 	// hup receives SIGHUP (nil: none).
-	hup <-chan os.Signal
-	noUI     bool // --ui=false: no /ui page
+	hup  <-chan os.Signal
+	noUI bool // --ui=false: no /ui page
 }
 
 // parseServeFlags reads --config FILE, or builds a one-model configuration
