@@ -54,6 +54,7 @@ func parseEngineSimFlags(args []string, getenv func(string) string, sio stdio) (
 		tokPath    = fs.String("tokenizer", "", "tokenizer directory or tokenizer.json[.gz] (with tokenizer_config.json for chat templates); default: one token per UTF-8 byte")
 		details    = fs.Bool("enable-prompt-tokens-details", true, "report usage.prompt_tokens_details.cached_tokens (vLLM's default is false)")
 		dpRank     = fs.Int("data-parallel-rank", 0, "data-parallel rank: written in every event batch, added to the event ports")
+		dpSize     = fs.Int("data-parallel-size", 1, "data-parallel ranks behind this one endpoint (vllm serve --data-parallel-size): rank r has its own cache and publishes on the event ports + r; the X-data-parallel-rank header picks the rank, else the least loaded")
 		legacy     = fs.Bool("legacy-events", false, "publish vLLM v0.22-v0.23's array event layout and the old replay replies without a topic frame")
 		profile    = fs.String("profile", enginesim.ProfileH100, "timing profile: "+strings.Join(enginesim.ProfileNames(), ", "))
 		overhead   = fs.Duration("step-overhead", 0, "fixed time per step (default: the profile's)")
@@ -120,6 +121,7 @@ func parseEngineSimFlags(args []string, getenv func(string) string, sio stdio) (
 		KVEvents:              kv,
 		LegacyEvents:          *legacy,
 		DataParallelRank:      *dpRank,
+		DataParallelSize:      *dpSize,
 		NoPromptTokensDetails: !*details,
 		Faults:                f,
 	}

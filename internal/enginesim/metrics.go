@@ -29,11 +29,15 @@ type metrics struct {
 	faults        *prometheus.CounterVec
 }
 
-// newMetrics registers the metrics on reg; state returns the latest
+// newMetrics registers the metrics of data-parallel rank on reg (label
+// engine, as vLLM labels each DP engine's series); state returns the latest
 // snapshot. The cache_config_info labels are those of vLLM's CacheConfig
-// that a router reads.
-func newMetrics(reg prometheus.Registerer, model string, cfg CoreConfig, hashAlgo string, state *atomic.Pointer[snapshot]) (*metrics, error) {
-	labels := prometheus.Labels{"model_name": model, "engine": "0"}
+// that a router reads. The simulator's own series carry the engine label
+// too, so that the ranks of one server share a registry.
+func newMetrics(reg prometheus.Registerer, model string, cfg CoreConfig, hashAlgo string, state *atomic.Pointer[snapshot], rank int) (*metrics, error) {
+	engine := strconv.Itoa(rank)
+	labels := prometheus.Labels{"model_name": model, "engine": engine}
+	own := prometheus.Labels{"engine": engine}
 	get := func() *snapshot { return state.Load() }
 	gauge := func(name, help string, f func(s *snapshot) float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels},
@@ -52,19 +56,19 @@ func newMetrics(reg prometheus.Registerer, model string, cfg CoreConfig, hashAlg
 		success: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vllm:request_success_total",
 			Help: "Count of successfully processed requests.", ConstLabels: labels}, []string{"finished_reason"}),
 		eventBatches: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_enginesim_kv_event_batches_total",
-			Help: "KV event batches sent on the PUB socket."}),
+			Help: "KV event batches sent on the PUB socket.", ConstLabels: own}),
 		eventsDropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_enginesim_kv_event_batches_dropped_total",
-			Help: "KV event batches not sent, by reason: queue_full (no seq assigned) or fault (drop-every-k, still replayable)."},
+			Help: "KV event batches not sent, by reason: queue_full (no seq assigned) or fault (drop-every-k, still replayable).", ConstLabels: own},
 			[]string{"reason"}),
 		replays: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_enginesim_kv_event_replays_total",
-			Help: "Replay requests answered."}),
+			Help: "Replay requests answered.", ConstLabels: own}),
 		faults: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_enginesim_faults_injected_total",
-			Help: "Injected faults by kind."}, []string{"kind"}),
+			Help: "Injected faults by kind.", ConstLabels: own}, []string{"kind"}),
 	}
 	info := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "vllm:cache_config_info", Help: "Information of the LLMEngine CacheConfig",
 		ConstLabels: prometheus.Labels{
-			"engine":                   "0",
+			"engine":                   engine,
 			"block_size":               strconv.Itoa(cfg.BlockSize),
 			"num_gpu_blocks":           strconv.Itoa(cfg.NumGPUBlocks),
 			"num_gpu_blocks_override":  strconv.Itoa(cfg.NumGPUBlocks),

@@ -122,6 +122,9 @@ func (s *Server) try(x *exchange, ep *fleet.Endpoint, d Decision, canRetry bool)
 		return false
 	}
 	outHeaders(req.Header, x.r.Header, x.id, ep.APIKey())
+	if d.HasDPRank {
+		req.Header.Set(RankHeader, strconv.Itoa(d.DPRank))
+	}
 	req.ContentLength = int64(len(x.fwd))
 
 	resp, err := x.m.transport.RoundTrip(req)

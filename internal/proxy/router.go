@@ -57,6 +57,10 @@ type Decision struct {
 	Replica string
 	// CachedTokens is the predicted prefix-cache hit on Replica, in tokens.
 	CachedTokens int
+	// DPRank, when HasDPRank, is the data-parallel rank of Replica chosen
+	// (an engine with dp_size > 1): sent in the X-data-parallel-rank header.
+	DPRank    int
+	HasDPRank bool
 	// Release ends the request's load lease; the proxy calls it exactly
 	// once when the attempt ends (done, error, cancel or retry). Nil when
 	// nothing was recorded.

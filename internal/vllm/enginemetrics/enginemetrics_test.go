@@ -63,6 +63,7 @@ func TestParse(t *testing.T) {
 			Running: 5, Waiting: 1, KVCacheUsage: 0.375, PrefixCacheQueries: 15000,
 			PrefixCacheHits: 8000, Preemptions: 3, BlockSize: 16, NumGPUBlocks: 27913,
 			HashAlgo: "sha256_cbor", Engines: 2,
+			PerEngine: map[string]EngineLoad{"0": {Running: 3, Waiting: 1, KVCacheUsage: 0.5}, "1": {Running: 2, KVCacheUsage: 0.25}},
 		}},
 		{"old names, no engine label, untyped, num_gpu_blocks None", `vllm:num_requests_running{model_name="m"} 1
 vllm:num_requests_waiting{model_name="m"} 4
@@ -72,11 +73,12 @@ vllm:gpu_prefix_cache_hits_total{model_name="m"} 16
 vllm:num_preemptions_total{model_name="m"} 0
 vllm:cache_config_info{block_size="64.0",num_gpu_blocks="None"} 1
 `, Metrics{Running: 1, Waiting: 4, KVCacheUsage: 0.9, PrefixCacheQueries: 32,
-			PrefixCacheHits: 16, BlockSize: 64, Engines: 1}},
+			PrefixCacheHits: 16, BlockSize: 64, Engines: 1,
+			PerEngine: map[string]EngineLoad{"": {Running: 1, Waiting: 4, KVCacheUsage: 0.9}}}},
 		{"empty", "", Metrics{Missing: []string{metricRunning, metricWaiting, metricKVUsage,
 			metricQueries, metricHits, metricPreemptions, metricCacheConfig}}},
 		{"only running", "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 2\n", Metrics{
-			Running: 2, Engines: 1, Missing: []string{metricWaiting, metricKVUsage, metricQueries,
+			Running: 2, Engines: 1, PerEngine: map[string]EngineLoad{"": {Running: 2}}, Missing: []string{metricWaiting, metricKVUsage, metricQueries,
 				metricHits, metricPreemptions, metricCacheConfig}}},
 	}
 	for _, tt := range tests {
@@ -133,6 +135,18 @@ func normNaN(m Metrics) Metrics {
 		if *p != *p {
 			*p = -1
 		}
+	}
+	if m.PerEngine != nil {
+		per := make(map[string]EngineLoad, len(m.PerEngine))
+		for k, l := range m.PerEngine {
+			for _, p := range []*float64{&l.Running, &l.Waiting, &l.KVCacheUsage} {
+				if *p != *p {
+					*p = -1
+				}
+			}
+			per[k] = l
+		}
+		m.PerEngine = per
 	}
 	return m
 }
