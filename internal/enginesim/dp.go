@@ -39,6 +39,7 @@ func (s *Server) newRanks(log *slog.Logger, reg prometheus.Registerer) error {
 		if err != nil {
 			return fmt.Errorf("enginesim: data-parallel rank %d: %w", r, err)
 		}
+		rs.loras = s.loras // one API server: one set of adapters
 		s.ranks = append(s.ranks, rs)
 	}
 	return nil

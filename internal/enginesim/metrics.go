@@ -11,9 +11,12 @@ import (
 // snapshot is the engine state the metrics read at scrape time, published
 // by the engine loop after every step and command.
 type snapshot struct {
-	running, waiting int
-	usage            float64
-	stats            Stats
+	// runningLoRAs, waitingLoRAs are the adapters of running and waiting
+	// requests (vllm:lora_requests_info).
+	runningLoRAs, waitingLoRAs []string
+	running, waiting           int
+	usage                      float64
+	stats                      Stats
 }
 
 // metrics are the vLLM metrics an engine exposes (names and labels of
@@ -27,6 +30,7 @@ type metrics struct {
 	eventsDropped *prometheus.CounterVec
 	replays       prometheus.Counter
 	faults        *prometheus.CounterVec
+	loraLoads     prometheus.Counter
 }
 
 // newMetrics registers the metrics of data-parallel rank on reg (label
@@ -62,6 +66,8 @@ func newMetrics(reg prometheus.Registerer, model string, cfg CoreConfig, hashAlg
 			[]string{"reason"}),
 		replays: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_enginesim_kv_event_replays_total",
 			Help: "Replay requests answered.", ConstLabels: own}),
+		loraLoads: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_enginesim_lora_loads_total",
+			Help: "LoRA adapters loaded at run time (POST /v1/load_lora_adapter).", ConstLabels: own}),
 		faults: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_enginesim_faults_injected_total",
 			Help: "Injected faults by kind.", ConstLabels: own}, []string{"kind"}),
 	}
@@ -95,7 +101,7 @@ func newMetrics(reg prometheus.Registerer, model string, cfg CoreConfig, hashAlg
 			func(s *snapshot) int64 { return s.stats.PromptTokens }),
 		counter("vllm:generation_tokens_total", "Number of generation tokens processed.",
 			func(s *snapshot) int64 { return s.stats.GenerationTokens }),
-		info, m.ttft, m.e2e, m.success, m.eventBatches, m.eventsDropped, m.replays, m.faults,
+		info, m.loraLoads, m.ttft, m.e2e, m.success, m.eventBatches, m.eventsDropped, m.replays, m.faults,
 	}
 	if cfg.NumCPUBlocks > 0 {
 		cs = append(cs,

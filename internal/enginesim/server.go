@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -28,6 +29,14 @@ type Config struct {
 	// LoRAModules are adapter names also accepted as model ids; a request
 	// naming one carries it as its LoRA name (block extra keys, events).
 	LoRAModules []string
+	// AllowRuntimeLoRA serves POST /v1/load_lora_adapter (vLLM needs
+	// VLLM_ALLOW_RUNTIME_LORA_UPDATING=True for it); off: 404.
+	AllowRuntimeLoRA bool
+	// LoRALoadDelay is how long loading an adapter at run time takes (0).
+	LoRALoadDelay time.Duration
+	// MaxLoRAs is --max-loras, reported in vllm:lora_requests_info (1, as
+	// vLLM's default); the simulator does not limit batches by it.
+	MaxLoRAs int
 	// DefaultMaxTokens bounds chat requests without max_tokens (256); vLLM
 	// would generate up to max_model_len, which a simulator that never
 	// emits EOS should not. Completions default to 16, as in vLLM.
@@ -87,6 +96,8 @@ type Server struct {
 	// ranks are the data-parallel ranks behind this endpoint, this server
 	// first (nil with one rank): each serves its requests on its own engine.
 	ranks []*Server
+	// loras are the adapters served, shared by the ranks.
+	loras *loraSet
 }
 
 // New checks cfg (all problems at once) and builds a Server. A nil log
@@ -142,8 +153,18 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Server, erro
 		tok: cfg.Tokenizer, created: cfg.Clock.Now().Unix(),
 	}
 	s.cfg.Faults, s.cfg.KVEvents = faults, kv
+	s.loras = &loraSet{names: slices.Clone(cfg.LoRAModules)}
+	if s.cfg.MaxLoRAs <= 0 {
+		s.cfg.MaxLoRAs = 1
+	}
 	if s.m, err = newMetrics(reg, cfg.ServedModelName, coreCfg, cfg.HashAlgo, &s.state, cfg.DataParallelRank); err != nil {
 		return nil, fmt.Errorf("enginesim: metrics: %w", err)
+	}
+	if s.cfg.AllowRuntimeLoRA || len(cfg.LoRAModules) > 0 {
+		// vLLM exports it when LoRA is enabled (--enable-lora).
+		if err := reg.Register(newLoRAInfo(cfg.ServedModelName, cfg.DataParallelRank, s.cfg.MaxLoRAs, s.state.Load, cfg.Clock.Now)); err != nil {
+			return nil, fmt.Errorf("enginesim: metrics: %w", err)
+		}
 	}
 	if kv.enabled() {
 		s.pub, err = newPublisher(kv, cfg.DataParallelRank, cfg.LegacyEvents, faults.DropEveryKBatches, cfg.Clock, log, s.m)
@@ -159,6 +180,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Server, erro
 		newCore: s.newCore, clock: cfg.Clock, faults: faults, pub: s.pub, rank: cfg.DataParallelRank,
 		m: s.m, state: &s.state, cmds: make(chan command, 256), done: make(chan struct{}),
 		core: core, streams: make(map[string]*stream),
+		trackLoRA: cfg.AllowRuntimeLoRA || len(cfg.LoRAModules) > 0,
 	}
 	s.eng.publishState()
 	if err := s.newRanks(log, reg); err != nil {
