@@ -38,7 +38,8 @@ func e2eFreePorts(t *testing.T, n int) int {
 }
 
 // startE2ESimProcessArgs is startE2ESimProcess with dpSize ranks (event and
-// replay ports apart by dpSize) and extra engine-sim flags.
+// replay ports apart by dpSize) and extra engine-sim flags; runtime LoRA
+// loading is allowed.
 func startE2ESimProcessArgs(t *testing.T, bin string, dpSize int, extra ...string) *e2eSim {
 	t.Helper()
 	port, ev, rep := e2eFreePort(t), e2eFreePorts(t, dpSize), e2eFreePorts(t, dpSize)
@@ -48,6 +49,7 @@ func startE2ESimProcessArgs(t *testing.T, bin string, dpSize int, extra ...strin
 		"--num-gpu-blocks-override", "16384", "--kv-events-config", kv, "--log-level", "warn",
 		"--data-parallel-size", strconv.Itoa(dpSize)}, extra...)
 	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True")
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -337,7 +337,7 @@ func (b *Backend) Route(in *RouteInput) (Decision, error) {
 		Text:       in.Text,
 		SessionKey: in.Session,
 		MaxTokens:  in.MaxTokens,
-		Extras:     kvindex.Extras{CacheSalt: in.CacheSalt},
+		Extras:     kvindex.Extras{CacheSalt: in.CacheSalt, LoRA: in.LoRA},
 	}
 	for _, name := range *b.replicas.Load() {
 		if !slices.Contains(in.Candidates, name) {

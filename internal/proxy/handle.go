@@ -19,20 +19,25 @@ import (
 // exchange is one client request's state, shared by its attempts, for the
 // final log line and metrics.
 type exchange struct {
-	w       http.ResponseWriter
-	r       *http.Request
-	id      string
-	start   time.Time
-	req     *request
-	asked   string // the model the body named, "" when it was not read
-	m       *model
-	fwd     []byte   // the body sent upstream
-	tokens  []uint32 // nil when unknown
-	replica string   // last replica tried
-	cached  int
-	status  int    // status answered to the client
-	outcome string // requests_total outcome label
-	retries int
+	w     http.ResponseWriter
+	r     *http.Request
+	id    string
+	start time.Time
+	req   *request
+	asked string // the model the body named, "" when it was not read
+	m     *model
+	// adapter is the LoRA adapter the request names as its model ("" for
+	// the base model); loadAdapter: no healthy engine has it, load it on
+	// the chosen one (adapters.go).
+	adapter     string
+	loadAdapter bool
+	fwd         []byte   // the body sent upstream
+	tokens      []uint32 // nil when unknown
+	replica     string   // last replica tried
+	cached      int
+	status      int    // status answered to the client
+	outcome     string // requests_total outcome label
+	retries     int
 	// abort: the response is broken after its first byte and is not an
 	// event stream; the handler ends the connection (http.ErrAbortHandler).
 	abort bool
@@ -147,6 +152,11 @@ func (s *Server) parse(x *exchange, k kind, body []byte) bool {
 	x.req = req
 	m, ok := s.models[req.model]
 	if !ok {
+		if m, ok = s.adapterModel(req.model); ok {
+			x.adapter = req.model
+		}
+	}
+	if !ok {
 		s.fail(x, &apiError{status: http.StatusNotFound, typ: typeNotFound, param: "model",
 			message: fmt.Sprintf("The model `%s` does not exist.", req.model)}, outcomeBadRequest)
 		return false
@@ -204,6 +214,7 @@ func (s *Server) routeInput(x *exchange, cands []string, dry bool) *RouteInput {
 		RequestID:  x.id,
 		Tokens:     x.tokens,
 		CacheSalt:  x.req.cacheSalt,
+		LoRA:       x.adapter,
 		MaxTokens:  x.req.maxTokens,
 		Candidates: cands,
 		DryRun:     dry,
@@ -230,7 +241,7 @@ func (s *Server) decide(x *exchange, in *RouteInput) (Decision, error) {
 
 // explain answers the routing decision as JSON without forwarding.
 func (s *Server) explain(x *exchange) {
-	eps, retry, err := s.deps.Fleet.Healthy(nil, x.req.model)
+	eps, retry, err := s.healthy(nil, x)
 	if err != nil {
 		s.noReplica(x, retry, err)
 		return

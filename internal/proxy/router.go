@@ -43,6 +43,9 @@ type RouteInput struct {
 	MaxTokens int
 	// CacheSalt is the request's cache_salt, or "".
 	CacheSalt string
+	// LoRA is the LoRA adapter the request names ("" for the base model):
+	// an extra key of every block (kvindex.Extras.LoRA).
+	LoRA string
 	// Candidates are the names of the replicas that may serve the request,
 	// in configuration order; never empty.
 	Candidates []string

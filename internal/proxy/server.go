@@ -49,6 +49,8 @@ type Server struct {
 	m       *metrics
 	models  map[string]*model
 	handler http.Handler
+	fm      *featureMetrics // adapters, route aliases
+	loads   adapterLoads    // LoRA adapter loads under way
 }
 
 // model is one configured model group.
@@ -91,6 +93,9 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 		return nil, err
 	}
 	s.m = m
+	if s.fm, err = newFeatureMetrics(reg); err != nil {
+		return nil, err
+	}
 	// Every series of a known label set exists from the start (0), not
 	// from its first event: alerts see 0, not "no data".
 	m.requests.WithLabelValues(modelUnknown, "", outcomeBadRequest)
