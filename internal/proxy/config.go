@@ -148,6 +148,9 @@ type ModelConfig struct {
 	// engine has loaded: "off" (default: 503) or "load" (load it, when it
 	// has a path, on the engine the router picks).
 	AdapterLoading string `yaml:"adapter_loading"`
+	// Aliases are further client-facing model names over this group, each
+	// with request defaults and caps (aliases.go).
+	Aliases []AliasConfig `yaml:"aliases"`
 }
 
 // TimeoutsConfig bounds one engine request.
@@ -458,6 +461,7 @@ func (c *Config) Validate() error {
 	}
 	for i := range c.Models {
 		errs = append(errs, validateAdapters(&c.Models[i], i, models)...)
+		errs = append(errs, validateAliases(&c.Models[i], i, models)...)
 	}
 	errs = append(errs, c.validateNumbers()...)
 	return errors.Join(errs...)

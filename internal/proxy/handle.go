@@ -31,13 +31,17 @@ type exchange struct {
 	// the chosen one (adapters.go).
 	adapter     string
 	loadAdapter bool
-	fwd         []byte   // the body sent upstream
-	tokens      []uint32 // nil when unknown
-	replica     string   // last replica tried
-	cached      int
-	status      int    // status answered to the client
-	outcome     string // requests_total outcome label
-	retries     int
+	// route is the alias the request named (nil: none); usage is what its
+	// answer reported (aliases.go).
+	route   *AliasConfig
+	usage   routeUsage
+	fwd     []byte   // the body sent upstream
+	tokens  []uint32 // nil when unknown
+	replica string   // last replica tried
+	cached  int
+	status  int    // status answered to the client
+	outcome string // requests_total outcome label
+	retries int
 	// abort: the response is broken after its first byte and is not an
 	// event stream; the handler ends the connection (http.ErrAbortHandler).
 	abort bool
@@ -144,6 +148,9 @@ func (s *Server) parse(x *exchange, k kind, body []byte) bool {
 	req, aerr := parseRequest(k, body)
 	if req != nil {
 		x.asked = req.model
+	}
+	if aerr == nil {
+		req, aerr = s.applyAlias(x, k, req, body)
 	}
 	if aerr != nil {
 		s.fail(x, aerr, outcomeBadRequest)
@@ -323,11 +330,14 @@ func (s *Server) finish(x *exchange) {
 		logged = truncate(x.asked, 256)
 		if _, ok := s.models[x.asked]; ok {
 			label = x.asked
+		} else if x.m != nil { // an adapter or alias: its group
+			label = x.m.cfg.Name
 		}
 	}
 	if x.outcome == "" {
 		x.outcome = outcomeOK
 	}
+	s.observeRoute(x)
 	s.m.requests.WithLabelValues(label, x.replica, x.outcome).Inc()
 	lvl := slog.LevelInfo
 	if x.status >= 500 || x.outcome == outcomeUpstream || x.outcome == outcomeTimeout {

@@ -8,7 +8,9 @@ import (
 
 // featureMetrics are the series of adapters and route aliases.
 type featureMetrics struct {
-	adapterLoads *prometheus.CounterVec
+	adapterLoads  *prometheus.CounterVec
+	routeRequests *prometheus.CounterVec
+	routeTokens   *prometheus.CounterVec
 }
 
 func newFeatureMetrics(reg prometheus.Registerer) (*featureMetrics, error) {
@@ -17,12 +19,20 @@ func newFeatureMetrics(reg prometheus.Registerer) (*featureMetrics, error) {
 			Name: "kvrouter_proxy_adapter_loads_total",
 			Help: "LoRA adapters loaded by kvrouter at run time (POST /v1/load_lora_adapter), by model group, engine and result (ok, error).",
 		}, []string{"model", "engine", "result"}),
+		routeRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_proxy_route_requests_total",
+			Help: "Requests for a route alias, by alias and outcome (as kvrouter_proxy_requests_total).",
+		}, []string{"route", "outcome"}),
+		routeTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_proxy_route_tokens_total",
+			Help: "Tokens of a route alias's answers as the engines reported them in usage, by alias and kind (prompt, cached: prompt_tokens_details.cached_tokens, reasoning: completion_tokens_details.reasoning_tokens).",
+		}, []string{"route", "kind"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.adapterLoads} {
+	for _, c := range []prometheus.Collector{m.adapterLoads, m.routeRequests, m.routeTokens} {
 		errs = append(errs, reg.Register(c))
 	}
 	return m, errors.Join(errs...)
