@@ -140,6 +140,9 @@ func (s *Server) routes() http.Handler {
 	handle("POST", "/v1/completions", s.auth(func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, kindCompletion) }))
 	handle("POST", "/v1/chat/completions", s.auth(func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, kindChat) }))
 	handle("POST", "/v1/route", s.auth(s.serveRoute))
+	for _, p := range passthroughPaths { // passthrough.go
+		handle("POST", p, s.auth(s.servePassthrough))
+	}
 	handle("GET", "/v1/models", s.auth(s.serveModels))
 	handle("GET", "/health", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) }))
 	handle("GET", "/ready", http.HandlerFunc(s.serveReady))
