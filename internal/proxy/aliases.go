@@ -46,6 +46,8 @@ type AliasConfig struct {
 	// StripReasoning removes reasoning_content and reasoning from the
 	// engine's answers.
 	StripReasoning bool `yaml:"strip_reasoning"`
+	// Media replaces the group's media limits for this route (media.go).
+	Media *MediaLimits `yaml:"media"`
 }
 
 // validateAliases checks models[i]'s aliases; seen holds the names taken.

@@ -151,6 +151,9 @@ type ModelConfig struct {
 	// Aliases are further client-facing model names over this group, each
 	// with request defaults and caps (aliases.go).
 	Aliases []AliasConfig `yaml:"aliases"`
+	// Media bounds the images, audio and video of one chat request
+	// (media.go; nil: none).
+	Media *MediaLimits `yaml:"media"`
 }
 
 // TimeoutsConfig bounds one engine request.
@@ -462,6 +465,10 @@ func (c *Config) Validate() error {
 	for i := range c.Models {
 		errs = append(errs, validateAdapters(&c.Models[i], i, models)...)
 		errs = append(errs, validateAliases(&c.Models[i], i, models)...)
+		errs = append(errs, validateMedia(c.Models[i].Media, "models", i, "media")...)
+		for j := range c.Models[i].Aliases {
+			errs = append(errs, validateMedia(c.Models[i].Aliases[j].Media, "models", i, "aliases", j, "media")...)
+		}
 	}
 	errs = append(errs, c.validateNumbers()...)
 	return errors.Join(errs...)

@@ -169,6 +169,10 @@ func (s *Server) parse(x *exchange, k kind, body []byte) bool {
 		return false
 	}
 	x.m = m
+	if e := checkMedia(x); e != nil {
+		s.fail(x, e, outcomeBadRequest)
+		return false
+	}
 	fwd, err := req.forwardBody(!m.cfg.DisableHitReport)
 	if err != nil {
 		s.fail(x, badRequest("", err.Error()), outcomeBadRequest)
