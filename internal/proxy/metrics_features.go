@@ -37,3 +37,25 @@ func newFeatureMetrics(reg prometheus.Registerer) (*featureMetrics, error) {
 	}
 	return m, errors.Join(errs...)
 }
+
+// initModel creates a group's series at 0: each alias's requests by outcome
+// and tokens by kind, each configured adapter's loads per engine (engines
+// added later get theirs at their first load).
+func (m *featureMetrics) initModel(mc ModelConfig, engines []string) {
+	for _, a := range mc.Aliases {
+		for _, o := range []string{outcomeOK, outcomeEngineError, outcomeBadRequest, outcomeNoReplica, outcomeUpstream, outcomeTimeout, outcomeClientClosed, outcomeRouteOnly} {
+			m.routeRequests.WithLabelValues(a.Name, o)
+		}
+		for _, k := range []string{"prompt", "cached", "reasoning"} {
+			m.routeTokens.WithLabelValues(a.Name, k)
+		}
+	}
+	if len(mc.Adapters) == 0 {
+		return
+	}
+	for _, e := range engines {
+		for _, r := range []string{"ok", "error"} {
+			m.adapterLoads.WithLabelValues(mc.Name, e, r)
+		}
+	}
+}

@@ -96,6 +96,13 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 	if s.fm, err = newFeatureMetrics(reg); err != nil {
 		return nil, err
 	}
+	for _, mc := range cfg.Models {
+		var engines []string
+		for _, ep := range deps.Fleet.Endpoints(mc.Name) {
+			engines = append(engines, ep.Name())
+		}
+		s.fm.initModel(mc, engines)
+	}
 	// Every series of a known label set exists from the start (0), not
 	// from its first event: alerts see 0, not "no data".
 	m.requests.WithLabelValues(modelUnknown, "", outcomeBadRequest)
