@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -129,6 +130,10 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 	}
 	cfg.Replicas = sc.Replicas
 	cfg.Scale = append(sc.Scale, extra...)
+	if cfg.AdapterReplicas = sc.AdapterReplicas; cfg.AdapterReplicas > 0 && !policiesSet(fs) {
+		// The oracle does not model adapters: the default list without it.
+		cfg.Policies = slices.DeleteFunc(cfg.Policies, func(p string) bool { return p == sim.PolicyOracle })
+	}
 	start := time.Now()
 	runs, err := sim.Run(ctx, cfg, w)
 	if err != nil {
@@ -284,4 +289,11 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// policiesSet reports whether --policies was given.
+func policiesSet(fs *flag.FlagSet) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == "policies" })
+	return set
 }
