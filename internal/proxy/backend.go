@@ -266,15 +266,6 @@ func (b *Backend) capacities(a *kvindex.Approx, blockSize int) {
 	}
 }
 
-// setCapacity gives engine's routing replicas their share of its blocks
-// (each data-parallel rank its own cache).
-func (b *Backend) setCapacity(a *kvindex.Approx, engine string, blocks int) {
-	names := b.replicaNames(engine)
-	for _, n := range names {
-		a.SetCapacity(n, max(blocks/len(names), 1))
-	}
-}
-
 // sizeIndex reserves entries in g's exact index (kvindex.Exact.Reserve)
 // when the engines' reported capacities outgrow what it was sized for, so
 // that the index does not rehash while filling. Configured
@@ -375,17 +366,6 @@ func (b *Backend) Route(in *RouteInput) (Decision, error) {
 	}
 	b.setRank(&out)
 	return out, nil
-}
-
-// setRank turns a rank replica's name in d into its engine's name and the
-// rank to send.
-func (b *Backend) setRank(d *Decision) {
-	if e, r := b.splitReplica(d.Replica); r >= 0 {
-		d.Replica, d.DPRank, d.HasDPRank = e, r, true
-	}
-	if d.Shadow != nil {
-		d.Shadow.Replica, _ = b.splitReplica(d.Shadow.Replica)
-	}
 }
 
 // shadowDecision is what the shadow kv policy would choose for req now, by

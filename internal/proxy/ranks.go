@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 
+	"kvrouter/internal/kvindex"
 	"kvrouter/internal/routing"
 	"kvrouter/internal/vllm/enginemetrics"
 )
@@ -93,5 +94,25 @@ func (b *Backend) observeRanks(g *generation, engine string, m enginemetrics.Met
 			rg.Waiting, rg.Running = gauges.Waiting/dp, gauges.Running/dp
 		}
 		g.router.ObserveGauges(rankReplica(engine, r), rg)
+	}
+}
+
+// setCapacity gives engine's routing replicas their share of its blocks
+// (each data-parallel rank its own cache).
+func (b *Backend) setCapacity(a *kvindex.Approx, engine string, blocks int) {
+	names := b.replicaNames(engine)
+	for _, n := range names {
+		a.SetCapacity(n, max(blocks/len(names), 1))
+	}
+}
+
+// setRank turns a rank replica's name in d into its engine's name and the
+// rank to send.
+func (b *Backend) setRank(d *Decision) {
+	if e, r := b.splitReplica(d.Replica); r >= 0 {
+		d.Replica, d.DPRank, d.HasDPRank = e, r, true
+	}
+	if d.Shadow != nil {
+		d.Shadow.Replica, _ = b.splitReplica(d.Shadow.Replica)
 	}
 }
