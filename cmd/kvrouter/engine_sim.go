@@ -35,7 +35,8 @@ func (l *listFlag) String() string     { return strings.Join(*l, ",") }
 func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 
 // parseEngineSimFlags maps vllm serve's flags (and the simulator's own) to
-// an enginesim.Config. getenv reads PYTHONHASHSEED.
+// an enginesim.Config. getenv reads PYTHONHASHSEED and
+// VLLM_ALLOW_RUNTIME_LORA_UPDATING.
 func parseEngineSimFlags(args []string, getenv func(string) string, sio stdio) (*engineSimFlags, error) {
 	fs := newFlagSet("engine-sim", "[flags]  (vllm serve's flag names where vLLM has them)", sio.err)
 	var (
@@ -54,6 +55,9 @@ func parseEngineSimFlags(args []string, getenv func(string) string, sio stdio) (
 		tokPath    = fs.String("tokenizer", "", "tokenizer directory or tokenizer.json[.gz] (with tokenizer_config.json for chat templates); default: one token per UTF-8 byte")
 		details    = fs.Bool("enable-prompt-tokens-details", true, "report usage.prompt_tokens_details.cached_tokens (vLLM's default is false)")
 		dpRank     = fs.Int("data-parallel-rank", 0, "data-parallel rank: written in every event batch, added to the event ports")
+		maxLoRAs   = fs.Int("max-loras", 1, "adapters one batch may hold, reported in vllm:lora_requests_info (vllm serve --max-loras; not enforced)")
+		loraDelay  = fs.Duration("lora-load-delay", 0, "time POST /v1/load_lora_adapter takes (engine-sim only); the endpoint exists when VLLM_ALLOW_RUNTIME_LORA_UPDATING is True or 1, as in vLLM")
+		dpSize     = fs.Int("data-parallel-size", 1, "data-parallel ranks behind this one endpoint (vllm serve --data-parallel-size): rank r has its own cache and publishes on the event ports + r; the X-data-parallel-rank header picks the rank, else the least loaded")
 		legacy     = fs.Bool("legacy-events", false, "publish vLLM v0.22-v0.23's array event layout and the old replay replies without a topic frame")
 		profile    = fs.String("profile", enginesim.ProfileH100, "timing profile: "+strings.Join(enginesim.ProfileNames(), ", "))
 		overhead   = fs.Duration("step-overhead", 0, "fixed time per step (default: the profile's)")
@@ -120,6 +124,7 @@ func parseEngineSimFlags(args []string, getenv func(string) string, sio stdio) (
 		KVEvents:              kv,
 		LegacyEvents:          *legacy,
 		DataParallelRank:      *dpRank,
+		DataParallelSize:      *dpSize,
 		NoPromptTokensDetails: !*details,
 		Faults:                f,
 	}
@@ -130,6 +135,11 @@ func parseEngineSimFlags(args []string, getenv func(string) string, sio stdio) (
 		name, _, _ := strings.Cut(l, "=")
 		cfg.LoRAModules = append(cfg.LoRAModules, name)
 	}
+	switch strings.ToLower(getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING")) {
+	case "1", "true":
+		cfg.AllowRuntimeLoRA = true
+	}
+	cfg.MaxLoRAs, cfg.LoRALoadDelay = *maxLoRAs, *loraDelay
 	seed := getenv("PYTHONHASHSEED")
 	if *hashAlgo == "fast" {
 		cfg.NewHasher = func() (enginesim.BlockHasher, error) { return enginesim.NewFastHasher(seed), nil }

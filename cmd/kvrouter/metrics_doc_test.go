@@ -87,7 +87,8 @@ func expandBraces(s string) []string {
 // TestDocumentedMetricsExistAtStart: a freshly started router (no request
 // served, no event received) exports every metric the docs name, so that
 // alerts on them see 0, not "no data". Two models cover the optional
-// parts: m (local tokenizer with its mismatch probe, KV events configured),
+// parts: m (local tokenizer with its mismatch probe, KV events configured,
+// a route alias and an adapter),
 // n (shadow mode, render tokenizer, approximate index).
 func TestDocumentedMetricsExistAtStart(t *testing.T) {
 	e2eLeakCheck(t)
@@ -98,7 +99,7 @@ func TestDocumentedMetricsExistAtStart(t *testing.T) {
 	simM := startE2ESim(t)
 	simN := startE2ESim(t, func(c *enginesim.Config) { c.ServedModelName = "n" })
 	yaml := fmt.Sprintf("health: {probe_interval: 200ms, scrape_interval: 200ms}\nmodels:\n"+
-		"  - name: m\n    tokenizer: %s\n    tokenizer_mismatch: continue\n    engines:\n      - {name: e0, url: %q, events: 'tcp://127.0.0.1:%d'}\n"+
+		"  - name: m\n    tokenizer: %s\n    tokenizer_mismatch: continue\n    aliases: [{name: m-fast}]\n    adapters: [{name: sql}]\n    engines:\n      - {name: e0, url: %q, events: 'tcp://127.0.0.1:%d'}\n"+
 		"  - name: n\n    policy: shadow\n    engines:\n      - {name: e1, url: %q}\n",
 		e2eQwen3Dir, simM.url, e2eFreePort(t), simN.url)
 	r := serveYAML(t, yaml, slog.LevelWarn)

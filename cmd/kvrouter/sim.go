@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -144,6 +145,10 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 		}
 		cfg.Replicas = sc.Replicas
 		cfg.Scale = append(sc.Scale, extra...)
+		if cfg.AdapterReplicas = sc.AdapterReplicas; cfg.AdapterReplicas > 0 && !policiesSet(fs) {
+			// The oracle does not model adapters: the default list without it.
+			cfg.Policies = slices.DeleteFunc(cfg.Policies, func(p string) bool { return p == sim.PolicyOracle })
+		}
 		start := time.Now()
 		runs, err := sim.Run(ctx, cfg, w)
 		if err != nil {
@@ -368,4 +373,11 @@ func mean(xs []float64) float64 {
 		sum += x
 	}
 	return sum / float64(len(xs))
+}
+
+// policiesSet reports whether --policies was given.
+func policiesSet(fs *flag.FlagSet) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == "policies" })
+	return set
 }

@@ -111,8 +111,10 @@ type engine struct {
 	faults  Faults
 	pub     *publisher // nil without KV events
 	rank    int
-	m       *metrics
-	state   *atomic.Pointer[snapshot]
+	// trackLoRA: the snapshot lists the adapters in use (LoRA enabled).
+	trackLoRA bool
+	m         *metrics
+	state     *atomic.Pointer[snapshot]
 
 	cmds chan command
 	done chan struct{} // closed when the loop returns
@@ -317,7 +319,12 @@ func (e *engine) emit(events []vllm.Event, ts time.Time) {
 }
 
 func (e *engine) publishState() {
+	var rl, wl []string
+	if e.trackLoRA {
+		rl, wl = e.core.ActiveLoRAs()
+	}
 	e.state.Store(&snapshot{
+		runningLoRAs: rl, waitingLoRAs: wl,
 		running: e.core.Running(),
 		waiting: e.core.Waiting(),
 		usage:   e.core.KVUsage(),

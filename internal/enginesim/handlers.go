@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strings"
 	"time"
 
@@ -16,9 +15,12 @@ import (
 
 func (s *Server) routes() {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, false) })
-	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, true) })
+	mux.HandleFunc("POST /v1/completions", s.dispatch(false))
+	mux.HandleFunc("POST /v1/chat/completions", s.dispatch(true))
 	mux.HandleFunc("GET /v1/models", s.models)
+	if s.cfg.AllowRuntimeLoRA {
+		mux.HandleFunc("POST /v1/load_lora_adapter", s.loadLoRA)
+	}
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("POST /tokenize", s.tokenize)
 	mux.HandleFunc("POST /reset_prefix_cache", func(w http.ResponseWriter, r *http.Request) {
@@ -103,7 +105,7 @@ func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 	maxLen := s.coreCfg.MaxModelLen
 	data := []model{{ID: base, Object: "model", Created: s.created, OwnedBy: "vllm", Root: base,
 		MaxModelLen: &maxLen, Permission: []any{}}}
-	for _, l := range s.cfg.LoRAModules {
+	for _, l := range s.loras.list() {
 		data = append(data, model{ID: l, Object: "model", Created: s.created, OwnedBy: "vllm", Root: l,
 			Parent: &base, Permission: []any{}})
 	}
@@ -230,7 +232,7 @@ func (s *Server) loraFor(model string) (string, bool) {
 	if model == "" || model == s.cfg.ServedModelName {
 		return "", true
 	}
-	if slices.Contains(s.cfg.LoRAModules, model) {
+	if s.loras.has(model) {
 		return model, true
 	}
 	return "", false

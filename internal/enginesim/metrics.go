@@ -11,9 +11,12 @@ import (
 // snapshot is the engine state the metrics read at scrape time, published
 // by the engine loop after every step and command.
 type snapshot struct {
-	running, waiting int
-	usage            float64
-	stats            Stats
+	// runningLoRAs, waitingLoRAs are the adapters of running and waiting
+	// requests (vllm:lora_requests_info).
+	runningLoRAs, waitingLoRAs []string
+	running, waiting           int
+	usage                      float64
+	stats                      Stats
 }
 
 // metrics are the vLLM metrics an engine exposes (names and labels of
@@ -29,13 +32,18 @@ type metrics struct {
 	eventsDropped *prometheus.CounterVec
 	replays       prometheus.Counter
 	faults        *prometheus.CounterVec
+	loraLoads     prometheus.Counter
 }
 
-// newMetrics registers the metrics on reg; state returns the latest
+// newMetrics registers the metrics of data-parallel rank on reg (label
+// engine, as vLLM labels each DP engine's series); state returns the latest
 // snapshot. The cache_config_info labels are those of vLLM's CacheConfig
-// that a router reads.
-func newMetrics(reg prometheus.Registerer, model string, cfg CoreConfig, hashAlgo string, state *atomic.Pointer[snapshot]) (*metrics, error) {
-	labels := prometheus.Labels{"model_name": model, "engine": "0"}
+// that a router reads. The simulator's own series carry the engine label
+// too, so that the ranks of one server share a registry.
+func newMetrics(reg prometheus.Registerer, model string, cfg CoreConfig, hashAlgo string, state *atomic.Pointer[snapshot], rank int) (*metrics, error) {
+	engine := strconv.Itoa(rank)
+	labels := prometheus.Labels{"model_name": model, "engine": engine}
+	own := prometheus.Labels{"engine": engine}
 	get := func() *snapshot { return state.Load() }
 	gauge := func(name, help string, f func(s *snapshot) float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels},
@@ -60,19 +68,21 @@ func newMetrics(reg prometheus.Registerer, model string, cfg CoreConfig, hashAlg
 		success: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vllm:request_success_total",
 			Help: "Count of successfully processed requests.", ConstLabels: labels}, []string{"finished_reason"}),
 		eventBatches: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_enginesim_kv_event_batches_total",
-			Help: "KV event batches sent on the PUB socket."}),
+			Help: "KV event batches sent on the PUB socket.", ConstLabels: own}),
 		eventsDropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_enginesim_kv_event_batches_dropped_total",
-			Help: "KV event batches not sent, by reason: queue_full (no seq assigned) or fault (drop-every-k, still replayable)."},
+			Help: "KV event batches not sent, by reason: queue_full (no seq assigned) or fault (drop-every-k, still replayable).", ConstLabels: own},
 			[]string{"reason"}),
 		replays: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_enginesim_kv_event_replays_total",
-			Help: "Replay requests answered."}),
+			Help: "Replay requests answered.", ConstLabels: own}),
+		loraLoads: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_enginesim_lora_loads_total",
+			Help: "LoRA adapters loaded at run time (POST /v1/load_lora_adapter).", ConstLabels: own}),
 		faults: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_enginesim_faults_injected_total",
-			Help: "Injected faults by kind."}, []string{"kind"}),
+			Help: "Injected faults by kind.", ConstLabels: own}, []string{"kind"}),
 	}
 	info := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "vllm:cache_config_info", Help: "Information of the LLMEngine CacheConfig",
 		ConstLabels: prometheus.Labels{
-			"engine":                   "0",
+			"engine":                   engine,
 			"block_size":               strconv.Itoa(cfg.BlockSize),
 			"num_gpu_blocks":           strconv.Itoa(cfg.NumGPUBlocks),
 			"num_gpu_blocks_override":  strconv.Itoa(cfg.NumGPUBlocks),
@@ -99,7 +109,7 @@ func newMetrics(reg prometheus.Registerer, model string, cfg CoreConfig, hashAlg
 			func(s *snapshot) int64 { return s.stats.PromptTokens }),
 		counter("vllm:generation_tokens_total", "Number of generation tokens processed.",
 			func(s *snapshot) int64 { return s.stats.GenerationTokens }),
-		info, m.ttft, m.e2e, m.prefillTime, m.decodeTime, m.success, m.eventBatches, m.eventsDropped, m.replays, m.faults,
+		info, m.loraLoads, m.ttft, m.e2e, m.prefillTime, m.decodeTime, m.success, m.eventBatches, m.eventsDropped, m.replays, m.faults,
 	}
 	if cfg.NumCPUBlocks > 0 {
 		cs = append(cs,

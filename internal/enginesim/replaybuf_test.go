@@ -93,7 +93,7 @@ func TestPublisherQueueBytes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := newMetrics(prometheus.NewRegistry(), "m", CoreConfig{}, "fast", &atomic.Pointer[snapshot]{})
+	m, err := newMetrics(prometheus.NewRegistry(), "m", CoreConfig{}, "fast", &atomic.Pointer[snapshot]{}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

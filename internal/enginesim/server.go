@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -28,6 +29,14 @@ type Config struct {
 	// LoRAModules are adapter names also accepted as model ids; a request
 	// naming one carries it as its LoRA name (block extra keys, events).
 	LoRAModules []string
+	// AllowRuntimeLoRA serves POST /v1/load_lora_adapter (vLLM needs
+	// VLLM_ALLOW_RUNTIME_LORA_UPDATING=True for it); off: 404.
+	AllowRuntimeLoRA bool
+	// LoRALoadDelay is how long loading an adapter at run time takes (0).
+	LoRALoadDelay time.Duration
+	// MaxLoRAs is --max-loras, reported in vllm:lora_requests_info (1, as
+	// vLLM's default); the simulator does not limit batches by it.
+	MaxLoRAs int
 	// DefaultMaxTokens bounds chat requests without max_tokens (256); vLLM
 	// would generate up to max_model_len, which a simulator that never
 	// emits EOS should not. Completions default to 16, as in vLLM.
@@ -48,6 +57,11 @@ type Config struct {
 	LegacyEvents bool
 	// DataParallelRank goes into every batch and offsets the event ports.
 	DataParallelRank int
+	// DataParallelSize is vllm serve --data-parallel-size: this many engine
+	// cores (ranks 0..n-1, each its own cache, scheduler and KV event
+	// sockets on port+rank) behind the one HTTP endpoint (1; above 1,
+	// DataParallelRank must be 0). See dp.go for how a request finds its rank.
+	DataParallelSize int
 	// NoPromptTokensDetails leaves usage.prompt_tokens_details out (vLLM's
 	// default without --enable-prompt-tokens-details; the simulator shows
 	// it by default).
@@ -79,6 +93,11 @@ type Server struct {
 	tok     Tokenizer
 	mux     *http.ServeMux
 	created int64
+	// ranks are the data-parallel ranks behind this endpoint, this server
+	// first (nil with one rank): each serves its requests on its own engine.
+	ranks []*Server
+	// loras are the adapters served, shared by the ranks.
+	loras *loraSet
 }
 
 // New checks cfg (all problems at once) and builds a Server. A nil log
@@ -123,6 +142,9 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Server, erro
 	if cfg.DefaultMaxTokens < 1 || cfg.DataParallelRank < 0 {
 		errs = append(errs, errors.New("default max tokens must be positive and the data-parallel rank non-negative"))
 	}
+	if cfg.DataParallelSize < 0 || cfg.DataParallelSize > 1 && cfg.DataParallelRank != 0 || cfg.DataParallelSize > 64 {
+		errs = append(errs, fmt.Errorf("data-parallel size %d with rank %d: want a size of 1..64, rank 0 when above 1", cfg.DataParallelSize, cfg.DataParallelRank))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("enginesim: %w", err)
 	}
@@ -131,8 +153,18 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Server, erro
 		tok: cfg.Tokenizer, created: cfg.Clock.Now().Unix(),
 	}
 	s.cfg.Faults, s.cfg.KVEvents = faults, kv
-	if s.m, err = newMetrics(reg, cfg.ServedModelName, coreCfg, cfg.HashAlgo, &s.state); err != nil {
+	s.loras = &loraSet{names: slices.Clone(cfg.LoRAModules)}
+	if s.cfg.MaxLoRAs <= 0 {
+		s.cfg.MaxLoRAs = 1
+	}
+	if s.m, err = newMetrics(reg, cfg.ServedModelName, coreCfg, cfg.HashAlgo, &s.state, cfg.DataParallelRank); err != nil {
 		return nil, fmt.Errorf("enginesim: metrics: %w", err)
+	}
+	if s.cfg.AllowRuntimeLoRA || len(cfg.LoRAModules) > 0 {
+		// vLLM exports it when LoRA is enabled (--enable-lora).
+		if err := reg.Register(newLoRAInfo(cfg.ServedModelName, cfg.DataParallelRank, s.cfg.MaxLoRAs, s.state.Load, cfg.Clock.Now)); err != nil {
+			return nil, fmt.Errorf("enginesim: metrics: %w", err)
+		}
 	}
 	if kv.enabled() {
 		s.pub, err = newPublisher(kv, cfg.DataParallelRank, cfg.LegacyEvents, faults.DropEveryKBatches, cfg.Clock, log, s.m)
@@ -148,8 +180,12 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Server, erro
 		newCore: s.newCore, clock: cfg.Clock, faults: faults, pub: s.pub, rank: cfg.DataParallelRank,
 		m: s.m, state: &s.state, cmds: make(chan command, 256), done: make(chan struct{}),
 		core: core, streams: make(map[string]*stream),
+		trackLoRA: cfg.AllowRuntimeLoRA || len(cfg.LoRAModules) > 0,
 	}
 	s.eng.publishState()
+	if err := s.newRanks(log, reg); err != nil {
+		return nil, err
+	}
 	s.routes()
 	return s, nil
 }
@@ -183,23 +219,22 @@ func (s *Server) Run(ctx context.Context) error {
 // or one of them fails, after all stopped; a bind error returns at once.
 // It closes ln.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	g, ctx := errgroup.WithContext(ctx)
 	hs := &http.Server{
 		Handler:           s.mux,
 		ReadHeaderTimeout: 10 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 	}
-	if s.pub != nil {
-		// Bind the event sockets before anything runs, so that "serving"
-		// means every socket is bound and a bind error ends Serve at once.
-		socks, err := s.pub.open(ctx)
-		if err != nil {
+	for _, rs := range s.all() {
+		if err := rs.start(ctx, g); err != nil {
 			ln.Close()
-			return fmt.Errorf("enginesim: %w", err)
+			cancel()
+			_ = g.Wait() // the ranks started before this one
+			return err
 		}
-		g.Go(func() error { return recoverErr("publisher", func() error { return s.pub.Run(ctx, socks) }) })
 	}
-	g.Go(func() error { return recoverErr("engine", func() error { return s.eng.run(ctx) }) })
 	g.Go(func() error {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -227,6 +262,22 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	return g.Wait()
 }
 
+// start binds the KV-event sockets, then starts the publisher and the
+// engine loop in g; a bind error returns at once.
+func (s *Server) start(ctx context.Context, g *errgroup.Group) error {
+	if s.pub != nil {
+		// Bind the event sockets before anything runs, so that "serving"
+		// means every socket is bound and a bind error ends Serve at once.
+		socks, err := s.pub.open(ctx)
+		if err != nil {
+			return fmt.Errorf("enginesim: %w", err)
+		}
+		g.Go(func() error { return recoverErr("publisher", func() error { return s.pub.Run(ctx, socks) }) })
+	}
+	g.Go(func() error { return recoverErr("engine", func() error { return s.eng.run(ctx) }) })
+	return nil
+}
+
 // KVEventsAddrs waits until the publisher's sockets are up and returns
 // their bound addresses (empty when connecting or without replay).
 func (s *Server) KVEventsAddrs(ctx context.Context) (pub, replay string, err error) {
@@ -249,8 +300,18 @@ func (s *Server) KVEventsAddrs(ctx context.Context) (pub, replay string, err err
 // replay buffer and sequence numbers from 0; no AllBlocksCleared is sent.
 // HTTP keeps serving. It returns once the new sockets are bound (the
 // publisher first sends the batches queued before the restart, and
-// finishes a stall in progress), or when ctx ends.
+// finishes a stall in progress), or when ctx ends. Every data-parallel
+// rank restarts.
 func (s *Server) Restart(ctx context.Context) error {
+	for _, rs := range s.all() {
+		if err := rs.restartRank(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Server) restartRank(ctx context.Context) error {
 	var reopened chan error
 	if s.pub != nil {
 		reopened = make(chan error, 1)
@@ -270,8 +331,14 @@ func (s *Server) Restart(ctx context.Context) error {
 
 // ResetPrefixCache is vLLM's /reset_prefix_cache: it clears the cache and
 // publishes AllBlocksCleared, or fails while requests hold blocks.
+// With several data-parallel ranks it resets each.
 func (s *Server) ResetPrefixCache(ctx context.Context) error {
-	return s.eng.send(ctx, command{reset: true, reply: make(chan error, 1)})
+	for _, rs := range s.all() {
+		if err := rs.eng.send(ctx, command{reset: true, reply: make(chan error, 1)}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // StallEvents pauses KV-event sending for d; batches queue meanwhile.

@@ -81,6 +81,8 @@ type listing struct {
 	ids []string
 	// maxLen maps an id to its card's max_model_len, when the card has one.
 	maxLen map[string]int
+	// parent maps a LoRA adapter's id to its card's parent (the base model).
+	parent map[string]string
 }
 
 // newListing reads the ids and max_model_len of decoded model cards; cards
@@ -100,14 +102,18 @@ func newListing(cards []json.RawMessage) *listing {
 			continue
 		}
 		l.ids = append(l.ids, card.ID)
-		switch {
-		case card.MaxModelLen != nil && *card.MaxModelLen > 0:
+		if card.MaxModelLen != nil && *card.MaxModelLen > 0 {
 			l.maxLen[card.ID] = *card.MaxModelLen
-		case card.Parent != nil:
+		}
+		if card.Parent != nil {
 			parents[card.ID] = *card.Parent
 		}
 	}
+	l.parent = parents
 	for id, p := range parents {
+		if _, own := l.maxLen[id]; own {
+			continue
+		}
 		if n, ok := l.maxLen[p]; ok {
 			l.maxLen[id] = n
 		}

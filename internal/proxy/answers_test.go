@@ -29,7 +29,8 @@ func TestMethodNotAllowed(t *testing.T) {
 		{http.MethodPut, "/v1/route", 405, "POST"},
 		{http.MethodPost, "/v1/models", 405, "GET, HEAD"},
 		{http.MethodDelete, "/ready", 405, "GET, HEAD"},
-		{http.MethodGet, "/v1/embeddings", 404, ""},
+		{http.MethodGet, "/v1/embeddings", 405, "POST"}, // passed through (POST) since issue 16
+		{http.MethodGet, "/v1/no-such-endpoint", 404, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.method+" "+tt.path, func(t *testing.T) {

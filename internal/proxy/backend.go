@@ -155,7 +155,9 @@ func (b *Backend) build(blockSize int) (*generation, error) {
 	}
 	g.router = r
 	for _, name := range *b.replicas.Load() {
-		r.AddReplica(name)
+		for _, rn := range b.replicaNames(name) {
+			r.AddReplica(rn)
+		}
 	}
 	if g.approx != nil {
 		b.capacities(g.approx, g.blockSize)
@@ -235,15 +237,15 @@ func (b *Backend) Observe(engine string, m enginemetrics.Metrics, at time.Time) 
 	}
 	b.setBlockSize(engine, m.BlockSize, "metrics")
 	g := b.cur.Load()
-	g.router.ObserveGauges(engine, routing.Gauges{Waiting: int(m.Waiting), Running: int(m.Running), KVUsage: m.KVCacheUsage, At: at})
+	b.observeRanks(g, engine, m, routing.Gauges{Waiting: int(m.Waiting), Running: int(m.Running), KVUsage: m.KVCacheUsage, At: at})
 	if pt, ps, dt, ds, ok := m.RateCounters(); ok {
-		g.router.ObserveRates(engine, routing.RateSample{At: at, PrefillTokens: pt, PrefillSeconds: ps, DecodeTokens: dt, DecodeSeconds: ds})
+		b.observeRates(g, engine, routing.RateSample{At: at, PrefillTokens: pt, PrefillSeconds: ps, DecodeTokens: dt, DecodeSeconds: ds})
 	}
 	if blocks == 0 {
 		return
 	}
 	if g.approx != nil {
-		g.approx.SetCapacity(engine, blocks)
+		b.setCapacity(g.approx, engine, blocks)
 	}
 	if g.exact != nil && b.cfg.Index.ExpectedEntries == 0 {
 		b.sizeIndex(g)
@@ -255,11 +257,15 @@ func (b *Backend) Observe(engine string, m enginemetrics.Metrics, at time.Time) 
 // not fall back to the default capacity until each engine's next scrape.
 func (b *Backend) capacities(a *kvindex.Approx, blockSize int) {
 	b.repMu.Lock()
-	defer b.repMu.Unlock()
+	caps := map[string]int{}
 	for engine, r := range b.reports {
 		if r.blocks > 0 && r.blockSize == blockSize {
-			a.SetCapacity(engine, r.blocks)
+			caps[engine] = r.blocks
 		}
+	}
+	b.repMu.Unlock()
+	for engine, blocks := range caps {
+		b.setCapacity(a, engine, blocks)
 	}
 }
 
@@ -305,10 +311,11 @@ func (b *Backend) Apply(u kvevents.Update) {
 	if g.exact == nil {
 		return
 	}
+	name := b.eventReplica(u.Engine, u.Rank)
 	if u.Reset != kvevents.ResetNone {
-		g.exact.Reset(u.Engine, u.Rank)
+		g.exact.Reset(name, u.Rank)
 	}
-	g.exact.Apply(u.Engine, &u.Batch)
+	g.exact.Apply(name, &u.Batch)
 }
 
 // UsesText implements textRouter: true when the serving policy is
@@ -324,11 +331,11 @@ func (b *Backend) Route(in *RouteInput) (Decision, error) {
 		Text:       in.Text,
 		SessionKey: in.Session,
 		MaxTokens:  in.MaxTokens,
-		Extras:     kvindex.Extras{CacheSalt: in.CacheSalt},
+		Extras:     kvindex.Extras{CacheSalt: in.CacheSalt, LoRA: in.LoRA},
 	}
 	for _, name := range *b.replicas.Load() {
 		if !slices.Contains(in.Candidates, name) {
-			req.Exclude = append(req.Exclude, name)
+			req.Exclude = append(req.Exclude, b.replicaNames(name)...)
 		}
 	}
 	if in.DryRun {
@@ -337,6 +344,7 @@ func (b *Backend) Route(in *RouteInput) (Decision, error) {
 		if g.shadow != nil {
 			out.Shadow = b.shadowDecision(g, req, len(in.Tokens))
 		}
+		b.setRank(&out)
 		if err != nil {
 			return out, fmt.Errorf("model %q: %w", b.cfg.Model, err)
 		}
@@ -350,7 +358,7 @@ func (b *Backend) Route(in *RouteInput) (Decision, error) {
 	if err != nil {
 		return Decision{}, fmt.Errorf("model %q: %w", b.cfg.Model, err)
 	}
-	return Decision{
+	out := Decision{
 		Replica:      d.Name,
 		Policy:       d.Policy,
 		CachedTokens: cachedTokens(d, g.blockSize, len(in.Tokens)),
@@ -359,7 +367,9 @@ func (b *Backend) Route(in *RouteInput) (Decision, error) {
 		FirstToken:   lease.FirstToken,
 		Shadow:       shadow,
 		Explain:      explanation(d, g, len(in.Tokens)),
-	}, nil
+	}
+	b.setRank(&out)
+	return out, nil
 }
 
 // shadowDecision is what the shadow kv policy would choose for req now, by
@@ -502,7 +512,9 @@ func (b *Backend) AddReplica(name string, dpSize int) {
 	b.dp[name] = dpSize
 	b.repMu.Unlock()
 	b.replicas.Store(&next)
-	b.cur.Load().router.AddReplica(name)
+	for _, rn := range b.replicaNames(name) {
+		b.cur.Load().router.AddReplica(rn)
+	}
 }
 
 // RemoveReplica removes engine name from the group: its index entries,
@@ -517,12 +529,15 @@ func (b *Backend) RemoveReplica(name string) {
 		return
 	}
 	next := slices.DeleteFunc(slices.Clone(cur), func(n string) bool { return n == name })
+	names := b.replicaNames(name)
 	b.replicas.Store(&next)
 	b.repMu.Lock()
 	delete(b.reports, name)
 	delete(b.dp, name)
 	b.repMu.Unlock()
-	b.cur.Load().router.RemoveReplica(name)
+	for _, rn := range names {
+		b.cur.Load().router.RemoveReplica(rn)
+	}
 }
 
 // DPSize returns engine name's configured data-parallel ranks (1 when

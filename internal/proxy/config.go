@@ -140,6 +140,20 @@ type ModelConfig struct {
 	// from their /v1/models): "reject" (default: answer vLLM's own 400
 	// without forwarding) or "forward" (let the engine answer).
 	TooLong string `yaml:"too_long"`
+	// Adapters are LoRA adapters the group's engines serve on top of this
+	// model (adapters.go); adapters the engines list with this model as
+	// parent are served too, without configuration.
+	Adapters []AdapterConfig `yaml:"adapters"`
+	// AdapterLoading is what happens to a request for an adapter no healthy
+	// engine has loaded: "off" (default: 503) or "load" (load it, when it
+	// has a path, on the engine the router picks).
+	AdapterLoading string `yaml:"adapter_loading"`
+	// Aliases are further client-facing model names over this group, each
+	// with request defaults and caps (aliases.go).
+	Aliases []AliasConfig `yaml:"aliases"`
+	// Media bounds the images, audio and video of one chat request
+	// (media.go; nil: none).
+	Media *MediaLimits `yaml:"media"`
 }
 
 // TimeoutsConfig bounds one engine request.
@@ -281,6 +295,9 @@ func (c *Config) FillDefaults(getenv func(string) string) {
 		}
 		if m.TokenizerMismatch == "" {
 			m.TokenizerMismatch = dm.TokenizerMismatch
+		}
+		if m.AdapterLoading == "" {
+			m.AdapterLoading = AdapterLoadingOff
 		}
 		if m.TooLong == "" {
 			m.TooLong = dm.TooLong
@@ -467,6 +484,14 @@ func (c *Config) Validate() error {
 			if e.EventsQueue < 1 || e.EventsQueue > kvevents.MaxQueueSize {
 				errs = append(errs, ferr(fmt.Sprintf("%d: must be in 1..%d (0: default %d)", e.EventsQueue, kvevents.MaxQueueSize, kvevents.DefaultQueueSize), "models", i, "engines", j, "events_queue"))
 			}
+		}
+	}
+	for i := range c.Models {
+		errs = append(errs, validateAdapters(&c.Models[i], i, models)...)
+		errs = append(errs, validateAliases(&c.Models[i], i, models)...)
+		errs = append(errs, validateMedia(c.Models[i].Media, "models", i, "media")...)
+		for j := range c.Models[i].Aliases {
+			errs = append(errs, validateMedia(c.Models[i].Aliases[j].Media, "models", i, "aliases", j, "media")...)
 		}
 	}
 	errs = append(errs, c.validateNumbers()...)

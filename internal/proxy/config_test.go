@@ -108,6 +108,8 @@ func TestParseConfigErrors(t *testing.T) {
 		{"absurd index size", modelWith("index: {max_entries: 99999999999, approx_ttl: -1s}"),
 			[]string{"models[0].index.max_entries (line 3): 99999999999: must be in 0..1073741824", "models[0].index.approx_ttl (line 3)"}},
 		{"retries below -1", modelWith("retries: -5"), []string{"models[0].retries (line 3): -5: must be >= -1"}},
+		{"adapters", modelWith("adapter_loading: eager\nadapters: [{name: m}, {path: /x}]"),
+			[]string{`models[0].adapter_loading (line 3): "eager": want off or load`, `models[0].adapters[0].name (line 4): "m": already a model or adapter name`, "models[0].adapters[1].name (line 4): required"}},
 		{"negative timeout", modelWith("timeouts: {idle: -1s}"), []string{"models[0].timeouts.idle (line 3): must not be negative"}},
 		{"health numbers", "health: {probe_timeout: -1s, eject_after_server_errors: -2, backoff_base: 10s, backoff_max: 1s}\n" + modelWith(""),
 			[]string{"health.probe_timeout (line 1)", "health.eject_after_server_errors (line 1)", "health.backoff_max (line 1): 1s is less than backoff_base 10s"}},

@@ -42,7 +42,7 @@ func (s *Server) forward(x *exchange) {
 	for attempt := 0; ; attempt++ {
 		var retry time.Duration
 		var err error
-		buf, retry, err = s.deps.Fleet.Healthy(buf[:0], x.req.model)
+		buf, retry, err = s.healthy(buf[:0], x)
 		cands := make([]string, 0, len(buf))
 		for _, ep := range buf {
 			if !slices.Contains(tried, ep.Name()) {
@@ -82,6 +82,17 @@ func (s *Server) forward(x *exchange) {
 			}
 			s.fail(x, serverError(fmt.Sprintf("router chose unknown replica %q", d.Replica)), outcomeUpstream)
 			return
+		}
+		if x.loadAdapter {
+			if err := s.ensureAdapter(x, ep); err != nil {
+				if d.Release != nil {
+					d.Release()
+				}
+				s.fail(x, &apiError{status: http.StatusServiceUnavailable, typ: typeServiceUnavailable, retryAfter: time.Second,
+					message: fmt.Sprintf("LoRA adapter %q could not be loaded on replica %s (request id %s)", x.adapter, ep.Name(), x.id)}, outcomeUpstream)
+				x.err = err
+				return
+			}
 		}
 		s.observeDecision(x, d)
 		tried = append(tried, d.Replica)
@@ -156,6 +167,9 @@ func (s *Server) try(x *exchange, ep *fleet.Endpoint, d Decision, canRetry bool)
 	}
 	outHeaders(req.Header, x.r.Header, x.id, ep.APIKey())
 	s.tr.Propagator.Inject(legCtx, propagation.HeaderCarrier(req.Header))
+	if d.HasDPRank {
+		req.Header.Set(RankHeader, strconv.Itoa(d.DPRank))
+	}
 	req.ContentLength = int64(len(x.fwd))
 
 	resp, err := x.m.transport.RoundTrip(req)

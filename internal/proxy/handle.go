@@ -23,13 +23,22 @@ import (
 // exchange is one client request's state, shared by its attempts, for the
 // final log line and metrics.
 type exchange struct {
-	w       http.ResponseWriter
-	r       *http.Request
-	id      string
-	start   time.Time
-	req     *request
-	asked   string // the model the body named, "" when it was not read
-	m       *model
+	w     http.ResponseWriter
+	r     *http.Request
+	id    string
+	start time.Time
+	req   *request
+	asked string // the model the body named, "" when it was not read
+	m     *model
+	// adapter is the LoRA adapter the request names as its model ("" for
+	// the base model); loadAdapter: no healthy engine has it, load it on
+	// the chosen one (adapters.go).
+	adapter     string
+	loadAdapter bool
+	// route is the alias the request named (nil: none); usage is what its
+	// answer reported (aliases.go).
+	route   *AliasConfig
+	usage   routeUsage
 	fwd     []byte   // the body sent upstream
 	tokens  []uint32 // nil when unknown
 	replica string   // last replica tried
@@ -149,6 +158,9 @@ func (s *Server) parse(x *exchange, k kind, body []byte) bool {
 	if req != nil {
 		x.asked = req.model
 	}
+	if aerr == nil {
+		req, aerr = s.applyAlias(x, k, req, body)
+	}
 	if aerr != nil {
 		s.fail(x, aerr, outcomeBadRequest)
 		return false
@@ -156,11 +168,20 @@ func (s *Server) parse(x *exchange, k kind, body []byte) bool {
 	x.req = req
 	m, ok := s.models[req.model]
 	if !ok {
+		if m, ok = s.adapterModel(req.model); ok {
+			x.adapter = req.model
+		}
+	}
+	if !ok {
 		s.fail(x, &apiError{status: http.StatusNotFound, typ: typeNotFound, param: "model",
 			message: fmt.Sprintf("The model `%s` does not exist.", req.model)}, outcomeBadRequest)
 		return false
 	}
 	x.m = m
+	if e := checkMedia(x); e != nil {
+		s.fail(x, e, outcomeBadRequest)
+		return false
+	}
 	fwd, err := req.forwardBody(!m.cfg.DisableHitReport)
 	if err != nil {
 		s.fail(x, badRequest("", err.Error()), outcomeBadRequest)
@@ -220,6 +241,7 @@ func (s *Server) routeInput(x *exchange, cands []string, dry bool) *RouteInput {
 		RequestID:  x.id,
 		Tokens:     x.tokens,
 		CacheSalt:  x.req.cacheSalt,
+		LoRA:       x.adapter,
 		MaxTokens:  x.req.maxTokens,
 		Candidates: cands,
 		DryRun:     dry,
@@ -257,7 +279,7 @@ func (s *Server) decide(x *exchange, in *RouteInput) (Decision, error) {
 
 // explain answers the routing decision as JSON without forwarding.
 func (s *Server) explain(x *exchange) {
-	eps, retry, err := s.deps.Fleet.Healthy(nil, x.req.model)
+	eps, retry, err := s.healthy(nil, x)
 	if err != nil {
 		s.noReplica(x, retry, err)
 		return
@@ -340,11 +362,14 @@ func (s *Server) finish(x *exchange) {
 		logged = truncate(x.asked, 256)
 		if _, ok := s.models[x.asked]; ok {
 			label = x.asked
+		} else if x.m != nil { // an adapter or alias: its group
+			label = x.m.cfg.Name
 		}
 	}
 	if x.outcome == "" {
 		x.outcome = outcomeOK
 	}
+	s.observeRoute(x)
 	s.m.requests.WithLabelValues(label, x.replica, x.outcome).Inc()
 	s.release(x)
 	lvl := slog.LevelInfo

@@ -77,6 +77,9 @@ func (s *Server) relay(x *exchange, ep *fleet.Endpoint, ctx context.Context, wd 
 	}
 	h := x.w.Header()
 	copyHeaders(h, resp.Header, "X-Request-Id")
+	if x.route != nil {
+		h.Del("Content-Length") // the route's filter may change the body
+	}
 	h.Set("X-Kvrouter-Replica", ep.Name())
 	h.Set("X-Kvrouter-Cached-Tokens", strconv.Itoa(x.cached))
 	x.status = resp.StatusCode
@@ -104,6 +107,8 @@ func (s *Server) relay(x *exchange, ep *fleet.Endpoint, ctx context.Context, wd 
 			// without it. The client must not take that as a whole answer.
 			err = errNoDone
 		}
+	} else if x.route != nil {
+		err = copyFiltered(x, wd, resp.Body, firstToken)
 	} else {
 		err = copyBody(x.w, wd, resp.Body, *bp, firstToken)
 	}
@@ -213,7 +218,11 @@ func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byt
 					x.streamErr = true
 					failed()
 				}
-				if _, werr := x.w.Write(chunk[:end]); werr != nil {
+				out := chunk[:end]
+				if x.route != nil {
+					out = x.filter(out)
+				}
+				if _, werr := x.w.Write(out); werr != nil {
 					return done, &writeError{werr}
 				}
 				if ferr := rc.Flush(); ferr != nil {
@@ -232,6 +241,9 @@ func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byt
 		if rerr == io.EOF {
 			if len(pending) > 0 { // a final event without its blank line
 				done = endsWithDone(pending)
+				if x.route != nil {
+					pending = x.filter(pending)
+				}
 				if _, werr := x.w.Write(pending); werr != nil {
 					return done, &writeError{werr}
 				}

@@ -43,6 +43,9 @@ type RouteInput struct {
 	MaxTokens int
 	// CacheSalt is the request's cache_salt, or "".
 	CacheSalt string
+	// LoRA is the LoRA adapter the request names ("" for the base model):
+	// an extra key of every block (kvindex.Extras.LoRA).
+	LoRA string
 	// Candidates are the names of the replicas that may serve the request,
 	// in configuration order; never empty.
 	Candidates []string
@@ -59,6 +62,10 @@ type Decision struct {
 	Policy string
 	// CachedTokens is the predicted prefix-cache hit on Replica, in tokens.
 	CachedTokens int
+	// DPRank, when HasDPRank, is the data-parallel rank of Replica chosen
+	// (an engine with dp_size > 1): sent in the X-data-parallel-rank header.
+	DPRank    int
+	HasDPRank bool
 	// Release ends the request's load lease; the proxy calls it exactly
 	// once when the attempt ends (done, error, cancel or retry). Nil when
 	// nothing was recorded.

@@ -62,6 +62,8 @@ type Server struct {
 	handler http.Handler
 	reps    replicaSeries
 	tr      *tracing.Tracing
+	fm      *featureMetrics // adapters, route aliases
+	loads   adapterLoads    // LoRA adapter loads under way
 }
 
 // model is one configured model group.
@@ -105,6 +107,16 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 		return nil, err
 	}
 	s.m = m
+	if s.fm, err = newFeatureMetrics(reg); err != nil {
+		return nil, err
+	}
+	for _, mc := range cfg.Models {
+		var engines []string
+		for _, ep := range deps.Fleet.Endpoints(mc.Name) {
+			engines = append(engines, ep.Name())
+		}
+		s.fm.initModel(mc, engines)
+	}
 	// Every series of a known label set exists from the start (0), not
 	// from its first event: alerts see 0, not "no data".
 	m.requests.WithLabelValues(modelUnknown, "", outcomeBadRequest)
@@ -149,6 +161,9 @@ func (s *Server) routes() http.Handler {
 	handle("POST", "/v1/completions", s.auth(func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, kindCompletion) }))
 	handle("POST", "/v1/chat/completions", s.auth(func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, kindChat) }))
 	handle("POST", "/v1/route", s.auth(s.serveRoute))
+	for _, p := range passthroughPaths { // passthrough.go
+		handle("POST", p, s.auth(s.servePassthrough))
+	}
 	handle("GET", "/v1/models", s.auth(s.serveModels))
 	handle("GET", "/health", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) }))
 	handle("GET", "/ready", http.HandlerFunc(s.serveReady))

@@ -101,6 +101,13 @@ type Config struct {
 	// (same CPU); the four default policies are CPU-bound (about 24 s of
 	// CPU, 12.5 s wall) and gain nothing from on.
 	Pipeline PipelineMode
+	// AdapterReplicas is on how many replicas each LoRA adapter of the
+	// workload is loaded (0: every replica): adapter a is on replica i
+	// when (i + fnv32a(a)) mod Replicas < AdapterReplicas. A request for an
+	// adapter is routed only among those replicas, under every policy, and
+	// keyed with the adapter's name (kvindex.Extras.LoRA). The oracle
+	// cannot run with adapters (its cache reads are plain-prompt hashes).
+	AdapterReplicas int
 }
 
 // Values of Config.Rates.
@@ -176,6 +183,12 @@ func (cfg Config) withDefaults() (Config, error) {
 		if !(x > 0) || math.IsInf(x, 0) {
 			errs = append(errs, fmt.Errorf("prefill scale %v: must be positive and finite", x))
 		}
+	}
+	if cfg.AdapterReplicas < 0 || cfg.AdapterReplicas > cfg.Replicas {
+		errs = append(errs, fmt.Errorf("adapter replicas %d: want 0..%d", cfg.AdapterReplicas, cfg.Replicas))
+	}
+	if cfg.AdapterReplicas > 0 && slices.Contains(cfg.Policies, PolicyOracle) {
+		errs = append(errs, fmt.Errorf("policy %s does not model LoRA adapters: leave it out with adapter replicas set", PolicyOracle))
 	}
 	if cfg.Parallel < 1 {
 		errs = append(errs, fmt.Errorf("parallel %d: need at least 1", cfg.Parallel))

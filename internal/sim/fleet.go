@@ -278,7 +278,8 @@ func (f *fleet) arrive(i int) error {
 	if f.router == nil {
 		rep = f.oraclePick()
 	} else {
-		req := routing.Request{ID: r.ID, Tokens: f.toks, MaxTokens: out, SessionKey: r.Session}
+		req := routing.Request{ID: r.ID, Tokens: f.toks, MaxTokens: out, SessionKey: r.Session,
+			Extras: kvindex.Extras{LoRA: r.LoRA}, Exclude: f.lacking(r.LoRA)}
 		if f.policy == "prefix_chars" {
 			req.Text = f.tokenText()
 		}
@@ -293,7 +294,7 @@ func (f *fleet) arrive(i int) error {
 		rep, lease = f.byName[d.Name], l
 	}
 	s.Replica = f.reps[rep].name
-	err := f.reps[rep].core.Submit(&enginesim.Request{ID: r.ID, Tokens: f.toks, MaxTokens: out, ReportHits: f.ix != nil})
+	err := f.reps[rep].core.Submit(&enginesim.Request{ID: r.ID, Tokens: f.toks, MaxTokens: out, LoRAName: r.LoRA, ReportHits: f.ix != nil})
 	if err != nil {
 		s.Err = "rejected"
 		if !errors.Is(err, enginesim.ErrInvalidRequest) {

@@ -25,6 +25,7 @@ func Scenarios() []ScenarioInfo {
 		{"scale_out", "multi-turn chats on half the fleet, the other half added cold at 1/3 of the run"},
 		{"shared_prefix", "64 groups sharing 2,048-token system prompts, 256-token questions"},
 		{"multi_turn", "chats of 6 turns whose prompts grow turn by turn, one shared system prompt"},
+		{"lora_mix", "shared_prefix with half the groups on one of 4 LoRA adapters, each adapter loaded on 2 replicas of 8 (quarter of the fleet)"},
 	}
 }
 
@@ -60,6 +61,8 @@ type Scenario struct {
 	Scale []Scale
 	// Load is the offered load actually used.
 	Load float64
+	// AdapterReplicas is Config.AdapterReplicas for the scenario (lora_mix).
+	AdapterReplicas int
 }
 
 // BuildScenario builds the named scenario.
@@ -114,6 +117,13 @@ func BuildScenario(name string, o ScenarioOptions) (*Scenario, error) {
 	case "shared_prefix":
 		w, err = workload.SharedPrefix{Groups: 64, Prompts: max(1, o.Requests/64), SystemTokens: 2048, QuestionTokens: 256, OutputTokens: 128}.Generate(rng)
 		err = poisson(w, err, o, rng)
+	case "lora_mix":
+		w, err = workload.SharedPrefix{Groups: 64, Prompts: max(1, o.Requests/64), SystemTokens: 2048, QuestionTokens: 256, OutputTokens: 128}.Generate(rng)
+		err = poisson(w, err, o, rng)
+		if err == nil {
+			assignAdapters(w, 4)
+			sc.AdapterReplicas = max(1, o.Replicas/4)
+		}
 	case "multi_turn", "scale_out":
 		w, err = workload.MultiTurn{Conversations: max(1, o.Requests/6), Turns: 6, SystemTokens: 1024, UserTokens: 256, OutputTokens: 192, SharedSystem: true}.Generate(rng)
 		err = poisson(w, err, o, rng)

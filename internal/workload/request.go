@@ -22,6 +22,10 @@ type Request struct {
 	// the x-session-id header; the session policy routes on it). Empty when
 	// the request belongs to no session.
 	Session string
+	// LoRA is the LoRA adapter the request names as its model ("" for the
+	// base model): an extra key of every block, served only by replicas
+	// with the adapter loaded.
+	LoRA string
 }
 
 // InputTokens returns the prompt length in tokens.

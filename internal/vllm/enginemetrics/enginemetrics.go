@@ -55,6 +55,13 @@ type Metrics struct {
 	// Engines is the number of distinct engine label values seen (1 when
 	// the label is absent but metrics are present, 0 when none are).
 	Engines int
+	// PerEngine is the load of each engine (data-parallel rank) by its
+	// engine label value ("0", "1", ...; "" when unlabelled); nil when no
+	// load gauge was found.
+	PerEngine map[string]EngineLoad
+	// LoRA is the newest vllm:lora_requests_info series; nil when the
+	// engine exports none (started without --enable-lora).
+	LoRA *LoRAInfo
 	// Missing lists the load and cache metrics above that were not found,
 	// by their current name, so a caller can tell 0 from absent.
 	Missing []string
@@ -159,6 +166,8 @@ func Parse(r io.Reader) (Metrics, error) {
 		m.Missing = append(m.Missing, metricCacheConfig)
 	}
 	m.Engines = len(engines)
+	m.PerEngine = perEngine(families)
+	m.LoRA = loraInfo(families)
 	return m, nil
 }
 

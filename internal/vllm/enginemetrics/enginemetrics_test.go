@@ -87,6 +87,7 @@ func TestParse(t *testing.T) {
 			PrefixCacheHits: 8000, Preemptions: 3, PromptTokens: 13000, GenerationTokens: 1000,
 			PrefillSeconds: 0.75, DecodeSeconds: 12, PrefillComputedTokens: -1,
 			BlockSize: 16, NumGPUBlocks: 27913, HashAlgo: "sha256_cbor", Engines: 2,
+			PerEngine: map[string]EngineLoad{"0": {Running: 3, Waiting: 1, KVCacheUsage: 0.5}, "1": {Running: 2, KVCacheUsage: 0.25}},
 		}},
 		{"old names, no engine label, untyped, num_gpu_blocks None", `vllm:num_requests_running{model_name="m"} 1
 vllm:num_requests_waiting{model_name="m"} 4
@@ -97,12 +98,13 @@ vllm:num_preemptions_total{model_name="m"} 0
 vllm:cache_config_info{block_size="64.0",num_gpu_blocks="None"} 1
 `, Metrics{Running: 1, Waiting: 4, KVCacheUsage: 0.9, PrefixCacheQueries: 32,
 			PrefixCacheHits: 16, BlockSize: 64, Engines: 1, PrefillComputedTokens: -1,
-			Missing: []string{metricPromptTokens, metricGenTokens, metricPrefillTime, metricDecodeTime}}},
+			PerEngine: map[string]EngineLoad{"": {Running: 1, Waiting: 4, KVCacheUsage: 0.9}},
+			Missing:   []string{metricPromptTokens, metricGenTokens, metricPrefillTime, metricDecodeTime}}},
 		{"empty", "", Metrics{PrefillComputedTokens: -1, Missing: []string{metricRunning, metricWaiting, metricKVUsage,
 			metricQueries, metricHits, metricPreemptions, metricPromptTokens, metricGenTokens,
 			metricPrefillTime, metricDecodeTime, metricCacheConfig}}},
 		{"only running", "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 2\n", Metrics{
-			Running: 2, Engines: 1, PrefillComputedTokens: -1, Missing: []string{metricWaiting, metricKVUsage, metricQueries,
+			Running: 2, Engines: 1, PrefillComputedTokens: -1, PerEngine: map[string]EngineLoad{"": {Running: 2}}, Missing: []string{metricWaiting, metricKVUsage, metricQueries,
 				metricHits, metricPreemptions, metricPromptTokens, metricGenTokens, metricPrefillTime,
 				metricDecodeTime, metricCacheConfig}}},
 	}
@@ -160,6 +162,18 @@ func normNaN(m Metrics) Metrics {
 		if *p != *p {
 			*p = -1
 		}
+	}
+	if m.PerEngine != nil {
+		per := make(map[string]EngineLoad, len(m.PerEngine))
+		for k, l := range m.PerEngine {
+			for _, p := range []*float64{&l.Running, &l.Waiting, &l.KVCacheUsage} {
+				if *p != *p {
+					*p = -1
+				}
+			}
+			per[k] = l
+		}
+		m.PerEngine = per
 	}
 	return m
 }

@@ -1,0 +1,218 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"kvrouter/internal/fleet"
+)
+
+// LoRA adapters.
+//
+// vLLM serves LoRA adapters on top of a base model (vllm serve --enable-lora
+// --lora-modules NAME=PATH, or POST /v1/load_lora_adapter at run time when
+// VLLM_ALLOW_RUNTIME_LORA_UPDATING=True); a request names the adapter as
+// its model, and GET /v1/models lists each adapter with "parent" = the
+// base's served name (vllm/entrypoints/openai/models/serving.py). An
+// adapter's blocks carry its name as an extra key of every block
+// (vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys), so they
+// never match the base model's: the router keys the request with the same
+// extra key (kvindex.Extras.LoRA).
+//
+// kvrouter serves an adapter in the group of its base model: configured
+// (ModelConfig.Adapters) or learned from an engine's listing (a card whose
+// parent is the group's name). A request for it goes only to engines whose
+// last listing has it; when none has it and ModelConfig.AdapterLoading is
+// "load" and the adapter has a path, the group's router picks among all
+// healthy engines (no engine holds a block of the adapter, so the choice is
+// the least costly by load) and kvrouter loads it there with POST
+// /v1/load_lora_adapter {"lora_name", "lora_path"} before forwarding.
+
+// AdapterConfig is one LoRA adapter served by a model group's engines.
+type AdapterConfig struct {
+	// Name is the adapter's model id, as clients send it (vLLM's
+	// lora_name).
+	Name string `yaml:"name"`
+	// Path is the adapter's lora_path on the engines, for loading it at
+	// run time ("": never loaded by kvrouter).
+	Path string `yaml:"path"`
+}
+
+// Adapter loading modes of ModelConfig.AdapterLoading.
+const (
+	AdapterLoadingOff  = "off"
+	AdapterLoadingLoad = "load"
+)
+
+// adapterTimeout bounds one POST /v1/load_lora_adapter.
+const adapterTimeout = 2 * time.Minute
+
+// validateAdapters checks models[i]'s adapters.
+func validateAdapters(m *ModelConfig, i int, seen map[string]bool) []error {
+	var errs []error
+	if m.AdapterLoading != AdapterLoadingOff && m.AdapterLoading != AdapterLoadingLoad {
+		errs = append(errs, ferr(fmt.Sprintf("%q: want off or load", m.AdapterLoading), "models", i, "adapter_loading"))
+	}
+	for j, a := range m.Adapters {
+		switch {
+		case a.Name == "":
+			errs = append(errs, ferr("required", "models", i, "adapters", j, "name"))
+		case seen[a.Name]:
+			errs = append(errs, ferr(fmt.Sprintf("%q: already a model or adapter name", a.Name), "models", i, "adapters", j, "name"))
+		}
+		seen[a.Name] = true
+	}
+	return errs
+}
+
+// adapterModel returns the group serving adapter name: the group that
+// configures it, else one whose engines list it with the group's name as
+// parent.
+func (s *Server) adapterModel(name string) (*model, bool) {
+	for _, m := range s.models {
+		for _, a := range m.cfg.Adapters {
+			if a.Name == name {
+				return m, true
+			}
+		}
+	}
+	for _, ep := range s.deps.Fleet.All() {
+		if parent, ok := ep.AdapterParent(name); ok {
+			if m, ok := s.models[parent]; ok {
+				return m, true
+			}
+		}
+	}
+	return nil, false
+}
+
+// adapterPath is the configured lora_path of x's adapter ("" none).
+func adapterPath(x *exchange) string {
+	for _, a := range x.m.cfg.Adapters {
+		if a.Name == x.adapter {
+			return a.Path
+		}
+	}
+	return ""
+}
+
+// healthy returns the engines that may serve x: the healthy engines of its
+// model group, for an adapter only those that list it, or, when none does
+// and loading is configured, all of them (x.loadAdapter set).
+func (s *Server) healthy(dst []*fleet.Endpoint, x *exchange) ([]*fleet.Endpoint, time.Duration, error) {
+	if x.adapter == "" {
+		return s.deps.Fleet.Healthy(dst, x.req.model)
+	}
+	n := len(dst)
+	eps, retry, err := s.deps.Fleet.Healthy(dst, x.m.cfg.Name)
+	if err != nil {
+		return eps, retry, err
+	}
+	out := eps[:n]
+	for _, ep := range eps[n:] {
+		if ep.Listed(x.adapter) {
+			out = append(out, ep)
+		}
+	}
+	x.loadAdapter = false
+	if len(out) > n {
+		return out, retry, nil
+	}
+	if x.m.cfg.AdapterLoading == AdapterLoadingLoad && adapterPath(x) != "" {
+		x.loadAdapter = true
+		return eps, retry, nil
+	}
+	return out, retry, fmt.Errorf("adapter %q: no healthy engine has it loaded: %w", x.adapter, fleet.ErrNoEndpoint)
+}
+
+// adapterLoads merges concurrent loads of one adapter on one engine.
+type adapterLoads struct {
+	mu      sync.Mutex
+	pending map[string]*adapterLoad
+}
+
+type adapterLoad struct {
+	done chan struct{}
+	err  error
+}
+
+// ensureAdapter loads x's adapter on ep unless ep lists it, waiting for a
+// load already under way. Loading takes the engine's time (reading the
+// weights), bounded by adapterTimeout and the client's context.
+func (s *Server) ensureAdapter(x *exchange, ep *fleet.Endpoint) error {
+	if ep.Listed(x.adapter) {
+		return nil
+	}
+	key := ep.Name() + "\x00" + x.adapter
+	s.loads.mu.Lock()
+	if s.loads.pending == nil {
+		s.loads.pending = map[string]*adapterLoad{}
+	}
+	l, waiting := s.loads.pending[key]
+	if !waiting {
+		l = &adapterLoad{done: make(chan struct{})}
+		s.loads.pending[key] = l
+	}
+	s.loads.mu.Unlock()
+	if waiting {
+		select {
+		case <-l.done:
+			return l.err
+		case <-x.r.Context().Done():
+			return x.r.Context().Err()
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.r.Context()), adapterTimeout)
+	defer cancel()
+	t0 := time.Now()
+	l.err = s.loadAdapter(ctx, x, ep)
+	if l.err == nil {
+		ep.NoteAdapter(x.adapter, x.m.cfg.Name)
+		s.fm.adapterLoads.WithLabelValues(x.m.cfg.Name, ep.Name(), "ok").Inc()
+		s.log.Info("LoRA adapter loaded", "model", x.m.cfg.Name, "adapter", x.adapter, "engine", ep.Name(),
+			"load_ms", float64(time.Since(t0).Microseconds())/1000)
+	} else {
+		s.fm.adapterLoads.WithLabelValues(x.m.cfg.Name, ep.Name(), "error").Inc()
+	}
+	s.loads.mu.Lock()
+	delete(s.loads.pending, key)
+	s.loads.mu.Unlock()
+	close(l.done)
+	return l.err
+}
+
+// loadAdapter sends POST /v1/load_lora_adapter to ep. vLLM answers 200
+// with a text body, or 400 when the adapter is already loaded (counted as
+// loaded: another client raced us).
+func (s *Server) loadAdapter(ctx context.Context, x *exchange, ep *fleet.Endpoint) error {
+	body, _ := json.Marshal(map[string]string{"lora_name": x.adapter, "lora_path": adapterPath(x)})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.URL()+"/v1/load_lora_adapter", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if k := ep.APIKey(); k != "" {
+		req.Header.Set("Authorization", "Bearer "+k)
+	}
+	resp, err := x.m.transport.RoundTrip(req)
+	if err != nil {
+		return fmt.Errorf("load adapter %q on %s: %w", x.adapter, ep.Name(), err)
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+	switch {
+	case resp.StatusCode == http.StatusOK:
+		return nil
+	case resp.StatusCode == http.StatusBadRequest && strings.Contains(string(msg), "already been loaded"):
+		return nil
+	}
+	return fmt.Errorf("load adapter %q on %s: %w", x.adapter, ep.Name(), errors.New(resp.Status+": "+truncate(string(msg), 256)))
+}

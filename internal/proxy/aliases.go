@@ -1,0 +1,323 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+)
+
+// Route aliases.
+//
+// An alias is a client-facing model name over a model group: its requests
+// are served by the group's engines and routed with the group's index, with
+// request defaults and caps applied first, so that one engine fleet offers,
+// say, a fast route with thinking off and a thorough one with thinking on.
+// The rewritten body is what is tokenized, keyed and forwarded: with
+// chat_template_kwargs {"enable_thinking": false} the Qwen3 template renders
+// an empty think block into the prompt, so the keys follow the tokens the
+// engine computes. vLLM fields: chat_template_kwargs (merged into the chat
+// template's variables, vllm/entrypoints/openai/chat_completion/
+// protocol.py), thinking_token_budget (vllm/sampling_params.py
+// SamplingParams; the engine needs a reasoning parser for it), max_tokens
+// and max_completion_tokens. With StripReasoning, reasoning_content (and
+// its newer name reasoning) is removed from every choice's message and
+// delta before the answer reaches the client; kvrouter never logs response
+// bodies.
+
+// AliasConfig is one route alias of a model group.
+type AliasConfig struct {
+	// Name is the model name clients send.
+	Name string `yaml:"name"`
+	// ChatTemplateKwargs are set in a chat request's chat_template_kwargs,
+	// over the client's (e.g. {enable_thinking: false}).
+	ChatTemplateKwargs map[string]any `yaml:"chat_template_kwargs"`
+	// ThinkingTokenBudget, when set, caps the request's
+	// thinking_token_budget (set when absent).
+	ThinkingTokenBudget *int `yaml:"thinking_token_budget"`
+	// MaxTokens is max_tokens for a request that sets neither max_tokens
+	// nor max_completion_tokens (0: none).
+	MaxTokens int `yaml:"max_tokens"`
+	// MaxTokensCap caps max_tokens and max_completion_tokens (set to it
+	// when absent and MaxTokens is 0; 0: no cap).
+	MaxTokensCap int `yaml:"max_tokens_cap"`
+	// StripReasoning removes reasoning_content and reasoning from the
+	// engine's answers.
+	StripReasoning bool `yaml:"strip_reasoning"`
+	// Media replaces the group's media limits for this route (media.go).
+	Media *MediaLimits `yaml:"media"`
+}
+
+// validateAliases checks models[i]'s aliases; seen holds the names taken.
+func validateAliases(m *ModelConfig, i int, seen map[string]bool) []error {
+	var errs []error
+	for j, a := range m.Aliases {
+		switch {
+		case a.Name == "":
+			errs = append(errs, ferr("required", "models", i, "aliases", j, "name"))
+		case seen[a.Name]:
+			errs = append(errs, ferr(fmt.Sprintf("%q: already a model, adapter or alias name", a.Name), "models", i, "aliases", j, "name"))
+		}
+		seen[a.Name] = true
+		if a.MaxTokens < 0 || a.MaxTokensCap < 0 || a.MaxTokensCap > 0 && a.MaxTokens > a.MaxTokensCap {
+			errs = append(errs, ferr(fmt.Sprintf("max_tokens %d, max_tokens_cap %d: want 0 <= max_tokens <= max_tokens_cap (0: none)", a.MaxTokens, a.MaxTokensCap), "models", i, "aliases", j))
+		}
+		if a.ThinkingTokenBudget != nil && *a.ThinkingTokenBudget < 0 {
+			errs = append(errs, ferr("must be >= 0", "models", i, "aliases", j, "thinking_token_budget"))
+		}
+		if _, err := json.Marshal(a.ChatTemplateKwargs); err != nil {
+			errs = append(errs, ferr(err.Error(), "models", i, "aliases", j, "chat_template_kwargs"))
+		}
+	}
+	return errs
+}
+
+// alias returns the alias name and its group, or nil.
+func (s *Server) alias(name string) (*AliasConfig, *model) {
+	for _, m := range s.models {
+		for i := range m.cfg.Aliases {
+			if m.cfg.Aliases[i].Name == name {
+				return &m.cfg.Aliases[i], m
+			}
+		}
+	}
+	return nil, nil
+}
+
+// applyAlias rewrites the body of a request for an alias (rewrite) and
+// parses it again; other requests are returned as they are.
+func (s *Server) applyAlias(x *exchange, k kind, req *request, body []byte) (*request, *apiError) {
+	al, m := s.alias(req.model)
+	if al == nil {
+		return req, nil
+	}
+	out, err := al.rewrite(body, m.cfg.Name, k == kindChat)
+	if err != nil {
+		return nil, badRequest("", err.Error())
+	}
+	x.route = al
+	return parseRequest(k, out)
+}
+
+// rewrite returns body with model set to base and the alias's defaults and
+// caps applied. body is a valid JSON object (parseRequest checked it).
+func (a *AliasConfig) rewrite(body []byte, base string, chat bool) ([]byte, error) {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(body, &obj); err != nil {
+		return nil, err
+	}
+	set := func(key string, v any) {
+		b, _ := json.Marshal(v) // ints, strings, JSON values from yaml
+		obj[key] = b
+	}
+	present := func(key string) bool { v, ok := obj[key]; return ok && !isNull(v) }
+	intOf := func(key string) (int, error) {
+		var n int
+		if err := json.Unmarshal(obj[key], &n); err != nil {
+			return 0, fmt.Errorf("%s: want an integer", key)
+		}
+		return n, nil
+	}
+	set("model", base)
+	if chat && len(a.ChatTemplateKwargs) > 0 {
+		kw := map[string]json.RawMessage{}
+		if present("chat_template_kwargs") {
+			if err := json.Unmarshal(obj["chat_template_kwargs"], &kw); err != nil {
+				return nil, fmt.Errorf("chat_template_kwargs: want an object")
+			}
+		}
+		for key, v := range a.ChatTemplateKwargs {
+			b, err := json.Marshal(v)
+			if err != nil {
+				return nil, err
+			}
+			kw[key] = b
+		}
+		set("chat_template_kwargs", kw)
+	}
+	if b := a.ThinkingTokenBudget; b != nil {
+		if !present("thinking_token_budget") {
+			set("thinking_token_budget", *b)
+		} else if n, err := intOf("thinking_token_budget"); err != nil {
+			return nil, err
+		} else if n > *b {
+			set("thinking_token_budget", *b)
+		}
+	}
+	keys := []string{"max_tokens"}
+	if chat {
+		keys = append(keys, "max_completion_tokens")
+	}
+	has := slices.ContainsFunc(keys, present)
+	if !has && a.MaxTokens > 0 {
+		set("max_tokens", a.MaxTokens)
+		has = true
+	}
+	if c := a.MaxTokensCap; c > 0 {
+		if !has {
+			set("max_tokens", c)
+		}
+		for _, key := range keys {
+			if !present(key) {
+				continue
+			}
+			n, err := intOf(key)
+			if err != nil {
+				return nil, err
+			}
+			if n > c {
+				set(key, c)
+			}
+		}
+	}
+	return json.Marshal(obj)
+}
+
+// routeUsage is what a route's answers reported in usage, in tokens.
+type routeUsage struct {
+	prompt, reasoning, cached int
+	seen                      bool
+}
+
+// reasoningKeys are the fields vLLM's reasoning parsers fill: reasoning_content
+// (vLLM before 0.11) and reasoning.
+var reasoningKeys = []string{"reasoning_content", "reasoning"}
+
+// filter is the response transform of a route alias: for each JSON object
+// in b (a whole non-streaming body, or whole events' "data:" lines) it
+// reads usage and, with StripReasoning, removes the reasoning fields of
+// every choice. Other bytes pass unchanged.
+func (x *exchange) filter(b []byte) []byte {
+	a := x.route
+	t := bytes.TrimSpace(b)
+	if len(t) > 0 && t[0] == '{' {
+		return x.filterJSON(b, a.StripReasoning)
+	}
+	var out []byte
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		line := b
+		if i >= 0 {
+			line, b = b[:i+1], b[i+1:]
+		} else {
+			b = nil
+		}
+		if data, ok := bytes.CutPrefix(line, dataField); ok {
+			sp := len(data) > 0 && data[0] == ' '
+			if sp {
+				data = data[1:]
+			}
+			end := bytes.TrimRight(data, "\r\n")
+			if len(end) > 0 && end[0] == '{' {
+				out = append(out, dataField...)
+				if sp {
+					out = append(out, ' ')
+				}
+				out = append(out, x.filterJSON(end, a.StripReasoning)...)
+				out = append(out, data[len(end):]...)
+				continue
+			}
+		}
+		out = append(out, line...)
+	}
+	return out
+}
+
+// filterJSON handles one JSON object: usage, then the reasoning fields.
+func (x *exchange) filterJSON(b []byte, strip bool) []byte {
+	hasUsage := bytes.Contains(b, []byte(`"usage"`))
+	hasReasoning := strip && bytes.Contains(b, []byte(`"reasoning`))
+	if !hasUsage && !hasReasoning {
+		return b
+	}
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(b, &obj) != nil {
+		return b
+	}
+	if u, ok := obj["usage"]; ok && !isNull(u) {
+		var us struct {
+			Prompt        int `json:"prompt_tokens"`
+			PromptDetails *struct {
+				Cached int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+			CompletionDetails *struct {
+				Reasoning int `json:"reasoning_tokens"`
+			} `json:"completion_tokens_details"`
+		}
+		if json.Unmarshal(u, &us) == nil {
+			x.usage.seen = true
+			x.usage.prompt += us.Prompt
+			if us.PromptDetails != nil {
+				x.usage.cached += us.PromptDetails.Cached
+			}
+			if us.CompletionDetails != nil {
+				x.usage.reasoning += us.CompletionDetails.Reasoning
+			}
+		}
+	}
+	if !hasReasoning {
+		return b
+	}
+	var choices []map[string]json.RawMessage
+	if json.Unmarshal(obj["choices"], &choices) != nil {
+		return b
+	}
+	for _, c := range choices {
+		for _, part := range []string{"message", "delta"} {
+			var m map[string]json.RawMessage
+			if json.Unmarshal(c[part], &m) != nil || m == nil {
+				continue
+			}
+			for _, k := range reasoningKeys {
+				delete(m, k)
+			}
+			c[part], _ = json.Marshal(m)
+		}
+	}
+	obj["choices"], _ = json.Marshal(choices)
+	out, err := json.Marshal(obj)
+	if err != nil {
+		return b
+	}
+	return out
+}
+
+// observeRoute records an alias request's series at its end.
+func (s *Server) observeRoute(x *exchange) {
+	if x.route == nil {
+		return
+	}
+	r := x.route.Name
+	s.fm.routeRequests.WithLabelValues(r, x.outcome).Inc()
+	if x.usage.seen {
+		s.fm.routeTokens.WithLabelValues(r, "prompt").Add(float64(x.usage.prompt))
+		s.fm.routeTokens.WithLabelValues(r, "cached").Add(float64(x.usage.cached))
+		s.fm.routeTokens.WithLabelValues(r, "reasoning").Add(float64(x.usage.reasoning))
+	}
+}
+
+// maxFilteredBody bounds a non-streaming answer read whole to be filtered.
+const maxFilteredBody = 64 << 20
+
+// copyFiltered reads a non-event body whole (at most maxFilteredBody; a
+// longer one is relayed unfiltered from there), filters it and writes it.
+func copyFiltered(x *exchange, wd *watchdog, body io.Reader, firstToken func()) error {
+	b, err := io.ReadAll(io.LimitReader(body, maxFilteredBody))
+	wd.progress(time.Now())
+	if err != nil {
+		return err
+	}
+	firstToken()
+	if len(b) < maxFilteredBody {
+		b = x.filter(b)
+	}
+	if _, werr := x.w.Write(b); werr != nil {
+		return &writeError{werr}
+	}
+	if len(b) >= maxFilteredBody {
+		_, err = io.Copy(x.w, body)
+	}
+	return err
+}

@@ -1,0 +1,204 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"image"
+	_ "image/gif" // image.DecodeConfig of data URLs
+	_ "image/jpeg"
+	_ "image/png"
+	"math"
+	"net/http"
+	"strings"
+)
+
+// Media limits: a model group's (or route alias's) bounds on the images,
+// audio and video of one chat request, checked before forwarding and
+// answered with OpenAI-shaped 400s (param "messages"). vLLM enforces the
+// item counts itself with --limit-mm-per-prompt '{"image": 2, "video": 0}'
+// (vllm/config/multimodal.py limit_per_prompt); checking them here spares
+// the engine a request it refuses, and the pixel and visual-token budgets
+// bound what one prompt may cost.
+//
+// Pixel sizes are known only for images inlined as data: URLs (PNG, JPEG,
+// GIF headers); an image given by http(s) URL counts as an item but not
+// towards the pixel and token budgets.
+
+// MediaLimits bound the media items of one prompt. Zero fields: no limit.
+type MediaLimits struct {
+	// MaxItems maps a modality (image, audio, video) to the most items one
+	// prompt may carry (0: none allowed); a modality not listed is not
+	// limited.
+	MaxItems map[string]int `yaml:"max_items"`
+	// MaxPixels bounds the sum of width*height over the prompt's inlined
+	// images.
+	MaxPixels int64 `yaml:"max_pixels"`
+	// MaxVisualTokens bounds the prompt's estimated visual tokens
+	// (Qwen2VLImageTokens of each inlined image).
+	MaxVisualTokens int `yaml:"max_visual_tokens"`
+}
+
+// Qwen2.5-VL's image processor (the model's preprocessor_config.json:
+// patch_size 14, merge_size 2, min_pixels 3136, max_pixels 12845056)
+// resizes an image so that both sides are multiples of 28 (14 x 2) within
+// the pixel bounds, then merges each 2x2 group of 14-pixel patches into one
+// token: tokens = H*W / (14*14*4) after resizing.
+const (
+	qwenVLFactor    = 28
+	qwenVLMinPixels = 3136
+	qwenVLMaxPixels = 12845056
+)
+
+// Qwen2VLImageTokens estimates the visual tokens of a w x h image under
+// Qwen2.5-VL's resizing (896x896 -> 1,024; 0 for an empty image). It is an
+// estimate for routing and limits: other models count differently.
+func Qwen2VLImageTokens(w, h int) int {
+	if w <= 0 || h <= 0 {
+		return 0
+	}
+	f := float64(qwenVLFactor)
+	rw := max(math.Round(float64(w)/f)*f, f)
+	rh := max(math.Round(float64(h)/f)*f, f)
+	px := float64(w) * float64(h)
+	switch {
+	case rw*rh > qwenVLMaxPixels:
+		beta := math.Sqrt(px / qwenVLMaxPixels)
+		rw = max(math.Floor(float64(w)/beta/f)*f, f)
+		rh = max(math.Floor(float64(h)/beta/f)*f, f)
+	case rw*rh < qwenVLMinPixels:
+		beta := math.Sqrt(qwenVLMinPixels / px)
+		rw = math.Ceil(float64(w)*beta/f) * f
+		rh = math.Ceil(float64(h)*beta/f) * f
+	}
+	return int(rw/f) * int(rh/f)
+}
+
+// mediaModality maps a chat content part's type to its modality ("" for
+// text and unknown types), as vLLM's chat parser names them
+// (vllm/entrypoints/chat_utils.py).
+func mediaModality(typ string) string {
+	switch typ {
+	case "image_url", "image_embeds", "image_pil", "input_image", "image":
+		return "image"
+	case "audio_url", "input_audio", "audio":
+		return "audio"
+	case "video_url", "video":
+		return "video"
+	}
+	return ""
+}
+
+// mediaLimits returns the limits for x: its alias's when set, else its
+// group's (nil: none).
+func mediaLimits(x *exchange) *MediaLimits {
+	if x.route != nil && x.route.Media != nil {
+		return x.route.Media
+	}
+	return x.m.cfg.Media
+}
+
+// checkMedia applies x's media limits to its chat messages.
+func checkMedia(x *exchange) *apiError {
+	lim := mediaLimits(x)
+	if lim == nil || x.req.kind != kindChat {
+		return nil
+	}
+	counts := map[string]int{}
+	var pixels int64
+	tokens := 0
+	for _, raw := range x.req.messages {
+		var msg struct {
+			Content json.RawMessage `json:"content"`
+		}
+		if json.Unmarshal(raw, &msg) != nil || len(msg.Content) == 0 || msg.Content[0] != '[' {
+			continue
+		}
+		var parts []struct {
+			Type     string `json:"type"`
+			ImageURL *struct {
+				URL string `json:"url"`
+			} `json:"image_url"`
+		}
+		if json.Unmarshal(msg.Content, &parts) != nil {
+			continue
+		}
+		for _, p := range parts {
+			mod := mediaModality(p.Type)
+			if mod == "" {
+				continue
+			}
+			counts[mod]++
+			if p.ImageURL != nil {
+				if w, h, ok := dataURLSize(p.ImageURL.URL); ok {
+					pixels += int64(w) * int64(h)
+					tokens += Qwen2VLImageTokens(w, h)
+				}
+			}
+		}
+	}
+	for mod, n := range counts {
+		if most, ok := lim.MaxItems[mod]; ok && n > most {
+			return mediaError(fmt.Sprintf("at most %d %s item(s) may be given in one prompt for model %q; the request has %d", most, mod, x.asked, n))
+		}
+	}
+	if lim.MaxPixels > 0 && pixels > lim.MaxPixels {
+		return mediaError(fmt.Sprintf("the request's images have %d pixels; model %q allows at most %d per prompt", pixels, x.asked, lim.MaxPixels))
+	}
+	if lim.MaxVisualTokens > 0 && tokens > lim.MaxVisualTokens {
+		return mediaError(fmt.Sprintf("the request's images come to about %d visual tokens; model %q allows at most %d per prompt", tokens, x.asked, lim.MaxVisualTokens))
+	}
+	return nil
+}
+
+func mediaError(msg string) *apiError {
+	return &apiError{status: http.StatusBadRequest, typ: typeInvalidRequest, param: "messages", message: msg}
+}
+
+// dataURLSize reads the width and height of a data:image/...;base64 URL's
+// image from its header (PNG, JPEG, GIF); ok is false for other URLs and
+// undecodable data.
+func dataURLSize(u string) (w, h int, ok bool) {
+	rest, found := strings.CutPrefix(u, "data:image/")
+	if !found {
+		return 0, 0, false
+	}
+	_, data, found := strings.Cut(rest, ";base64,")
+	if !found {
+		return 0, 0, false
+	}
+	// A header is in the first bytes; decode at most 64 KiB of base64.
+	if len(data) > 64<<10 {
+		data = data[:64<<10]
+	}
+	raw, err := base64.StdEncoding.DecodeString(data[:len(data)/4*4])
+	if err != nil {
+		return 0, 0, false
+	}
+	cfg, _, err := image.DecodeConfig(bytes.NewReader(raw))
+	if err != nil {
+		return 0, 0, false
+	}
+	return cfg.Width, cfg.Height, true
+}
+
+// validateMedia checks limits at path.
+func validateMedia(lim *MediaLimits, path ...any) []error {
+	if lim == nil {
+		return nil
+	}
+	var errs []error
+	for mod, n := range lim.MaxItems {
+		if mod != "image" && mod != "audio" && mod != "video" {
+			errs = append(errs, ferr(fmt.Sprintf("unknown modality %q (image, audio, video)", mod), append(path, "max_items")...))
+		}
+		if n < 0 {
+			errs = append(errs, ferr(fmt.Sprintf("%s: %d: must be >= 0", mod, n), append(path, "max_items")...))
+		}
+	}
+	if lim.MaxPixels < 0 || lim.MaxVisualTokens < 0 {
+		errs = append(errs, ferr("max_pixels and max_visual_tokens must be >= 0", path...))
+	}
+	return errs
+}
