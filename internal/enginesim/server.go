@@ -58,6 +58,9 @@ type Config struct {
 	Faults Faults
 	// Clock is the time source (the wall clock).
 	Clock Clock
+	// PD is the KV connector of disaggregated serving (pdserver.go); its
+	// zero value is none.
+	PD PDConfig
 }
 
 // Server is a simulated vLLM engine: the OpenAI HTTP API, /metrics, and the
@@ -79,6 +82,7 @@ type Server struct {
 	tok     Tokenizer
 	mux     *http.ServeMux
 	created int64
+	pd      *pdState // nil without a KV connector
 }
 
 // New checks cfg (all problems at once) and builds a Server. A nil log
@@ -120,6 +124,8 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Server, erro
 	if err != nil {
 		errs = append(errs, fmt.Errorf("core config: %w", err))
 	}
+	pds, err := cfg.PD.resolve(cfg.DataParallelRank)
+	errs = append(errs, err)
 	if cfg.DefaultMaxTokens < 1 || cfg.DataParallelRank < 0 {
 		errs = append(errs, errors.New("default max tokens must be positive and the data-parallel rank non-negative"))
 	}
@@ -128,7 +134,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Server, erro
 	}
 	s := &Server{
 		cfg: cfg, coreCfg: coreCfg, log: log, reg: reg, dice: newDice(faults.Seed), words: newTextOf(),
-		tok: cfg.Tokenizer, created: cfg.Clock.Now().Unix(),
+		tok: cfg.Tokenizer, created: cfg.Clock.Now().Unix(), pd: pds,
 	}
 	s.cfg.Faults, s.cfg.KVEvents = faults, kv
 	if s.m, err = newMetrics(reg, cfg.ServedModelName, coreCfg, cfg.HashAlgo, &s.state); err != nil {
@@ -147,7 +153,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Server, erro
 	s.eng = &engine{
 		newCore: s.newCore, clock: cfg.Clock, faults: faults, pub: s.pub, rank: cfg.DataParallelRank,
 		m: s.m, state: &s.state, cmds: make(chan command, 256), done: make(chan struct{}),
-		core: core, streams: make(map[string]*stream),
+		core: core, streams: make(map[string]*stream), pd: pds,
 	}
 	s.eng.publishState()
 	s.routes()

@@ -56,6 +56,12 @@ func (c *Core) Step() StepResult {
 		for c.waiting.len() > 0 && budget > 0 && len(c.running) < c.cfg.MaxNumSeqs {
 			s := c.waiting.front()
 			gpuHit, cpuHit := c.lookup(s)
+			if s.remote {
+				if !c.admitRemote(s, gpuHit, &res) {
+					break
+				}
+				continue
+			}
 			computed := (len(gpuHit) + cpuHit) * c.cfg.BlockSize
 			n := min(s.numTokens()-computed, budget)
 			if !c.admit(s, gpuHit, cpuHit, computed, n) {
@@ -89,6 +95,9 @@ func (c *Core) Step() StepResult {
 		o := Output{ID: s.id, Token: tok, Index: idx, PromptTokens: s.promptLen, CachedTokens: s.cachedTokens}
 		if s.generated() >= s.maxTokens {
 			o.Finished, o.FinishReason = true, "length"
+			if s.remoteDecode {
+				o.BlockIDs = slices.Clone(s.blocks)
+			}
 			c.finish(s)
 			finished = true
 		}
