@@ -91,8 +91,8 @@ func TestPDConfigErrors(t *testing.T) {
 
 func TestParseKVTransferConfig(t *testing.T) {
 	for in, want := range map[string]string{
-		`{"kv_connector":"NixlConnector","kv_role":"kv_producer"}`: RolePrefill,
-		`{"kv_connector":"NixlConnector","kv_role":"kv_consumer"}`: RoleDecode,
+		`{"kv_connector":"NixlConnector","kv_role":"kv_producer"}`:                             RolePrefill,
+		`{"kv_connector":"NixlConnector","kv_role":"kv_consumer"}`:                             RoleDecode,
 		`{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_load_failure_policy":"fail"}`: RoleBoth,
 		``: "",
 	} {
