@@ -60,6 +60,9 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 	pipeline := fs.String("pipeline", string(sim.PipelineAuto), "apply a policy's KV events to its index on a second goroutine (same results, less wall time when a core is free): auto (once fewer policies remain than GOMAXPROCS), on, off")
 	asJSON := fs.Bool("json", false, "print the report as JSON instead of a markdown table")
 	htmlPath := fs.String("html", "", "also write a self-contained HTML report with plots to this file")
+	pdPrefill := fs.Int("pd-prefill", 0, "compare P/D arrangements instead of policies: this many of --replicas prefill, the rest decode (aggregated, disaggregated, conditional; kv routing)")
+	pdLink := fs.String("pd-link", "infiniband", "P/D KV transfer link: nvlink, infiniband, roce, tcp")
+	pdMin := fs.Int("pd-min-remote-tokens", 0, "conditional disaggregation: uncached prompt tokens from which a prefill goes remote (0: 1000; -1: no length threshold)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -84,6 +87,13 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 		Seed:          *seed,
 		Parallel:      *parallel,
 		Pipeline:      sim.PipelineMode(*pipeline),
+	}
+	if *pdPrefill != 0 {
+		cfg.PD = sim.PDConfig{PrefillReplicas: *pdPrefill}
+		cfg.PD.Rule.Link, cfg.PD.Rule.MinRemoteTokens = *pdLink, *pdMin
+		if *policies == strings.Join(sim.DefaultPolicies(), ",") {
+			cfg.Policies = nil // the arrangements
+		}
 	}
 	if *maxModelLen == 0 && *gpuBlocks > 1 && *blockSize > 0 {
 		*maxModelLen = min(enginesim.DefaultMaxModelLen, (*gpuBlocks-1)*(*blockSize))
@@ -145,7 +155,16 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 	for _, s := range cfg.Scale {
 		rep.Setup["scale"] += fmt.Sprintf("%v:%+d ", s.At.Round(time.Second), s.Delta)
 	}
-	return writeReport(rep, *asJSON, *htmlPath, sio)
+	if *pdPrefill != 0 {
+		rep.Setup["pd_prefill"], rep.Setup["pd_link"] = strconv.Itoa(*pdPrefill), *pdLink
+	}
+	if err := writeReport(rep, *asJSON, *htmlPath, sio); err != nil {
+		return err
+	}
+	if *pdPrefill != 0 && !*asJSON {
+		fmt.Fprintln(sio.out, sim.PDVerdict(rep.Policies))
+	}
+	return nil
 }
 
 func defaultLoads() string {

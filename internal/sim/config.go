@@ -87,6 +87,9 @@ type Config struct {
 	// (same CPU); the four default policies are CPU-bound (about 24 s of
 	// CPU, 12.5 s wall) and gain nothing from on.
 	Pipeline PipelineMode
+	// PD, with PrefillReplicas > 0, compares P/D arrangements (pdsim.go)
+	// instead of policies: Policies default to Arrangements().
+	PD PDConfig
 }
 
 // Defaults of Config's zero fields.
@@ -104,6 +107,9 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if len(cfg.Policies) == 0 {
 		cfg.Policies = DefaultPolicies()
+		if cfg.PD.PrefillReplicas != 0 {
+			cfg.Policies = Arrangements()
+		}
 	}
 	if cfg.GaugeInterval == 0 {
 		cfg.GaugeInterval = DefaultGaugeInterval
@@ -123,7 +129,7 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	seen := map[string]bool{}
 	for _, p := range cfg.Policies {
-		if !slices.Contains(Policies(), p) {
+		if !slices.Contains(Policies(), p) && (cfg.PD.PrefillReplicas == 0 || !slices.Contains(Arrangements(), p)) {
 			errs = append(errs, fmt.Errorf("unknown policy %q (known: %v)", p, Policies()))
 		}
 		if seen[p] {
@@ -159,6 +165,7 @@ func (cfg Config) withDefaults() (Config, error) {
 		}
 	}
 	cfg.Scale = scale
+	errs = append(errs, cfg.validatePD()...)
 	return cfg, errors.Join(errs...)
 }
 

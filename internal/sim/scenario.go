@@ -25,6 +25,7 @@ func Scenarios() []ScenarioInfo {
 		{"scale_out", "multi-turn chats on half the fleet, the other half added cold at 1/3 of the run"},
 		{"shared_prefix", "64 groups sharing 2,048-token system prompts, 256-token questions"},
 		{"multi_turn", "chats of 6 turns whose prompts grow turn by turn, one shared system prompt"},
+		{"long_prompt", "unique 8,192-token prompts, 64-token answers: where prefill and decode interfere most"},
 	}
 }
 
@@ -107,6 +108,9 @@ func BuildScenario(name string, o ScenarioOptions) (*Scenario, error) {
 		}
 	case "unique":
 		w, err = workload.Unique{Requests: o.Requests, PromptTokens: 2048, OutputTokens: 128}.Generate(rng)
+		err = poisson(w, err, o, rng)
+	case "long_prompt":
+		w, err = workload.Unique{Requests: o.Requests, PromptTokens: 8192, OutputTokens: 64}.Generate(rng)
 		err = poisson(w, err, o, rng)
 	case "hot_prefix":
 		w, err = workload.HotPrefix{Requests: o.Requests, HotShare: 0.8, PrefixTokens: 4096, SuffixTokens: 256, OutputTokens: 128}.Generate(rng)
