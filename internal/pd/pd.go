@@ -133,6 +133,11 @@ type Rule struct {
 	LinkGBps float64 `yaml:"link_gbps"`
 	// Model is the model's KV shape (default Llama31_8B, 128 KiB/token).
 	Model Shape `yaml:"model"`
+	// StallWeight weighs the stall a local prefill imposes on the decode
+	// engine's running sequences against the request's own wait (default
+	// 1: one stall counts as much as one second of this request's time to
+	// first token; raise it where inter-token latency is the binding SLO).
+	StallWeight float64 `yaml:"stall_weight"`
 }
 
 // WithDefaults returns r with zero fields filled in and checks it,
@@ -152,6 +157,9 @@ func (r Rule) WithDefaults() (Rule, error) {
 	if r.Model == (Shape{}) {
 		r.Model = Llama31_8B
 	}
+	if r.StallWeight == 0 {
+		r.StallWeight = 1
+	}
 	var errs []error
 	switch r.Mode {
 	case ModeConditional, ModeAlways, ModeNever:
@@ -160,6 +168,9 @@ func (r Rule) WithDefaults() (Rule, error) {
 	}
 	if _, err := LinkBandwidth(r.Link); err != nil && r.LinkGBps == 0 {
 		errs = append(errs, fmt.Errorf("link: %w", err))
+	}
+	if r.StallWeight < 0 {
+		errs = append(errs, errors.New("stall_weight must not be negative"))
 	}
 	if r.LinkGBps < 0 {
 		errs = append(errs, errors.New("link_gbps must not be negative"))
@@ -191,9 +202,12 @@ type Inputs struct {
 	// tokens per second (the router's rate for it).
 	DecodePrefillRate float64
 	// PrefillQueueSeconds is the chosen prefill engine's queued prefill
-	// time: its queued uncached prompt tokens over its prefill rate, plus
-	// the waiting penalty (the kv policy's backlog), in seconds.
+	// time: its queued uncached prompt tokens over its prefill rate, in
+	// seconds.
 	PrefillQueueSeconds float64
+	// DecodeQueueSeconds is the same for the decode engine: prefill work
+	// already queued there (local prefills), in seconds.
+	DecodeQueueSeconds float64
 }
 
 // Decision reasons.
@@ -215,7 +229,8 @@ type Verdict struct {
 	// TransferSeconds is the KV transfer time of the uncached part.
 	TransferSeconds float64 `json:"transfer_seconds"`
 	// SavingSeconds is the decode engine's prefill time the remote path
-	// spares it, minus the transfer time.
+	// spares it (its queued prefill and this prompt's), minus the
+	// transfer time.
 	SavingSeconds float64 `json:"saving_seconds"`
 	// QueueSeconds is the prefill engine's queued prefill time.
 	QueueSeconds float64 `json:"prefill_queue_seconds"`
@@ -224,14 +239,17 @@ type Verdict struct {
 // Decide applies the rule (after WithDefaults) to one request:
 //
 //	transfer = uncached x bytes_per_token / link_bandwidth
-//	saving   = uncached / decode_prefill_rate - transfer
+//	saving   = decode_queue + stall_weight x uncached / decode_prefill_rate - transfer
 //	remote   = uncached >= min_remote_tokens  and  prefill_queue <= saving
 //
 // A remote prefill spares the decode engine uncached/rate seconds of
-// prefill (time every sequence it is decoding would otherwise stall) but
-// costs the transfer; it is worth it only while the prefill pool's queue
-// does not eat that saving (a busy prefill pool delays the first token by
-// its queue). Modes always and never skip the test.
+// prefill (time every sequence it is decoding would otherwise stall) and
+// the wait behind prefills already queued there, but costs the transfer;
+// it is worth it only while the prefill pool's queue does not eat that
+// saving (a busy prefill pool delays the first token by its queue). The
+// decode queue term keeps a slow link or a busy prefill pool from piling
+// every prefill on the decode engines: once local prefills queue there,
+// the remote path wins again. Modes always and never skip the test.
 func (r *Rule) Decide(in Inputs) Verdict {
 	v := Verdict{QueueSeconds: in.PrefillQueueSeconds}
 	v.TransferSeconds = TransferSeconds(in.UncachedTokens, r.Model.BytesPerToken(), r.Bandwidth())
@@ -239,7 +257,7 @@ func (r *Rule) Decide(in Inputs) Verdict {
 	if rate <= 0 {
 		rate = 1
 	}
-	v.SavingSeconds = float64(in.UncachedTokens)/rate - v.TransferSeconds
+	v.SavingSeconds = in.DecodeQueueSeconds + r.StallWeight*float64(in.UncachedTokens)/rate - v.TransferSeconds
 	switch {
 	case r.Mode == ModeAlways:
 		v.Remote, v.Reason = true, ReasonAlways

@@ -58,8 +58,8 @@ func TestRuleDefaultsAndValidate(t *testing.T) {
 	if err != nil || r.Bandwidth() != 12.5e9 {
 		t.Fatalf("link_gbps overrides the link: %+v %v", r, err)
 	}
-	_, err = Rule{Mode: "sometimes", Link: "x", LinkGBps: -1, Model: Shape{Layers: 1}}.WithDefaults()
-	for _, want := range []string{"mode", "link", "link_gbps", "shape"} {
+	_, err = Rule{Mode: "sometimes", Link: "x", LinkGBps: -1, Model: Shape{Layers: 1}, StallWeight: -1}.WithDefaults()
+	for _, want := range []string{"mode", "link", "link_gbps", "shape", "stall_weight"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v does not name %s", err, want)
 		}
@@ -70,6 +70,7 @@ func TestDecide(t *testing.T) {
 	rule, _ := Rule{}.WithDefaults()
 	tcp, _ := Rule{Link: "tcp"}.WithDefaults()
 	always, _ := Rule{Mode: ModeAlways}.WithDefaults()
+	tcpStall, _ := Rule{Link: "tcp", StallWeight: 3}.WithDefaults()
 	never, _ := Rule{Mode: ModeNever}.WithDefaults()
 	for _, tc := range []struct {
 		name   string
@@ -86,6 +87,11 @@ func TestDecide(t *testing.T) {
 		{"prefill queue above saving", rule, Inputs{UncachedTokens: 8000, DecodePrefillRate: 20000, PrefillQueueSeconds: 0.38}, false, ReasonPrefillBusy},
 		// over TCP the transfer (1.05 s) exceeds the prefill it spares (0.4 s)
 		{"slow link", tcp, Inputs{UncachedTokens: 8000, DecodePrefillRate: 20000}, false, ReasonPrefillBusy},
+		// the same, with 1 s of local prefills already queued on the decode engine
+		{"slow link, decode engine backlogged", tcp, Inputs{UncachedTokens: 8000, DecodePrefillRate: 20000, DecodeQueueSeconds: 1}, true, ReasonRemote},
+		{"busy prefill pool, busier decode engine", rule, Inputs{UncachedTokens: 8000, DecodePrefillRate: 20000, PrefillQueueSeconds: 0.5, DecodeQueueSeconds: 0.2}, true, ReasonRemote},
+		// saving = 3 x 0.4 - 1.05 = 0.15 s: the stall of the running decodes outweighs the pull
+		{"slow link, stall weighed 3x", tcpStall, Inputs{UncachedTokens: 8000, DecodePrefillRate: 20000}, true, ReasonRemote},
 		{"always", always, Inputs{UncachedTokens: 1, PrefillQueueSeconds: 100}, true, ReasonAlways},
 		{"never", never, Inputs{UncachedTokens: 100000}, false, ReasonNever},
 	} {

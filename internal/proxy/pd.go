@@ -100,6 +100,7 @@ func (s *Server) planPD(x *exchange, prefill, decode []string) (pdPlan, error) {
 	if lr, ok := x.m.router.(loadReporter); ok {
 		if l, ok := lr.load(dd.Replica); ok && l.PrefillRate > 0 {
 			in.DecodePrefillRate = l.PrefillRate
+			in.DecodeQueueSeconds = float64(l.QueuedPrefill) / l.PrefillRate
 		}
 		if l, ok := lr.load(pp.Replica); ok && l.PrefillRate > 0 {
 			in.PrefillQueueSeconds = float64(l.QueuedPrefill) / l.PrefillRate

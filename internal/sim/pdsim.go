@@ -142,6 +142,9 @@ func (f *fleet) arrivePD(i int) error {
 			if l, ok := f.router.Load(pp.Name); ok && l.PrefillRate > 0 {
 				in.PrefillQueueSeconds = float64(l.QueuedPrefill) / l.PrefillRate
 			}
+			if l, ok := f.router.Load(dd.Name); ok && l.PrefillRate > 0 {
+				in.DecodeQueueSeconds = float64(l.QueuedPrefill) / l.PrefillRate
+			}
 			remote = p.rule.Decide(in).Remote
 		}
 	}
