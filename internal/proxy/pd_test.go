@@ -256,11 +256,11 @@ func TestPDTwoLegs(t *testing.T) {
 		_ = json.Unmarshal(*d.lastBody.Load(), &db)
 		ktp, _ := pb["kv_transfer_params"].(map[string]any)
 		if pb["max_tokens"] != float64(1) || pb["stream"] != false || ktp["do_remote_decode"] != true {
-			t.Fatalf("%d: prefill leg %v", i, pb)
+			t.Fatalf("%d: prefill leg max_tokens %v stream %v kv_transfer_params %v", i, pb["max_tokens"], pb["stream"], ktp)
 		}
 		dk, _ := db["kv_transfer_params"].(map[string]any)
 		if db["max_tokens"] != float64(5) || db["stream"] != tc.stream || dk["do_remote_prefill"] != true || dk["remote_engine_id"] != p.name {
-			t.Fatalf("%d: decode leg %v", i, db)
+			t.Fatalf("%d: decode leg max_tokens %v stream %v kv_transfer_params %v", i, db["max_tokens"], db["stream"], dk)
 		}
 		for _, e := range []*pdEngine{p, d} {
 			if hh := *e.lastHeader.Load(); hh.Get("X-Hop") != "" || hh.Get("Keep-Alive") != "" || hh.Get("X-Request-Id") != h.Get("X-Request-Id") {
