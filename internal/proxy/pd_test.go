@@ -468,3 +468,43 @@ func TestPDDecodeDies(t *testing.T) {
 		}
 	})
 }
+
+func TestPDConfigValidate(t *testing.T) {
+	base := func() Config {
+		return Config{Models: []ModelConfig{{Name: "m", Engines: []EngineConfig{
+			{Name: "p", URL: "http://127.0.0.1:1", Role: RolePrefill}, {Name: "d", URL: "http://127.0.0.1:2", Role: RoleDecode}}}}}
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(*Config)
+		want string
+	}{
+		{"ok", func(*Config) {}, ""},
+		{"bad role", func(c *Config) { c.Models[0].Engines[0].Role = "prefiller" }, "models[0].engines[0].role"},
+		{"no decode", func(c *Config) { c.Models[0].Engines[1].Role = RolePrefill }, "at least one prefill and one decode"},
+		{"bad link", func(c *Config) { c.Models[0].PD.Link = "pigeon" }, "models[0].pd: link"},
+		{"pd without roles", func(c *Config) {
+			c.Models[0].Engines[0].Role, c.Models[0].Engines[1].Role = "", ""
+			c.Models[0].PD.Mode = "always"
+		}, "no engine has a role"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := base()
+			tc.edit(&c)
+			c.FillDefaults(func(string) string { return "" })
+			err := c.Validate()
+			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("%v, want %q", err, tc.want)
+			}
+		})
+	}
+	// router.yaml spells it so, strictly parsed.
+	cfg, _, err := ParseConfig([]byte("models:\n  - name: m\n    pd: {mode: conditional, link: roce, min_remote_tokens: 512, stall_weight: 2, model: {layers: 80, kv_heads: 8, head_dim: 128, dtype_bytes: 2}}\n    engines:\n      - {url: \"http://127.0.0.1:1\", role: prefill}\n      - {url: \"http://127.0.0.1:2\", role: decode}\n"), func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := newPDGroup(cfg.Models[0])
+	if g == nil || g.rule.Bandwidth() != 25e9 || g.rule.MinRemoteTokens != 512 || g.rule.Model.BytesPerToken() != 327680 || !g.isPrefill("127.0.0.1:1") || !g.isDecode("127.0.0.1:2") {
+		t.Fatalf("parsed group %+v", g)
+	}
+}

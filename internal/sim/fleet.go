@@ -33,13 +33,11 @@ type replica struct {
 
 // inflight is a request inside the fleet.
 type inflight struct {
-	sample int
-	rep    int
-	lease  *routing.Lease // nil under the oracle
-	last   time.Duration  // time of the latest token
-	// prefillLeg: a P/D prefill leg (pdsim.go); remote: a decode leg whose
-	// KV was pulled (its sample keeps the prefill engine's cached tokens).
-	prefillLeg, remote bool
+	sample             int
+	rep                int
+	lease              *routing.Lease // nil under the oracle
+	last               time.Duration  // time of the latest token
+	prefillLeg, remote bool           // P/D legs (pdsim.go)
 }
 
 // fleet is one policy's simulation. Owned by one goroutine.
@@ -71,9 +69,7 @@ type fleet struct {
 	// coreFree reports whether a core is free for a pipeline now (under
 	// PipelineAuto); nil means never.
 	coreFree func() bool
-	// pd is the P/D set-up of a disaggregated or conditional arrangement
-	// (pdsim.go); nil otherwise.
-	pd *pdState
+	pd       *pdState // P/D arrangements (pdsim.go); nil: aggregated
 }
 
 func (f *fleet) clock() time.Time { return epoch.Add(f.now) }
@@ -347,11 +343,7 @@ func (f *fleet) stepEnd(rep int) error {
 			continue
 		}
 		if fl.prefillLeg {
-			if o.Finished {
-				if err := f.prefillDone(fl, &o, rep); err != nil {
-					return err
-				}
-			}
+			f.prefillOutput(fl, &o, rep)
 			continue
 		}
 		s := &f.run.Samples[fl.sample]

@@ -164,11 +164,13 @@ func (f *fleet) arrivePD(i int) error {
 	if !remote {
 		s.Replica = d.Name
 	}
-	return f.submit(i, rep, lease, &enginesim.Request{ID: id, Tokens: f.toks, MaxTokens: maxTokens, ReportHits: f.ix != nil}, remote)
+	f.submit(i, rep, lease, &enginesim.Request{ID: id, Tokens: f.toks, MaxTokens: maxTokens, ReportHits: f.ix != nil}, remote)
+	return nil
 }
 
-// submit gives a request (or leg) to replica rep's core.
-func (f *fleet) submit(i, rep int, lease *routing.Lease, req *enginesim.Request, prefillLeg bool) error {
+// submit gives a request (or leg) to replica rep's core; a rejection is
+// the sample's error.
+func (f *fleet) submit(i, rep int, lease *routing.Lease, req *enginesim.Request, prefillLeg bool) {
 	s := &f.run.Samples[i]
 	if err := f.reps[rep].core.Submit(req); err != nil {
 		s.Err = "rejected"
@@ -178,18 +180,21 @@ func (f *fleet) submit(i, rep int, lease *routing.Lease, req *enginesim.Request,
 		if lease != nil {
 			lease.Release()
 		}
-		return nil
+		return
 	}
 	f.live[req.ID] = &inflight{sample: i, rep: rep, lease: lease, prefillLeg: prefillLeg, remote: req.RemoteKV}
 	f.reps[rep].load++
 	f.kick(rep)
-	return nil
 }
 
-// prefillDone ends a finished prefill leg and sends its decode leg to the
-// decode replica with the least decode load (routed without tokens, as the
-// proxy does); its first token is the request's.
-func (f *fleet) prefillDone(fl *inflight, o *enginesim.Output, rep int) error {
+// prefillOutput takes a prefill leg's output: when it is the last, the leg
+// ends and its decode leg goes to the decode replica with the least decode
+// load (routed without tokens, as the proxy does); the decode leg's first
+// token is the request's.
+func (f *fleet) prefillOutput(fl *inflight, o *enginesim.Output, rep int) {
+	if !o.Finished {
+		return
+	}
 	if fl.lease != nil {
 		fl.lease.Release()
 	}
@@ -204,10 +209,10 @@ func (f *fleet) prefillDone(fl *inflight, o *enginesim.Output, rep int) error {
 	d, lease, err := f.router.Route(&routing.Request{ID: r.ID, MaxTokens: out, Exclude: f.pd.prefillNames})
 	if err != nil {
 		s.Err = "no_replica"
-		return nil
+		return
 	}
 	s.Replica = d.Name
-	return f.submit(i, f.byName[d.Name], lease, &enginesim.Request{ID: r.ID, Tokens: f.toks, MaxTokens: out, ReportHits: f.ix != nil, RemoteKV: true}, false)
+	f.submit(i, f.byName[d.Name], lease, &enginesim.Request{ID: r.ID, Tokens: f.toks, MaxTokens: out, ReportHits: f.ix != nil, RemoteKV: true}, false)
 }
 
 // startTransfers schedules the end of each KV pull a step started: the
