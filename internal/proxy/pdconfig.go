@@ -142,3 +142,15 @@ func newPDMetrics(reg prometheus.Registerer) (*pdMetrics, error) {
 	}
 	return m, nil
 }
+
+// initModel creates a P/D group's series at 0, so that alerts see 0, not
+// "no data": both paths with their usual reasons, every failure cause.
+func (m *pdMetrics) initModel(model string) {
+	m.requests.WithLabelValues(model, pathDisaggregated, pd.ReasonRemote)
+	m.requests.WithLabelValues(model, pathLocal, pd.ReasonShort)
+	m.requests.WithLabelValues(model, pathLocal, pd.ReasonPrefillBusy)
+	m.prefillSeconds.WithLabelValues(model)
+	for _, c := range []string{"status", "conn_error", "timeout", "no_transfer_params", "client_closed"} {
+		m.prefillFailures.WithLabelValues(model, c)
+	}
+}

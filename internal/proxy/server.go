@@ -106,6 +106,9 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 			replicas = append(replicas, ep.Name())
 		}
 		m.initModel(mc.Name, replicas, mc.Policy == PolicyShadow)
+		if s.models[mc.Name].pd != nil {
+			s.pdm.initModel(mc.Name)
+		}
 	}
 	s.handler = s.routes()
 	return s, nil
