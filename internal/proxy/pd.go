@@ -201,7 +201,7 @@ func (s *Server) prefillLeg(x *exchange, pool []string) (json.RawMessage, bool) 
 			return nil, false
 		}
 		tried = append(tried, d.Replica)
-		x.prefill = d.Replica
+		x.prefill, x.replica = d.Replica, d.Replica // the decode leg's choice replaces replica
 		x.w.Header().Set("X-Kvrouter-Prefill-Replica", d.Replica)
 		x.w.Header().Set("X-Kvrouter-Prefill-Cached-Tokens", strconv.Itoa(d.CachedTokens))
 		params, retry := s.prefillTry(x, ep, d, body, attempt < x.m.cfg.Retries)

@@ -374,6 +374,10 @@ func TestPDPrefillFails(t *testing.T) {
 			if testutil.ToFloat64(rg.srv.pdm.prefillFailures.WithLabelValues("m", tc.cause)) != 1 {
 				t.Fatalf("prefill failure %s not counted", tc.cause)
 			}
+			outcome := map[int]string{http.StatusBadGateway: outcomeEngineError, http.StatusGatewayTimeout: outcomeTimeout, http.StatusBadRequest: outcomeEngineError}[tc.status]
+			if testutil.ToFloat64(rg.srv.m.requests.WithLabelValues("m", "p0", outcome)) != 1 {
+				t.Fatalf("request not counted as %s on p0", outcome)
+			}
 		})
 	}
 }
