@@ -68,6 +68,10 @@ func parseEngineSimFlags(args []string, getenv func(string) string, sio stdio) (
 		kvBind     = fs.Bool("kv-events-bind", false, "bind the KV event PUB socket even when the --kv-events-config endpoint names a host, e.g. tcp://127.0.0.1:5557 for loopback only (engine-sim only, not a vLLM flag: vLLM binds only for *, :: addresses, ipc:// and inproc://, and connects otherwise)")
 		bufBytes   = fs.Int64("kv-events-buffer-bytes", enginesim.DefaultBufferBytes, "bound of the KV event replay buffer in bytes (encoded batches + 32 B each), beside buffer_steps; the oldest batches go first (engine-sim only: vLLM bounds its buffer by buffer_steps alone)")
 		queueBytes = fs.Int64("kv-events-queue-bytes", enginesim.DefaultQueueBytes, "bound in bytes of KV event batches waiting to be sent (token ids 4 B, hashes 8 B); beyond it batches are dropped before getting a seq, as beyond max_queue_size (engine-sim only)")
+		kvTransfer = fs.String("kv-transfer-config", "", `disaggregated prefill/decode, vLLM's JSON: '{"kv_connector":"NixlConnector","kv_role":"kv_producer"}' (prefill; kv_consumer: decode; kv_both)`)
+		kvLink     = fs.String("kv-link", "infiniband", "link the decode role pulls KV over: nvlink (450 GB/s), infiniband (50), roce (25), tcp (1) (engine-sim only)")
+		kvLinkGBps = fs.Float64("kv-link-gbps", 0, "measured link bandwidth in GB/s, overriding --kv-link (engine-sim only)")
+		kvShape    = fs.String("kv-model-shape", "32,8,128,2", "model KV shape layers,kv_heads,head_dim,dtype_bytes for the KV bytes per token (default Llama-3.1-8B bf16: 128 KiB; engine-sim only)")
 		vocab      = fs.Int("vocab-size", 0, "token ids must be below this (default 128256, or 262144 with --tokenizer)")
 		f          enginesim.Faults
 		loras      listFlag
@@ -111,7 +115,16 @@ func parseEngineSimFlags(args []string, getenv func(string) string, sio stdio) (
 	if *bufBytes <= 0 || *queueBytes <= 0 {
 		errs = append(errs, fmt.Errorf("--kv-events-buffer-bytes %d, --kv-events-queue-bytes %d: want positive byte counts", *bufBytes, *queueBytes))
 	}
+	pdc, err := enginesim.ParseKVTransferConfig(*kvTransfer)
+	errs = append(errs, err)
+	pdc.Link, pdc.LinkGBps = *kvLink, *kvLinkGBps
+	pdc.Model, err = enginesim.ParseShape(*kvShape)
+	errs = append(errs, err)
+	if pdc.Role == "" {
+		pdc = enginesim.PDConfig{}
+	}
 	cfg := enginesim.Config{
+		PD: pdc,
 		Core: enginesim.CoreConfig{
 			BlockSize: *blockSize, NumGPUBlocks: *gpuBlocks, NumCPUBlocks: *cpuBlocks, MaxNumSeqs: *maxSeqs,
 			MaxNumBatchedTokens: *maxBatched, MaxModelLen: *maxLen, Profile: *profile, VocabSize: *vocab,

@@ -98,10 +98,13 @@ func TestDocumentedMetricsExistAtStart(t *testing.T) {
 	}
 	simM := startE2ESim(t)
 	simN := startE2ESim(t, func(c *enginesim.Config) { c.ServedModelName = "n" })
+	pdName := func(c *enginesim.Config) { c.ServedModelName = "pd" }
+	simP, simD := startE2ESim(t, pdName), startE2ESim(t, pdName)
 	yaml := fmt.Sprintf("health: {probe_interval: 200ms, scrape_interval: 200ms}\nmodels:\n"+
 		"  - name: m\n    tokenizer: %s\n    tokenizer_mismatch: continue\n    aliases: [{name: m-fast}]\n    adapters: [{name: sql}]\n    engines:\n      - {name: e0, url: %q, events: 'tcp://127.0.0.1:%d'}\n"+
-		"  - name: n\n    policy: shadow\n    engines:\n      - {name: e1, url: %q}\n",
-		e2eQwen3Dir, simM.url, e2eFreePort(t), simN.url)
+		"  - name: n\n    policy: shadow\n    engines:\n      - {name: e1, url: %q}\n"+
+		"  - name: pd\n    tokenizer: none\n    engines:\n      - {name: e2, url: %q, role: prefill}\n      - {name: e3, url: %q, role: decode}\n",
+		e2eQwen3Dir, simM.url, e2eFreePort(t), simN.url, simP.url, simD.url)
 	r := serveYAML(t, yaml, slog.LevelWarn)
 	e2eEventually(t, 10*time.Second, "router up", func() bool {
 		resp, err := r.client.Get(r.url + "/health")

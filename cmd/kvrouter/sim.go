@@ -64,6 +64,10 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 	rates := fs.String("rates", sim.RatesConfigured, "prefill rates the router uses: configured (the --routing file's, else the profile's, for every replica), known (each replica's true rate), learned (from the engines' counters, as serve learns from /metrics)")
 	asJSON := fs.Bool("json", false, "print the report as JSON instead of a markdown table")
 	htmlPath := fs.String("html", "", "also write a self-contained HTML report with plots to this file")
+	pdPrefill := fs.Int("pd-prefill", 0, "compare P/D arrangements instead of policies: this many of --replicas prefill, the rest decode (aggregated, disaggregated, conditional; kv routing)")
+	pdLink := fs.String("pd-link", "infiniband", "P/D KV transfer link: nvlink, infiniband, roce, tcp")
+	pdStall := fs.Float64("pd-stall-weight", 0, "conditional disaggregation: weight of a local prefill's stall of the decode engine's running sequences (0: 1)")
+	pdMin := fs.Int("pd-min-remote-tokens", 0, "conditional disaggregation: uncached prompt tokens from which a prefill goes remote (0: 1000; -1: no length threshold)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -98,6 +102,13 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 		Seed:          *seed,
 		Parallel:      *parallel,
 		Pipeline:      sim.PipelineMode(*pipeline),
+	}
+	if *pdPrefill != 0 {
+		cfg.PD = sim.PDConfig{PrefillReplicas: *pdPrefill}
+		cfg.PD.Rule.Link, cfg.PD.Rule.MinRemoteTokens, cfg.PD.Rule.StallWeight = *pdLink, *pdMin, *pdStall
+		if *policies == strings.Join(sim.DefaultPolicies(), ",") {
+			cfg.Policies = nil // the arrangements
+		}
 	}
 	if *maxModelLen == 0 && *gpuBlocks > 1 && *blockSize > 0 {
 		*maxModelLen = min(enginesim.DefaultMaxModelLen, (*gpuBlocks-1)*(*blockSize))
@@ -184,7 +195,16 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 		}
 		rep = r
 	}
-	return writeReport(rep, *asJSON, *htmlPath, sio)
+	if *pdPrefill != 0 {
+		rep.Setup["pd_prefill"], rep.Setup["pd_link"] = strconv.Itoa(*pdPrefill), *pdLink
+	}
+	if err := writeReport(rep, *asJSON, *htmlPath, sio); err != nil {
+		return err
+	}
+	if *pdPrefill != 0 && !*asJSON {
+		fmt.Fprintln(sio.out, sim.PDVerdict(rep.Policies))
+	}
+	return nil
 }
 
 // parseLoads reads --load: one value (0: the scenario's default) or a

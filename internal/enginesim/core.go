@@ -34,6 +34,14 @@ type Request struct {
 	// admission that reuses cached GPU blocks emits a BlockStored with a nil
 	// parent for those blocks.
 	ReportHits bool
+	// RemoteKV marks a decode-side request of disaggregated serving
+	// (kv_transfer_params.do_remote_prefill): its prompt's KV is pulled
+	// from a prefill engine instead of computed (see pdcore.go).
+	RemoteKV bool
+	// RemoteDecode marks a prefill-side request
+	// (kv_transfer_params.do_remote_decode): its last Output carries the
+	// request's block ids (Output.BlockIDs) for the decode engine to pull.
+	RemoteDecode bool
 }
 
 // Output is one token a request produced in a step.
@@ -58,6 +66,10 @@ type Output struct {
 	// clock (vLLM's FinishedRequestStats.prefill_time and decode_time,
 	// vllm/v1/metrics/stats.py).
 	PrefillTime, DecodeTime time.Duration
+	// BlockIDs are the request's KV block ids at its end, set on the last
+	// Output of a Request.RemoteDecode request only (vLLM's
+	// kv_transfer_params.remote_block_ids).
+	BlockIDs []int32
 }
 
 // StepResult is what one Step did. Outputs and Events are owned by the Core
@@ -79,6 +91,10 @@ type StepResult struct {
 	Scheduled, PrefillTokens, DecodeSeqs, LoadedTokens int
 	// Preempted is the number of sequences preempted in this step.
 	Preempted int
+	// Transfers are the KV pulls of Request.RemoteKV requests admitted in
+	// this step: the owner waits each one's transfer time and then calls
+	// Received (pdcore.go).
+	Transfers []Transfer
 }
 
 // Stats are a Core's cumulative counters since NewCore.
@@ -107,6 +123,9 @@ type Stats struct {
 	Finished, Aborted int64
 	// Steps counts steps that scheduled anything.
 	Steps int64
+	// RemoteTokens counts prompt tokens whose KV was pulled from a prefill
+	// engine (Request.RemoteKV) instead of computed.
+	RemoteTokens int64
 }
 
 // seqStatus is where a sequence is.
@@ -127,6 +146,9 @@ type seq struct {
 	loraKeys   []any // []any{lora} shared by blocks > 0
 	salt       string
 	reportHits bool
+	// remote: the prompt's KV is still to be pulled (Request.RemoteKV);
+	// cleared once received. remoteDecode: Request.RemoteDecode.
+	remote, remoteDecode bool
 	// seed is the FNV-1a state over the first seedLen prompt tokens; it is
 	// folded block by block as the blocks are hashed (see foldSeed) and is
 	// the output-token seed once seedLen == promptLen.
@@ -167,6 +189,8 @@ type Core struct {
 	// busy is the sum of all step durations so far: the timing model's
 	// clock, which stands still while the Core is idle.
 	busy time.Duration
+	// receiving counts requests waiting for their remote KV (pdcore.go).
+	receiving int
 
 	group0 *int
 	kind   *string
@@ -245,6 +269,8 @@ func (c *Core) Submit(r *Request) error {
 		maxTokens:    r.MaxTokens,
 		salt:         r.CacheSalt,
 		reportHits:   r.ReportHits,
+		remote:       r.RemoteKV,
+		remoteDecode: r.RemoteDecode,
 		cachedTokens: -1,
 	}
 	// Copy the prompt with room for the output: appending the room (at
@@ -280,6 +306,9 @@ func (c *Core) Abort(id string) bool {
 	if s.status == statusWaiting {
 		c.waiting.remove(s)
 		return true
+	}
+	if s.status == statusReceiving {
+		c.receiving--
 	}
 	for i, r := range c.running {
 		if r == s {

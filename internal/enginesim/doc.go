@@ -51,6 +51,11 @@
 // closed (dropping every connection), emptied and reopened on the same
 // endpoints.
 //
+// Disaggregated prefill and decode: Request.RemoteKV and RemoteDecode give
+// the core vLLM's NixlConnector behaviour (pdcore.go: a decode-side request
+// waits for its KV pull outside every batch, then runs); Config.PD gives
+// the server the roles and kv_transfer_params (pdserver.go).
+//
 // Concurrency: Core is not safe for concurrent use. Server is; New starts
 // nothing, Run/Serve start the HTTP server, the engine loop and the publisher
 // and return after all of them stopped.

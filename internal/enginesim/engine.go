@@ -33,6 +33,7 @@ type stream struct {
 	reason       string
 	err          error
 	submitted    time.Time
+	blockIDs     []int32 // Output.BlockIDs of a prefill leg
 }
 
 func newStream(id string, notify chan struct{}) *stream {
@@ -53,6 +54,7 @@ func (st *stream) push(o *Output) {
 	st.promptTokens, st.cachedTokens = o.PromptTokens, o.CachedTokens
 	if o.Finished {
 		st.finished, st.reason = true, o.FinishReason
+		st.blockIDs = o.BlockIDs
 	}
 	st.mu.Unlock()
 	st.signal()
@@ -74,13 +76,14 @@ type streamState struct {
 	reason   string
 	err      error
 	cached   int
+	blockIDs []int32
 }
 
 // take moves the new tokens into buf (reused) and reports the state.
 func (st *stream) take(buf []uint32) streamState {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	s := streamState{toks: append(buf[:0], st.toks...), finished: st.finished, reason: st.reason, err: st.err, cached: st.cachedTokens}
+	s := streamState{toks: append(buf[:0], st.toks...), finished: st.finished, reason: st.reason, err: st.err, cached: st.cachedTokens, blockIDs: st.blockIDs}
 	st.toks = st.toks[:0]
 	return s
 }
@@ -100,6 +103,9 @@ type command struct {
 	pubReopened chan<- error
 	reset       bool
 	reply       chan error
+	// received ends the KV transfer of that request, started in epoch.
+	received string
+	epoch    int
 }
 
 // engine owns a Core and the streams of its requests; only its loop
@@ -124,6 +130,8 @@ type engine struct {
 	startedAt time.Time
 	epoch     int
 	outs      []Output
+	pd        *pdState       // nil without a KV connector
+	wg        sync.WaitGroup // transfer timers (pdserver.go)
 }
 
 // send delivers c to the loop; it fails when the loop is gone or ctx ends.
@@ -158,6 +166,7 @@ func (e *engine) abort(ids []string) {
 
 func (e *engine) run(ctx context.Context) error {
 	defer close(e.done)
+	defer e.wg.Wait() // transfer timers end with ctx
 	defer e.failAll(errStopped)
 	e.startedAt = e.clock.Now()
 	e.publishState()
@@ -175,10 +184,16 @@ func (e *engine) run(ctx context.Context) error {
 		}
 		res := e.core.Step()
 		start := e.clock.Now()
+		if len(res.Transfers) > 0 {
+			e.startTransfers(ctx, res.Transfers)
+		}
 		if res.Scheduled == 0 {
 			e.emit(res.Events, start)
 			e.publishState()
-			if !e.core.Idle() { // cannot happen (NewCore checks capacity); never spin
+			// Not idle after a step that scheduled nothing cannot happen
+			// (NewCore checks capacity), except when a transfer of nothing
+			// made a request runnable: never spin, but run that one.
+			if !e.core.Idle() && len(res.Transfers) == 0 {
 				select {
 				case <-ctx.Done():
 					return nil
@@ -246,6 +261,9 @@ func (e *engine) apply(ctx context.Context, c command) {
 	for _, id := range c.abort {
 		e.core.Abort(id)
 		delete(e.streams, id)
+	}
+	if c.received != "" && c.epoch == e.epoch {
+		e.core.Received(c.received)
 	}
 	if c.reset && !e.core.ResetPrefixCache() {
 		err = errors.New("prefix cache in use: requests hold blocks")

@@ -15,6 +15,7 @@ type choiceState struct {
 	text      strings.Builder
 	generated int
 	cached    int
+	blockIDs  []int32
 	done      bool
 	reason    string
 	roleSent  bool
@@ -46,6 +47,11 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	if !ok {
 		return
 	}
+	remoteDecode, remoteKV, err := s.legs(req)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
 	n := req.choices()
 	if len(prompts)*n > maxChoices {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("at most %d prompts x n per request", maxChoices))
@@ -74,6 +80,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 			}
 			subs = append(subs, submission{st: st, req: Request{
 				ID: rid, Tokens: p, MaxTokens: mt, LoRAName: lora, CacheSalt: salt, ReportHits: req.reportHits(),
+				RemoteDecode: remoteDecode, RemoteKV: remoteKV,
 			}})
 			choices = append(choices, &choiceState{st: st, prompt: pi})
 		}
@@ -159,6 +166,9 @@ func (o *responder) collect(each func(c *choiceState, i int, tok uint32, last bo
 			return st.err
 		}
 		c.cached = st.cached
+		if st.blockIDs != nil {
+			c.blockIDs = st.blockIDs
+		}
 		for k, tok := range st.toks {
 			c.generated++
 			last := st.finished && k == len(st.toks)-1
@@ -219,8 +229,12 @@ func (o *responder) whole() {
 		}
 	}
 	created := o.s.cfg.Clock.Now().Unix()
+	var ktp map[string]any
+	if c := o.choices[0]; c.blockIDs != nil {
+		ktp = o.s.transferParams(c.st.id, c.blockIDs, len(o.prompts[c.prompt]))
+	}
 	if o.chat {
-		resp := chatResponse{ID: o.id, Object: "chat.completion", Created: created, Model: o.model(), Usage: o.usage()}
+		resp := chatResponse{ID: o.id, Object: "chat.completion", Created: created, Model: o.model(), Usage: o.usage(), KVTransferParams: ktp}
 		for i, c := range o.choices {
 			reason := c.reason
 			resp.Choices = append(resp.Choices, chatChoice{Index: i, Message: &chatMessage{Role: "assistant", Content: c.text.String()},
@@ -229,7 +243,7 @@ func (o *responder) whole() {
 		writeJSON(o.w, resp)
 		return
 	}
-	resp := completionResponse{ID: o.id, Object: "text_completion", Created: created, Model: o.model(), Usage: o.usage()}
+	resp := completionResponse{ID: o.id, Object: "text_completion", Created: created, Model: o.model(), Usage: o.usage(), KVTransferParams: ktp}
 	for i, c := range o.choices {
 		reason := c.reason
 		resp.Choices = append(resp.Choices, completionChoice{Index: i, Text: c.text.String(), FinishReason: &reason})

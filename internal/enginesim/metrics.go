@@ -33,6 +33,10 @@ type metrics struct {
 	replays       prometheus.Counter
 	faults        *prometheus.CounterVec
 	loraLoads     prometheus.Counter
+	// kvTransfer is vLLM's NIXL transfer-duration histogram
+	// (NixlPromMetrics in vllm/distributed/kv_transfer/kv_connector/v1/
+	// nixl/stats.py): one observation per pull of a decode leg.
+	kvTransfer prometheus.Histogram
 }
 
 // newMetrics registers the metrics of data-parallel rank on reg (label
@@ -78,6 +82,9 @@ func newMetrics(reg prometheus.Registerer, model string, cfg CoreConfig, hashAlg
 			Help: "LoRA adapters loaded at run time (POST /v1/load_lora_adapter).", ConstLabels: own}),
 		faults: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_enginesim_faults_injected_total",
 			Help: "Injected faults by kind.", ConstLabels: own}, []string{"kind"}),
+		kvTransfer: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "vllm:nixl_xfer_time_seconds",
+			Help: "Histogram of transfer duration for NIXL KV Cache transfers.", ConstLabels: labels,
+			Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0}}),
 	}
 	info := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "vllm:cache_config_info", Help: "Information of the LLMEngine CacheConfig",
@@ -109,7 +116,7 @@ func newMetrics(reg prometheus.Registerer, model string, cfg CoreConfig, hashAlg
 			func(s *snapshot) int64 { return s.stats.PromptTokens }),
 		counter("vllm:generation_tokens_total", "Number of generation tokens processed.",
 			func(s *snapshot) int64 { return s.stats.GenerationTokens }),
-		info, m.loraLoads, m.ttft, m.e2e, m.prefillTime, m.decodeTime, m.success, m.eventBatches, m.eventsDropped, m.replays, m.faults,
+		info, m.loraLoads, m.ttft, m.e2e, m.prefillTime, m.decodeTime, m.success, m.eventBatches, m.eventsDropped, m.replays, m.faults, m.kvTransfer,
 	}
 	if cfg.NumCPUBlocks > 0 {
 		cs = append(cs,

@@ -31,6 +31,8 @@ type genRequest struct {
 	CacheSalt           *string         `json:"cache_salt"`
 	VLLMXArgs           map[string]any  `json:"vllm_xargs"`
 	AddSpecialTokens    *bool           `json:"add_special_tokens"`
+	// KVTransferParams is vLLM's kv_transfer_params (pdserver.go).
+	KVTransferParams map[string]any `json:"kv_transfer_params"`
 }
 
 // maxChoices bounds n and the number of prompts per request.
@@ -180,6 +182,8 @@ type completionResponse struct {
 	Model   string             `json:"model"`
 	Choices []completionChoice `json:"choices"`
 	Usage   *usage             `json:"usage"`
+	// KVTransferParams answers a prefill leg (vLLM CompletionResponse).
+	KVTransferParams map[string]any `json:"kv_transfer_params,omitempty"`
 }
 
 type chatMessage struct {
@@ -203,6 +207,8 @@ type chatResponse struct {
 	Model   string       `json:"model"`
 	Choices []chatChoice `json:"choices"`
 	Usage   *usage       `json:"usage,omitempty"`
+	// KVTransferParams answers a prefill leg (vLLM ChatCompletionResponse).
+	KVTransferParams map[string]any `json:"kv_transfer_params,omitempty"`
 }
 
 // tokenizeRequest is POST /tokenize: a prompt or a chat.

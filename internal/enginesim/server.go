@@ -72,6 +72,9 @@ type Config struct {
 	Faults Faults
 	// Clock is the time source (the wall clock).
 	Clock Clock
+	// PD is the KV connector of disaggregated serving (pdserver.go); its
+	// zero value is none.
+	PD PDConfig
 }
 
 // Server is a simulated vLLM engine: the OpenAI HTTP API, /metrics, and the
@@ -98,6 +101,7 @@ type Server struct {
 	ranks []*Server
 	// loras are the adapters served, shared by the ranks.
 	loras *loraSet
+	pd    *pdState // nil without a KV connector
 }
 
 // New checks cfg (all problems at once) and builds a Server. A nil log
@@ -139,6 +143,8 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Server, erro
 	if err != nil {
 		errs = append(errs, fmt.Errorf("core config: %w", err))
 	}
+	pds, err := cfg.PD.resolve(cfg.DataParallelRank)
+	errs = append(errs, err)
 	if cfg.DefaultMaxTokens < 1 || cfg.DataParallelRank < 0 {
 		errs = append(errs, errors.New("default max tokens must be positive and the data-parallel rank non-negative"))
 	}
@@ -150,7 +156,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Server, erro
 	}
 	s := &Server{
 		cfg: cfg, coreCfg: coreCfg, log: log, reg: reg, dice: newDice(faults.Seed), words: newTextOf(),
-		tok: cfg.Tokenizer, created: cfg.Clock.Now().Unix(),
+		tok: cfg.Tokenizer, created: cfg.Clock.Now().Unix(), pd: pds,
 	}
 	s.cfg.Faults, s.cfg.KVEvents = faults, kv
 	s.loras = &loraSet{names: slices.Clone(cfg.LoRAModules)}
@@ -179,7 +185,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Server, erro
 	s.eng = &engine{
 		newCore: s.newCore, clock: cfg.Clock, faults: faults, pub: s.pub, rank: cfg.DataParallelRank,
 		m: s.m, state: &s.state, cmds: make(chan command, 256), done: make(chan struct{}),
-		core: core, streams: make(map[string]*stream),
+		core: core, streams: make(map[string]*stream), pd: pds,
 		trackLoRA: cfg.AllowRuntimeLoRA || len(cfg.LoRAModules) > 0,
 	}
 	s.eng.publishState()

@@ -56,6 +56,12 @@ func (c *Core) Step() StepResult {
 		for c.waiting.len() > 0 && budget > 0 && len(c.running) < c.cfg.MaxNumSeqs {
 			s := c.waiting.front()
 			gpuHit, cpuHit := c.lookup(s)
+			if s.remote {
+				if !c.admitRemote(s, gpuHit, &res) {
+					break
+				}
+				continue
+			}
 			computed := (len(gpuHit) + cpuHit) * c.cfg.BlockSize
 			n := min(s.numTokens()-computed, budget)
 			if !c.admit(s, gpuHit, cpuHit, computed, n) {
@@ -100,6 +106,9 @@ func (c *Core) Step() StepResult {
 			o.PrefillTime, o.DecodeTime = s.firstTokenAt-s.scheduledAt, c.busy-s.firstTokenAt
 			c.stats.PrefillSeconds += o.PrefillTime.Seconds()
 			c.stats.DecodeSeconds += o.DecodeTime.Seconds()
+			if s.remoteDecode {
+				o.BlockIDs = slices.Clone(s.blocks)
+			}
 			c.finish(s)
 			finished = true
 		}

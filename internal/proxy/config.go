@@ -11,6 +11,7 @@ import (
 
 	"kvrouter/internal/discovery"
 	"kvrouter/internal/kvindex"
+	"kvrouter/internal/pd"
 	"kvrouter/internal/routing"
 	"kvrouter/internal/vllm/kvevents"
 )
@@ -154,6 +155,10 @@ type ModelConfig struct {
 	// Media bounds the images, audio and video of one chat request
 	// (media.go; nil: none).
 	Media *MediaLimits `yaml:"media"`
+	// PD configures disaggregated prefill and decode for a group whose
+	// engines have roles (pd.go, docs/pd.md): mode (conditional, always,
+	// never), min_remote_tokens, link, link_gbps and the model's KV shape.
+	PD pd.Rule `yaml:"pd"`
 }
 
 // TimeoutsConfig bounds one engine request.
@@ -214,6 +219,10 @@ type EngineConfig struct {
 	// unset or empty is a configuration error (Validate), not a silent
 	// start without the key.
 	APIKeyEnv string `yaml:"api_key_env"`
+	// Role is the engine's part in disaggregated serving: prefill or
+	// decode (pd.go); empty: it serves whole requests. A group with roles
+	// needs both; its engines without a role are not routed to.
+	Role string `yaml:"role"`
 
 	// apiKeyEnvUnset is set by FillDefaults when APIKeyEnv names an unset
 	// or empty variable.
@@ -438,6 +447,7 @@ func (c *Config) Validate() error {
 				errs = append(errs, ferr("empty header name", "models", i, "session_headers"))
 			}
 		}
+		errs = append(errs, validatePD(m, i)...)
 		for j, e := range m.Engines {
 			key := e.Name
 			if key == "" {

@@ -41,6 +41,12 @@
 // their configured name and carry the request id; causes (addresses,
 // socket errors) go only to the log line.
 //
+// Disaggregated prefill and decode (pd.go, docs/pd.md): in a model group
+// whose engines have roles, the same handler plans each request (local on
+// a decode engine, or a prefill leg on a prefill engine then a decode leg
+// with its kv_transfer_params, vLLM's NixlConnector contract) and says
+// which in x-kvrouter-path.
+//
 // Times are seconds; token counts are tokens. A Server is safe for
 // concurrent use; it starts goroutines only in Run (the listener and
 // net/http's per-connection goroutines), which returns after draining.

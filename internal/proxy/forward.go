@@ -32,6 +32,10 @@ const maxReroutes = 3
 // forward routes x and relays the engine's answer, retrying on another
 // replica while nothing has reached the client.
 func (s *Server) forward(x *exchange) {
+	if x.m.pd != nil && x.only == nil {
+		s.forwardPD(x) // pd.go: plans, then calls forward for the decode engine
+		return
+	}
 	if e := s.tooLong(x); e != nil {
 		s.fail(x, e, outcomeBadRequest)
 		return
@@ -45,7 +49,7 @@ func (s *Server) forward(x *exchange) {
 		buf, retry, err = s.healthy(buf[:0], x)
 		cands := make([]string, 0, len(buf))
 		for _, ep := range buf {
-			if !slices.Contains(tried, ep.Name()) {
+			if !slices.Contains(tried, ep.Name()) && (x.only == nil || x.only(ep.Name())) {
 				cands = append(cands, ep.Name())
 			}
 		}

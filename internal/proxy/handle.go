@@ -55,6 +55,12 @@ type exchange struct {
 	err       error
 	// span is the request's trace span (a no-op one when tracing is off).
 	span trace.Span
+	// P/D (pd.go): only, when set, limits the replicas forward may choose;
+	// noRouteTokens routes the decode leg by load alone; prefill names the
+	// prefill leg's replica.
+	only          func(name string) bool
+	noRouteTokens bool
+	prefill       string
 }
 
 // Outcome labels of kvrouter_proxy_requests_total.
@@ -246,6 +252,9 @@ func (s *Server) routeInput(x *exchange, cands []string, dry bool) *RouteInput {
 		Candidates: cands,
 		DryRun:     dry,
 	}
+	if x.noRouteTokens {
+		in.Tokens = nil
+	}
 	if tr, ok := x.m.router.(textRouter); ok && tr.UsesText() {
 		in.Text = x.req.routingText()
 	}
@@ -279,6 +288,10 @@ func (s *Server) decide(x *exchange, in *RouteInput) (Decision, error) {
 
 // explain answers the routing decision as JSON without forwarding.
 func (s *Server) explain(x *exchange) {
+	if x.m.pd != nil {
+		s.explainPD(x)
+		return
+	}
 	eps, retry, err := s.healthy(nil, x)
 	if err != nil {
 		s.noReplica(x, retry, err)
@@ -383,6 +396,9 @@ func (s *Server) finish(x *exchange) {
 			slog.String("outcome", x.outcome), slog.Int("cached_tokens", x.cached),
 			slog.Int("prompt_tokens", len(x.tokens)), slog.Int("retries", x.retries),
 			slog.Float64("duration_ms", float64(s.deps.Now().Sub(x.start).Microseconds())/1000),
+		}
+		if x.prefill != "" {
+			attrs = append(attrs, slog.String("prefill_replica", x.prefill))
 		}
 		if x.err != nil {
 			attrs = append(attrs, slog.String("err", x.err.Error()))

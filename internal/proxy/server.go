@@ -58,6 +58,7 @@ type Server struct {
 	deps    Deps
 	log     *slog.Logger
 	m       *metrics
+	pdm     *pdMetrics
 	models  map[string]*model
 	handler http.Handler
 	reps    replicaSeries
@@ -72,6 +73,7 @@ type model struct {
 	router    Router
 	tok       Tokenizer
 	transport *http.Transport
+	pd        *pdGroup // nil unless engines have roles (pd.go)
 }
 
 // New builds a Server from a defaults-filled, validated cfg. It starts no
@@ -97,7 +99,7 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 		if deps.Fleet != nil && mc.Discovery == nil && len(deps.Fleet.Endpoints(mc.Name)) == 0 {
 			errs = append(errs, fmt.Errorf("models[%d] %q: no engines in the fleet", i, mc.Name))
 		}
-		s.models[mc.Name] = &model{cfg: mc, router: r, tok: deps.Tokenizers[mc.Name], transport: newTransport(mc.Timeouts, deps.EngineTLS)}
+		s.models[mc.Name] = &model{cfg: mc, router: r, tok: deps.Tokenizers[mc.Name], transport: newTransport(mc.Timeouts, deps.EngineTLS), pd: newPDGroup(mc)}
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
@@ -117,6 +119,9 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 		}
 		s.fm.initModel(mc, engines)
 	}
+	if s.pdm, err = newPDMetrics(reg); err != nil {
+		return nil, err
+	}
 	// Every series of a known label set exists from the start (0), not
 	// from its first event: alerts see 0, not "no data".
 	m.requests.WithLabelValues(modelUnknown, "", outcomeBadRequest)
@@ -127,6 +132,9 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 			replicas = append(replicas, ep.Name())
 		}
 		m.initModel(mc.Name, replicas, mc.Policy == PolicyShadow)
+		if s.models[mc.Name].pd != nil {
+			s.pdm.initModel(mc.Name)
+		}
 	}
 	s.handler = s.routes()
 	return s, nil

@@ -108,6 +108,9 @@ type Config struct {
 	// keyed with the adapter's name (kvindex.Extras.LoRA). The oracle
 	// cannot run with adapters (its cache reads are plain-prompt hashes).
 	AdapterReplicas int
+	// PD, with PrefillReplicas > 0, compares P/D arrangements (pdsim.go)
+	// instead of policies: Policies default to Arrangements().
+	PD PDConfig
 }
 
 // Values of Config.Rates.
@@ -132,6 +135,9 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if len(cfg.Policies) == 0 {
 		cfg.Policies = DefaultPolicies()
+		if cfg.PD.PrefillReplicas != 0 {
+			cfg.Policies = Arrangements()
+		}
 	}
 	if cfg.GaugeInterval == 0 {
 		cfg.GaugeInterval = DefaultGaugeInterval
@@ -151,7 +157,7 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	seen := map[string]bool{}
 	for _, p := range cfg.Policies {
-		if !slices.Contains(Policies(), p) {
+		if !slices.Contains(Policies(), p) && (cfg.PD.PrefillReplicas == 0 || !slices.Contains(Arrangements(), p)) {
 			errs = append(errs, fmt.Errorf("unknown policy %q (known: %v)", p, Policies()))
 		}
 		if seen[p] {
@@ -205,6 +211,7 @@ func (cfg Config) withDefaults() (Config, error) {
 		}
 	}
 	cfg.Scale = scale
+	errs = append(errs, cfg.validatePD()...)
 	return cfg, errors.Join(errs...)
 }
 

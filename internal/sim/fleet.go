@@ -33,10 +33,11 @@ type replica struct {
 
 // inflight is a request inside the fleet.
 type inflight struct {
-	sample int
-	rep    int
-	lease  *routing.Lease // nil under the oracle
-	last   time.Duration  // time of the latest token
+	sample             int
+	rep                int
+	lease              *routing.Lease // nil under the oracle
+	last               time.Duration  // time of the latest token
+	prefillLeg, remote bool           // P/D legs (pdsim.go)
 }
 
 // fleet is one policy's simulation. Owned by one goroutine.
@@ -68,6 +69,7 @@ type fleet struct {
 	// coreFree reports whether a core is free for a pipeline now (under
 	// PipelineAuto); nil means never.
 	coreFree func() bool
+	pd       *pdState // P/D arrangements (pdsim.go); nil: aggregated
 }
 
 func (f *fleet) clock() time.Time { return epoch.Add(f.now) }
@@ -104,7 +106,7 @@ func newFleet(cfg Config, policy string, w *workload.Workload, seed uint64) (*fl
 	}
 	if policy != PolicyOracle {
 		rcfg := cfg.Routing
-		rcfg.Policy, rcfg.Now = policy, f.clock
+		rcfg.Policy, rcfg.Now = routingPolicy(policy), f.clock
 		rcfg.Rand = rand.New(rand.NewPCG(seed, 0x4047))
 		if rcfg.PrefillRate == 0 {
 			rcfg.PrefillRate = cfg.prefillRate()
@@ -127,6 +129,7 @@ func newFleet(cfg Config, policy string, w *workload.Workload, seed uint64) (*fl
 	if err := f.addReplicas(cfg.Replicas); err != nil {
 		return nil, err
 	}
+	f.pd = newPDState(&f.cfg, policy)
 	return f, nil
 }
 
@@ -244,6 +247,8 @@ func (f *fleet) simulate(ctx context.Context) (*report.Run, error) {
 			if err := f.deliver(e.rep, e.i); err != nil {
 				return nil, err
 			}
+		case evTransfer:
+			f.transferDone(e.i)
 		case evGauges:
 			f.gauges()
 			if f.q.len() > 0 {
@@ -268,6 +273,9 @@ func (f *fleet) simulate(ctx context.Context) (*report.Run, error) {
 // arrive routes request i and submits it to the chosen replica's core. It
 // fails only when the pipeline does.
 func (f *fleet) arrive(i int) error {
+	if f.pd != nil {
+		return f.arrivePD(i)
+	}
 	r := &f.w.Requests[i]
 	f.toks = r.AppendTokens(f.toks[:0])
 	out := max(r.OutputTokens, 1)
@@ -336,6 +344,9 @@ func (f *fleet) step(rep int) {
 		return
 	}
 	r.res = r.core.Step()
+	if len(r.res.Transfers) > 0 {
+		f.startTransfers(rep, r.res.Transfers)
+	}
 	if r.res.Duration <= 0 {
 		// Nothing could be scheduled (cannot happen with work waiting and
 		// a valid config, but never spin): wait for the next arrival.
@@ -355,10 +366,16 @@ func (f *fleet) stepEnd(rep int) error {
 		if fl == nil {
 			continue
 		}
+		if fl.prefillLeg {
+			f.prefillOutput(fl, &o, rep)
+			continue
+		}
 		s := &f.run.Samples[fl.sample]
 		if o.Index == 0 {
 			s.FirstToken = f.now
-			s.CachedTokens = o.CachedTokens
+			if !fl.remote {
+				s.CachedTokens = o.CachedTokens
+			}
 			if fl.lease != nil {
 				fl.lease.FirstToken()
 			}

@@ -14,6 +14,7 @@ const (
 	evDeliver
 	evGauges
 	evKick
+	evTransfer // a KV pull ends (pdsim.go); after the kicks of its instant
 )
 
 // event is one scheduled happening.

@@ -26,6 +26,7 @@ func Scenarios() []ScenarioInfo {
 		{"shared_prefix", "64 groups sharing 2,048-token system prompts, 256-token questions"},
 		{"multi_turn", "chats of 6 turns whose prompts grow turn by turn, one shared system prompt"},
 		{"lora_mix", "shared_prefix with half the groups on one of 4 LoRA adapters, each adapter loaded on 2 replicas of 8 (quarter of the fleet)"},
+		{"long_prompt", "unique 8,192-token prompts, 64-token answers: where prefill and decode interfere most"},
 	}
 }
 
@@ -110,6 +111,9 @@ func BuildScenario(name string, o ScenarioOptions) (*Scenario, error) {
 		}
 	case "unique":
 		w, err = workload.Unique{Requests: o.Requests, PromptTokens: 2048, OutputTokens: 128}.Generate(rng)
+		err = poisson(w, err, o, rng)
+	case "long_prompt":
+		w, err = workload.Unique{Requests: o.Requests, PromptTokens: 8192, OutputTokens: 64}.Generate(rng)
 		err = poisson(w, err, o, rng)
 	case "hot_prefix":
 		w, err = workload.HotPrefix{Requests: o.Requests, HotShare: 0.8, PrefixTokens: 4096, SuffixTokens: 256, OutputTokens: 128}.Generate(rng)

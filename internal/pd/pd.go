@@ -1,0 +1,274 @@
+package pd
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+)
+
+// Shape is the part of a model's architecture that sets its KV cache size:
+// each token keeps one key and one value vector per layer and KV head.
+type Shape struct {
+	// Layers is num_hidden_layers.
+	Layers int `yaml:"layers"`
+	// KVHeads is num_key_value_heads (grouped-query attention: fewer than
+	// the attention heads).
+	KVHeads int `yaml:"kv_heads"`
+	// HeadDim is the head dimension (hidden_size / num_attention_heads
+	// unless the config names head_dim).
+	HeadDim int `yaml:"head_dim"`
+	// DTypeBytes is the KV cache element size in bytes: 2 for bf16/fp16
+	// (vLLM's --kv-cache-dtype auto on a bf16 model), 1 for fp8.
+	DTypeBytes int `yaml:"dtype_bytes"`
+}
+
+// Llama31_8B is meta-llama/Llama-3.1-8B(-Instruct) in bf16: its
+// config.json has num_hidden_layers 32, num_key_value_heads 8,
+// hidden_size 4096 over 32 attention heads (head dim 128); 128 KiB per
+// token.
+var Llama31_8B = Shape{Layers: 32, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}
+
+// BytesPerToken is the KV cache one token takes: 2 (key and value) x
+// layers x KV heads x head dim x element size, in bytes.
+func (s Shape) BytesPerToken() float64 {
+	return 2 * float64(s.Layers) * float64(s.KVHeads) * float64(s.HeadDim) * float64(s.DTypeBytes)
+}
+
+// Validate reports a shape with a non-positive field.
+func (s Shape) Validate() error {
+	if s.Layers <= 0 || s.KVHeads <= 0 || s.HeadDim <= 0 || s.DTypeBytes <= 0 {
+		return fmt.Errorf("model shape %+v: every field must be positive", s)
+	}
+	return nil
+}
+
+// Links are the named interconnects and their usable bandwidth in bytes per
+// second (GB = 1e9 bytes): NVLink 4 within a node (~450 GB/s one way on
+// H100), InfiniBand NDR 400 Gb/s (~50 GB/s), RoCE 200 Gb/s (~25 GB/s) and
+// plain TCP over a 10 GbE-class path (~1 GB/s). These are the seed figures
+// the P/D issue gives; a measured figure goes in link_gbps instead.
+func Links() map[string]float64 {
+	return map[string]float64{
+		"nvlink":     450e9,
+		"infiniband": 50e9,
+		"roce":       25e9,
+		"tcp":        1e9,
+	}
+}
+
+// LinkNames lists Links' names, sorted.
+func LinkNames() []string {
+	var out []string
+	for n := range Links() {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// LinkBandwidth returns the named link's bandwidth in bytes per second; an
+// unknown name is an error listing the known ones.
+func LinkBandwidth(name string) (float64, error) {
+	bw, ok := Links()[strings.ToLower(name)]
+	if !ok {
+		return 0, fmt.Errorf("unknown link %q (known: %s)", name, strings.Join(LinkNames(), ", "))
+	}
+	return bw, nil
+}
+
+// TransferSeconds is how long moving tokens tokens of KV cache takes at
+// bytesPerSec: tokens x bytesPerToken / bytesPerSec seconds (the
+// connector's handshake, paid once per engine pair, is left out). A
+// non-positive bandwidth means an infinitely slow link (+Inf).
+func TransferSeconds(tokens int, bytesPerToken, bytesPerSec float64) float64 {
+	if tokens <= 0 {
+		return 0
+	}
+	if bytesPerSec <= 0 {
+		return math.Inf(1)
+	}
+	return float64(tokens) * bytesPerToken / bytesPerSec
+}
+
+// Modes of the disaggregation decision.
+const (
+	// ModeConditional decides per request (Rule.Decide): the default.
+	ModeConditional = "conditional"
+	// ModeAlways sends every request through a prefill engine.
+	ModeAlways = "always"
+	// ModeNever prefills every request on its decode engine (the prefill
+	// pool idles): aggregated serving on the decode pool.
+	ModeNever = "never"
+)
+
+// Default thresholds of Rule.
+const (
+	// DefaultMinRemoteTokens: a request whose uncached prompt part on the
+	// decode engine is shorter is prefilled there. Dynamo's disaggregated
+	// router prefills locally up to max_local_prefill_length = 1000 tokens
+	// (ai-dynamo/dynamo examples/python_rs/llm/vllm_nixl/router/
+	// disagg_router.py); below that the two-leg round trip and the
+	// transfer outweigh the interference a short prefill causes.
+	DefaultMinRemoteTokens = 1000
+	// DefaultLink is the link assumed when none is configured.
+	DefaultLink = "infiniband"
+)
+
+// Rule is the conditional-disaggregation rule. A zero field means the
+// default in its comment (WithDefaults).
+type Rule struct {
+	// Mode is conditional (default), always or never.
+	Mode string `yaml:"mode"`
+	// MinRemoteTokens is the uncached prompt length, in tokens, from which
+	// a request may be prefilled remotely (default 1000); shorter ones are
+	// prefilled on the decode engine. Negative: 0 (no length threshold).
+	MinRemoteTokens int `yaml:"min_remote_tokens"`
+	// Link names the interconnect between prefill and decode engines:
+	// nvlink, infiniband (default), roce or tcp (Links).
+	Link string `yaml:"link"`
+	// LinkGBps overrides Link's bandwidth with a measured one, in GB/s
+	// (1e9 bytes per second).
+	LinkGBps float64 `yaml:"link_gbps"`
+	// Model is the model's KV shape (default Llama31_8B, 128 KiB/token).
+	Model Shape `yaml:"model"`
+	// StallWeight weighs the stall a local prefill imposes on the decode
+	// engine's running sequences against the request's own wait (default
+	// 1: one stall counts as much as one second of this request's time to
+	// first token; raise it where inter-token latency is the binding SLO).
+	StallWeight float64 `yaml:"stall_weight"`
+}
+
+// WithDefaults returns r with zero fields filled in and checks it,
+// returning every problem at once.
+func (r Rule) WithDefaults() (Rule, error) {
+	if r.Mode == "" {
+		r.Mode = ModeConditional
+	}
+	if r.MinRemoteTokens == 0 {
+		r.MinRemoteTokens = DefaultMinRemoteTokens
+	} else if r.MinRemoteTokens < 0 {
+		r.MinRemoteTokens = 0
+	}
+	if r.Link == "" {
+		r.Link = DefaultLink
+	}
+	if r.Model == (Shape{}) {
+		r.Model = Llama31_8B
+	}
+	if r.StallWeight == 0 {
+		r.StallWeight = 1
+	}
+	var errs []error
+	switch r.Mode {
+	case ModeConditional, ModeAlways, ModeNever:
+	default:
+		errs = append(errs, fmt.Errorf("mode %q: want conditional, always or never", r.Mode))
+	}
+	if _, err := LinkBandwidth(r.Link); err != nil && r.LinkGBps == 0 {
+		errs = append(errs, fmt.Errorf("link: %w", err))
+	}
+	if r.StallWeight < 0 {
+		errs = append(errs, errors.New("stall_weight must not be negative"))
+	}
+	if r.LinkGBps < 0 {
+		errs = append(errs, errors.New("link_gbps must not be negative"))
+	}
+	if err := r.Model.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return r, errors.Join(errs...)
+}
+
+// Bandwidth is the rule's link bandwidth in bytes per second (LinkGBps
+// when set, else Link's; 0 for an unknown link).
+func (r *Rule) Bandwidth() float64 {
+	if r.LinkGBps > 0 {
+		return r.LinkGBps * 1e9
+	}
+	bw, _ := LinkBandwidth(r.Link)
+	return bw
+}
+
+// Inputs are what the rule weighs for one request, from the routing state
+// of both pools.
+type Inputs struct {
+	// UncachedTokens are the prompt tokens the chosen decode engine does
+	// not hold: what it would prefill locally, and what a remote prefill
+	// transfers to it.
+	UncachedTokens int
+	// DecodePrefillRate is the decode engine's prefill throughput, in
+	// tokens per second (the router's rate for it).
+	DecodePrefillRate float64
+	// PrefillQueueSeconds is the chosen prefill engine's queued prefill
+	// time: its queued uncached prompt tokens over its prefill rate, in
+	// seconds.
+	PrefillQueueSeconds float64
+	// DecodeQueueSeconds is the same for the decode engine: prefill work
+	// already queued there (local prefills), in seconds.
+	DecodeQueueSeconds float64
+}
+
+// Decision reasons.
+const (
+	ReasonAlways      = "always"       // Mode always
+	ReasonNever       = "never"        // Mode never
+	ReasonShort       = "short_prompt" // uncached part below MinRemoteTokens
+	ReasonPrefillBusy = "prefill_busy" // prefill queue longer than the saving
+	ReasonRemote      = "remote"       // disaggregated: the remote path saves time
+)
+
+// Verdict is the rule's answer and the record of why.
+type Verdict struct {
+	// Remote: prefill on a prefill engine and transfer; false: prefill on
+	// the decode engine.
+	Remote bool `json:"remote"`
+	// Reason is one of the Reason constants.
+	Reason string `json:"reason"`
+	// TransferSeconds is the KV transfer time of the uncached part.
+	TransferSeconds float64 `json:"transfer_seconds"`
+	// SavingSeconds is the decode engine's prefill time the remote path
+	// spares it (its queued prefill and this prompt's), minus the
+	// transfer time.
+	SavingSeconds float64 `json:"saving_seconds"`
+	// QueueSeconds is the prefill engine's queued prefill time.
+	QueueSeconds float64 `json:"prefill_queue_seconds"`
+}
+
+// Decide applies the rule (after WithDefaults) to one request:
+//
+//	transfer = uncached x bytes_per_token / link_bandwidth
+//	saving   = decode_queue + stall_weight x uncached / decode_prefill_rate - transfer
+//	remote   = uncached >= min_remote_tokens  and  prefill_queue <= saving
+//
+// A remote prefill spares the decode engine uncached/rate seconds of
+// prefill (time every sequence it is decoding would otherwise stall) and
+// the wait behind prefills already queued there, but costs the transfer;
+// it is worth it only while the prefill pool's queue does not eat that
+// saving (a busy prefill pool delays the first token by its queue). The
+// decode queue term keeps a slow link or a busy prefill pool from piling
+// every prefill on the decode engines: once local prefills queue there,
+// the remote path wins again. Modes always and never skip the test.
+func (r *Rule) Decide(in Inputs) Verdict {
+	v := Verdict{QueueSeconds: in.PrefillQueueSeconds}
+	v.TransferSeconds = TransferSeconds(in.UncachedTokens, r.Model.BytesPerToken(), r.Bandwidth())
+	rate := in.DecodePrefillRate
+	if rate <= 0 {
+		rate = 1
+	}
+	v.SavingSeconds = in.DecodeQueueSeconds + r.StallWeight*float64(in.UncachedTokens)/rate - v.TransferSeconds
+	switch {
+	case r.Mode == ModeAlways:
+		v.Remote, v.Reason = true, ReasonAlways
+	case r.Mode == ModeNever:
+		v.Reason = ReasonNever
+	case in.UncachedTokens < r.MinRemoteTokens || in.UncachedTokens <= 0:
+		v.Reason = ReasonShort
+	case in.PrefillQueueSeconds > v.SavingSeconds:
+		v.Reason = ReasonPrefillBusy
+	default:
+		v.Remote, v.Reason = true, ReasonRemote
+	}
+	return v
+}

@@ -1,0 +1,105 @@
+package pd
+
+import (
+	"math"
+	"strings"
+	"testing"
+)
+
+func TestBytesPerToken(t *testing.T) {
+	// Llama-3.1-8B bf16: 2 x 32 x 8 x 128 x 2 = 131072 bytes (128 KiB).
+	if got := Llama31_8B.BytesPerToken(); got != 131072 {
+		t.Fatalf("Llama-3.1-8B bytes/token = %v, want 131072", got)
+	}
+	fp8 := Llama31_8B
+	fp8.DTypeBytes = 1
+	if got := fp8.BytesPerToken(); got != 65536 {
+		t.Fatalf("fp8 bytes/token = %v, want 65536", got)
+	}
+}
+
+func TestTransferSeconds(t *testing.T) {
+	for _, tc := range []struct {
+		link   string
+		tokens int
+		want   float64
+	}{
+		{"nvlink", 10000, 10000 * 131072 / 450e9},
+		{"infiniband", 10000, 10000 * 131072 / 50e9}, // 26.2 ms
+		{"roce", 10000, 10000 * 131072 / 25e9},
+		{"tcp", 10000, 10000 * 131072 / 1e9}, // 1.31 s
+		{"tcp", 0, 0},
+	} {
+		bw, err := LinkBandwidth(tc.link)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := TransferSeconds(tc.tokens, Llama31_8B.BytesPerToken(), bw); math.Abs(got-tc.want) > 1e-12 {
+			t.Errorf("%s %d tokens: %v s, want %v", tc.link, tc.tokens, got, tc.want)
+		}
+	}
+	if !math.IsInf(TransferSeconds(1, 1, 0), 1) {
+		t.Error("zero bandwidth must be an infinite transfer")
+	}
+	if _, err := LinkBandwidth("carrier-pigeon"); err == nil || !strings.Contains(err.Error(), "infiniband") {
+		t.Errorf("unknown link: %v, want an error listing the known ones", err)
+	}
+}
+
+func TestRuleDefaultsAndValidate(t *testing.T) {
+	r, err := Rule{}.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Mode != ModeConditional || r.MinRemoteTokens != 1000 || r.Link != "infiniband" || r.Model != Llama31_8B || r.Bandwidth() != 50e9 {
+		t.Fatalf("defaults: %+v", r)
+	}
+	r, err = Rule{LinkGBps: 12.5, Link: "nonsense"}.WithDefaults()
+	if err != nil || r.Bandwidth() != 12.5e9 {
+		t.Fatalf("link_gbps overrides the link: %+v %v", r, err)
+	}
+	_, err = Rule{Mode: "sometimes", Link: "x", LinkGBps: -1, Model: Shape{Layers: 1}, StallWeight: -1}.WithDefaults()
+	for _, want := range []string{"mode", "link", "link_gbps", "shape", "stall_weight"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v does not name %s", err, want)
+		}
+	}
+}
+
+func TestDecide(t *testing.T) {
+	rule, _ := Rule{}.WithDefaults()
+	tcp, _ := Rule{Link: "tcp"}.WithDefaults()
+	always, _ := Rule{Mode: ModeAlways}.WithDefaults()
+	tcpStall, _ := Rule{Link: "tcp", StallWeight: 3}.WithDefaults()
+	never, _ := Rule{Mode: ModeNever}.WithDefaults()
+	for _, tc := range []struct {
+		name   string
+		r      Rule
+		in     Inputs
+		remote bool
+		reason string
+	}{
+		{"long prompt idle prefill pool", rule, Inputs{UncachedTokens: 8000, DecodePrefillRate: 20000}, true, ReasonRemote},
+		{"short uncached part", rule, Inputs{UncachedTokens: 999, DecodePrefillRate: 20000}, false, ReasonShort},
+		{"fully cached on decode", rule, Inputs{UncachedTokens: 0, DecodePrefillRate: 20000}, false, ReasonShort},
+		// saving = 8000/20000 - 8000*131072/50e9 = 0.4 - 0.021 = 0.379 s
+		{"prefill queue below saving", rule, Inputs{UncachedTokens: 8000, DecodePrefillRate: 20000, PrefillQueueSeconds: 0.37}, true, ReasonRemote},
+		{"prefill queue above saving", rule, Inputs{UncachedTokens: 8000, DecodePrefillRate: 20000, PrefillQueueSeconds: 0.38}, false, ReasonPrefillBusy},
+		// over TCP the transfer (1.05 s) exceeds the prefill it spares (0.4 s)
+		{"slow link", tcp, Inputs{UncachedTokens: 8000, DecodePrefillRate: 20000}, false, ReasonPrefillBusy},
+		// the same, with 1 s of local prefills already queued on the decode engine
+		{"slow link, decode engine backlogged", tcp, Inputs{UncachedTokens: 8000, DecodePrefillRate: 20000, DecodeQueueSeconds: 1}, true, ReasonRemote},
+		{"busy prefill pool, busier decode engine", rule, Inputs{UncachedTokens: 8000, DecodePrefillRate: 20000, PrefillQueueSeconds: 0.5, DecodeQueueSeconds: 0.2}, true, ReasonRemote},
+		// saving = 3 x 0.4 - 1.05 = 0.15 s: the stall of the running decodes outweighs the pull
+		{"slow link, stall weighed 3x", tcpStall, Inputs{UncachedTokens: 8000, DecodePrefillRate: 20000}, true, ReasonRemote},
+		{"always", always, Inputs{UncachedTokens: 1, PrefillQueueSeconds: 100}, true, ReasonAlways},
+		{"never", never, Inputs{UncachedTokens: 100000}, false, ReasonNever},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := tc.r.Decide(tc.in)
+			if v.Remote != tc.remote || v.Reason != tc.reason {
+				t.Fatalf("verdict %+v, want remote=%v reason=%s", v, tc.remote, tc.reason)
+			}
+		})
+	}
+}

@@ -1,0 +1,402 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"kvrouter/internal/fleet"
+	"kvrouter/internal/pd"
+)
+
+// Disaggregated prefill and decode (P/D) is a routing decision of the same
+// handler: for a model group whose engines have roles, forward first plans
+// the request's path (planPD), then either sends it whole to a decode
+// engine (path local: the decode engine prefills) or runs two legs, as
+// vLLM's NixlConnector proxy does (tests/v1/kv_connector/nixl_integration/
+// toy_proxy_server.py at vllm-project/vllm e009930 and main;
+// docs/features/nixl_connector_usage.md at 026c83f):
+//
+//  1. prefill leg, on the prefill engine the kv policy picks over the
+//     prefill pool: the client's body with stream false, max_tokens 1
+//     (and max_completion_tokens 1 when given), no stream_options or
+//     min_tokens, and kv_transfer_params {do_remote_decode: true,
+//     do_remote_prefill: false, remote_*: null}; answered whole, its
+//     kv_transfer_params (do_remote_prefill: true, remote_engine_id,
+//     remote_block_ids, remote_host, remote_port, ...) are kept verbatim;
+//  2. decode leg, on the decode engine with the least decode load (routed
+//     without token ids: the decode engine does not prefill, and the
+//     blocks it pulls come back as its own BlockStored events): the
+//     client's own body with those kv_transfer_params, streamed or not,
+//     relayed exactly as a plain request (forward, try, relay).
+//
+// Headers of the decode leg are built from the client's request like any
+// engine request (outHeaders: hop-by-hop and credentials stripped); the
+// prefill engine's response headers are dropped, so nothing hop-by-hop
+// crosses from one leg to the other. A failed prefill leg (error status,
+// connection, timeout, no kv_transfer_params) is answered at once with
+// OpenAI's error JSON and no decode leg is sent. A decode leg that fails
+// before its first byte with a connection error or 429/502/503 is retried
+// on another decode engine with the same kv_transfer_params (Retries): the
+// prefill engine keeps the blocks until a decode engine reads them or its
+// lease (kv_lease_duration, 30 s) ends, and an engine that refused the
+// request read nothing. Each leg holds its own load lease, released once
+// on every path.
+
+// pdPick is one pool's dry-run choice.
+type pdPick struct {
+	Replica      string `json:"replica"`
+	CachedTokens int    `json:"cached_tokens"`
+	Explain      any    `json:"explain,omitempty"`
+}
+
+// pdPlan is a request's path and the record of why.
+type pdPlan struct {
+	Path    string     `json:"path"`
+	Verdict pd.Verdict `json:"verdict"`
+	// Prefill is the prefill pool's choice (empty on the local path when
+	// the rule did not need it); Decode the decode pool's for a local
+	// prefill (cache and load: the engine whose cache the rule weighed).
+	Prefill *pdPick `json:"prefill,omitempty"`
+	Decode  *pdPick `json:"decode,omitempty"`
+}
+
+// planPD decides x's path over the healthy prefill and decode engines
+// (decode not empty), by dry runs of the router over each pool and the
+// group's rule.
+func (s *Server) planPD(x *exchange, prefill, decode []string) (pdPlan, error) {
+	rule := &x.m.pd.rule
+	var p pdPlan
+	dd, err := s.dryRoute(x, decode)
+	if err != nil {
+		return p, err
+	}
+	p.Decode = &dd
+	switch {
+	case len(prefill) == 0:
+		p.Path, p.Verdict.Reason = pathLocal, reasonNoPrefill
+		return p, nil
+	case rule.Mode == pd.ModeNever:
+		p.Path, p.Verdict.Reason = pathLocal, pd.ReasonNever
+		return p, nil
+	}
+	pp, err := s.dryRoute(x, prefill)
+	if err != nil {
+		return p, err
+	}
+	p.Prefill = &pp
+	if x.tokens == nil && rule.Mode == pd.ModeConditional {
+		p.Path, p.Verdict = pathDisaggregated, pd.Verdict{Remote: true, Reason: reasonPromptUnknown}
+		return p, nil
+	}
+	in := pd.Inputs{UncachedTokens: max(len(x.tokens)-dd.CachedTokens, 0), DecodePrefillRate: 10000}
+	if lr, ok := x.m.router.(loadReporter); ok {
+		if l, ok := lr.load(dd.Replica); ok && l.PrefillRate > 0 {
+			in.DecodePrefillRate = l.PrefillRate
+			in.DecodeQueueSeconds = float64(l.QueuedPrefill) / l.PrefillRate
+		}
+		if l, ok := lr.load(pp.Replica); ok && l.PrefillRate > 0 {
+			in.PrefillQueueSeconds = float64(l.QueuedPrefill) / l.PrefillRate
+		}
+	}
+	p.Verdict = rule.Decide(in)
+	p.Path = pathLocal
+	if p.Verdict.Remote {
+		p.Path = pathDisaggregated
+	}
+	return p, nil
+}
+
+// dryRoute is the router's choice among cands without recording it.
+func (s *Server) dryRoute(x *exchange, cands []string) (pdPick, error) {
+	d, err := s.decide(x, s.routeInput(x, cands, true))
+	if err != nil {
+		return pdPick{}, err
+	}
+	if d.Release != nil {
+		d.Release()
+	}
+	return pdPick{Replica: d.Replica, CachedTokens: d.CachedTokens, Explain: d.Explain}, nil
+}
+
+// forwardPD serves x in a P/D group: plan, then the local path or the two
+// legs.
+func (s *Server) forwardPD(x *exchange) {
+	if e := s.tooLong(x); e != nil {
+		s.fail(x, e, outcomeBadRequest)
+		return
+	}
+	g := x.m.pd
+	eps, retry, err := s.deps.Fleet.Healthy(nil, x.req.model)
+	prefill, decode := g.split(eps)
+	if len(decode) == 0 {
+		if err == nil {
+			err = fmt.Errorf("no healthy decode engine: %w", fleet.ErrNoEndpoint)
+		}
+		s.noReplica(x, retry, err)
+		return
+	}
+	plan, err := s.planPD(x, prefill, decode)
+	if err != nil {
+		s.fail(x, serverError("routing: "+err.Error()), outcomeUpstream)
+		return
+	}
+	s.pdm.requests.WithLabelValues(x.req.model, plan.Path, plan.Verdict.Reason).Inc()
+	x.w.Header().Set("X-Kvrouter-Path", plan.Path)
+	x.only = g.isDecode
+	if plan.Path == pathLocal {
+		s.forward(x)
+		return
+	}
+	params, ok := s.prefillLeg(x, prefill)
+	if !ok {
+		return
+	}
+	body, err := withTransferParams(x.fwd, params)
+	if err != nil {
+		s.fail(x, serverError("decode leg body: "+err.Error()), outcomeUpstream)
+		return
+	}
+	x.fwd, x.noRouteTokens = body, true
+	s.forward(x)
+}
+
+// prefillLeg runs the prefill leg on the prefill pool, retrying like
+// forward while the failure allows, and returns the engine's
+// kv_transfer_params; false when x has been answered (an error, or the
+// client left).
+func (s *Server) prefillLeg(x *exchange, pool []string) (json.RawMessage, bool) {
+	body, err := prefillBody(x.fwd)
+	if err != nil {
+		s.fail(x, serverError("prefill leg body: "+err.Error()), outcomeUpstream)
+		return nil, false
+	}
+	var tried []string
+	for attempt := 0; ; attempt++ {
+		cands := slices.DeleteFunc(slices.Clone(pool), func(n string) bool { return slices.Contains(tried, n) })
+		if len(cands) == 0 {
+			s.noReplica(x, time.Second, fmt.Errorf("every prefill engine tried: %w", fleet.ErrNoEndpoint))
+			return nil, false
+		}
+		in := s.routeInput(x, cands, false)
+		in.MaxTokens = 1
+		d, err := s.decide(x, in)
+		if err != nil {
+			s.fail(x, serverError("routing: "+err.Error()), outcomeUpstream)
+			return nil, false
+		}
+		ep := s.deps.Fleet.Endpoint(d.Replica)
+		if ep == nil || !slices.Contains(cands, d.Replica) {
+			if d.Release != nil {
+				d.Release()
+			}
+			s.fail(x, serverError(fmt.Sprintf("router chose unknown replica %q", d.Replica)), outcomeUpstream)
+			return nil, false
+		}
+		tried = append(tried, d.Replica)
+		x.prefill, x.replica = d.Replica, d.Replica // the decode leg's choice replaces replica
+		x.w.Header().Set("X-Kvrouter-Prefill-Replica", d.Replica)
+		x.w.Header().Set("X-Kvrouter-Prefill-Cached-Tokens", strconv.Itoa(d.CachedTokens))
+		params, retry := s.prefillTry(x, ep, d, body, attempt < x.m.cfg.Retries)
+		if params != nil {
+			return params, true
+		}
+		if !retry {
+			return nil, false
+		}
+		x.retries++
+	}
+}
+
+// prefillTry sends one prefill leg to ep. It returns the transfer
+// parameters, or nil and whether to retry elsewhere (only when canRetry);
+// on nil without retry, x is answered.
+func (s *Server) prefillTry(x *exchange, ep *fleet.Endpoint, d Decision, body []byte, canRetry bool) (params json.RawMessage, retry bool) {
+	if d.Release != nil {
+		defer d.Release()
+	}
+	defer func() {
+		if params == nil && d.Failed != nil {
+			d.Failed()
+		}
+	}()
+	inflight := s.m.inFlight.WithLabelValues(ep.Name())
+	inflight.Inc()
+	ep.AddInFlight(1)
+	defer func() {
+		ep.AddInFlight(-1)
+		inflight.Dec()
+	}()
+	model := x.req.model
+	failure := func(cause string, e *apiError, outcome string, err error) (json.RawMessage, bool) {
+		s.pdm.prefillFailures.WithLabelValues(model, cause).Inc()
+		if e != nil {
+			s.fail(x, e, outcome)
+		} else {
+			x.status, x.outcome = 499, outcome
+		}
+		x.err = fmt.Errorf("prefill replica %s: %w", ep.Name(), err)
+		return nil, false
+	}
+
+	ctx, cancel := context.WithCancelCause(x.r.Context())
+	defer cancel(nil)
+	wd := newWatchdog(cancel, x.m.cfg.Timeouts.FirstByte, x.m.cfg.Timeouts.Idle)
+	defer wd.stop()
+	t0 := time.Now()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.URL()+x.req.kind.path(), bytes.NewReader(body))
+	if err != nil {
+		return failure("conn_error", serverError(err.Error()), outcomeUpstream, err)
+	}
+	outHeaders(req.Header, x.r.Header, x.id, ep.APIKey())
+	req.ContentLength = int64(len(body))
+	resp, err := x.m.transport.RoundTrip(req)
+	if err == nil {
+		defer resp.Body.Close()
+		var b []byte
+		b, err = io.ReadAll(io.LimitReader(resp.Body, maxPrefillAnswer))
+		if err == nil {
+			wd.progress(time.Now())
+			return s.prefillAnswer(x, ep, resp, b, canRetry, failure, t0)
+		}
+	}
+	switch cause := context.Cause(ctx); {
+	case x.r.Context().Err() != nil:
+		return failure("client_closed", nil, outcomeClientClosed, err)
+	case errors.Is(cause, errFirstByteTimeout) || errors.Is(cause, errIdleTimeout):
+		return failure("timeout", &apiError{status: http.StatusGatewayTimeout, typ: typeServer,
+			message: fmt.Sprintf("prefill replica %s did not answer within %v (request id %s)", ep.Name(), x.m.cfg.Timeouts.FirstByte, x.id)}, outcomeTimeout, cause)
+	}
+	s.deps.Fleet.Report(ep, fleet.OutcomeOfError(err))
+	if canRetry {
+		s.m.retries.WithLabelValues(model, "conn_error").Inc()
+		return nil, true
+	}
+	return failure("conn_error", &apiError{status: http.StatusBadGateway, typ: typeServer,
+		message: fmt.Sprintf("prefill replica %s could not be reached (request id %s)", ep.Name(), x.id)}, outcomeUpstream, err)
+}
+
+// maxPrefillAnswer bounds a prefill leg's answer: one token and the block
+// ids (8 bytes or so per block: 128K tokens in blocks of 16 are ~64 KiB).
+const maxPrefillAnswer = 8 << 20
+
+// prefillAnswer reads a prefill engine's whole answer b.
+func (s *Server) prefillAnswer(x *exchange, ep *fleet.Endpoint, resp *http.Response, b []byte, canRetry bool,
+	failure func(string, *apiError, string, error) (json.RawMessage, bool), t0 time.Time) (json.RawMessage, bool) {
+	status := resp.StatusCode
+	s.deps.Fleet.Report(ep, fleet.OutcomeOf(status))
+	if status/100 != 2 {
+		if canRetry && (status == http.StatusTooManyRequests || status == http.StatusBadGateway || status == http.StatusServiceUnavailable) {
+			s.m.retries.WithLabelValues(x.req.model, "status_"+strconv.Itoa(status)).Inc()
+			return nil, true
+		}
+		err := fmt.Errorf("status %d", status)
+		if status/100 == 4 {
+			// The engine's own answer to the client's request (vLLM's
+			// OpenAI error JSON): relayed, no decode leg.
+			s.pdm.prefillFailures.WithLabelValues(x.req.model, "status").Inc()
+			h := x.w.Header()
+			h.Set("Content-Type", "application/json")
+			x.w.WriteHeader(status)
+			_, _ = x.w.Write(b)
+			x.status, x.outcome, x.err = status, outcomeEngineError, fmt.Errorf("prefill replica %s: %w", ep.Name(), err)
+			return nil, false
+		}
+		return failure("status", &apiError{status: http.StatusBadGateway, typ: typeServer,
+			message: fmt.Sprintf("prefill replica %s failed with status %d (request id %s)", ep.Name(), status, x.id)}, outcomeEngineError, err)
+	}
+	var out struct {
+		KVTransferParams json.RawMessage `json:"kv_transfer_params"`
+	}
+	if err := json.Unmarshal(b, &out); err != nil || isNull(out.KVTransferParams) || len(out.KVTransferParams) == 0 || out.KVTransferParams[0] != '{' {
+		return failure("no_transfer_params", &apiError{status: http.StatusBadGateway, typ: typeServer,
+			message: fmt.Sprintf("prefill replica %s answered without kv_transfer_params (is it started with --kv-transfer-config and NixlConnector?) (request id %s)", ep.Name(), x.id)},
+			outcomeUpstream, errors.New("no kv_transfer_params"))
+	}
+	s.pdm.prefillSeconds.WithLabelValues(x.req.model).Observe(time.Since(t0).Seconds())
+	return out.KVTransferParams, false
+}
+
+// remoteDecodeParams asks the prefill engine to keep the KV for a remote
+// decode (the toy proxy's request fields).
+var remoteDecodeParams = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
+
+// prefillBody is the prefill leg's body made from the client's: stream
+// false, max_tokens 1 (max_completion_tokens 1 when present), no
+// stream_options or min_tokens (min_tokens > max_tokens is refused), and
+// kv_transfer_params asking for a remote decode.
+func prefillBody(fwd []byte) ([]byte, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(fwd, &top); err != nil {
+		return nil, err
+	}
+	one := json.RawMessage("1")
+	top["stream"] = json.RawMessage("false")
+	top["max_tokens"] = one
+	if _, ok := top["max_completion_tokens"]; ok {
+		top["max_completion_tokens"] = one
+	}
+	delete(top, "stream_options")
+	delete(top, "min_tokens")
+	top["kv_transfer_params"] = remoteDecodeParams
+	return json.Marshal(top)
+}
+
+// withTransferParams is the decode leg's body: the client's own fields
+// with the prefill engine's kv_transfer_params, verbatim.
+func withTransferParams(fwd []byte, params json.RawMessage) ([]byte, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(fwd, &top); err != nil {
+		return nil, err
+	}
+	top["kv_transfer_params"] = params
+	return json.Marshal(top)
+}
+
+// explainPD answers POST /v1/route for a P/D group: the plan, both pools'
+// choices and the rule's terms.
+func (s *Server) explainPD(x *exchange) {
+	eps, retry, err := s.deps.Fleet.Healthy(nil, x.req.model)
+	prefill, decode := x.m.pd.split(eps)
+	if len(decode) == 0 {
+		if err == nil {
+			err = fmt.Errorf("no healthy decode engine: %w", fleet.ErrNoEndpoint)
+		}
+		s.noReplica(x, retry, err)
+		return
+	}
+	plan, err := s.planPD(x, prefill, decode)
+	if err != nil {
+		s.fail(x, serverError("routing: "+err.Error()), outcomeUpstream)
+		return
+	}
+	out := struct {
+		Model        string `json:"model"`
+		PromptTokens int    `json:"prompt_tokens"`
+		Tokenized    bool   `json:"tokenized"`
+		pdPlan
+		Link          string  `json:"link"`
+		BytesPerToken float64 `json:"kv_bytes_per_token"`
+	}{x.req.model, len(x.tokens), x.tokens != nil, plan, x.m.pd.rule.Link, x.m.pd.rule.Model.BytesPerToken()}
+	b, err := json.Marshal(out)
+	if err != nil {
+		s.fail(x, serverError("encoding decision: "+err.Error()), outcomeUpstream)
+		return
+	}
+	h := x.w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Kvrouter-Path", plan.Path)
+	if plan.Decode != nil {
+		x.replica = plan.Decode.Replica
+	}
+	x.w.WriteHeader(http.StatusOK)
+	_, _ = x.w.Write(b)
+	x.status, x.outcome = http.StatusOK, outcomeRouteOnly
+}

@@ -1,0 +1,156 @@
+package proxy
+
+import (
+	"fmt"
+	"net/url"
+	"slices"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"kvrouter/internal/fleet"
+	"kvrouter/internal/pd"
+)
+
+// Engine roles of disaggregated serving (EngineConfig.Role).
+const (
+	RolePrefill = "prefill"
+	RoleDecode  = "decode"
+)
+
+// Paths a request of a P/D group takes (x-kvrouter-path, the path label of
+// kvrouter_proxy_pd_requests_total).
+const (
+	// pathDisaggregated: prefill leg on a prefill engine, KV moved, decode
+	// leg on a decode engine.
+	pathDisaggregated = "disaggregated"
+	// pathLocal: the decode engine prefills the prompt itself (conditional
+	// disaggregation's bypass, mode never, or no prefill engine up).
+	pathLocal = "local"
+)
+
+// reasonNoPrefill is the reason of a local path taken because no prefill
+// engine is up; reasonPromptUnknown of a remote one taken without token
+// ids (the uncached part cannot be measured).
+const (
+	reasonNoPrefill     = "no_prefill_engine"
+	reasonPromptUnknown = "prompt_unknown"
+)
+
+// pdGroup is one model group's disaggregated serving: the rule and each
+// engine's role. Read-only after New.
+type pdGroup struct {
+	rule  pd.Rule
+	roles map[string]string // engine name -> RolePrefill or RoleDecode
+}
+
+// newPDGroup returns mc's P/D set-up, nil when no engine has a role. mc is
+// validated (validatePD).
+func newPDGroup(mc ModelConfig) *pdGroup {
+	g := &pdGroup{roles: map[string]string{}}
+	for _, e := range mc.Engines {
+		if e.Role != "" {
+			g.roles[configEngineName(e)] = e.Role
+		}
+	}
+	if len(g.roles) == 0 {
+		return nil
+	}
+	g.rule, _ = mc.PD.WithDefaults()
+	return g
+}
+
+func (g *pdGroup) isPrefill(name string) bool { return g.roles[name] == RolePrefill }
+func (g *pdGroup) isDecode(name string) bool  { return g.roles[name] == RoleDecode }
+
+// split returns the names of the prefill and decode engines among eps.
+func (g *pdGroup) split(eps []*fleet.Endpoint) (prefill, decode []string) {
+	for _, ep := range eps {
+		switch g.roles[ep.Name()] {
+		case RolePrefill:
+			prefill = append(prefill, ep.Name())
+		case RoleDecode:
+			decode = append(decode, ep.Name())
+		}
+	}
+	return prefill, decode
+}
+
+// configEngineName is e's name, or its URL's host:port when unnamed (the
+// fleet's name for it, as cmd/kvrouter names engines).
+func configEngineName(e EngineConfig) string {
+	if e.Name != "" {
+		return e.Name
+	}
+	if u, err := url.Parse(e.URL); err == nil && u.Host != "" {
+		return u.Host
+	}
+	return e.URL
+}
+
+// validatePD checks model i's roles and pd rule.
+func validatePD(m ModelConfig, i int) []error {
+	var errs []error
+	var roles []string
+	for j, e := range m.Engines {
+		switch e.Role {
+		case "", RolePrefill, RoleDecode:
+			roles = append(roles, e.Role)
+		default:
+			errs = append(errs, ferr(fmt.Sprintf("%q: want prefill, decode or empty", e.Role), "models", i, "engines", j, "role"))
+		}
+	}
+	hasRoles := slices.ContainsFunc(roles, func(r string) bool { return r != "" })
+	if !hasRoles {
+		if m.PD != (pd.Rule{}) {
+			errs = append(errs, ferr("pd is set but no engine has a role (prefill or decode)", "models", i, "pd"))
+		}
+		return errs
+	}
+	if !slices.Contains(roles, RolePrefill) || !slices.Contains(roles, RoleDecode) {
+		errs = append(errs, ferr("engines with roles need at least one prefill and one decode engine", "models", i, "engines"))
+	}
+	if _, err := m.PD.WithDefaults(); err != nil {
+		errs = append(errs, ferr(err.Error(), "models", i, "pd"))
+	}
+	return errs
+}
+
+// pdMetrics are the disaggregated-serving metrics.
+type pdMetrics struct {
+	requests        *prometheus.CounterVec
+	prefillSeconds  *prometheus.HistogramVec
+	prefillFailures *prometheus.CounterVec
+}
+
+func newPDMetrics(reg prometheus.Registerer) (*pdMetrics, error) {
+	if reg == nil {
+		reg = prometheus.NewRegistry() // unexported: nothing reads it
+	}
+	m := &pdMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_proxy_pd_requests_total",
+			Help: "Requests of P/D model groups by path (disaggregated, local) and the rule's reason."}, []string{"model", "path", "reason"}),
+		prefillSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvrouter_proxy_pd_prefill_seconds",
+			Help:    "Duration of successful prefill legs, from sending to the whole answer, in seconds.",
+			Buckets: []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}}, []string{"model"}),
+		prefillFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_proxy_pd_prefill_failures_total",
+			Help: "Prefill legs that failed, by cause (status, conn_error, timeout, no_transfer_params, client_closed); no decode leg is sent after one."}, []string{"model", "cause"}),
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.prefillSeconds, m.prefillFailures} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// initModel creates a P/D group's series at 0, so that alerts see 0, not
+// "no data": both paths with their usual reasons, every failure cause.
+func (m *pdMetrics) initModel(model string) {
+	m.requests.WithLabelValues(model, pathDisaggregated, pd.ReasonRemote)
+	m.requests.WithLabelValues(model, pathLocal, pd.ReasonShort)
+	m.requests.WithLabelValues(model, pathLocal, pd.ReasonPrefillBusy)
+	m.prefillSeconds.WithLabelValues(model)
+	for _, c := range []string{"status", "conn_error", "timeout", "no_transfer_params", "client_closed"} {
+		m.prefillFailures.WithLabelValues(model, c)
+	}
+}
