@@ -197,7 +197,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		for _, model := range ep.Models() {
 			if b := backends[model]; b != nil {
 				for r := range b.DPSize(ep.Name()) {
-					b.Apply(kvevents.Update{Engine: ep.Name(), Rank: r, Reset: kvevents.ResetRestart})
+					b.Apply(kvevents.Update{Engine: ep.Name(), Rank: r, Reset: kvevents.ResetRestart, NoBatch: true})
 				}
 			}
 		}
@@ -217,6 +217,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 	var groups []*engineParts
 	routers := map[string]proxy.Router{}
 	toks := map[string]proxy.Tokenizer{}
+	snaps := readSnapshot(cfg.Snapshot.Path, log)
 	for i, m := range cfg.Models {
 		bc := proxy.BackendConfig{Model: m.Name, Policy: m.Policy, ShadowServe: m.ShadowServe, Routing: m.Routing, Index: m.Index}
 		for _, e := range m.Engines {
@@ -232,6 +233,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 			continue
 		}
 		backends[m.Name], routers[m.Name] = b, b
+		restoreSnapshot(snaps, m.Name, b, log)
 		ts, err := newTokenSource(m, tlsCfg.engineClient(), log)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", fl.pos.Field("models", i, "tokenizer"), err))
@@ -270,6 +272,9 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		closePools()
 		return nil, err
 	}
+	for model := range snaps {
+		log.Warn("index snapshot of a model not served, ignored", "model", model)
+	}
 	srv, err := proxy.New(cfg, proxy.Deps{Fleet: flt, Routers: routers, Tokenizers: toks, Gatherer: reg, EngineTLS: tlsCfg.engines,
 		EventsConnected: func() map[string]bool { return connectedEngines(reg) }}, log, reg)
 	if err != nil {
@@ -303,7 +308,17 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 			g.Go(recovered("engines", func() error { return ignoreCanceled(run(gctx)) }))
 		}
 		g.Go(recovered("proxy", func() error { return srv.Run(gctx, ln) }))
-		return g.Wait()
+		g.Go(recovered("snapshot", func() error { return snapshotLoop(gctx, cfg.Snapshot, backends, log) }))
+		err := g.Wait()
+		if cfg.Snapshot.Path != "" {
+			// Every subscriber has stopped: the indexes are final.
+			if n, serr := writeSnapshot(cfg.Snapshot.Path, backends); serr != nil {
+				log.Error("index snapshot on shutdown failed", "err", serr)
+			} else {
+				log.Info("index snapshot written", "path", cfg.Snapshot.Path, "entries", n)
+			}
+		}
+		return err
 	}
 	return &serveApp{run: run, close: closePools, tls: tlsCfg.listener != nil}, nil
 }

@@ -64,6 +64,9 @@ type Backend struct {
 	repMu   sync.Mutex
 	reports map[string]engineReport
 	dp      map[string]int // each engine's configured DP ranks (under repMu)
+	// pending are the engines' parts of a snapshot not yet in the index
+	// (under repMu; snapshot.go).
+	pending map[string]*kvindex.Snapshot
 
 	// replicas are the group's engine names, replaced whole by AddReplica
 	// and RemoveReplica (under mu, so a rebuild sees a consistent list).
@@ -302,10 +305,11 @@ func (b *Backend) Apply(u kvevents.Update) {
 	if g.exact == nil {
 		return
 	}
-	if u.Reset != kvevents.ResetNone {
-		g.exact.Reset(u.Engine, u.Rank)
+	var at *kvindex.Mark
+	if !u.NoBatch {
+		at = &kvindex.Mark{Seq: u.Seq, Sum: u.Sum}
 	}
-	g.exact.Apply(u.Engine, &u.Batch)
+	g.exact.ApplyMarked(u.Engine, u.Rank, u.Reset != kvevents.ResetNone, &u.Batch, at)
 }
 
 // UsesText implements textRouter: true when the serving policy is
