@@ -58,6 +58,8 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 	seed := fs.Uint64("seed", 1, "random seed (generators, arrivals, tie-breaks, event loss)")
 	parallel := fs.Int("parallel", 0, "policies simulated at once (0: GOMAXPROCS)")
 	pipeline := fs.String("pipeline", string(sim.PipelineAuto), "apply a policy's KV events to its index on a second goroutine (same results, less wall time when a core is free): auto (once fewer policies remain than GOMAXPROCS), on, off")
+	routers := fs.Int("routers", 1, "router replicas (1..64), each with its own leases, index and predictions, fed the same KV events and gauges")
+	front := fs.String("front", sim.FrontRoundRobin, "with --routers > 1: the balancer in front of them, round_robin or random")
 	asJSON := fs.Bool("json", false, "print the report as JSON instead of a markdown table")
 	htmlPath := fs.String("html", "", "also write a self-contained HTML report with plots to this file")
 	if err := parseFlags(fs, args); err != nil {
@@ -84,6 +86,8 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 		Seed:          *seed,
 		Parallel:      *parallel,
 		Pipeline:      sim.PipelineMode(*pipeline),
+		Routers:       *routers,
+		Front:         *front,
 	}
 	if *maxModelLen == 0 && *gpuBlocks > 1 && *blockSize > 0 {
 		*maxModelLen = min(enginesim.DefaultMaxModelLen, (*gpuBlocks-1)*(*blockSize))
@@ -141,6 +145,9 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 		"replicas": strconv.Itoa(*replicas), "start_replicas": strconv.Itoa(sc.Replicas), "profile": *profile,
 		"block_size": strconv.Itoa(*blockSize), "event_delay": eventDelay.String(), "event_loss": fmt.Sprint(*eventLoss),
 		"seed": fmt.Sprint(*seed), "wall_time": time.Since(start).Round(time.Millisecond).String(),
+	}
+	if *routers > 1 {
+		rep.Setup["routers"], rep.Setup["front"] = strconv.Itoa(*routers), *front
 	}
 	for _, s := range cfg.Scale {
 		rep.Setup["scale"] += fmt.Sprintf("%v:%+d ", s.At.Round(time.Second), s.Delta)
