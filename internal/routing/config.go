@@ -24,16 +24,6 @@ type Config struct {
 	DefaultMaxTokens int `yaml:"default_max_tokens"`
 	// GaugeMaxAge is how long scraped engine gauges stay valid. Default 10s.
 	GaugeMaxAge time.Duration `yaml:"gauge_max_age"`
-	// RouterReplicas is how many router replicas a front balancer spreads
-	// the requests over evenly (round-robin or random), all routing the
-	// same engines with this policy. Each replica leases only the requests
-	// it routed, about 1/RouterReplicas of an engine's; the load terms of
-	// its leases (in flight, queued prefill, running decode, active
-	// tokens) are multiplied by RouterReplicas to estimate what all
-	// replicas put on the engine. Default 1 (one router, or replicas that
-	// do not share engines). Measured in docs/measurement.md ("Several
-	// router replicas").
-	RouterReplicas int `yaml:"router_replicas"`
 
 	KV          KVConfig          `yaml:"kv"`
 	Dynamo      DynamoConfig      `yaml:"dynamo"`
@@ -176,9 +166,6 @@ func (cfg Config) validate() error {
 	}
 	if cfg.GaugeMaxAge < 0 {
 		errs = append(errs, fmt.Errorf("gauge_max_age %v: must be positive", cfg.GaugeMaxAge))
-	}
-	if cfg.RouterReplicas < 0 || cfg.RouterReplicas > 1024 {
-		errs = append(errs, fmt.Errorf("router_replicas %d: want 0..1024", cfg.RouterReplicas))
 	}
 	if cfg.PrefixChars.ChunkSize < 0 {
 		errs = append(errs, fmt.Errorf("prefix_chars.chunk_size %d: must be positive", cfg.PrefixChars.ChunkSize))

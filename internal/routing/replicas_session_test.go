@@ -3,7 +3,6 @@ package routing
 import (
 	"fmt"
 	"testing"
-	"time"
 )
 
 // TestSessionAgreesAcrossRouters: two Router instances built independently,
@@ -76,31 +75,5 @@ func TestSessionAgreesAcrossRouters(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// TestRouterReplicasScalesLeases: with router_replicas N a router counts
-// each of its leases N times (the other replicas' share it cannot see), so
-// cache affinity yields to load as it would with one router seeing all of
-// it; the scraped gauges, which every replica sees whole, are not scaled.
-func TestRouterReplicasScalesLeases(t *testing.T) {
-	for _, n := range []int{1, 4} {
-		r, err := New(Config{Policy: "kv", RouterReplicas: n}, nil, nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.AddReplica("a")
-		if _, _, err := r.Route(&Request{Tokens: tokens(1, 1000), MaxTokens: 10}); err != nil {
-			t.Fatal(err)
-		}
-		r.ObserveGauges("a", Gauges{Waiting: 3, Running: 2, At: time.Now()})
-		cands, _, _ := r.candidates(&Request{Tokens: tokens(2, 10)}, &scratch{})
-		l := cands[0].Load
-		if l.InFlight != int64(n) || l.QueuedPrefill != int64(1000*n) || l.ActiveTokens != int64(1010*n) || l.Waiting != 3 || l.Running != 2 {
-			t.Fatalf("router_replicas %d: load %+v", n, l)
-		}
-	}
-	if _, err := New(Config{RouterReplicas: -1}, nil, nil, nil); err == nil {
-		t.Fatal("router_replicas -1 accepted")
 	}
 }

@@ -314,11 +314,7 @@ func (r *Router) candidates(req *Request, s *scratch) ([]Candidate, []*replica, 
 			continue
 		}
 		reps = append(reps, rep)
-		l := rep.load(now, r.cfg.GaugeMaxAge)
-		if k := int64(r.cfg.RouterReplicas); k > 1 {
-			l.InFlight, l.QueuedPrefill, l.RunningDecode, l.ActiveTokens = k*l.InFlight, k*l.QueuedPrefill, k*l.RunningDecode, k*l.ActiveTokens
-		}
-		cands = append(cands, Candidate{Name: rep.name, ID: rep.id, Held: -1, Load: l})
+		cands = append(cands, Candidate{Name: rep.name, ID: rep.id, Held: -1, Load: rep.load(now, r.cfg.GaugeMaxAge)})
 	}
 	r.mu.RUnlock()
 	s.cands, s.reps = cands, reps
