@@ -104,8 +104,8 @@ func runBench(ctx context.Context, args []string, sio stdio) error {
 	fs := newFlagSet("bench", "(--router URL | --engines URL,URL,...) [flags]\n\nReplays a workload open-loop against live servers over HTTP (streaming\n/v1/completions with token-id prompts) and prints TTFT, ITL, hit rate and\ngoodput per run. With --router, one run through a kvrouter (the replica is read\nfrom x-kvrouter-replica); with --engines, one run per client-side policy.", sio.err)
 	var wf workloadFlags
 	wf.register(fs, 0, 1)
-	router := fs.String("router", "", "base URL of a kvrouter (or any OpenAI server) to send every request to")
-	name := fs.String("name", "router", "with --router: the run's name in the report (e.g. the router's policy)")
+	router := fs.String("router", "", "base URL of a kvrouter (or any OpenAI server) to send every request to; comma-separated: one run per URL, in order (e.g. one router, then a balancer in front of several)")
+	name := fs.String("name", "router", "with --router: the run's name in the report (e.g. the router's policy); comma-separated, one per --router URL")
 	engines := fs.String("engines", "", "comma-separated engine base URLs; requests are spread by --policies on the client side")
 	policies := fs.String("policies", bench.PolicyRoundRobin, "with --engines: comma-separated client-side policies, one run each: round_robin, least_load, random")
 	metrics := fs.String("metrics", "", "comma-separated engine base URLs whose /metrics give the engines' own hit rate and preemptions (default: --engines)")
@@ -137,9 +137,18 @@ func runBench(ctx context.Context, args []string, sio stdio) error {
 	}
 	var cfgs []bench.Config
 	if *router != "" {
-		c := base
-		c.Name, c.Targets, c.Policy = *name, []string{*router}, bench.PolicyRouter
-		cfgs = append(cfgs, c)
+		urls, names := splitList(*router), splitList(*name)
+		if len(urls) > 1 && len(names) != len(urls) {
+			return fmt.Errorf("%w: %d --router URLs need as many comma-separated --name values, got %d", errUsage, len(urls), len(names))
+		}
+		for i, u := range urls {
+			c := base
+			c.Name, c.Targets, c.Policy = *name, []string{u}, bench.PolicyRouter
+			if len(urls) > 1 {
+				c.Name = names[i]
+			}
+			cfgs = append(cfgs, c)
+		}
 	} else {
 		for _, p := range splitList(*policies) {
 			c := base
@@ -150,7 +159,7 @@ func runBench(ctx context.Context, args []string, sio stdio) error {
 	log := slog.New(slog.NewTextHandler(sio.err, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if len(cfgs) > 1 && !*reset {
 		// Each run after the first starts on caches the previous one warmed.
-		log.Warn("several policies against the same engines without --reset: later runs start with warm caches, so the comparison favours them")
+		log.Warn("several runs against the same engines without --reset: later runs start with warm caches, so the comparison favours them")
 	}
 	var runs []*report.Run
 	for _, c := range cfgs {

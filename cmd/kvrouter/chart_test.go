@@ -62,6 +62,8 @@ func TestHelmChart(t *testing.T) {
 	rendered := map[string][]byte{
 		"default": run(helm, "template", "kvr", chart, "-n", "vllm"),
 		"example": run(helm, "template", "kvr", chart, "-n", "vllm", "-f", example),
+		// The optional index snapshot volume (docs/serve.md, Restarts).
+		"snapshot": run(helm, "template", "kvr", chart, "-n", "vllm", "--set", "snapshot.enabled=true"),
 	}
 	for name, out := range rendered {
 		kinds := map[string]int{}
@@ -78,8 +80,12 @@ func TestHelmChart(t *testing.T) {
 			}
 			kinds[doc.Kind]++
 			if doc.Kind == "ConfigMap" {
-				if _, _, err := proxy.ParseConfig([]byte(doc.Data["router.yaml"]), func(string) string { return "" }); err != nil {
+				cfg, _, err := proxy.ParseConfig([]byte(doc.Data["router.yaml"]), func(string) string { return "" })
+				if err != nil {
 					t.Errorf("%s: router.yaml rendered by the chart: %v\n%s", name, err, doc.Data["router.yaml"])
+				}
+				if want := name == "snapshot"; (cfg.Snapshot.Path == "/var/lib/kvrouter/index.snap") != want {
+					t.Errorf("%s: snapshot path %q", name, cfg.Snapshot.Path)
 				}
 			}
 		}

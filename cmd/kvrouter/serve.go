@@ -231,7 +231,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		for _, model := range ep.Models() {
 			if b := backends[model]; b != nil {
 				for r := range b.DPSize(ep.Name()) {
-					b.Apply(kvevents.Update{Engine: ep.Name(), Rank: r, Reset: kvevents.ResetRestart})
+					b.Apply(kvevents.Update{Engine: ep.Name(), Rank: r, Reset: kvevents.ResetRestart, NoBatch: true})
 				}
 			}
 		}
@@ -254,6 +254,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 	var groups []*engineParts
 	routers := map[string]proxy.Router{}
 	toks := map[string]proxy.Tokenizer{}
+	snaps := readSnapshot(cfg.Snapshot.Path, log)
 	for i, m := range cfg.Models {
 		bc := proxy.BackendConfig{Model: m.Name, Policy: m.Policy, ShadowServe: m.ShadowServe, Routing: m.Routing, Index: m.Index}
 		for _, e := range m.Engines {
@@ -269,6 +270,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 			continue
 		}
 		backends[m.Name], routers[m.Name] = b, b
+		restoreSnapshot(snaps, m.Name, b, log)
 		ts, err := newTokenSource(m, tlsCfg.engineClient(), log)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", fl.pos.Field("models", i, "tokenizer"), err))
@@ -308,6 +310,9 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 	if err := errors.Join(errs...); err != nil {
 		closePools()
 		return nil, err
+	}
+	for model := range snaps {
+		log.Warn("index snapshot of a model not served, ignored", "model", model)
 	}
 	tr, err := tracing.FromEnv(ctx, os.Getenv, buildVersion())
 	if err != nil {
@@ -375,7 +380,17 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		}
 		g.Go(recovered("proxy", func() error { return srv.Run(gctx, ln) }))
 		defer stopTracing() // after the drain: the last requests' spans go out
-		return g.Wait()
+		g.Go(recovered("snapshot", func() error { return snapshotLoop(gctx, cfg.Snapshot, backends, log) }))
+		err := g.Wait()
+		if cfg.Snapshot.Path != "" {
+			// Every subscriber has stopped: the indexes are final.
+			if n, serr := writeSnapshot(cfg.Snapshot.Path, backends); serr != nil {
+				log.Error("index snapshot on shutdown failed", "err", serr)
+			} else {
+				log.Info("index snapshot written", "path", cfg.Snapshot.Path, "entries", n)
+			}
+		}
+		return err
 	}
 	return &serveApp{run: run, close: func() { stopTracing(); closePools() }, tls: tlsCfg.listener != nil}, nil
 }

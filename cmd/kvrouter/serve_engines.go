@@ -41,6 +41,7 @@ func (g *engineParts) build(e pool.Engine, ep *fleet.Endpoint) ([]pool.Part, err
 		sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{
 			Engine: e.Name, Endpoint: e.Events, ReplayEndpoint: e.Replay, DPSize: e.DPSize,
 			Bind: e.EventsBind, Topic: e.Topic, IdleCheck: e.IdleCheck, QueueSize: e.QueueSize,
+			Resume: g.backend.Resume(e.Name),
 		}, g.log, g.subs)
 		if err != nil {
 			return nil, &partError{field: "events", err: err}

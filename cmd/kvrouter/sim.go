@@ -62,6 +62,8 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 	pipeline := fs.String("pipeline", string(sim.PipelineAuto), "apply a policy's KV events to its index on a second goroutine (same results, less wall time when a core is free): auto (once fewer policies remain than GOMAXPROCS), on, off")
 	prefillScale := fs.String("prefill-scale", "", "heterogeneous fleet: comma-separated factors on the profile's prefill rate, replica i taking factor i mod n (e.g. 1,0.4: half the replicas at 0.4x); --load counts the mean")
 	rates := fs.String("rates", sim.RatesConfigured, "prefill rates the router uses: configured (the --routing file's, else the profile's, for every replica), known (each replica's true rate), learned (from the engines' counters, as serve learns from /metrics)")
+	routers := fs.Int("routers", 1, "router replicas (1..64), each with its own leases, index and predictions, fed the same KV events and gauges")
+	front := fs.String("front", sim.FrontRoundRobin, "with --routers > 1: the balancer in front of them, round_robin or random")
 	asJSON := fs.Bool("json", false, "print the report as JSON instead of a markdown table")
 	htmlPath := fs.String("html", "", "also write a self-contained HTML report with plots to this file")
 	pdPrefill := fs.Int("pd-prefill", 0, "compare P/D arrangements instead of policies: this many of --replicas prefill, the rest decode (aggregated, disaggregated, conditional; kv routing)")
@@ -102,6 +104,8 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 		Seed:          *seed,
 		Parallel:      *parallel,
 		Pipeline:      sim.PipelineMode(*pipeline),
+		Routers:       *routers,
+		Front:         *front,
 	}
 	if *pdPrefill != 0 {
 		cfg.PD = sim.PDConfig{PrefillReplicas: *pdPrefill}
@@ -175,6 +179,9 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 		}
 		if len(scales) > 0 {
 			rep.Setup["prefill_scale"], rep.Setup["rates"] = *prefillScale, *rates
+		}
+		if *routers > 1 {
+			rep.Setup["routers"], rep.Setup["front"] = strconv.Itoa(*routers), *front
 		}
 		for _, s := range cfg.Scale {
 			rep.Setup["scale"] += fmt.Sprintf("%v:%+d ", s.At.Round(time.Second), s.Delta)

@@ -57,6 +57,16 @@
 // instead of growing or forgetting with time (Config.ApproxTTL is an
 // optional upper bound, off by default). Its blocks are reported as GPU.
 //
+// # Snapshots
+//
+// A consumer of KV event streams applies each batch with ApplyMarked, which
+// records per (engine, rank) the batch's Mark (seq and payload hash) in the
+// same step as its events. Snapshot copies the marked ranks' entries and
+// marks; EncodeSnapshots and DecodeSnapshots write and read them as a
+// versioned, checksummed file (snapshot_file.go); Restore loads one into an
+// index after checking all of it, so a restarted router resumes each stream
+// after its mark (kvevents.SubscriberConfig.Resume).
+//
 // # Lookup
 //
 // Lookup(keys, out) walks the keys in order and, per replica, counts the

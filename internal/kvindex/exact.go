@@ -33,6 +33,9 @@ type Exact struct {
 	st    store
 	reps  replicas
 	srcOf map[srcKey]uint32
+	// marks is, per (replica, data-parallel rank), the position of the
+	// last batch applied through ApplyMarked (snapshot.go).
+	marks map[markKey]Mark
 	// last source resolved (lastSrc+1; 0: none): batches carry runs of
 	// events of one rank and group
 	lastKey srcKey
@@ -70,6 +73,7 @@ func NewExact(cfg Config, log *slog.Logger, reg Registerer) (*Exact, error) {
 		st:    newStore(false, true, true),
 		reps:  newReplicas(),
 		srcOf: make(map[srcKey]uint32),
+		marks: make(map[markKey]Mark),
 
 		warmFrom: warmMin,
 	}
@@ -137,6 +141,7 @@ func (x *Exact) RemoveReplica(name string) bool {
 	id, ok := x.reps.remove(name)
 	if ok {
 		x.clear(func(k srcKey) bool { return k.r == id })
+		x.dropMarks(func(k markKey) bool { return k.r == id })
 		x.publish()
 		// Still under x.mu: the ID cannot be reused (and predicted for)
 		// before its old predictions are gone.
@@ -161,6 +166,7 @@ func (x *Exact) Reset(engine string, rank int) {
 		return
 	}
 	x.clear(func(k srcKey) bool { return k.r == id && k.rank == int32(rank) })
+	delete(x.marks, markKey{id, int32(rank)})
 	x.publish()
 }
 
@@ -185,6 +191,11 @@ func (x *Exact) clear(f func(srcKey) bool) {
 func (x *Exact) Apply(engine string, b *vllm.Batch) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	x.apply(engine, b)
+}
+
+// apply is Apply under x.mu; it returns engine's ID.
+func (x *Exact) apply(engine string, b *vllm.Batch) ReplicaID {
 	id, added := x.reps.add(engine)
 	if added {
 		x.c.replicas.Store(int64(len(x.reps.byName)))
@@ -208,6 +219,7 @@ func (x *Exact) Apply(engine string, b *vllm.Batch) {
 	}
 	x.c.batches.Add(1)
 	x.publish()
+	return id
 }
 
 // publish updates the size gauges but Bytes, which Stats computes (it
@@ -468,33 +480,4 @@ func (x *Exact) heldPrefix(id ReplicaID, keys []Key) int {
 		}
 	}
 	return len(keys)
-}
-
-// Stats returns the index's counters, after expiring the predictions past
-// their time. It takes the locks to expire and to measure Bytes, so it waits
-// for a batch being applied.
-func (x *Exact) Stats() Stats {
-	x.mu.RLock()
-	if x.pred != nil {
-		now := x.cfg.Now().UnixNano()
-		x.pred.mu.Lock()
-		x.pred.expire(now)
-		x.pred.mu.Unlock()
-	}
-	s := x.c.stats()
-	s.Bytes = x.st.bytes()
-	x.mu.RUnlock()
-	if x.pred != nil {
-		x.pred.mu.RLock()
-		s.Bytes += x.pred.bytes()
-		x.pred.mu.RUnlock()
-	}
-	return s
-}
-
-// ReplicaBlocks returns how many entries replica id holds (its "tree size").
-func (x *Exact) ReplicaBlocks(id ReplicaID) int {
-	x.mu.RLock()
-	defer x.mu.RUnlock()
-	return x.st.replicaEntries(id)
 }

@@ -64,6 +64,9 @@ type Backend struct {
 	repMu   sync.Mutex
 	reports map[string]engineReport
 	dp      map[string]int // each engine's configured DP ranks (under repMu)
+	// pending are the engines' parts of a snapshot not yet in the index
+	// (under repMu; snapshot.go).
+	pending map[string]*kvindex.Snapshot
 
 	// replicas are the group's engine names, replaced whole by AddReplica
 	// and RemoveReplica (under mu, so a rebuild sees a consistent list).
@@ -312,10 +315,11 @@ func (b *Backend) Apply(u kvevents.Update) {
 		return
 	}
 	name := b.eventReplica(u.Engine, u.Rank)
-	if u.Reset != kvevents.ResetNone {
-		g.exact.Reset(name, u.Rank)
+	var at *kvindex.Mark
+	if !u.NoBatch {
+		at = &kvindex.Mark{Seq: u.Seq, Sum: u.Sum}
 	}
-	g.exact.Apply(name, &u.Batch)
+	g.exact.ApplyMarked(name, u.Rank, u.Reset != kvevents.ResetNone, &u.Batch, at)
 }
 
 // UsesText implements textRouter: true when the serving policy is

@@ -37,6 +37,9 @@ type Config struct {
 	// TLS configures HTTPS on Listen and the verification of https://
 	// engines.
 	TLS TLSConfig `yaml:"tls"`
+	// Snapshot writes the exact index to a file on shutdown and
+	// periodically, and reads it on start (snapshot.go).
+	Snapshot SnapshotConfig `yaml:"snapshot"`
 	// Models are the model groups served; at least one.
 	Models []ModelConfig `yaml:"models"`
 }
@@ -287,6 +290,7 @@ func (c *Config) FillDefaults(getenv func(string) string) {
 	if c.DrainTimeout == 0 {
 		c.DrainTimeout = d.DrainTimeout
 	}
+	c.Snapshot.fillDefaults()
 	if k := getenv("KVROUTER_API_KEY"); k != "" {
 		c.APIKey = k
 	}

@@ -86,6 +86,15 @@ type Config struct {
 	Seed uint64
 	// Parallel is how many policies run at once (default GOMAXPROCS).
 	Parallel int
+	// Routers is the number of router replicas (default 1): each has its
+	// own leases and, for policies with an index, its own index and
+	// predictions, all fed the same KV events and gauges; Front spreads
+	// the requests over them. With more than one, KV events are applied
+	// on the fleet's goroutine (Pipeline is off).
+	Routers int
+	// Front is the balancer in front of the router replicas:
+	// FrontRoundRobin (default) or FrontRandom.
+	Front string
 	// Pipeline chooses whether a policy that keeps an index applies its KV
 	// event batches on a second goroutine, overlapped with the engine steps
 	// and the arrivals' token expansion; the fleet waits for that goroutine
@@ -151,6 +160,12 @@ func (cfg Config) withDefaults() (Config, error) {
 	if cfg.Parallel == 0 {
 		cfg.Parallel = runtime.GOMAXPROCS(0)
 	}
+	if cfg.Routers == 0 {
+		cfg.Routers = 1
+	}
+	if cfg.Front == "" {
+		cfg.Front = FrontRoundRobin
+	}
 	var errs []error
 	if cfg.Replicas < 1 {
 		errs = append(errs, fmt.Errorf("replicas %d: need at least 1", cfg.Replicas))
@@ -170,6 +185,15 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if !(cfg.EventLoss >= 0 && cfg.EventLoss <= 1) {
 		errs = append(errs, fmt.Errorf("event loss %v: must be in 0..1", cfg.EventLoss))
+	}
+	if cfg.Routers < 1 || cfg.Routers > 64 {
+		errs = append(errs, fmt.Errorf("routers %d: want 1..64", cfg.Routers))
+	}
+	if cfg.Front != FrontRoundRobin && cfg.Front != FrontRandom {
+		errs = append(errs, fmt.Errorf("front %q: want %s or %s", cfg.Front, FrontRoundRobin, FrontRandom))
+	}
+	if cfg.Routers > 1 {
+		cfg.Pipeline = PipelineOff
 	}
 	switch cfg.Pipeline {
 	case "":

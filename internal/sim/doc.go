@@ -25,7 +25,10 @@
 // an index fed instantly and losslessly at scheduling would hold; it needs
 // no KV events) to the replica holding the longest prefix among those with
 // the fewest waiting; HitRateBound gives the hit rate no policy can exceed
-// (every earlier block cached everywhere).
+// (every earlier block cached everywhere). Config.Routers > 1 runs that many
+// router replicas (routers.go), each with its own leases, index and
+// predictions, all fed the same events and gauges, behind a front balancer
+// (Config.Front).
 //
 // Time in the simulation never reads the wall clock: the index and router
 // get Config.Now functions over the virtual clock. Run returns after all

@@ -51,9 +51,17 @@ type fleet struct {
 	byName map[string]int
 	router *routing.Router // nil under the oracle
 	ix     *kvindex.Exact  // nil for cache-blind policies and the oracle
-	rng    *rand.Rand      // event loss
-	live   map[string]*inflight
-	run    *report.Run
+	// peers are the router replicas after the first (Config.Routers,
+	// routers.go), built from ixCfg and rCfg; frontNext and frontRng
+	// are the front balancer's.
+	peers     []peer
+	ixCfg     kvindex.Config
+	rCfg      routing.Config
+	frontNext int
+	frontRng  *rand.Rand
+	rng       *rand.Rand // event loss
+	live      map[string]*inflight
+	run       *report.Run
 
 	batches []vllm.Batch // in transit, by slot
 	free    []int        // free slots of batches
@@ -102,7 +110,7 @@ func newFleet(cfg Config, policy string, w *workload.Workload, seed uint64) (*fl
 		if err != nil {
 			return nil, err
 		}
-		f.ix = ix
+		f.ix, f.ixCfg = ix, icfg
 	}
 	if policy != PolicyOracle {
 		rcfg := cfg.Routing
@@ -124,7 +132,10 @@ func newFleet(cfg Config, policy string, w *workload.Workload, seed uint64) (*fl
 		if err != nil {
 			return nil, err
 		}
-		f.router = r
+		f.router, f.rCfg = r, rcfg
+		if err := f.addPeers(seed); err != nil {
+			return nil, err
+		}
 	}
 	if err := f.addReplicas(cfg.Replicas); err != nil {
 		return nil, err
@@ -184,15 +195,15 @@ func (f *fleet) addReplicas(n int) error {
 		f.byName[r.name] = len(f.reps)
 		f.reps = append(f.reps, r)
 		f.run.Replicas = append(f.run.Replicas, r.name)
-		if f.router != nil {
-			f.router.AddReplica(r.name)
+		f.eachRouter(func(rt *routing.Router) {
+			rt.AddReplica(r.name)
 			switch f.cfg.Rates {
 			case RatesKnown:
-				f.router.SetRates(r.name, rate, 0)
+				rt.SetRates(r.name, rate, 0)
 			case RatesLearned:
-				f.router.ObserveRates(r.name, rateSample(core, f.clock()))
+				rt.ObserveRates(r.name, rateSample(core, f.clock()))
 			}
-		}
+		})
 	}
 	return nil
 }
@@ -294,7 +305,7 @@ func (f *fleet) arrive(i int) error {
 		if err := f.syncIndex(); err != nil {
 			return err
 		}
-		d, l, err := f.router.Route(&req)
+		d, l, err := f.pickRouter().Route(&req)
 		if err != nil {
 			s.Err = "no_replica"
 			return nil
@@ -451,6 +462,7 @@ func (f *fleet) apply(rep int, b *vllm.Batch) error {
 	}
 	f.ixAt = f.now
 	f.ix.Apply(r.name, b)
+	f.applyPeers(r.name, b)
 	return nil
 }
 
@@ -459,10 +471,17 @@ func (f *fleet) gauges() {
 	at := f.clock()
 	for _, r := range f.reps {
 		if !r.removed {
-			f.router.ObserveGauges(r.name, routing.Gauges{Waiting: r.core.Waiting(), Running: r.core.Running(), KVUsage: r.core.KVUsage(), At: at})
+			g := routing.Gauges{Waiting: r.core.Waiting(), Running: r.core.Running(), KVUsage: r.core.KVUsage(), At: at}
+			var rs routing.RateSample
 			if f.cfg.Rates == RatesLearned {
-				f.router.ObserveRates(r.name, rateSample(r.core, at))
+				rs = rateSample(r.core, at)
 			}
+			f.eachRouter(func(rt *routing.Router) {
+				rt.ObserveGauges(r.name, g)
+				if f.cfg.Rates == RatesLearned {
+					rt.ObserveRates(r.name, rs)
+				}
+			})
 		}
 	}
 }
@@ -482,9 +501,7 @@ func (f *fleet) scale(delta int) error {
 		}
 		r.removed = true
 		delta++
-		if f.router != nil {
-			f.router.RemoveReplica(r.name)
-		}
+		f.eachRouter(func(rt *routing.Router) { rt.RemoveReplica(r.name) })
 	}
 	return nil
 }

@@ -16,6 +16,8 @@
 #             License, so not vendored) in $KVROUTER_CACHE/llama3
 #   helm      helm v3.22.0 built from the Go module proxy into
 #             $KVROUTER_CACHE/bin (the chart tests)
+#   haproxy   Debian's haproxy: the front balancer of the several-replicas
+#             test (cmd/kvrouter TestE2EReplicasBehindHAProxy)
 #   k8s       Debian's kubernetes-client (kubectl), etcd and kube-apiserver
 #             for the Kubernetes tests (tools/k8s-testenv/setup.sh;
 #             skipped with SETUP_NO_K8S=1)
@@ -100,6 +102,18 @@ step_helm() {
 	echo "$version" >"$bin.version"
 }
 
+step_haproxy() {
+	command -v haproxy >/dev/null 2>&1 && return
+	[ "$(id -u)" = 0 ] || fail "haproxy is missing and installing it needs root: apt-get install haproxy"
+	need_cmd apt-get "Debian's haproxy is needed for the several-replicas test"
+	export DEBIAN_FRONTEND=noninteractive
+	quiet apt-get install -y -q haproxy || { quiet apt-get update -q && quiet apt-get install -y -q haproxy; } ||
+		fail "cannot install Debian's haproxy with apt-get (log: $log)"
+	# Only the binary is used; the package's own service is not wanted.
+	command -v systemctl >/dev/null 2>&1 && quiet systemctl disable --now haproxy
+	command -v haproxy >/dev/null 2>&1 || fail "haproxy was installed but is not on PATH (log: $log)"
+}
+
 step_k8s() {
 	[ "${SETUP_NO_K8S:-}" = 1 ] && return
 	if ! command -v kubectl >/dev/null 2>&1; then
@@ -135,7 +149,7 @@ step_chromium() { apt_part chromium chromium "the /ui test loads the page in hea
 
 case "${1:-}" in
 demo) step_go ;;
-test) step_go; step_python; step_openai; step_llama3; step_helm; step_k8s; step_prometheus; step_chromium ;;
+test) step_go; step_python; step_openai; step_llama3; step_helm; step_haproxy; step_k8s; step_prometheus; step_chromium ;;
 *) echo "usage: $0 demo|test" >&2; exit 2 ;;
 esac
 echo "setup ($1): ready"

@@ -23,7 +23,11 @@
 // The consumer contract is Update: any Reset other than ResetNone means
 // "drop everything known for (Engine, Rank), then apply Batch"; Batch may be
 // empty (a reset found on reconnection is handed on at once, without
-// waiting for the engine's next batch).
+// waiting for the engine's next batch). Update.Seq and Update.Sum (the
+// payload's XXH3) are the batch's Position: a consumer that saved the last
+// one it applied (an index snapshot) restarts a Subscriber with
+// SubscriberConfig.Resume, and each rank's first connection replays from
+// there, checked as a reconnection.
 //
 // Goroutines start only in Subscriber.Run, which returns after they have all
 // exited. Metrics (kvrouter_vllm_*, labels engine and rank) live in a

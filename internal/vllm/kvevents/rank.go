@@ -3,7 +3,6 @@ package kvevents
 import (
 	"context"
 	"errors"
-	"hash/maphash"
 	"kvrouter/internal/vllm"
 	"log/slog"
 	"math"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/zeebo/xxh3"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -28,10 +28,9 @@ type rank struct {
 	m      *rankMetrics
 
 	seq     seqTracker
-	pending ResetReason  // reset to attach to the next Update that reaches the queue
-	seed    maphash.Seed // for lastSum
-	lastSum uint64       // maphash of the payload of seq.applied (reconnect check)
-	conn    uint64       // id of the newest connection; older ones' messages are dropped
+	pending ResetReason // reset to attach to the next Update that reaches the queue
+	lastSum uint64      // XXH3 of the payload of seq.applied (reconnect and idle checks, Update.Sum)
+	conn    uint64      // id of the newest connection; older ones' messages are dropped
 	// consumer queue overflow (overflow.go): behind is set while batches
 	// after seq.applied were not queued (they are caught up by replay);
 	// dropHW is 1 + the highest seq counted in queue_drops (0: none), so a
@@ -68,9 +67,17 @@ func (s *Subscriber) newRank(i int) *rank {
 		s: s, idx: i, ep: s.live[i], replay: s.replay[i],
 		log:  s.log.With("rank", i, "endpoint", rankEndpoint(s.cfg.Endpoint, i)),
 		m:    s.m.forRank(s.cfg.Engine, i),
-		seed: maphash.MakeSeed(),
 		wake: make(chan struct{}, 1),
 	}
+}
+
+// resume starts rank r's stream after pos, as if the batch at pos.Seq
+// had just been applied: the first connection checks by replay that the
+// engine process is the one that published it, and goes on from there or
+// resets the rank (reconnect.go).
+func (r *rank) resume(pos Position) {
+	r.seq = seqTracker{haveApplied: true, applied: pos.Seq}
+	r.lastSum = pos.Sum
 }
 
 // dialLoop connects to the engine's PUB (connect mode), reads until the
@@ -377,7 +384,8 @@ func (r *rank) handle(seq uint64, payload []byte, replayed bool) {
 	if hole && reset == ResetNone {
 		reset = ResetGapLost
 	}
-	if !r.deliver(Update{Engine: r.s.cfg.Engine, Rank: r.idx, Seq: seq, Replayed: replayed, Reset: reset, Batch: b}) {
+	sum := xxh3.Hash(payload)
+	if !r.deliver(Update{Engine: r.s.cfg.Engine, Rank: r.idx, Seq: seq, Sum: sum, Replayed: replayed, Reset: reset, Batch: b}) {
 		r.queueFull(seq, payload, want, hole)
 		return
 	}
@@ -416,7 +424,7 @@ func (r *rank) handle(seq uint64, payload []byte, replayed bool) {
 // reconnection and idle checks.
 func (r *rank) accept(seq uint64, payload []byte) {
 	r.seq.accept(seq)
-	r.lastSum = maphash.Bytes(r.seed, payload)
+	r.lastSum = xxh3.Hash(payload)
 }
 
 // holeLost counts and reports batches want..seq-1 as lost for good; the

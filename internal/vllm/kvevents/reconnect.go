@@ -3,10 +3,11 @@ package kvevents
 import (
 	"context"
 	"errors"
-	"hash/maphash"
 	"kvrouter/internal/vllm"
 	"log/slog"
 	"time"
+
+	"github.com/zeebo/xxh3"
 )
 
 // What a (re)connection may find, and how it is told apart.
@@ -21,7 +22,7 @@ import (
 // 10000) of them, so a process that ever published holds its newest batch.
 // onConnect therefore asks for replay from L and reads the first reply:
 //
-//   - seq L with the payload applied as L (compared by a 64-bit hash of the
+//   - seq L with the payload applied as L (compared by the XXH3-64 of the
 //     payload, which includes the engine's wall-clock ts): the same
 //     process. Batches after L are applied, nothing is reset. One request.
 //   - seq L with another payload: a new process that has already published
@@ -104,7 +105,7 @@ func (r *rank) checkReconnect(ctx context.Context) {
 			case seq < last:
 				return nil // not asked for; vLLM never sends it
 			case seq == last:
-				if maphash.Bytes(r.seed, payload) != sum {
+				if xxh3.Hash(payload) != sum {
 					v = verdictChanged
 					return errNewProcess
 				}
@@ -173,7 +174,7 @@ func (r *rank) flushReset() {
 	if r.pending == ResetNone {
 		return
 	}
-	u := Update{Engine: r.s.cfg.Engine, Rank: r.idx, Reset: r.pending, Batch: vllm.Batch{DataParallelRank: r.idx}}
+	u := Update{Engine: r.s.cfg.Engine, Rank: r.idx, Reset: r.pending, NoBatch: true, Batch: vllm.Batch{DataParallelRank: r.idx}}
 	select {
 	case r.s.queue <- u:
 		r.pending = ResetNone
@@ -232,7 +233,7 @@ func (r *rank) checkIdle(ctx context.Context) {
 			return r.stopIfBehind()
 		case seq < last:
 			// not asked for; vLLM never sends it
-		case seq == last && maphash.Bytes(r.seed, payload) == sum:
+		case seq == last && xxh3.Hash(payload) == sum:
 			trusted = true
 		default:
 			return errNotTrusted

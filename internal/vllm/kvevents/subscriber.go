@@ -82,6 +82,12 @@ type Update struct {
 	// Seq is the engine's sequence number of the batch within its process
 	// (0 in an Update without a batch).
 	Seq uint64
+	// Sum is the XXH3-64 of the batch's payload bytes as the engine sent
+	// them (0 in an Update without a batch): with Seq, the position a
+	// restarted consumer resumes from (SubscriberConfig.Resume).
+	Sum uint64
+	// NoBatch marks an Update without a batch (a reset handed on alone).
+	NoBatch bool
 	// Replayed is true when the batch came from the replay endpoint rather
 	// than the live stream.
 	Replayed bool
@@ -144,8 +150,23 @@ type SubscriberConfig struct {
 	// connection attempts in connect mode. Defaults 100ms and 2s.
 	ReconnectMin time.Duration `yaml:"reconnect_min"`
 	ReconnectMax time.Duration `yaml:"reconnect_max"`
+	// Resume gives, per rank, the position of the last batch the consumer
+	// applied before it restarted (from a snapshot): the rank starts as if
+	// that batch had just been applied, so its first connection asks the
+	// engine's replay endpoint for the batches after it (checking that
+	// the engine process is the one that published it, else the rank is
+	// reset as on a reconnection: restart, or gap lost when the engine no
+	// longer buffers it). Ranks not listed start from nothing.
+	Resume map[int]Position `yaml:"-"`
 	// Now is the clock for lag measurement. Default time.Now.
 	Now func() time.Time `yaml:"-"`
+}
+
+// Position is a place in one rank's stream: the seq of a batch and the
+// XXH3-64 of its payload (Update.Seq and Update.Sum).
+type Position struct {
+	Seq uint64
+	Sum uint64
 }
 
 // Bounds of SubscriberConfig.QueueSize, in Updates (one decoded batch each;
@@ -333,6 +354,9 @@ func (s *Subscriber) Run(ctx context.Context, apply func(Update)) error {
 	ranks := make([]*rank, len(s.live))
 	for r := range s.live {
 		ranks[r] = s.newRank(r)
+		if pos, ok := s.cfg.Resume[r]; ok {
+			ranks[r].resume(pos)
+		}
 	}
 	for r, rs := range ranks {
 		in := make(chan liveMsg, 64)

@@ -38,5 +38,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- fail "routerConfig.listen is set by the chart from service.targetPort" -}}
 {{- end -}}
 listen: {{ printf ":%v" .Values.service.targetPort | quote }}
+{{- if .Values.snapshot.enabled }}
+{{- if hasKey .Values.routerConfig "snapshot" -}}
+{{- fail "routerConfig.snapshot is set by the chart when snapshot.enabled" -}}
+{{- end }}
+snapshot:
+  path: /var/lib/kvrouter/index.snap
+  interval: {{ .Values.snapshot.interval | quote }}
+{{- end }}
 {{ tpl (toYaml .Values.routerConfig) . }}
 {{- end -}}

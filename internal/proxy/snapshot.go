@@ -1,0 +1,106 @@
+package proxy
+
+import (
+	"fmt"
+	"time"
+
+	"kvrouter/internal/kvindex"
+	"kvrouter/internal/vllm/kvevents"
+)
+
+// SnapshotConfig configures snapshots of the exact index (router.yaml
+// "snapshot"): written on shutdown and every Interval, read on start.
+type SnapshotConfig struct {
+	// Path is the snapshot file ("" : no snapshots). It is written by a
+	// temporary file in the same directory renamed over it, so a reader
+	// finds the old file or the new one, never a part.
+	Path string `yaml:"path"`
+	// Interval between periodic snapshots while serving (default 5m;
+	// negative: only on shutdown).
+	Interval time.Duration `yaml:"interval"`
+}
+
+// DefaultSnapshotInterval is SnapshotConfig.Interval's default.
+const DefaultSnapshotInterval = 5 * time.Minute
+
+func (c *SnapshotConfig) fillDefaults() {
+	if c.Interval == 0 {
+		c.Interval = DefaultSnapshotInterval
+	}
+}
+
+// Snapshot returns a snapshot of the group's exact index (nil when the
+// group routes with the approximate index).
+func (b *Backend) Snapshot() *kvindex.Snapshot {
+	if g := b.cur.Load(); g.exact != nil {
+		return g.exact.Snapshot()
+	}
+	return nil
+}
+
+// Restore takes a snapshot of this group's exact index, taken by an
+// earlier run, before the group's engines are added: it is checked whole
+// (model, pool, structure) and kept; each engine's part enters the index
+// when the engine joins (Resume), so entries of engines no longer in the
+// group never do. An index keyed with another block size is rebuilt with
+// the snapshot's (the engines then confirm it or rebuild again). On error
+// nothing is kept.
+func (b *Backend) Restore(s *kvindex.Snapshot) error {
+	if !b.cfg.Exact {
+		return fmt.Errorf("%w: model %q routes without KV events", kvindex.ErrSnapshot, b.cfg.Model)
+	}
+	pool := b.cfg.Index.Pool
+	if s.Model != b.cfg.Model || s.Pool != pool || s.Root != uint64(kvindex.Root(b.cfg.Model, pool)) {
+		return fmt.Errorf("%w: taken of model %q pool %q, not model %q pool %q", kvindex.ErrSnapshot, s.Model, s.Pool, b.cfg.Model, pool)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if g := b.cur.Load(); g.blockSize != s.BlockSize {
+		ng, err := b.build(s.BlockSize)
+		if err != nil {
+			return fmt.Errorf("%w: block size %d: %v", kvindex.ErrSnapshot, s.BlockSize, err)
+		}
+		b.cur.Store(ng)
+	}
+	pending := map[string]*kvindex.Snapshot{}
+	for _, es := range s.Engines {
+		pending[es.Name] = &kvindex.Snapshot{Model: s.Model, Pool: s.Pool, BlockSize: s.BlockSize, Root: s.Root,
+			Engines: []kvindex.EngineSnapshot{es}}
+	}
+	b.repMu.Lock()
+	b.pending = pending
+	b.repMu.Unlock()
+	return nil
+}
+
+// Resume returns where engine's KV event subscriber starts, per rank: the
+// marks of the batches its index entries were last applied from. An
+// engine restored from a snapshot (Restore) enters the index here, once.
+// Nil: start from nothing.
+func (b *Backend) Resume(engine string) map[int]kvevents.Position {
+	g := b.cur.Load()
+	if g.exact == nil {
+		return nil
+	}
+	b.repMu.Lock()
+	s := b.pending[engine]
+	delete(b.pending, engine)
+	b.repMu.Unlock()
+	if s != nil {
+		if err := g.exact.Restore(s); err != nil {
+			// Only a block size rebuilt since Restore: the engine starts cold.
+			b.log.Warn("snapshot not restored for engine: the index was rebuilt since", "engine", engine, "err", err)
+			return nil
+		}
+		b.log.Info("engine restored from snapshot", "engine", engine, "entries", s.Entries())
+	}
+	marks := g.exact.Marks(engine)
+	if len(marks) == 0 {
+		return nil
+	}
+	out := make(map[int]kvevents.Position, len(marks))
+	for r, m := range marks {
+		out[r] = kvevents.Position{Seq: m.Seq, Sum: m.Sum}
+	}
+	return out
+}
