@@ -58,6 +58,7 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 	seed := fs.Uint64("seed", 1, "random seed (generators, arrivals, tie-breaks, event loss)")
 	parallel := fs.Int("parallel", 0, "policies simulated at once (0: GOMAXPROCS)")
 	pipeline := fs.String("pipeline", string(sim.PipelineAuto), "apply a policy's KV events to its index on a second goroutine (same results, less wall time when a core is free): auto (once fewer policies remain than GOMAXPROCS), on, off")
+	pooled := fs.Bool("pooled-bound", true, "also compute the pooled-cache bound (the fleet's blocks as one LRU; about one cache-blind policy's CPU, on its own goroutine beside the policies) and each policy's share of it")
 	asJSON := fs.Bool("json", false, "print the report as JSON instead of a markdown table")
 	htmlPath := fs.String("html", "", "also write a self-contained HTML report with plots to this file")
 	if err := parseFlags(fs, args); err != nil {
@@ -130,13 +131,45 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 	cfg.Replicas = sc.Replicas
 	cfg.Scale = append(sc.Scale, extra...)
 	start := time.Now()
+	type boundResult struct {
+		b   sim.Bound
+		err error
+	}
+	boundCh := make(chan boundResult, 1)
+	bctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if *pooled {
+		go func() {
+			defer func() {
+				if v := recover(); v != nil {
+					boundCh <- boundResult{err: fmt.Errorf("sim: pooled bound: panic: %v", v)}
+				}
+			}()
+			b, err := sim.PooledBound(bctx, cfg, w)
+			boundCh <- boundResult{b, err}
+		}()
+	}
 	runs, err := sim.Run(ctx, cfg, w)
+	var bound boundResult
+	if *pooled {
+		if err != nil {
+			cancel()
+		}
+		bound = <-boundCh
+	}
 	if err != nil {
 		return err
+	}
+	if bound.err != nil {
+		return bound.err
 	}
 	title := fmt.Sprintf("kvrouter sim: %s, %d replicas, load %.2g", *scenario, *replicas, sc.Load)
 	rep := report.New(title, w.Info(), runs, cfg.SLO)
 	rep.HitRateBound = sim.HitRateBound(w, *blockSize)
+	if *pooled {
+		b := bound.b
+		rep.SetPooledBound(report.PooledBound{HitRate: b.HitRate, CachedTokens: b.CachedTokens, GPUBlocks: b.GPUBlocks, CPUBlocks: b.CPUBlocks})
+	}
 	rep.Setup = map[string]string{
 		"replicas": strconv.Itoa(*replicas), "start_replicas": strconv.Itoa(sc.Replicas), "profile": *profile,
 		"block_size": strconv.Itoa(*blockSize), "event_delay": eventDelay.String(), "event_loss": fmt.Sprint(*eventLoss),

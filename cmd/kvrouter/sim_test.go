@@ -31,10 +31,15 @@ type reportJSON struct {
 		ITL struct {
 			P50, P90, P99 float64
 		} `json:"itl_ms"`
-		Throughput  float64 `json:"throughput_tok_s"`
-		Goodput     float64 `json:"goodput_rps"`
-		MaxMeanLoad float64 `json:"max_mean_load"`
+		Throughput  float64  `json:"throughput_tok_s"`
+		Goodput     float64  `json:"goodput_rps"`
+		MaxMeanLoad float64  `json:"max_mean_load"`
+		Share       *float64 `json:"share_of_pooled_bound"`
 	} `json:"policies"`
+	PooledBound *struct {
+		HitRate   float64 `json:"hit_rate"`
+		GPUBlocks int     `json:"gpu_blocks"`
+	} `json:"pooled_bound"`
 	Workload struct {
 		Name     string `json:"name"`
 		Requests int    `json:"requests"`
@@ -48,7 +53,7 @@ func TestSimHelpDocumentsEveryFlag(t *testing.T) {
 	}
 	for _, f := range []string{"scenario", "trace", "replicas", "policies", "load", "speed", "requests", "repeat", "profile",
 		"block-size", "num-gpu-blocks", "max-model-len", "max-num-seqs", "max-num-batched-tokens", "event-delay", "event-loss",
-		"gauge-interval", "scale", "routing", "slo-ttft", "slo-itl", "seed", "parallel", "pipeline", "json", "html"} {
+		"gauge-interval", "scale", "routing", "slo-ttft", "slo-itl", "seed", "parallel", "pipeline", "pooled-bound", "json", "html"} {
 		if !strings.Contains(help, "  -"+f+" ") && !strings.Contains(help, "  -"+f+"\n") {
 			t.Errorf("help does not document -%s", f)
 		}
@@ -79,6 +84,10 @@ func TestSimJSONAndHTML(t *testing.T) {
 	}
 	if rep.Policies[1].HitRate <= rep.Policies[0].HitRate || rep.Policies[1].TTFT.P50 <= 0 {
 		t.Errorf("kv hit %.3f vs round_robin %.3f", rep.Policies[1].HitRate, rep.Policies[0].HitRate)
+	}
+	// 2 replicas scaled to 3, 1,999 usable blocks each.
+	if b := rep.PooledBound; b == nil || b.GPUBlocks != 3*1999 || b.HitRate < rep.Policies[1].HitRate || rep.Policies[1].Share == nil || *rep.Policies[1].Share > 1 {
+		t.Errorf("pooled bound %+v, kv share %v", b, rep.Policies[1].Share)
 	}
 	page, err := os.ReadFile(html)
 	if err != nil || !bytes.Contains(page, []byte("<svg")) {
