@@ -59,6 +59,7 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 	parallel := fs.Int("parallel", 0, "policies simulated at once (0: GOMAXPROCS)")
 	pipeline := fs.String("pipeline", string(sim.PipelineAuto), "apply a policy's KV events to its index on a second goroutine (same results, less wall time when a core is free): auto (once fewer policies remain than GOMAXPROCS), on, off")
 	pooled := fs.Bool("pooled-bound", true, "also compute the pooled-cache bound (the fleet's blocks as one LRU; about one cache-blind policy's CPU, on its own goroutine beside the policies) and each policy's share of it")
+	attribute := fs.Bool("attribute", false, "also attribute each indexed policy's cached tokens lost against the pooled-cache bound to causes (split from the replica holding more, gone between decision and admission, evicted from every replica) and print that table after the report (markdown only)")
 	asJSON := fs.Bool("json", false, "print the report as JSON instead of a markdown table")
 	htmlPath := fs.String("html", "", "also write a self-contained HTML report with plots to this file")
 	if err := parseFlags(fs, args); err != nil {
@@ -131,43 +132,15 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 	cfg.Replicas = sc.Replicas
 	cfg.Scale = append(sc.Scale, extra...)
 	start := time.Now()
-	type boundResult struct {
-		b   sim.Bound
-		err error
-	}
-	boundCh := make(chan boundResult, 1)
-	bctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	if *pooled {
-		go func() {
-			defer func() {
-				if v := recover(); v != nil {
-					boundCh <- boundResult{err: fmt.Errorf("sim: pooled bound: panic: %v", v)}
-				}
-			}()
-			b, err := sim.PooledBound(bctx, cfg, w)
-			boundCh <- boundResult{b, err}
-		}()
-	}
-	runs, err := sim.Run(ctx, cfg, w)
-	var bound boundResult
-	if *pooled {
-		if err != nil {
-			cancel()
-		}
-		bound = <-boundCh
-	}
+	runs, bound, attrs, err := simulate(ctx, cfg, w, *pooled, *attribute)
 	if err != nil {
 		return err
-	}
-	if bound.err != nil {
-		return bound.err
 	}
 	title := fmt.Sprintf("kvrouter sim: %s, %d replicas, load %.2g", *scenario, *replicas, sc.Load)
 	rep := report.New(title, w.Info(), runs, cfg.SLO)
 	rep.HitRateBound = sim.HitRateBound(w, *blockSize)
-	if *pooled {
-		b := bound.b
+	if bound != nil {
+		b := bound
 		rep.SetPooledBound(report.PooledBound{HitRate: b.HitRate, CachedTokens: b.CachedTokens, GPUBlocks: b.GPUBlocks, CPUBlocks: b.CPUBlocks})
 	}
 	rep.Setup = map[string]string{
@@ -178,7 +151,58 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 	for _, s := range cfg.Scale {
 		rep.Setup["scale"] += fmt.Sprintf("%v:%+d ", s.At.Round(time.Second), s.Delta)
 	}
-	return writeReport(rep, *asJSON, *htmlPath, sio)
+	if err := writeReport(rep, *asJSON, *htmlPath, sio); err != nil {
+		return err
+	}
+	if *attribute && !*asJSON {
+		fmt.Fprintf(sio.out, "\nCached tokens lost against the pooled-cache bound, as shares of its cached tokens:\n\n%s", sim.AttributionMarkdown(attrs))
+	}
+	return nil
+}
+
+// simulate runs cfg's policies on w and, when pooled, the pooled-cache
+// bound on its own goroutine beside them (nil bound otherwise); attribute
+// runs sim.Attribute instead (bound, then policies, and the attribution).
+func simulate(ctx context.Context, cfg sim.Config, w *workload.Workload, pooled, attribute bool) ([]*report.Run, *sim.Bound, []sim.Attribution, error) {
+	if attribute {
+		runs, attrs, b, err := sim.Attribute(ctx, cfg, w)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return runs, &b, attrs, nil
+	}
+	if !pooled {
+		runs, err := sim.Run(ctx, cfg, w)
+		return runs, nil, nil, err
+	}
+	type result struct {
+		b   sim.Bound
+		err error
+	}
+	ch := make(chan result, 1)
+	bctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		defer func() {
+			if v := recover(); v != nil {
+				ch <- result{err: fmt.Errorf("sim: pooled bound: panic: %v", v)}
+			}
+		}()
+		b, err := sim.PooledBound(bctx, cfg, w)
+		ch <- result{b, err}
+	}()
+	runs, err := sim.Run(ctx, cfg, w)
+	if err != nil {
+		cancel()
+	}
+	r := <-ch
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if r.err != nil {
+		return nil, nil, nil, r.err
+	}
+	return runs, &r.b, nil, nil
 }
 
 func defaultLoads() string {

@@ -53,7 +53,7 @@ func TestSimHelpDocumentsEveryFlag(t *testing.T) {
 	}
 	for _, f := range []string{"scenario", "trace", "replicas", "policies", "load", "speed", "requests", "repeat", "profile",
 		"block-size", "num-gpu-blocks", "max-model-len", "max-num-seqs", "max-num-batched-tokens", "event-delay", "event-loss",
-		"gauge-interval", "scale", "routing", "slo-ttft", "slo-itl", "seed", "parallel", "pipeline", "pooled-bound", "json", "html"} {
+		"gauge-interval", "scale", "routing", "slo-ttft", "slo-itl", "seed", "parallel", "pipeline", "pooled-bound", "attribute", "json", "html"} {
 		if !strings.Contains(help, "  -"+f+" ") && !strings.Contains(help, "  -"+f+"\n") {
 			t.Errorf("help does not document -%s", f)
 		}
@@ -128,5 +128,16 @@ func TestSimRejectsSizes(t *testing.T) {
 		if code != 2 || !strings.Contains(errb.String(), "usage") || errb.Len() > 300 {
 			t.Errorf("sim %q: exit %d, stderr %q; want a one-line usage error", args, code, errb.String())
 		}
+	}
+}
+
+func TestSimAttribute(t *testing.T) {
+	code, out, errs := runCmd(t, "sim", "--scenario", "multi_turn", "--requests", "300", "--replicas", "2",
+		"--policies", "round_robin,kv", "--num-gpu-blocks", "2000", "--attribute")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if !strings.Contains(out, "Pooled-cache bound") || !strings.Contains(out, "| policy | cached / pooled bound |") || !strings.Contains(out, "\n| kv | ") || strings.Contains(out, "\n| round_robin | 0.") {
+		t.Errorf("output:\n%s", out)
 	}
 }

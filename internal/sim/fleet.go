@@ -68,6 +68,8 @@ type fleet struct {
 	// coreFree reports whether a core is free for a pipeline now (under
 	// PipelineAuto); nil means never.
 	coreFree func() bool
+	// rec, when not nil, records every routing decision (attribute.go).
+	rec []decisionRec
 }
 
 func (f *fleet) clock() time.Time { return epoch.Add(f.now) }
@@ -268,6 +270,9 @@ func (f *fleet) arrive(i int) error {
 			return nil
 		}
 		rep, lease = f.byName[d.Name], l
+		if f.rec != nil {
+			f.rec[i] = f.record(&d, len(f.toks))
+		}
 	}
 	s.Replica = f.reps[rep].name
 	err := f.reps[rep].core.Submit(&enginesim.Request{ID: r.ID, Tokens: f.toks, MaxTokens: out, ReportHits: f.ix != nil})
