@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -85,9 +86,17 @@ func TestSimJSONAndHTML(t *testing.T) {
 	if rep.Policies[1].HitRate <= rep.Policies[0].HitRate || rep.Policies[1].TTFT.P50 <= 0 {
 		t.Errorf("kv hit %.3f vs round_robin %.3f", rep.Policies[1].HitRate, rep.Policies[0].HitRate)
 	}
-	// 2 replicas scaled to 3, 1,999 usable blocks each.
-	if b := rep.PooledBound; b == nil || b.GPUBlocks != 3*1999 || b.HitRate < rep.Policies[1].HitRate || rep.Policies[1].Share == nil || *rep.Policies[1].Share > 1 {
-		t.Errorf("pooled bound %+v, kv share %v", b, rep.Policies[1].Share)
+	// 2 replicas scaled to 3, 1,999 usable blocks each; every request
+	// succeeds, so a share is the hit rates' ratio (the bound is a
+	// reference, not a ceiling: kv may exceed it, see docs/measurement.md).
+	b := rep.PooledBound
+	if b == nil || b.GPUBlocks != 3*1999 || b.HitRate <= 0 {
+		t.Fatalf("pooled bound %+v", b)
+	}
+	for _, p := range rep.Policies {
+		if p.Share == nil || math.Abs(*p.Share-p.HitRate/b.HitRate) > 1e-9 {
+			t.Errorf("%s share %v, hit rate %v, bound %v", p.Name, p.Share, p.HitRate, b.HitRate)
+		}
 	}
 	page, err := os.ReadFile(html)
 	if err != nil || !bytes.Contains(page, []byte("<svg")) {
