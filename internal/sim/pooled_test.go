@@ -157,8 +157,8 @@ func TestPooledBoundIsOneIdleReplica(t *testing.T) {
 }
 
 // TestPooledBoundAboveEveryPolicy checks, on the simulator's scenarios at
-// their default load on the default engine (Mooncake's first 1,500
-// records, whose prompts overflow the 8 replicas' caches five times;
+// their default load on the default engine, 4 replicas (Mooncake's first
+// 600 records, whose prompts overflow the fleet's caches four times;
 // prefix_chars is left out there: it sends the whole trace to one replica,
 // hours of virtual time that cost a minute under -race),
 // that no policy caches more tokens than the pooled bound and that the
@@ -172,9 +172,9 @@ func TestPooledBoundAboveEveryPolicy(t *testing.T) {
 	for _, c := range []struct {
 		name     string
 		requests int
-	}{{"mooncake", 1500}, {"hot_prefix", 2000}, {"scale_out", 2000}, {"multi_turn", 2000}, {"shared_prefix", 2000}} {
+	}{{"mooncake", 600}, {"hot_prefix", 1000}, {"scale_out", 1000}, {"multi_turn", 1000}, {"shared_prefix", 1000}} {
 		t.Run(c.name, func(t *testing.T) {
-			o := ScenarioOptions{Replicas: 8, Requests: c.requests, Trace: trace(t), Seed: 5}
+			o := ScenarioOptions{Replicas: 4, Requests: c.requests, Trace: trace(t), Seed: 5}
 			sc, err := BuildScenario(c.name, o)
 			if err != nil {
 				t.Fatal(err)
