@@ -64,6 +64,8 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 	rates := fs.String("rates", sim.RatesConfigured, "prefill rates the router uses: configured (the --routing file's, else the profile's, for every replica), known (each replica's true rate), learned (from the engines' counters, as serve learns from /metrics)")
 	routers := fs.Int("routers", 1, "router replicas (1..64), each with its own leases, index and predictions, fed the same KV events and gauges")
 	front := fs.String("front", sim.FrontRoundRobin, "with --routers > 1: the balancer in front of them, round_robin or random")
+	pooled := fs.Bool("pooled-bound", true, "also compute the pooled-cache bound (the fleet's blocks as one LRU; about one cache-blind policy's CPU, on its own goroutine beside the policies) and each policy's share of it")
+	attribute := fs.Bool("attribute", false, "also attribute each indexed policy's cached tokens lost against the pooled-cache bound to causes (split from the replica holding more, gone between decision and admission, evicted from every replica) and print that table after the report (markdown only)")
 	asJSON := fs.Bool("json", false, "print the report as JSON instead of a markdown table")
 	htmlPath := fs.String("html", "", "also write a self-contained HTML report with plots to this file")
 	pdPrefill := fs.Int("pd-prefill", 0, "compare P/D arrangements instead of policies: this many of --replicas prefill, the rest decode (aggregated, disaggregated, conditional; kv routing)")
@@ -134,6 +136,7 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 			return err
 		}
 	}
+	var attrs []sim.Attribution // the last run's, with --attribute
 	// one simulates the scenario at load (0: its default) and reports it.
 	one := func(load float64) (*report.Report, float64, error) {
 		opts := sim.ScenarioOptions{Replicas: *replicas, Load: load, Requests: *requests, PrefillRate: timing.PrefillTokensPerSec * mean(scales), Seed: *seed}
@@ -165,13 +168,17 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 			cfg.Policies = slices.DeleteFunc(cfg.Policies, func(p string) bool { return p == sim.PolicyOracle })
 		}
 		start := time.Now()
-		runs, err := sim.Run(ctx, cfg, w)
+		runs, bound, at, err := simulate(ctx, cfg, w, *pooled, *attribute)
 		if err != nil {
 			return nil, 0, err
 		}
+		attrs = at
 		title := fmt.Sprintf("kvrouter sim: %s, %d replicas, load %.2g", *scenario, *replicas, sc.Load)
 		rep := report.New(title, w.Info(), runs, cfg.SLO)
 		rep.HitRateBound = sim.HitRateBound(w, *blockSize)
+		if bound != nil {
+			rep.SetPooledBound(report.PooledBound{HitRate: bound.HitRate, CachedTokens: bound.CachedTokens, GPUBlocks: bound.GPUBlocks, CPUBlocks: bound.CPUBlocks})
+		}
 		rep.Setup = map[string]string{
 			"replicas": strconv.Itoa(*replicas), "start_replicas": strconv.Itoa(sc.Replicas), "profile": *profile,
 			"block_size": strconv.Itoa(*blockSize), "event_delay": eventDelay.String(), "event_loss": fmt.Sprint(*eventLoss),
@@ -208,6 +215,9 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 	if err := writeReport(rep, *asJSON, *htmlPath, sio); err != nil {
 		return err
 	}
+	if *attribute && !*asJSON {
+		fmt.Fprintf(sio.out, "\nCached tokens lost against the pooled-cache bound, as shares of its cached tokens:\n\n%s", sim.AttributionMarkdown(attrs))
+	}
 	if *pdPrefill != 0 && !*asJSON {
 		fmt.Fprintln(sio.out, sim.PDVerdict(rep.Policies))
 	}
@@ -236,6 +246,51 @@ func parseLoads(s string) ([]float64, error) {
 		}
 	}
 	return out, nil
+}
+
+// simulate runs cfg's policies on w and, when pooled, the pooled-cache
+// bound on its own goroutine beside them (nil bound otherwise); attribute
+// runs sim.Attribute instead (bound, then policies, and the attribution).
+func simulate(ctx context.Context, cfg sim.Config, w *workload.Workload, pooled, attribute bool) ([]*report.Run, *sim.Bound, []sim.Attribution, error) {
+	if attribute {
+		runs, attrs, b, err := sim.Attribute(ctx, cfg, w)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return runs, &b, attrs, nil
+	}
+	if !pooled {
+		runs, err := sim.Run(ctx, cfg, w)
+		return runs, nil, nil, err
+	}
+	type result struct {
+		b   sim.Bound
+		err error
+	}
+	ch := make(chan result, 1)
+	bctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		defer func() {
+			if v := recover(); v != nil {
+				ch <- result{err: fmt.Errorf("sim: pooled bound: panic: %v", v)}
+			}
+		}()
+		b, err := sim.PooledBound(bctx, cfg, w)
+		ch <- result{b, err}
+	}()
+	runs, err := sim.Run(ctx, cfg, w)
+	if err != nil {
+		cancel()
+	}
+	r := <-ch
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if r.err != nil {
+		return nil, nil, nil, r.err
+	}
+	return runs, &r.b, nil, nil
 }
 
 func defaultLoads() string {

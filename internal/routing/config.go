@@ -64,6 +64,13 @@ type KVConfig struct {
 	// WaitingPenalty is seconds added per request waiting in the engine
 	// (fresh gauges only). Default 0.05s; negative means 0.
 	WaitingPenalty time.Duration `yaml:"waiting_penalty"`
+	// AffinitySlack keeps a conversation's turns together unless the
+	// queueing cost is real: among the candidates that cost at most this
+	// much more (seconds) than the cheapest, the one with the largest
+	// overlap wins (ties to the cheaper), provided it holds at least half
+	// the prompt more than the cheapest do (a continuation, not a few
+	// shared blocks). Default 2s; negative means off.
+	AffinitySlack time.Duration `yaml:"affinity_slack"`
 }
 
 // DynamoConfig is NVIDIA Dynamo's KV router cost.
@@ -131,6 +138,9 @@ func DefaultConfig(cfg Config) Config {
 		cfg.KV.CreditDecay = 2 * time.Second
 	}
 	def(&cfg.KV.DecodeWeight, 0.1)
+	if cfg.KV.AffinitySlack == 0 {
+		cfg.KV.AffinitySlack = 2 * time.Second
+	}
 	if cfg.KV.WaitingPenalty == 0 {
 		cfg.KV.WaitingPenalty = 50 * time.Millisecond
 	}

@@ -17,7 +17,13 @@ import "math"
 // requests whose cache sits on busier replicas (warm-up), while a request
 // whose best replica is the idlest keeps its full credit however hot other
 // replicas are. Prompts shorter than a block have no overlap and go by load.
-// Ties go to the lower load, then at random.
+// Then the affinity slack (KVConfig.AffinitySlack) lets a candidate holding
+// at least half the prompt more than the cheapest win when it costs at most
+// the slack more: the cost is myopic (this request's time to first token),
+// while splitting a conversation also spends the other replica's prefill on
+// a second copy of its prefix and leaves the next turn two places to miss
+// (measured against the pooled-cache bound in docs/measurement.md). Ties go
+// to the lower load, then at random.
 type KV struct {
 	cfg       KVConfig
 	blockSize int
@@ -62,7 +68,45 @@ func (p *KV) decide(req *Request, cands []Candidate, rng *lockedRand) Decision {
 			pos(c.DecodeWeight)*float64(l.RunningDecode)/rate(l.DecodeRate) +
 			wait*float64(l.Waiting)
 	}
+	if i := p.affinity(&d, prompt); i >= 0 {
+		return d.choose(i, cands, "affinity")
+	}
 	return pickMin(&d, cands, rng)
+}
+
+// affinity returns the candidate AffinitySlack picks over the cheapest, or
+// -1 when it picks none: no candidate within the slack holds more than the
+// cheapest ones do.
+func (p *KV) affinity(d *Decision, prompt float64) int {
+	slack := p.cfg.AffinitySlack.Seconds()
+	if slack <= 0 {
+		return -1
+	}
+	minCost := math.Inf(1)
+	for _, t := range d.Terms {
+		minCost = math.Min(minCost, t.Cost)
+	}
+	atMin, best := 0.0, -1
+	for i, t := range d.Terms {
+		if tied(t.Cost, minCost) {
+			atMin = math.Max(atMin, t.Overlap)
+		}
+		if t.Cost > minCost+slack {
+			continue
+		}
+		if b := best; b < 0 || t.Overlap > d.Terms[b].Overlap || (t.Overlap == d.Terms[b].Overlap && t.Cost < d.Terms[b].Cost) {
+			best = i
+		}
+	}
+	if best < 0 || d.Terms[best].Overlap <= atMin {
+		return -1
+	}
+	// Only a continuation: the winner must hold at least half the prompt
+	// more than the cheapest, not a few shared blocks.
+	if (d.Terms[best].Overlap-atMin)*float64(p.blockSize) < 0.5*prompt {
+		return -1
+	}
+	return best
 }
 
 // rate guards a throughput used as a divisor.

@@ -16,7 +16,9 @@ func seeded(seed uint64) Config { return Config{Rand: rand.New(rand.NewPCG(seed,
 func TestPickIsMinimumAndTiesSpread(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for _, name := range []string{"kv", "least_load", "dynamo", "llmd"} {
-		p, err := NewPolicy(name, seeded(1))
+		cfg := seeded(1)
+		cfg.KV.AffinitySlack = -1 // the slack's own property: TestKVAffinityProperty
+		p, err := NewPolicy(name, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

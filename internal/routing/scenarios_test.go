@@ -217,8 +217,11 @@ func TestScenarioNewReplicaGetsTraffic(t *testing.T) {
 			for i, p := range prefixes {
 				f.hold(fmt.Sprintf("r%d", i+1), p)
 			}
-			// A busy fleet: 60 requests in flight.
-			for i := range 60 {
+			// A busy fleet: 150 requests in flight, 50 a replica with 500
+			// uncached tokens each, 2.5 s of queued prefill: busier than
+			// kv's affinity slack (2 s), under which a continuation stays
+			// with its cache.
+			for i := range 150 {
 				f.route(cat(prefixes[i%3], tokens(100+i, 500)), nil)
 			}
 			f.r.AddReplica("r4")

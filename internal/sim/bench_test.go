@@ -7,7 +7,7 @@ import (
 )
 
 // BenchmarkRun simulates the Mooncake conversation trace with the default
-// policies (round_robin, least_load, kv, oracle), in parallel on
+// policies (round_robin, least_load, kv, cache_greedy), in parallel on
 // GOMAXPROCS. The goal is replicas=64/requests=24062 (the trace
 // twice) in at most 10 s. Run:
 //

@@ -14,16 +14,29 @@ import (
 	"kvrouter/internal/routing"
 )
 
-// PolicyOracle is the simulator's own policy with global knowledge of every
-// replica's cache (see the package doc).
+// PolicyCacheGreedy is the simulator's own policy that reads every
+// replica's cache and queue at the decision: among the replicas with the
+// fewest waiting requests, the one holding the longest prefix (see the
+// package doc). It is a queue-avoiding greedy, not an upper bound: kv beats
+// its hit rate under load. PooledBound is the reference for hit rate.
+const PolicyCacheGreedy = "cache_greedy"
+
+// PolicyOracle is PolicyCacheGreedy's former name, still accepted in
+// Config.Policies (and "kvrouter sim --policies"); runs listed under it are
+// reported under it.
 const PolicyOracle = "oracle"
 
+// isCacheGreedy reports whether policy names PolicyCacheGreedy.
+func isCacheGreedy(policy string) bool {
+	return policy == PolicyCacheGreedy || policy == PolicyOracle
+}
+
 // Policies lists the policy names Config.Policies accepts: routing's, then
-// PolicyOracle.
-func Policies() []string { return append(routing.Policies(), PolicyOracle) }
+// PolicyCacheGreedy (PolicyOracle, its former name, is accepted too).
+func Policies() []string { return append(routing.Policies(), PolicyCacheGreedy) }
 
 // DefaultPolicies is the comparison run when Config.Policies is empty.
-var defaultPolicies = []string{"round_robin", "least_load", "kv", PolicyOracle}
+var defaultPolicies = []string{"round_robin", "least_load", "kv", PolicyCacheGreedy}
 
 // DefaultPolicies returns the policies compared when none are given.
 func DefaultPolicies() []string { return slices.Clone(defaultPolicies) }
@@ -43,7 +56,7 @@ type Config struct {
 	// Replicas is the fleet size at the start (default 8).
 	Replicas int
 	// Policies are compared, each on the whole workload (default
-	// round_robin, least_load, kv, oracle).
+	// round_robin, least_load, kv, cache_greedy).
 	Policies []string
 	// Engine configures every replica's Core (default: enginesim's
 	// defaults, profile h100-llama3-8b). KV events are always on for
@@ -172,13 +185,17 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	seen := map[string]bool{}
 	for _, p := range cfg.Policies {
-		if !slices.Contains(Policies(), p) && (cfg.PD.PrefillReplicas == 0 || !slices.Contains(Arrangements(), p)) {
+		if !slices.Contains(Policies(), p) && p != PolicyOracle && (cfg.PD.PrefillReplicas == 0 || !slices.Contains(Arrangements(), p)) {
 			errs = append(errs, fmt.Errorf("unknown policy %q (known: %v)", p, Policies()))
 		}
-		if seen[p] {
+		canon := p
+		if isCacheGreedy(p) {
+			canon = PolicyCacheGreedy
+		}
+		if seen[canon] {
 			errs = append(errs, fmt.Errorf("policy %q listed twice", p))
 		}
-		seen[p] = true
+		seen[canon] = true
 	}
 	if cfg.EventDelay < 0 {
 		errs = append(errs, fmt.Errorf("event delay %v: must not be negative", cfg.EventDelay))

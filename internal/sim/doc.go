@@ -20,15 +20,19 @@
 // Config.Pipeline, a policy's fleet may apply its KV events to its index on
 // a second goroutine (pipeline.go): the main loop waits for it before every
 // routing decision and fleet change, so the run is identical either way. Besides
-// routing's policies, "oracle" routes with global knowledge of every cache
-// (each engine's prefix cache read at the decision, Core.CachedPrefix: what
-// an index fed instantly and losslessly at scheduling would hold; it needs
-// no KV events) to the replica holding the longest prefix among those with
-// the fewest waiting; HitRateBound gives the hit rate no policy can exceed
-// (every earlier block cached everywhere). Config.Routers > 1 runs that many
-// router replicas (routers.go), each with its own leases, index and
-// predictions, all fed the same events and gauges, behind a front balancer
-// (Config.Front).
+// routing's policies, "cache_greedy" (formerly "oracle", a name still
+// accepted) routes with global knowledge of every cache (each engine's
+// prefix cache read at the decision, Core.CachedPrefix: what an index fed
+// instantly and losslessly at scheduling would hold; it needs no KV events)
+// to the replica holding the longest prefix among those with the fewest
+// waiting: a queue-avoiding greedy, not an upper bound. Two references bound
+// the hit rate: HitRateBound (every earlier block cached everywhere,
+// forever: no policy can exceed it) and PooledBound (the fleet's blocks
+// pooled into one engine's LRU, requests served one at a time: what the
+// fleet's cache could hold without placement constraints). Config.Routers > 1
+// runs that many router replicas (routers.go), each with its own leases,
+// index and predictions, all fed the same events and gauges, behind a front
+// balancer (Config.Front).
 //
 // Time in the simulation never reads the wall clock: the index and router
 // get Config.Now functions over the virtual clock. Run returns after all

@@ -28,14 +28,14 @@ type replica struct {
 	kicked   bool // a kick is queued
 	removed  bool // no longer routable; drains
 	res      enginesim.StepResult
-	load     int // in-flight requests (oracle's load; also the plot)
+	load     int // in-flight requests (cache_greedy's load; also the plot)
 }
 
 // inflight is a request inside the fleet.
 type inflight struct {
 	sample             int
 	rep                int
-	lease              *routing.Lease // nil under the oracle
+	lease              *routing.Lease // nil under cache_greedy
 	last               time.Duration  // time of the latest token
 	prefillLeg, remote bool           // P/D legs (pdsim.go)
 }
@@ -49,8 +49,8 @@ type fleet struct {
 	q      queue
 	reps   []*replica
 	byName map[string]int
-	router *routing.Router // nil under the oracle
-	ix     *kvindex.Exact  // nil for cache-blind policies and the oracle
+	router *routing.Router // nil under cache_greedy
+	ix     *kvindex.Exact  // nil for cache-blind policies and cache_greedy
 	// peers are the router replicas after the first (Config.Routers,
 	// routers.go), built from ixCfg and rCfg; frontNext and frontRng
 	// are the front balancer's.
@@ -66,7 +66,7 @@ type fleet struct {
 	batches []vllm.Batch // in transit, by slot
 	free    []int        // free slots of batches
 	toks    []uint32
-	hashes  []vllm.BlockHash // the oracle's prompt block hashes
+	hashes  []vllm.BlockHash // cache_greedy's prompt block hashes
 	text    []byte
 
 	// ixAt is the index's clock (virtual time): the fleet sets it to now
@@ -78,6 +78,8 @@ type fleet struct {
 	// PipelineAuto); nil means never.
 	coreFree func() bool
 	pd       *pdState // P/D arrangements (pdsim.go); nil: aggregated
+	// rec, when not nil, records every routing decision (attribute.go).
+	rec []decisionRec
 }
 
 func (f *fleet) clock() time.Time { return epoch.Add(f.now) }
@@ -95,7 +97,7 @@ func newFleet(cfg Config, policy string, w *workload.Workload, seed uint64) (*fl
 		run:    &report.Run{Policy: policy, Samples: make([]report.Sample, len(w.Requests))},
 	}
 	f.run.EngineHitRate = nan()
-	if !cacheBlind(policy) && policy != PolicyOracle {
+	if !cacheBlind(policy) && !isCacheGreedy(policy) {
 		icfg := cfg.Index
 		icfg.Now = f.indexClock
 		icfg.BlockSize = f.blockSize()
@@ -112,7 +114,7 @@ func newFleet(cfg Config, policy string, w *workload.Workload, seed uint64) (*fl
 		}
 		f.ix, f.ixCfg = ix, icfg
 	}
-	if policy != PolicyOracle {
+	if !isCacheGreedy(policy) {
 		rcfg := cfg.Routing
 		rcfg.Policy, rcfg.Now = routingPolicy(policy), f.clock
 		rcfg.Rand = rand.New(rand.NewPCG(seed, 0x4047))
@@ -295,7 +297,7 @@ func (f *fleet) arrive(i int) error {
 	var rep int
 	var lease *routing.Lease
 	if f.router == nil {
-		rep = f.oraclePick()
+		rep = f.greedyPick()
 	} else {
 		req := routing.Request{ID: r.ID, Tokens: f.toks, MaxTokens: out, SessionKey: r.Session,
 			Extras: kvindex.Extras{LoRA: r.LoRA}, Exclude: f.lacking(r.LoRA)}
@@ -311,6 +313,9 @@ func (f *fleet) arrive(i int) error {
 			return nil
 		}
 		rep, lease = f.byName[d.Name], l
+		if f.rec != nil {
+			f.rec[i] = f.record(&d, len(f.toks))
+		}
 	}
 	s.Replica = f.reps[rep].name
 	err := f.reps[rep].core.Submit(&enginesim.Request{ID: r.ID, Tokens: f.toks, MaxTokens: out, LoRAName: r.LoRA, ReportHits: f.ix != nil})
@@ -506,15 +511,16 @@ func (f *fleet) scale(delta int) error {
 	return nil
 }
 
-// oraclePick routes with global knowledge of every engine: among the
+// greedyPick (PolicyCacheGreedy) routes with global knowledge of every engine: among the
 // replicas with the fewest waiting requests (the engine's own queue, read
 // now), the one holding the longest GPU prefix of the prompt (its prefix
 // cache, read now: the blocks of steps under way included, as an index fed
 // instantly and losslessly at scheduling would hold), ties to the fewest
 // running, then the lowest index. Greedy for cache without ever queueing
 // behind a busier replica, it shows the hit rate perfect knowledge reaches
-// at this load. Only replicas with the fewest waiting are probed.
-func (f *fleet) oraclePick() int {
+// at this load (it is not an upper bound: it gives up cache to avoid any
+// queue, where kv weighs the two). Only replicas with the fewest waiting are probed.
+func (f *fleet) greedyPick() int {
 	minWait := -1
 	for _, r := range f.reps {
 		if w := r.core.Waiting(); !r.removed && (minWait < 0 || w < minWait) {

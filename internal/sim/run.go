@@ -33,10 +33,18 @@ func (cfg *Config) prefillRate() float64 {
 // returns their Runs in cfg.Policies order. Errors: a bad config (all
 // problems joined), ctx cancelled, or a request that never finished (a bug).
 func Run(ctx context.Context, cfg Config, w *workload.Workload) ([]*report.Run, error) {
+	runs, _, err := run(ctx, cfg, w, false)
+	return runs, err
+}
+
+// run is Run; with record, it also returns each policy's routing decisions
+// (per request, nil for policies without an index).
+func run(ctx context.Context, cfg Config, w *workload.Workload, record bool) ([]*report.Run, [][]decisionRec, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
-		return nil, fmt.Errorf("sim: %w", err)
+		return nil, nil, fmt.Errorf("sim: %w", err)
 	}
+	recs := make([][]decisionRec, len(cfg.Policies))
 	runs := make([]*report.Run, len(cfg.Policies))
 	errs := make([]error, len(cfg.Policies))
 	sem := make(chan struct{}, cfg.Parallel)
@@ -66,14 +74,18 @@ func Run(ctx context.Context, cfg Config, w *workload.Workload) ([]*report.Run, 
 			if cfg.Pipeline == PipelineAuto {
 				f.coreFree = coreFree
 			}
+			if record && f.ix != nil {
+				f.rec = make([]decisionRec, len(w.Requests))
+			}
 			runs[i], errs[i] = f.simulate(ctx)
+			recs[i] = f.rec
 		})
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return runs, nil
+	return runs, recs, nil
 }
 
 // startOrder returns the indices of policies, those that keep a prefix index

@@ -55,7 +55,7 @@ var smallEngine = enginesim.CoreConfig{NumGPUBlocks: 300, MaxModelLen: 4096}
 
 func TestRunComparesPoliciesOnIdenticalArrivals(t *testing.T) {
 	w := small(t, 40)
-	cfg := Config{Replicas: 4, Engine: smallEngine, Policies: []string{"round_robin", "least_load", "kv", "session", "prefix_chars", "dynamo", "llmd", "sglang", "random", PolicyOracle}, Seed: 9}
+	cfg := Config{Replicas: 4, Engine: smallEngine, Policies: []string{"round_robin", "least_load", "kv", "session", "prefix_chars", "dynamo", "llmd", "sglang", "random", PolicyCacheGreedy}, Seed: 9}
 	runs, err := Run(t.Context(), cfg, w)
 	if err != nil {
 		t.Fatal(err)
@@ -88,11 +88,11 @@ func TestRunComparesPoliciesOnIdenticalArrivals(t *testing.T) {
 	if res["kv"].HitRate < res["round_robin"].HitRate+0.2 {
 		t.Errorf("kv hit rate %.3f not well above round_robin's %.3f", res["kv"].HitRate, res["round_robin"].HitRate)
 	}
-	if res[PolicyOracle].HitRate < res["round_robin"].HitRate+0.2 {
-		t.Errorf("oracle hit rate %.3f not well above round_robin's %.3f", res[PolicyOracle].HitRate, res["round_robin"].HitRate)
+	if res[PolicyCacheGreedy].HitRate < res["round_robin"].HitRate+0.2 {
+		t.Errorf("cache_greedy hit rate %.3f not well above round_robin's %.3f", res[PolicyCacheGreedy].HitRate, res["round_robin"].HitRate)
 	}
-	if b := HitRateBound(w, 16); res["kv"].HitRate > b || res[PolicyOracle].HitRate > b {
-		t.Errorf("hit rates %.3f, %.3f above the bound %.3f", res["kv"].HitRate, res[PolicyOracle].HitRate, b)
+	if b := HitRateBound(w, 16); res["kv"].HitRate > b || res[PolicyCacheGreedy].HitRate > b {
+		t.Errorf("hit rates %.3f, %.3f above the bound %.3f", res["kv"].HitRate, res[PolicyCacheGreedy].HitRate, b)
 	}
 }
 
@@ -168,7 +168,7 @@ func TestScaleOutAndIn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range []string{"kv", "least_load", PolicyOracle} {
+	for _, p := range []string{"kv", "least_load", PolicyCacheGreedy} {
 		f, err := newFleet(cfg, p, w, 1)
 		if err != nil {
 			t.Fatal(err)
@@ -215,7 +215,7 @@ func TestScaleOutAndIn(t *testing.T) {
 func TestRejectedRequests(t *testing.T) {
 	w := small(t, 40)
 	w.Requests[3].OutputTokens = 4000 // 576 + 4000 > max_model_len 4096
-	runs, err := Run(t.Context(), Config{Replicas: 2, Engine: smallEngine, Policies: []string{"kv", PolicyOracle}}, w)
+	runs, err := Run(t.Context(), Config{Replicas: 2, Engine: smallEngine, Policies: []string{"kv", PolicyCacheGreedy}}, w)
 	if err != nil {
 		t.Fatal(err)
 	}

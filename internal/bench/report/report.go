@@ -25,6 +25,9 @@ type Report struct {
 	// HitRateBound, when positive, is the hit rate no policy can exceed on
 	// this workload (every earlier block cached everywhere, forever).
 	HitRateBound float64 `json:"hit_rate_bound,omitempty"`
+	// PooledBound, when set, is the hit rate of the fleet's cache pooled
+	// into one LRU (see SetPooledBound).
+	PooledBound *PooledBound `json:"pooled_bound,omitempty"`
 	// Setup records the run's settings (replicas, engine profile, ...).
 	Setup map[string]string `json:"setup,omitempty"`
 	// Sweep holds goodput per policy at each offered load of a --load
@@ -79,6 +82,7 @@ func (r *Report) Markdown(w io.Writer) error {
 	if r.HitRateBound > 0 {
 		fmt.Fprintf(&b, " Hit-rate bound (every earlier block cached everywhere): %s.", pct(r.HitRateBound))
 	}
+	r.pooledMarkdown(&b)
 	fmt.Fprintf(&b, "\nWorkload: %s, %d requests, %d input / %d output tokens over %.1f s.\n",
 		r.Workload.Name, r.Workload.Requests, r.Workload.InputTokens, r.Workload.OutputTokens, r.Workload.DurationS)
 	r.sweepMarkdown(&b)

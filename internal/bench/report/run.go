@@ -96,6 +96,12 @@ type PolicyResult struct {
 	EngineHitRate *float64 `json:"engine_hit_rate,omitempty"`
 	// DurationS is the first arrival to the last end, in seconds.
 	DurationS float64 `json:"duration_s"`
+	// CachedTokens sums the cached prompt tokens of the completed requests
+	// (the numerator of HitRate): prefill tokens saved.
+	CachedTokens int64 `json:"cached_tokens"`
+	// ShareOfPooledBound is CachedTokens over the pooled-cache bound's
+	// cached tokens (Report.SetPooledBound); absent without that bound.
+	ShareOfPooledBound *float64 `json:"share_of_pooled_bound,omitempty"`
 }
 
 // Summarize computes a run's row under slo.
@@ -128,6 +134,7 @@ func Summarize(r *Run, slo SLO) PolicyResult {
 			good++
 		}
 	}
+	res.CachedTokens = cached
 	if prompt > 0 {
 		res.HitRate = float64(cached) / float64(prompt)
 	}
