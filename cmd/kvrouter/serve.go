@@ -158,6 +158,13 @@ type serveApp struct {
 	close func()
 	// tls: run serves HTTPS.
 	tls bool
+	// srv is the HTTP front (its Picker routes for the EPP); reg the
+	// registry of every collector; flt the fleet; exact the models on the
+	// event-fed index.
+	srv   *proxy.Server
+	reg   *prometheus.Registry
+	flt   *fleet.Fleet
+	exact map[string]bool
 }
 
 // buildServe wires the fleet, one routing backend per model, the event
@@ -217,6 +224,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 	var groups []*engineParts
 	routers := map[string]proxy.Router{}
 	toks := map[string]proxy.Tokenizer{}
+	exact := map[string]bool{}
 	for i, m := range cfg.Models {
 		bc := proxy.BackendConfig{Model: m.Name, Policy: m.Policy, ShadowServe: m.ShadowServe, Routing: m.Routing, Index: m.Index}
 		for _, e := range m.Engines {
@@ -225,6 +233,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		if m.Discovery != nil {
 			bc.Exact = m.Discovery.Defaults.EventsPort > 0
 		}
+		exact[m.Name] = bc.Exact
 		rtReg := routingprom.Wrap(prometheus.WrapRegistererWith(prometheus.Labels{"model": m.Name}, reg))
 		b, err := proxy.NewBackend(bc, log, ixReg, rtReg)
 		if err != nil {
@@ -305,7 +314,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		g.Go(recovered("proxy", func() error { return srv.Run(gctx, ln) }))
 		return g.Wait()
 	}
-	return &serveApp{run: run, close: closePools, tls: tlsCfg.listener != nil}, nil
+	return &serveApp{run: run, close: closePools, tls: tlsCfg.listener != nil, srv: srv, reg: reg, flt: flt, exact: exact}, nil
 }
 
 // tokenSource is a model's tokenizer: a failover over its engines' token
