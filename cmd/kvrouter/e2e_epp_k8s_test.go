@@ -104,8 +104,8 @@ func TestEPPInferencePool(t *testing.T) {
 			"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
 			"metadata": map[string]any{"name": "llm", "namespace": ns},
 			"spec": map[string]any{
-				"selector":         map[string]any{"matchLabels": match},
-				"targetPorts":      []any{map[string]any{"number": int64(8000)}},
+				"selector":          map[string]any{"matchLabels": match},
+				"targetPorts":       []any{map[string]any{"number": int64(8000)}},
 				"endpointPickerRef": map[string]any{"name": "kvrouter-epp", "port": map[string]any{"number": int64(9002)}},
 			},
 		}}

@@ -33,13 +33,13 @@ import (
 // integration tests drive its EPP with such a client rather than a real
 // Envoy.
 type fakeEnvoy struct {
-	t    *testing.T
+	t    testing.TB
 	conn *grpc.ClientConn
 	ext  extprocv3.ExternalProcessorClient
 	http *http.Client
 }
 
-func newFakeEnvoy(t *testing.T, addr string) *fakeEnvoy {
+func newFakeEnvoy(t testing.TB, addr string) *fakeEnvoy {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -247,11 +247,12 @@ func (e *fakeEnvoy) do(ctx context.Context, r envoyReq) *envoyResult {
 type eppStack struct {
 	grpc, url string
 	envoy     *fakeEnvoy
+	ctx       context.Context // ends with the test
 }
 
 // startEPP runs kvrouter epp with router.yaml text and waits until the
 // gRPC readiness check serves.
-func startEPP(t *testing.T, yaml string, maxInFlight int64) *eppStack {
+func startEPP(t testing.TB, yaml string, maxInFlight int64) *eppStack {
 	t.Helper()
 	cfg, pos, err := proxy.ParseConfig([]byte(yaml), func(string) string { return "" })
 	if err != nil {
@@ -283,13 +284,13 @@ func startEPP(t *testing.T, yaml string, maxInFlight int64) *eppStack {
 			t.Errorf("epp: %v", err)
 		}
 	})
-	s := &eppStack{grpc: gln.Addr().String(), url: "http://" + ln.Addr().String()}
+	s := &eppStack{grpc: gln.Addr().String(), url: "http://" + ln.Addr().String(), ctx: t.Context()}
 	s.envoy = newFakeEnvoy(t, s.grpc)
 	return s
 }
 
 // health asks the EPP's gRPC health service.
-func (s *eppStack) health(t *testing.T, service string) (healthpb.HealthCheckResponse_ServingStatus, error) {
+func (s *eppStack) health(t testing.TB, service string) (healthpb.HealthCheckResponse_ServingStatus, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
@@ -297,12 +298,16 @@ func (s *eppStack) health(t *testing.T, service string) (healthpb.HealthCheckRes
 	return r.GetStatus(), err
 }
 
-func (s *eppStack) waitReady(t *testing.T) {
+func (s *eppStack) waitReady(t testing.TB) {
 	t.Helper()
-	e2eEventually(t, 60*time.Second, "epp readiness SERVING", func() bool {
-		st, err := s.health(t, epp.HealthReadiness)
-		return err == nil && st == healthpb.HealthCheckResponse_SERVING
-	})
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if st, err := s.health(t, epp.HealthReadiness); err == nil && st == healthpb.HealthCheckResponse_SERVING {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("epp readiness not SERVING within 60 s")
+		}
+	}
 }
 
 // eppYAML is a router.yaml for model m on the sims.
