@@ -4,7 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -317,6 +320,20 @@ func TestEPPNoReadyEndpoint(t *testing.T) {
 	sim := startE2ESim(t)
 	s := startEPP(t, strings.Replace(eppYAML("", sim), "tokenizer: "+e2eQwen3Dir, "tokenizer: none", 1), 0)
 	s.waitReady(t)
+	// A fresh EPP exports every kvrouter_epp_* metric docs/epp.md names.
+	doc, err := os.ReadFile("../../docs/epp.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := regexp.MustCompile(`kvrouter_epp_[a-z_]*[a-z]`).FindAllString(string(doc), -1)
+	if len(names) < 7 {
+		t.Fatalf("docs/epp.md names %d kvrouter_epp_ metrics", len(names))
+	}
+	for _, n := range names {
+		if !strings.Contains(e2eMetricsText(t, s.url), "# TYPE "+n+" ") {
+			t.Errorf("documented metric %s absent from a fresh EPP", n)
+		}
+	}
 	body := []byte(`{"model":"m","prompt":[1,2,3],"max_tokens":1}`)
 	if r := s.envoy.do(t.Context(), envoyReq{path: "/v1/completions", body: body}); r.immediate != nil || r.status != 200 {
 		t.Fatalf("before: %v", r)
@@ -366,4 +383,15 @@ func TestEPPShed(t *testing.T) {
 	r := s.envoy.do(t.Context(), envoyReq{path: "/v1/completions", body: []byte(`{"model":"m","prompt":[4,5],"max_tokens":1}`)})
 	openAIError(t, r.immediate, http.StatusTooManyRequests, "")
 	// The held stream ends with the test's context (cleanup); its lease goes.
+}
+
+func e2eMetricsText(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
 }

@@ -112,12 +112,15 @@ func runEPP(ctx context.Context, args []string, sio stdio) error {
 // runEPPApp runs a built router with its EPP on gln and HTTP on ln until
 // ctx ends. It owns both listeners.
 func runEPPApp(ctx context.Context, app *serveApp, fl *eppFlags, ln, gln net.Listener, log *slog.Logger) error {
-	var models []string
+	var models, replicas []string
 	for _, m := range fl.serve.cfg.Models {
 		models = append(models, m.Name)
+		for _, ep := range app.flt.Endpoints(m.Name) {
+			replicas = append(replicas, ep.Name())
+		}
 	}
 	picker := app.srv.Picker()
-	srv, err := epp.New(fl.epp, epp.Deps{Picker: picker, Models: models, Ready: func() bool { return eppReady(app, picker) }}, log, app.reg)
+	srv, err := epp.New(fl.epp, epp.Deps{Picker: picker, Models: models, Replicas: replicas, Ready: func() bool { return eppReady(app, picker) }}, log, app.reg)
 	if err != nil {
 		ln.Close()
 		gln.Close()

@@ -31,8 +31,10 @@ type picker interface {
 type Deps struct {
 	// Picker routes requests (proxy.Server.Picker()). Required.
 	Picker *proxy.Picker
-	// Models are the configured model names, for their metric series.
-	Models []string
+	// Models are the configured model names, and Replicas the engines
+	// known at start, for their metric series (created at 0).
+	Models   []string
+	Replicas []string
 	// Ready reports readiness: the engines' source has synced and the KV
 	// event subscribers are connected. Nil: always ready.
 	Ready func() bool
@@ -62,10 +64,11 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return newServer(cfg, deps.Picker, deps.Models, deps.Ready, log, reg)
+	return newServer(cfg, deps.Picker, deps, log, reg)
 }
 
-func newServer(cfg Config, p picker, models []string, ready func() bool, log *slog.Logger, reg prometheus.Registerer) (*Server, error) {
+func newServer(cfg Config, p picker, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*Server, error) {
+	ready := deps.Ready
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -76,8 +79,12 @@ func newServer(cfg Config, p picker, models []string, ready func() bool, log *sl
 	if err != nil {
 		return nil, fmt.Errorf("epp: metrics: %w", err)
 	}
-	for _, name := range models {
+	for _, name := range deps.Models {
 		m.initModel(name)
+	}
+	m.inFlight.WithLabelValues("") // the gauge exists before the first pick
+	for _, r := range deps.Replicas {
+		m.inFlight.WithLabelValues(r)
 	}
 	m.requests.WithLabelValues("unknown", "", outcomeBadRequest)
 	m.requests.WithLabelValues("", "", outcomePassthrough)
