@@ -64,6 +64,7 @@ type PickError struct {
 	Err error
 }
 
+// Error is the status and body, for logs.
 func (e *PickError) Error() string { return fmt.Sprintf("%d: %s", e.Status, e.Body) }
 
 // Outcome of a request shed by PickInput.MaxInFlight.
