@@ -244,6 +244,53 @@ func TestEPPAgainstEngineSims(t *testing.T) {
 		inflightZero(t)
 	})
 
+	t.Run("body ended by trailers", func(t *testing.T) {
+		st, err := s.envoy.ext.Process(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range []*extprocv3.ProcessingRequest{
+			{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+				Headers: hdrs(":method", "POST", ":path", "/v1/completions", "content-type", "application/json")}}},
+			{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(`{"model":"m","prompt":"trailers","max_tokens":1}`)}}},
+			{Request: &extprocv3.ProcessingRequest_RequestTrailers{RequestTrailers: &extprocv3.HttpTrailers{}}},
+		} {
+			if err := st.Send(m); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var kinds []string
+		for len(kinds) < 3 {
+			m, err := st.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case m.GetRequestHeaders() != nil:
+				kinds = append(kinds, "headers")
+			case m.GetRequestBody() != nil:
+				if m.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse().GetEndOfStream() {
+					t.Error("body end_of_stream set although trailers follow")
+				}
+				kinds = append(kinds, "body")
+			case m.GetRequestTrailers() != nil:
+				kinds = append(kinds, "trailers")
+			default:
+				t.Fatalf("unexpected %T", m.GetResponse())
+			}
+		}
+		if strings.Join(kinds, ",") != "headers,body,trailers" {
+			t.Fatalf("answers %v", kinds)
+		}
+		_ = st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+			Headers: hdrs(":status", "200"), EndOfStream: true}}})
+		if _, err := st.Recv(); err != nil {
+			t.Fatal(err)
+		}
+		_ = st.CloseSend()
+		inflightZero(t)
+	})
+
 	t.Run("malformed sequences", func(t *testing.T) {
 		body := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(`{}`), EndOfStream: true}}}
 		head := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
