@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"go.yaml.in/yaml/v3"
+	"k8s.io/client-go/dynamic"
 
 	"kvrouter/internal/k8stest"
 	"kvrouter/internal/proxy"
@@ -59,11 +60,18 @@ func TestHelmChart(t *testing.T) {
 	example := filepath.Join(chart, "examples", "production-stack.yaml")
 	run(helm, "lint", "--strict", chart)
 	run(helm, "lint", "--strict", chart, "-f", example)
+	eppExample := filepath.Join(chart, "examples", "epp.yaml")
+	run(helm, "lint", "--strict", chart, "-f", eppExample)
 	rendered := map[string][]byte{
 		"default": run(helm, "template", "kvr", chart, "-n", "vllm"),
 		"example": run(helm, "template", "kvr", chart, "-n", "vllm", "-f", example),
 		// The optional index snapshot volume (docs/serve.md, Restarts).
 		"snapshot": run(helm, "template", "kvr", chart, "-n", "vllm", "--set", "snapshot.enabled=true"),
+		"epp":      run(helm, "template", "kvr", chart, "-n", "vllm", "-f", eppExample),
+	}
+	if out := string(rendered["epp"]); !strings.Contains(out, "kind: InferencePool") || !strings.Contains(out, "- epp\n") ||
+		!strings.Contains(out, "service: readiness") || !strings.Contains(out, "inferencepools") {
+		t.Errorf("epp example: no InferencePool, epp args, gRPC readiness probe or InferencePool RBAC:\n%s", out)
 	}
 	for name, out := range rendered {
 		kinds := map[string]int{}
@@ -109,6 +117,7 @@ func TestHelmChart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	installInferencePoolCRD(t, dynamic.NewForConfigOrDie(c.Config()), "vllm")
 	rc := c.Config()
 	files := map[string]string{}
 	for name, out := range rendered {

@@ -34,6 +34,7 @@ var errNotBuilt = errors.New("not built yet")
 func commands() []command {
 	return []command{
 		{"serve", "run the OpenAI-compatible router", runServe},
+		{"epp", "run as a Gateway API Inference Extension endpoint picker (ext_proc)", runEPP},
 		{"engine-sim", "run a simulated vLLM engine", runEngineSim},
 		{"events", "tail an engine's KV events over ZeroMQ", runEvents},
 		{"blockhash", "compute vLLM block hashes for token ids on stdin", runBlockhash},

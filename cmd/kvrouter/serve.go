@@ -188,6 +188,13 @@ type serveApp struct {
 	close func()
 	// tls: run serves HTTPS.
 	tls bool
+	// srv is the HTTP front (its Picker routes for the EPP); reg the
+	// registry of every collector; flt the fleet; exact the models on the
+	// event-fed index.
+	srv   *proxy.Server
+	reg   *prometheus.Registry
+	flt   *fleet.Fleet
+	exact map[string]bool
 }
 
 // buildServe wires the fleet, one routing backend per model, the event
@@ -263,6 +270,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		if m.Discovery != nil {
 			bc.Exact = m.Discovery.Defaults.EventsPort > 0
 		}
+		exact[m.Name] = bc.Exact
 		rtReg := routingprom.Wrap(prometheus.WrapRegistererWith(prometheus.Labels{"model": m.Name}, reg))
 		b, err := proxy.NewBackend(bc, log, ixReg, rtReg)
 		if err != nil {
@@ -280,7 +288,6 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 			toks[m.Name] = ts.failover
 		}
 		parts := &engineParts{model: m.Name, backend: b, tokens: ts, subs: subMetrics, log: log, reg: reg, probes: map[string]*tokenizer.Probe{}}
-		exact[m.Name] = bc.Exact
 		p, err := pool.New(pool.Deps{Model: m.Name, Fleet: hookedFleet{Fleet: flt, model: m.Name, srv: &srvRef}, Replicas: b, Parts: parts.build}, log, reg)
 		if err != nil {
 			errs = append(errs, err)
@@ -392,7 +399,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		}
 		return err
 	}
-	return &serveApp{run: run, close: func() { stopTracing(); closePools() }, tls: tlsCfg.listener != nil}, nil
+	return &serveApp{run: run, close: func() { stopTracing(); closePools() }, tls: tlsCfg.listener != nil, srv: srv, reg: reg, flt: flt, exact: exact}, nil
 }
 
 // tokenSource is a model's tokenizer: a failover over its engines' token

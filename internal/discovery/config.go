@@ -26,6 +26,12 @@ type Config struct {
 	// Selector is a Pod label selector, e.g. "app=vllm,model=llama-8b";
 	// without Service the engines are the matching Pods that have an IP.
 	Selector string `yaml:"selector"`
+	// InferencePool names an InferencePool (inference.networking.k8s.io/v1)
+	// in Namespace whose spec gives the engines: the Pods matching its
+	// selector, on its first target port (the Gateway API Inference
+	// Extension's pool; inferencepool.go). It excludes Service; Selector
+	// may narrow the Pods watched; Port is ignored.
+	InferencePool string `yaml:"inference_pool"`
 	// Port is the engines' HTTP port: a port name (the EndpointSlice port
 	// or container port of that name) or a number. Default: the
 	// EndpointSlice's only port (slices with several are skipped with a
@@ -111,8 +117,15 @@ func (c Config) withDefaults() (Config, error) {
 	} else if msgs := validation.IsDNS1123Label(c.Namespace); len(msgs) > 0 {
 		errs = append(errs, fieldErr("namespace", "%q: %s", c.Namespace, msgs[0]))
 	}
-	if c.Service == "" && c.Selector == "" {
-		errs = append(errs, fieldErr("service", "service or selector is required"))
+	switch {
+	case c.InferencePool != "" && c.Service != "":
+		errs = append(errs, fieldErr("inference_pool", "excludes service"))
+	case c.InferencePool != "":
+		if msgs := validation.IsDNS1123Subdomain(c.InferencePool); len(msgs) > 0 {
+			errs = append(errs, fieldErr("inference_pool", "%q: %s", c.InferencePool, msgs[0]))
+		}
+	case c.Service == "" && c.Selector == "":
+		errs = append(errs, fieldErr("service", "service, selector or inference_pool is required"))
 	}
 	if c.Service != "" {
 		if msgs := validation.IsDNS1035Label(c.Service); len(msgs) > 0 {
@@ -157,6 +170,9 @@ func (c Config) withDefaults() (Config, error) {
 		// As for router.yaml's engines; a Pod's annotation may still turn
 		// its events off (events-port "0") and leave the default replay.
 		errs = append(errs, fieldErr("defaults.replay_port", "%d needs events_port", c.Defaults.ReplayPort))
+	}
+	if c.Name == "" && c.InferencePool != "" {
+		c.Name = c.Namespace + "/inferencepool/" + c.InferencePool
 	}
 	if c.Name == "" {
 		c.Name = c.Namespace + "/" + c.Service

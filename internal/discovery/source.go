@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -31,6 +32,7 @@ import (
 type Source struct {
 	cfg     Config
 	client  kubernetes.Interface
+	dyn     dynamic.Interface // InferencePool reads (nil without Config.InferencePool)
 	log     *slog.Logger
 	m       *metrics
 	out     chan Snapshot
@@ -70,6 +72,12 @@ func New(cfg Config, rc *rest.Config, log *slog.Logger, reg prometheus.Registere
 	if err != nil {
 		return nil, fmt.Errorf("discovery: client: %w", err)
 	}
+	var dyn dynamic.Interface
+	if cfg.InferencePool != "" {
+		if dyn, err = dynamic.NewForConfig(rc); err != nil {
+			return nil, fmt.Errorf("discovery: dynamic client: %w", err)
+		}
+	}
 	m, err := newMetrics(reg, cfg.Name)
 	if err != nil {
 		return nil, fmt.Errorf("discovery: metrics: %w", err)
@@ -77,6 +85,7 @@ func New(cfg Config, rc *rest.Config, log *slog.Logger, reg prometheus.Registere
 	return &Source{
 		cfg:    cfg,
 		client: cs,
+		dyn:    dyn,
 		log:    log.With("source", cfg.Name),
 		m:      m,
 		out:    make(chan Snapshot, 1),
@@ -100,6 +109,9 @@ func (s *Source) Snapshots() <-chan Snapshot { return s.out }
 func (s *Source) Run(ctx context.Context) error {
 	if !s.started.CompareAndSwap(false, true) {
 		return errors.New("discovery: Run called twice")
+	}
+	if s.cfg.InferencePool != "" {
+		return s.runPool(ctx)
 	}
 	parent := ctx
 	var wg sync.WaitGroup

@@ -1,0 +1,180 @@
+package discovery
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+	infv1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+)
+
+// InferencePoolResource is the InferencePool API: group
+// inference.networking.k8s.io, version v1, resource inferencepools (the
+// Gateway API Inference Extension, module
+// sigs.k8s.io/gateway-api-inference-extension api/v1, whose types are
+// decoded here; they are read with client-go's dynamic client because the
+// module's generated clientset would pull in its controller-runtime tree).
+var InferencePoolResource = schema.GroupVersionResource{Group: infv1.GroupName, Version: "v1", Resource: "inferencepools"}
+
+// runPool is Run for Config.InferencePool: an informer on the one
+// InferencePool (by name) and one on the namespace's Pods (narrowed by
+// Config.Selector); each snapshot is the Pods the pool's selector matches,
+// on the pool's first target port, with the same states and annotations as
+// the selector source. A pool that does not exist (yet), or that has no
+// selector or target port, yields an empty snapshot and a warning. Later
+// target ports are not engines (one vLLM API server per Pod is the layout
+// whose KV events the annotations describe); a warning names them.
+func (s *Source) runPool(ctx context.Context) error {
+	parent := ctx
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	ictx := klog.NewContext(ctx, logr.FromSlogHandler(s.log.Handler()))
+
+	pools := s.dyn.Resource(InferencePoolResource).Namespace(s.cfg.Namespace)
+	byName := fields.OneTermEqualSelector("metadata.name", s.cfg.InferencePool).String()
+	poolInf := cache.NewSharedIndexInformerWithOptions(plainList{&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = byName
+			obj, err := pools.List(ctx, o)
+			if err == nil {
+				s.m.lists.Inc()
+			}
+			return obj, err
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = byName
+			return pools.Watch(ctx, o)
+		},
+	}}, &unstructured.Unstructured{}, cache.SharedIndexInformerOptions{ResyncPeriod: s.cfg.Resync})
+	podAPI := s.client.CoreV1().Pods(s.cfg.Namespace)
+	podInf := s.informer(&corev1.Pod{}, s.cfg.Selector,
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return podAPI.List(ctx, o) },
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return podAPI.Watch(ctx, o) })
+	if err := podInf.SetTransform(trimPod); err != nil {
+		return fmt.Errorf("discovery: %w", err)
+	}
+	var synced atomic.Bool
+	for _, inf := range []cache.SharedIndexInformer{poolInf, podInf} {
+		if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+			s.m.watchErrors.Inc()
+			if !synced.Load() && (apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) || apierrors.IsNotFound(err)) {
+				// NotFound before the first sync: the CRD is not installed.
+				cancel(fmt.Errorf("discovery: %s in namespace %s: %w", r.TypeDescription(), s.cfg.Namespace, err))
+				return
+			}
+			cache.DefaultWatchErrorHandler(ctx, r, err)
+		}); err != nil {
+			return fmt.Errorf("discovery: %w", err)
+		}
+		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc: func(any) { s.poke() }, UpdateFunc: func(any, any) { s.poke() }, DeleteFunc: func(any) { s.poke() },
+		}); err != nil {
+			return fmt.Errorf("discovery: %w", err)
+		}
+		wg.Go(func() {
+			defer func() {
+				if p := recover(); p != nil {
+					cancel(fmt.Errorf("discovery: informer panic: %v", p))
+				}
+			}()
+			inf.RunWithContext(ictx)
+		})
+	}
+	stopped := func() error {
+		if parent.Err() != nil {
+			return nil
+		}
+		return context.Cause(ctx)
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), poolInf.HasSynced, podInf.HasSynced) {
+		return stopped()
+	}
+	synced.Store(true)
+	s.log.Info("discovery synced", "namespace", s.cfg.Namespace, "inference_pool", s.cfg.InferencePool, "selector", s.cfg.Selector)
+	var last []Engine
+	for first := true; ; first = false {
+		engines := s.poolEngines(poolInf, podInf)
+		if first || !slices.Equal(engines, last) {
+			s.send(Snapshot{Engines: engines})
+			s.logChange(last, engines)
+			last = engines
+		}
+		select {
+		case <-ctx.Done():
+			return stopped()
+		case <-s.kick:
+		}
+	}
+}
+
+// poolEngines builds the engines from the cached pool and Pods.
+func (s *Source) poolEngines(poolInf, podInf cache.SharedIndexInformer) []Engine {
+	pool, err := s.cachedPool(poolInf)
+	if err != nil {
+		s.skipped("inferencepool "+s.cfg.Namespace+"/"+s.cfg.InferencePool, err.Error())
+		return nil
+	}
+	set := labels.Set{}
+	for k, v := range pool.Spec.Selector.MatchLabels {
+		set[string(k)] = string(v)
+	}
+	if len(set) == 0 {
+		s.skipped("inferencepool "+s.cfg.Namespace+"/"+s.cfg.InferencePool, "its selector has no matchLabels")
+		return nil
+	}
+	if len(pool.Spec.TargetPorts) == 0 {
+		s.skipped("inferencepool "+s.cfg.Namespace+"/"+s.cfg.InferencePool, "it has no targetPorts")
+		return nil
+	}
+	if len(pool.Spec.TargetPorts) > 1 {
+		s.skipped("inferencepool "+s.cfg.Namespace+"/"+s.cfg.InferencePool+" targetPorts after the first",
+			"one engine per Pod, on the first target port")
+	}
+	sel := labels.SelectorFromSet(set)
+	var pods []*corev1.Pod
+	for _, o := range podInf.GetStore().List() {
+		if p, ok := o.(*corev1.Pod); ok && sel.Matches(labels.Set(p.Labels)) {
+			pods = append(pods, p)
+		}
+	}
+	sort.Slice(pods, func(i, j int) bool { return pods[i].Name < pods[j].Name })
+	cfg := s.cfg
+	cfg.Port = strconv.Itoa(int(pool.Spec.TargetPorts[0].Number))
+	b := &builder{cfg: cfg, skip: s.skipped, bad: s.badAnnotation, pending: func(string, string) {}}
+	return b.fromPods(pods)
+}
+
+// cachedPool decodes the informer's pool into the upstream API type.
+func (s *Source) cachedPool(inf cache.SharedIndexInformer) (*infv1.InferencePool, error) {
+	obj, ok, err := inf.GetStore().GetByKey(s.cfg.Namespace + "/" + s.cfg.InferencePool)
+	if err != nil || !ok {
+		return nil, fmt.Errorf("it does not exist (yet)")
+	}
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return nil, fmt.Errorf("cached object is a %T", obj)
+	}
+	var pool infv1.InferencePool
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &pool); err != nil {
+		return nil, fmt.Errorf("decoding it: %w", err)
+	}
+	return &pool, nil
+}

@@ -1,0 +1,79 @@
+package epp
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Metadata namespaces and keys of the Endpoint Picker Protocol
+// (docs/proposals/004-endpoint-picker-protocol).
+const (
+	// DestinationNamespace is the default namespace of the pick in the
+	// response's dynamic metadata and of the served endpoint in the
+	// response's metadata_context.
+	DestinationNamespace = "envoy.lb"
+	// SubsetNamespace is the default namespace of the subset hint in the
+	// request's metadata_context.
+	SubsetNamespace = "envoy.lb.subset_hint"
+	// DestinationKey is the pick's header and metadata key.
+	DestinationKey = "x-gateway-destination-endpoint"
+	// SubsetKey is the subset hint's key: a list of "ip:port".
+	SubsetKey = "x-gateway-destination-endpoint-subset"
+	// ServedKey is the served endpoint's key: "ip:port".
+	ServedKey = "x-gateway-destination-endpoint-served"
+)
+
+// Health service names of the protocol's Health Checking section.
+const (
+	HealthLiveness    = "liveness"
+	HealthReadiness   = "readiness"
+	HealthExtProc     = "envoy.service.ext_proc.v3.ExternalProcessor"
+	healthPollTimeout = time.Second
+)
+
+// Config configures the EPP. A zero field means the default in its comment.
+type Config struct {
+	// Listen is the gRPC listen address (default ":9002", the port the
+	// upstream EPP and the InferencePool's endpointPickerRef examples use).
+	Listen string `yaml:"listen"`
+	// MaxInFlight, when positive, is the most requests one endpoint may
+	// have open through the EPP; a request whose every candidate is at it
+	// is answered 429 (the protocol's shed answer). Default 0: no limit.
+	MaxInFlight int64 `yaml:"max_in_flight"`
+	// DestinationNamespace and SubsetNamespace override the metadata
+	// namespaces (defaults "envoy.lb" and "envoy.lb.subset_hint").
+	DestinationNamespace string `yaml:"destination_namespace"`
+	SubsetNamespace      string `yaml:"subset_namespace"`
+	// DrainTimeout bounds a graceful stop: streams in flight get this long
+	// to end (default 30s).
+	DrainTimeout time.Duration `yaml:"drain_timeout"`
+}
+
+// FillDefaults fills zero fields.
+func (c *Config) FillDefaults() {
+	if c.Listen == "" {
+		c.Listen = ":9002"
+	}
+	if c.DestinationNamespace == "" {
+		c.DestinationNamespace = DestinationNamespace
+	}
+	if c.SubsetNamespace == "" {
+		c.SubsetNamespace = SubsetNamespace
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = 30 * time.Second
+	}
+}
+
+// Validate reports every problem at once (nil: fine).
+func (c Config) Validate() error {
+	var errs []error
+	if c.MaxInFlight < 0 {
+		errs = append(errs, fmt.Errorf("epp: max_in_flight %d is negative", c.MaxInFlight))
+	}
+	if c.DrainTimeout < 0 {
+		errs = append(errs, fmt.Errorf("epp: drain_timeout %s is negative", c.DrainTimeout))
+	}
+	return errors.Join(errs...)
+}

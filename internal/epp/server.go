@@ -1,0 +1,143 @@
+package epp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"runtime/debug"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"kvrouter/internal/proxy"
+)
+
+// picker is the routing core the EPP asks (proxy.Picker).
+type picker interface {
+	Pick(ctx context.Context, in proxy.PickInput) (*proxy.Pick, *proxy.PickError)
+	Endpoint(allow func(addr string) bool) (addr string, ok bool)
+	TooLarge() *proxy.PickError
+	BodyLimit() int64
+}
+
+// Deps are a Server's collaborators.
+type Deps struct {
+	// Picker routes requests (proxy.Server.Picker()). Required.
+	Picker *proxy.Picker
+	// Models are the configured model names, and Replicas the engines
+	// known at start, for their metric series (created at 0).
+	Models   []string
+	Replicas []string
+	// Ready reports readiness: the engines' source has synced and the KV
+	// event subscribers are connected. Nil: always ready.
+	Ready func() bool
+}
+
+// Server is the ext_proc endpoint picker and its health service. Safe for
+// concurrent use.
+type Server struct {
+	extprocv3.UnimplementedExternalProcessorServer
+	cfg   Config
+	pick  picker
+	ready func() bool
+	log   *slog.Logger
+	m     *metrics
+}
+
+// New builds a Server from cfg (defaults filled here). It starts nothing.
+func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*Server, error) {
+	cfg.FillDefaults()
+	var errs []error
+	if err := cfg.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if deps.Picker == nil {
+		errs = append(errs, errors.New("epp: no picker"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return newServer(cfg, deps.Picker, deps, log, reg)
+}
+
+func newServer(cfg Config, p picker, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*Server, error) {
+	ready := deps.Ready
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if ready == nil {
+		ready = func() bool { return true }
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("epp: metrics: %w", err)
+	}
+	for _, name := range deps.Models {
+		m.initModel(name)
+	}
+	m.inFlight.WithLabelValues("") // the gauge exists before the first pick
+	for _, r := range deps.Replicas {
+		m.inFlight.WithLabelValues(r)
+	}
+	m.requests.WithLabelValues("unknown", "", outcomeBadRequest)
+	m.requests.WithLabelValues("", "", outcomePassthrough)
+	return &Server{cfg: cfg, pick: p, ready: ready, log: log, m: m}, nil
+}
+
+// Register adds the ext_proc and health services to g.
+func (s *Server) Register(g *grpc.Server) {
+	extprocv3.RegisterExternalProcessorServer(g, s)
+	healthpb.RegisterHealthServer(g, &health{ready: s.ready})
+}
+
+// Process serves one ext_proc stream: one HTTP request through the
+// gateway. A panic in it ends the stream with an Internal status (and the
+// request's lease) instead of the process.
+func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) (err error) {
+	st := &exchange{s: s, stream: stream, body: assembler{limit: s.pick.BodyLimit()}}
+	s.m.streams.Inc()
+	defer s.m.streams.Dec()
+	defer func() {
+		if r := recover(); r != nil {
+			s.log.Error("ext_proc stream panicked", "panic", r, "stack", string(debug.Stack()))
+			err = status.Errorf(codes.Internal, "endpoint picker failed: %v", r)
+		}
+		st.close()
+	}()
+	return st.run()
+}
+
+// Run serves on ln until ctx ends, then stops gracefully: streams in
+// flight get Config.DrainTimeout to end before they are cut. It returns
+// nil after a stop, or the listener's error.
+func (s *Server) Run(ctx context.Context, ln net.Listener) error {
+	g := grpc.NewServer()
+	s.Register(g)
+	errc := make(chan error, 1)
+	go func() { errc <- g.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("epp: serve: %w", err)
+	case <-ctx.Done():
+	}
+	done := make(chan struct{})
+	go func() { g.GracefulStop(); close(done) }()
+	t := time.NewTimer(s.cfg.DrainTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		s.log.Warn("epp: drain deadline passed, cutting streams")
+		g.Stop()
+		<-done
+	}
+	<-errc
+	return nil
+}
