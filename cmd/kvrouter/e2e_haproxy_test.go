@@ -229,8 +229,20 @@ func TestE2EReplicasBehindHAProxy(t *testing.T) {
 	if errs(single) != 0 || errs(two) != 0 {
 		t.Fatalf("failed requests: %d with one router, %d with two", errs(single), errs(two))
 	}
-	if n := errs(three); float64(n) > lost {
-		t.Fatalf("%d requests failed in the three-replica run, the killed router had %v in flight", n, lost)
+	// Only requests that reached the killed router before HAProxy's next
+	// health check (inter 200ms, fall 1) may fail: those in flight on it
+	// (counted while frozen; connections the kernel accepted for it after
+	// the count are not seen, so the count is a floor, logged) and those
+	// HAProxy sent it before marking it down. None that arrived later.
+	var late []string
+	for _, smp := range three.Samples {
+		if smp.Err != "" && smp.Arrival > killAt+300*time.Millisecond {
+			late = append(late, fmt.Sprintf("%s at %v: %s", smp.ID, smp.Arrival, smp.Err))
+		}
+	}
+	t.Logf("three-replica run: %d failed, %v connections open on the killed router when frozen", errs(three), lost)
+	if len(late) > 0 || errs(three) > 8 {
+		t.Fatalf("%d requests failed in the three-replica run (killed at %v, %v in flight on it); after the kill's detection window: %v", errs(three), killAt, lost, late)
 	}
 	// Requests arriving a second after the kill on: the survivors' hit rate
 	// against the two-replica run's on the same requests.
