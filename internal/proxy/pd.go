@@ -12,6 +12,9 @@ import (
 	"strconv"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/pd"
 )
@@ -251,14 +254,26 @@ func (s *Server) prefillTry(x *exchange, ep *fleet.Endpoint, d Decision, body []
 	wd := newWatchdog(cancel, x.m.cfg.Timeouts.FirstByte, x.m.cfg.Timeouts.Idle)
 	defer wd.stop()
 	t0 := time.Now()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.URL()+x.req.kind.path(), bytes.NewReader(body))
+	legCtx, leg := s.startLeg(ctx, x, ep)
+	leg.SetAttributes(attribute.String("kvrouter.pd_leg", "prefill"))
+	legStatus := 0
+	defer func() {
+		var err error
+		if params == nil {
+			err = x.err
+		}
+		endLeg(leg, legStatus, false, err)
+	}()
+	req, err := http.NewRequestWithContext(legCtx, http.MethodPost, ep.URL()+x.req.kind.path(), bytes.NewReader(body))
 	if err != nil {
 		return failure("conn_error", serverError(err.Error()), outcomeUpstream, err)
 	}
 	outHeaders(req.Header, x.r.Header, x.id, ep.APIKey())
+	s.tr.Propagator.Inject(legCtx, propagation.HeaderCarrier(req.Header))
 	req.ContentLength = int64(len(body))
 	resp, err := x.m.transport.RoundTrip(req)
 	if err == nil {
+		legStatus = resp.StatusCode
 		defer resp.Body.Close()
 		var b []byte
 		b, err = io.ReadAll(io.LimitReader(resp.Body, maxPrefillAnswer))

@@ -19,6 +19,7 @@ import (
 
 	"kvrouter/internal/enginesim"
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/tracing"
 )
 
 // pdEngine is an in-process engine-sim with a role, behind a handler that
@@ -50,6 +51,12 @@ type pdSpec struct {
 }
 
 func newPDRig(t *testing.T, specs []pdSpec, opts ...func(*ModelConfig)) *pdRig {
+	t.Helper()
+	return newPDRigTraced(t, specs, nil, opts...)
+}
+
+// newPDRigTraced is newPDRig with the server tracing through tr (nil: off).
+func newPDRigTraced(t *testing.T, specs []pdSpec, tr *tracing.Tracing, opts ...func(*ModelConfig)) *pdRig {
 	t.Helper()
 	rg := &pdRig{t: t, reg: prometheus.NewRegistry()}
 	mc := ModelConfig{Name: "m", Tokenizer: TokenizerNone}
@@ -129,7 +136,7 @@ func newPDRig(t *testing.T, specs []pdSpec, opts ...func(*ModelConfig)) *pdRig {
 		t.Fatal(err)
 	}
 	rg.backend = b
-	srv, err := New(cfg, Deps{Fleet: fl, Routers: map[string]Router{"m": b}}, nil, rg.reg)
+	srv, err := New(cfg, Deps{Fleet: fl, Routers: map[string]Router{"m": b}, Tracing: tr}, nil, rg.reg)
 	if err != nil {
 		t.Fatal(err)
 	}
