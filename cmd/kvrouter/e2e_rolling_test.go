@@ -210,7 +210,7 @@ func TestE2ERollingReplacement(t *testing.T) {
 	began := time.Now()
 	tr.start(4, 4)
 	stopTraffic := sync.OnceFunc(func() { close(tr.stop); tr.wg.Wait() })
-	t.Cleanup(stopTraffic) // a failed check must not leave the clients running
+	t.Cleanup(stopTraffic)             // a failed check must not leave the clients running
 	time.Sleep(500 * time.Millisecond) // every old engine holds some cache
 	hup := func() time.Time {
 		t.Helper()
