@@ -102,8 +102,11 @@ step_helm() {
 	echo "$version" >"$bin.version"
 }
 
+# have_haproxy: Debian installs it as /usr/sbin/haproxy, not on every PATH.
+have_haproxy() { command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ]; }
+
 step_haproxy() {
-	command -v haproxy >/dev/null 2>&1 && return
+	have_haproxy && return
 	[ "$(id -u)" = 0 ] || fail "haproxy is missing and installing it needs root: apt-get install haproxy"
 	need_cmd apt-get "Debian's haproxy is needed for the several-replicas test"
 	export DEBIAN_FRONTEND=noninteractive
@@ -111,7 +114,7 @@ step_haproxy() {
 		fail "cannot install Debian's haproxy with apt-get (log: $log)"
 	# Only the binary is used; the package's own service is not wanted.
 	command -v systemctl >/dev/null 2>&1 && quiet systemctl disable --now haproxy
-	command -v haproxy >/dev/null 2>&1 || fail "haproxy was installed but is not on PATH (log: $log)"
+	have_haproxy || fail "haproxy was installed but is neither on PATH nor /usr/sbin/haproxy (log: $log)"
 }
 
 step_k8s() {
