@@ -358,15 +358,22 @@ func TestIdleCheckReplaysTrailingDrops(t *testing.T) {
 	for s := range uint64(5) {
 		u := rs.next(t)
 		checkGoUpdate(t, u, 0, s, ResetNone)
-		if u.Replayed != (s >= 3) {
+		// 3 and 4 can only come by replay. 0..2 are on the live stream,
+		// but the connection's own replay from 0 (nothing applied yet)
+		// may deliver them first when the machine is loaded; either way
+		// each seq is delivered once, in order.
+		if s >= 3 && !u.Replayed {
 			t.Fatalf("seq %d replayed=%v", s, u.Replayed)
 		}
 	}
 	// Caught up: further idle checks deliver nothing and are not replays.
 	waitFor(t, "two more idle checks", func() bool { return rs.s.Stats().IdleChecks >= 3 })
 	rs.none(t)
-	if st := rs.s.Stats(); st.Gaps != 1 || st.UnrecoverableGaps != 0 || st.Restarts != 0 || st.Replays != 2 {
-		t.Fatalf("stats %+v, want 1 gap and 2 replays (catch-up on connecting, the idle check that delivered)", st)
+	// Usually 1 gap and 2 replays (catch-up on connecting, the idle check
+	// that delivered); when the connection's catch-up already returned the
+	// dropped batches, no gap and 1 replay.
+	if st := rs.s.Stats(); st.Gaps > 1 || st.UnrecoverableGaps != 0 || st.Restarts != 0 || st.Replays < 1 || st.Replays > 2 {
+		t.Fatalf("stats %+v, want at most 1 gap, none lost, 1 or 2 replays", st)
 	}
 }
 
