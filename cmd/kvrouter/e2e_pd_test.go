@@ -5,11 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"os"
-	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -19,43 +16,11 @@ import (
 // kv_consumer), plus extra flags (faults).
 func startPDSimProcess(t *testing.T, bin, kvRole string, extra ...string) *e2eSim {
 	t.Helper()
-	port, ev, rep := e2eFreePort(t), e2eFreePort(t), e2eFreePort(t)
-	kv := fmt.Sprintf(`{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:%d","replay_endpoint":"tcp://*:%d"}`, ev, rep)
-	args := append([]string{"engine-sim", "--host", "127.0.0.1", "--port", strconv.Itoa(port),
+	ev, rep := e2eFreePort(t), e2eFreePort(t)
+	return startSimProc(t, bin, simProcOpts{events: ev, replay: rep, health: true}, append([]string{
 		"--served-model-name", "m", "--profile", "h100-llama3-8b", "--tokenizer", e2eQwen3Dir,
-		"--max-model-len", "32768", "--num-gpu-blocks-override", "16384", "--kv-events-config", kv, "--log-level", "warn",
-		"--kv-transfer-config", fmt.Sprintf(`{"kv_connector":"NixlConnector","kv_role":%q}`, kvRole), "--kv-link", "nvlink"}, extra...)
-	cmd := exec.Command(bin, args...)
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	s := &e2eSim{url: fmt.Sprintf("http://127.0.0.1:%d", port),
-		events: fmt.Sprintf("tcp://127.0.0.1:%d", ev), replay: fmt.Sprintf("tcp://127.0.0.1:%d", rep)}
-	var once sync.Once
-	s.stop = func() {
-		once.Do(func() {
-			_ = cmd.Process.Signal(os.Interrupt)
-			done := make(chan struct{})
-			go func() { _ = cmd.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(10 * time.Second):
-				_ = cmd.Process.Kill()
-				<-done
-			}
-		})
-	}
-	t.Cleanup(s.stop)
-	e2eEventually(t, 20*time.Second, "engine-sim process healthy", func() bool {
-		resp, err := http.Get(s.url + "/health")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200
-	})
-	return s
+		"--max-model-len", "32768", "--num-gpu-blocks-override", "16384", "--kv-events-config", kvEventsConfig("*", ev, rep, ""),
+		"--kv-transfer-config", fmt.Sprintf(`{"kv_connector":"NixlConnector","kv_role":%q}`, kvRole), "--kv-link", "nvlink"}, extra...)...)
 }
 
 // pdEngine is one engine of a P/D router.yaml.

@@ -5,11 +5,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -42,44 +39,11 @@ func e2eFreePorts(t *testing.T, n int) int {
 // loading is allowed.
 func startE2ESimProcessArgs(t *testing.T, bin string, dpSize int, extra ...string) *e2eSim {
 	t.Helper()
-	port, ev, rep := e2eFreePort(t), e2eFreePorts(t, dpSize), e2eFreePorts(t, dpSize)
-	kv := fmt.Sprintf(`{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:%d","replay_endpoint":"tcp://*:%d"}`, ev, rep)
-	args := append([]string{"engine-sim", "--host", "127.0.0.1", "--port", strconv.Itoa(port),
-		"--served-model-name", "m", "--profile", "fast", "--max-model-len", "32768",
-		"--num-gpu-blocks-override", "16384", "--kv-events-config", kv, "--log-level", "warn",
-		"--data-parallel-size", strconv.Itoa(dpSize)}, extra...)
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True")
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	s := &e2eSim{url: fmt.Sprintf("http://127.0.0.1:%d", port),
-		events: fmt.Sprintf("tcp://127.0.0.1:%d", ev), replay: fmt.Sprintf("tcp://127.0.0.1:%d", rep)}
-	var once sync.Once
-	s.stop = func() {
-		once.Do(func() {
-			_ = cmd.Process.Signal(os.Interrupt)
-			done := make(chan struct{})
-			go func() { _ = cmd.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(10 * time.Second):
-				_ = cmd.Process.Kill()
-				<-done
-			}
-		})
-	}
-	t.Cleanup(s.stop)
-	e2eEventually(t, 20*time.Second, "engine-sim process healthy", func() bool {
-		resp, err := http.Get(s.url + "/health")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200
-	})
-	return s
+	ev, rep := e2eFreePorts(t, dpSize), e2eFreePorts(t, dpSize)
+	return startSimProc(t, bin, simProcOpts{events: ev, replay: rep, health: true, env: []string{"VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"}},
+		append([]string{"--served-model-name", "m", "--profile", "fast", "--max-model-len", "32768",
+			"--num-gpu-blocks-override", "16384", "--kv-events-config", kvEventsConfig("*", ev, rep, ""),
+			"--data-parallel-size", strconv.Itoa(dpSize)}, extra...)...)
 }
 
 // e2eCompletion is a token-id completion body.

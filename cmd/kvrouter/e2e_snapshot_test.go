@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strconv"
@@ -28,41 +27,11 @@ import (
 // events carry removals too).
 func startSnapSim(t *testing.T, bin string, bufferSteps, gpuBlocks int) *e2eSim {
 	t.Helper()
-	port, ev, rep := e2eFreePort(t), e2eFreePort(t), e2eFreePort(t)
-	kv := fmt.Sprintf(`{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:%d","replay_endpoint":"tcp://*:%d","buffer_steps":%d}`, ev, rep, bufferSteps)
-	cmd := exec.Command(bin, "engine-sim", "--host", "127.0.0.1", "--port", strconv.Itoa(port),
+	ev, rep := e2eFreePort(t), e2eFreePort(t)
+	return startSimProc(t, bin, simProcOpts{events: ev, replay: rep, health: true},
 		"--served-model-name", "m", "--profile", "fast", "--tokenizer", e2eQwen3Dir,
-		"--max-model-len", "4096", "--num-gpu-blocks-override", strconv.Itoa(gpuBlocks), "--kv-events-config", kv, "--log-level", "warn")
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	s := &e2eSim{url: fmt.Sprintf("http://127.0.0.1:%d", port),
-		events: fmt.Sprintf("tcp://127.0.0.1:%d", ev), replay: fmt.Sprintf("tcp://127.0.0.1:%d", rep)}
-	var once sync.Once
-	s.stop = func() {
-		once.Do(func() {
-			_ = cmd.Process.Signal(os.Interrupt)
-			done := make(chan struct{})
-			go func() { _ = cmd.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(10 * time.Second):
-				_ = cmd.Process.Kill()
-				<-done
-			}
-		})
-	}
-	t.Cleanup(s.stop)
-	e2eEventually(t, 20*time.Second, "engine-sim process healthy", func() bool {
-		resp, err := http.Get(s.url + "/health")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200
-	})
-	return s
+		"--max-model-len", "4096", "--num-gpu-blocks-override", strconv.Itoa(gpuBlocks),
+		"--kv-events-config", kvEventsConfig("*", ev, rep, fmt.Sprintf(`"buffer_steps":%d`, bufferSteps)))
 }
 
 // snapRouter is a kvrouter serve run in this process that a test stops

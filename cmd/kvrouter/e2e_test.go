@@ -297,17 +297,50 @@ func e2eBuild(t *testing.T) string {
 // tokenizer and KV events (PUB bound on a free port, replay on another).
 func startE2ESimProcess(t *testing.T, bin string) *e2eSim {
 	t.Helper()
-	port, ev, rep := e2eFreePort(t), e2eFreePort(t), e2eFreePort(t)
-	kv := fmt.Sprintf(`{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:%d","replay_endpoint":"tcp://*:%d"}`, ev, rep)
-	cmd := exec.Command(bin, "engine-sim", "--host", "127.0.0.1", "--port", strconv.Itoa(port),
+	ev, rep := e2eFreePort(t), e2eFreePort(t)
+	return startSimProc(t, bin, simProcOpts{events: ev, replay: rep, health: true},
 		"--served-model-name", "m", "--profile", "h100-llama3-8b", "--tokenizer", e2eQwen3Dir,
-		"--max-model-len", "32768", "--num-gpu-blocks-override", "16384", "--kv-events-config", kv, "--log-level", "warn")
+		"--max-model-len", "32768", "--num-gpu-blocks-override", "16384",
+		"--kv-events-config", kvEventsConfig("*", ev, rep, ""))
+}
+
+// simProcOpts are startSimProc's settings: the event and replay ports the
+// process publishes on (0: none; the e2eSim's events and replay name them
+// on loopback), extra environment, and whether to wait for /health.
+type simProcOpts struct {
+	events, replay int
+	env            []string
+	health         bool
+}
+
+// kvEventsConfig is an engine-sim --kv-events-config binding host:events
+// and host:replay, with extra JSON members (`"buffer_steps":N`) appended.
+func kvEventsConfig(host string, events, replay int, extra string) string {
+	kv := fmt.Sprintf(`{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://%s:%d","replay_endpoint":"tcp://%s:%d"`, host, events, host, replay)
+	if extra != "" {
+		kv += "," + extra
+	}
+	return kv + "}"
+}
+
+// startSimProc runs "kvrouter engine-sim --host 127.0.0.1 --port P args..."
+// (P a free port, --log-level warn) as a process and stops it when the
+// test ends, or at the returned e2eSim's stop: interrupt, kill after 10 s.
+func startSimProc(t *testing.T, bin string, o simProcOpts, args ...string) *e2eSim {
+	t.Helper()
+	port := e2eFreePort(t)
+	cmd := exec.Command(bin, append([]string{"engine-sim", "--host", "127.0.0.1", "--port", strconv.Itoa(port), "--log-level", "warn"}, args...)...)
+	if o.env != nil {
+		cmd.Env = append(os.Environ(), o.env...)
+	}
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	s := &e2eSim{url: fmt.Sprintf("http://127.0.0.1:%d", port),
-		events: fmt.Sprintf("tcp://127.0.0.1:%d", ev), replay: fmt.Sprintf("tcp://127.0.0.1:%d", rep)}
+	s := &e2eSim{url: fmt.Sprintf("http://127.0.0.1:%d", port)}
+	if o.events != 0 {
+		s.events, s.replay = fmt.Sprintf("tcp://127.0.0.1:%d", o.events), fmt.Sprintf("tcp://127.0.0.1:%d", o.replay)
+	}
 	var once sync.Once
 	s.stop = func() {
 		once.Do(func() {
@@ -323,13 +356,15 @@ func startE2ESimProcess(t *testing.T, bin string) *e2eSim {
 		})
 	}
 	t.Cleanup(s.stop)
-	e2eEventually(t, 20*time.Second, "engine-sim process healthy", func() bool {
-		resp, err := http.Get(s.url + "/health")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200
-	})
+	if o.health {
+		e2eEventually(t, 20*time.Second, "engine-sim process healthy", func() bool {
+			resp, err := http.Get(s.url + "/health")
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			return resp.StatusCode == 200
+		})
+	}
 	return s
 }

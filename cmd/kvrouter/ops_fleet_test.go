@@ -4,11 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"os/exec"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -19,35 +15,11 @@ import (
 // args override it.
 func opsSim(t *testing.T, bin, model string, args ...string) *e2eSim {
 	t.Helper()
-	port, ev, rep := e2eFreePort(t), e2eFreePort(t), e2eFreePort(t)
-	kv := fmt.Sprintf(`{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://127.0.0.1:%d","replay_endpoint":"tcp://127.0.0.1:%d"}`, ev, rep)
-	all := append([]string{"engine-sim", "--host", "127.0.0.1", "--port", strconv.Itoa(port),
+	ev, rep := e2eFreePort(t), e2eFreePort(t)
+	return startSimProc(t, bin, simProcOpts{events: ev, replay: rep}, append([]string{
 		"--served-model-name", model, "--profile", "fast", "--tokenizer", e2eQwen3Dir,
-		"--max-model-len", "32768", "--num-gpu-blocks-override", "4096", "--kv-events-bind", "--kv-events-config", kv,
-		"--log-level", "warn"}, args...)
-	cmd := exec.Command(bin, all...)
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	s := &e2eSim{url: fmt.Sprintf("http://127.0.0.1:%d", port),
-		events: fmt.Sprintf("tcp://127.0.0.1:%d", ev), replay: fmt.Sprintf("tcp://127.0.0.1:%d", rep)}
-	var once sync.Once
-	s.stop = func() {
-		once.Do(func() {
-			_ = cmd.Process.Signal(os.Interrupt)
-			done := make(chan struct{})
-			go func() { _ = cmd.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(10 * time.Second):
-				_ = cmd.Process.Kill()
-				<-done
-			}
-		})
-	}
-	t.Cleanup(s.stop)
-	return s
+		"--max-model-len", "32768", "--num-gpu-blocks-override", "4096", "--kv-events-bind",
+		"--kv-events-config", kvEventsConfig("127.0.0.1", ev, rep, "")}, args...)...)
 }
 
 // hostPort strips the scheme of a loopback base URL (a scrape target).
