@@ -11,7 +11,6 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
@@ -64,39 +63,14 @@ func (s *Source) runPool(ctx context.Context) error {
 			return pools.Watch(ctx, o)
 		},
 	}}, &unstructured.Unstructured{}, cache.SharedIndexInformerOptions{ResyncPeriod: s.cfg.Resync})
-	podAPI := s.client.CoreV1().Pods(s.cfg.Namespace)
-	podInf := s.informer(&corev1.Pod{}, s.cfg.Selector,
-		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return podAPI.List(ctx, o) },
-		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return podAPI.Watch(ctx, o) })
-	if err := podInf.SetTransform(trimPod); err != nil {
-		return fmt.Errorf("discovery: %w", err)
+	podInf, err := s.podInformer()
+	if err != nil {
+		return err
 	}
 	var synced atomic.Bool
-	for _, inf := range []cache.SharedIndexInformer{poolInf, podInf} {
-		if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
-			s.m.watchErrors.Inc()
-			if !synced.Load() && (apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) || apierrors.IsNotFound(err)) {
-				// NotFound before the first sync: the CRD is not installed.
-				cancel(fmt.Errorf("discovery: %s in namespace %s: %w", r.TypeDescription(), s.cfg.Namespace, err))
-				return
-			}
-			cache.DefaultWatchErrorHandler(ctx, r, err)
-		}); err != nil {
-			return fmt.Errorf("discovery: %w", err)
-		}
-		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc: func(any) { s.poke() }, UpdateFunc: func(any, any) { s.poke() }, DeleteFunc: func(any) { s.poke() },
-		}); err != nil {
-			return fmt.Errorf("discovery: %w", err)
-		}
-		wg.Go(func() {
-			defer func() {
-				if p := recover(); p != nil {
-					cancel(fmt.Errorf("discovery: informer panic: %v", p))
-				}
-			}()
-			inf.RunWithContext(ictx)
-		})
+	// NotFound before the first sync: the CRD is not installed.
+	if err := s.startInformers(ictx, cancel, &wg, &synced, true, poolInf, podInf); err != nil {
+		return err
 	}
 	stopped := func() error {
 		if parent.Err() != nil {

@@ -134,45 +134,10 @@ func (s *Source) Run(ctx context.Context) error {
 			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return api.Watch(ctx, o) })
 	}
 	if s.cfg.PodAnnotations {
-		api := s.client.CoreV1().Pods(s.cfg.Namespace)
-		podInf = s.informer(&corev1.Pod{}, s.cfg.Selector,
-			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return api.List(ctx, o) },
-			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return api.Watch(ctx, o) })
-		if err := podInf.SetTransform(trimPod); err != nil {
-			return fmt.Errorf("discovery: %w", err)
+		var err error
+		if podInf, err = s.podInformer(); err != nil {
+			return err
 		}
-	}
-	var hasSynced []cache.InformerSynced
-	for _, inf := range []cache.SharedIndexInformer{sliceInf, podInf} {
-		if inf == nil {
-			continue
-		}
-		if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
-			s.m.watchErrors.Inc()
-			if !synced.Load() && (apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err)) {
-				cancel(fmt.Errorf("discovery: %s in namespace %s: %w", r.TypeDescription(), s.cfg.Namespace, err))
-				return
-			}
-			cache.DefaultWatchErrorHandler(ctx, r, err)
-		}); err != nil {
-			return fmt.Errorf("discovery: %w", err)
-		}
-		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(any) { s.poke() },
-			UpdateFunc: func(any, any) { s.poke() },
-			DeleteFunc: func(any) { s.poke() },
-		}); err != nil {
-			return fmt.Errorf("discovery: %w", err)
-		}
-		hasSynced = append(hasSynced, inf.HasSynced)
-		wg.Go(func() {
-			defer func() {
-				if p := recover(); p != nil {
-					cancel(fmt.Errorf("discovery: informer panic: %v", p))
-				}
-			}()
-			inf.RunWithContext(ictx)
-		})
 	}
 	stopped := func() error {
 		if parent.Err() != nil {
@@ -180,7 +145,10 @@ func (s *Source) Run(ctx context.Context) error {
 		}
 		return context.Cause(ctx)
 	}
-	if !cache.WaitForCacheSync(ctx.Done(), hasSynced...) {
+	if err := s.startInformers(ictx, cancel, &wg, &synced, false, sliceInf, podInf); err != nil {
+		return err
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), hasSynced(sliceInf, podInf)...) {
 		return stopped()
 	}
 	synced.Store(true)
@@ -356,4 +324,70 @@ func (s *Source) logChange(old, cur []Engine) {
 	for _, e := range prev {
 		s.log.Info("engine gone", "engine", e.Name, "addr", e.Addr)
 	}
+}
+
+// startInformers sets up each informer (nil ones skipped) the same way and
+// runs it on wg until ictx ends: watch errors are counted; before the first
+// sync (synced false) one refused as forbidden or unauthorized (and not
+// found, with notFoundFatal: a CRD that is not installed) cancels the run
+// with an error naming the resource; any other error, or any later, goes
+// to client-go's default handler (logged, retried with backoff); every add,
+// update and delete pokes the snapshot loop; an informer's panic cancels
+// the run instead of crossing the goroutine.
+func (s *Source) startInformers(ictx context.Context, cancel context.CancelCauseFunc, wg *sync.WaitGroup, synced *atomic.Bool, notFoundFatal bool, infs ...cache.SharedIndexInformer) error {
+	for _, inf := range infs {
+		if inf == nil {
+			continue
+		}
+		if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+			s.m.watchErrors.Inc()
+			if !synced.Load() && (apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) || (notFoundFatal && apierrors.IsNotFound(err))) {
+				cancel(fmt.Errorf("discovery: %s in namespace %s: %w", r.TypeDescription(), s.cfg.Namespace, err))
+				return
+			}
+			cache.DefaultWatchErrorHandler(ctx, r, err)
+		}); err != nil {
+			return fmt.Errorf("discovery: %w", err)
+		}
+		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { s.poke() },
+			UpdateFunc: func(any, any) { s.poke() },
+			DeleteFunc: func(any) { s.poke() },
+		}); err != nil {
+			return fmt.Errorf("discovery: %w", err)
+		}
+		wg.Go(func() {
+			defer func() {
+				if p := recover(); p != nil {
+					cancel(fmt.Errorf("discovery: informer panic: %v", p))
+				}
+			}()
+			inf.RunWithContext(ictx)
+		})
+	}
+	return nil
+}
+
+// hasSynced is the HasSynced of each non-nil informer.
+func hasSynced(infs ...cache.SharedIndexInformer) []cache.InformerSynced {
+	var out []cache.InformerSynced
+	for _, inf := range infs {
+		if inf != nil {
+			out = append(out, inf.HasSynced)
+		}
+	}
+	return out
+}
+
+// podInformer is an informer on the namespace's Pods matching
+// Config.Selector, trimmed to what discovery reads (trimPod).
+func (s *Source) podInformer() (cache.SharedIndexInformer, error) {
+	api := s.client.CoreV1().Pods(s.cfg.Namespace)
+	inf := s.informer(&corev1.Pod{}, s.cfg.Selector,
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return api.List(ctx, o) },
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return api.Watch(ctx, o) })
+	if err := inf.SetTransform(trimPod); err != nil {
+		return nil, fmt.Errorf("discovery: %w", err)
+	}
+	return inf, nil
 }
