@@ -142,18 +142,8 @@ func (s *Server) try(x *exchange, ep *fleet.Endpoint, d Decision, canRetry bool)
 			failed() // before Release: the request's predictions go
 		}
 	}()
-	inflight := s.m.inFlight.WithLabelValues(ep.Name())
-	inflight.Inc()
-	ep.AddInFlight(1)
-	defer func() {
-		ep.AddInFlight(-1)
-		inflight.Dec()
-	}()
-
-	ctx, cancel := context.WithCancelCause(x.r.Context())
-	defer cancel(nil)
-	wd := newWatchdog(cancel, x.m.cfg.Timeouts.FirstByte, x.m.cfg.Timeouts.Idle)
-	defer wd.stop()
+	ctx, wd, end := s.startAttempt(x, ep)
+	defer end()
 
 	legCtx, leg := s.startLeg(ctx, x, ep)
 	legStatus := 0
@@ -198,6 +188,27 @@ func (s *Server) try(x *exchange, ep *fleet.Endpoint, d Decision, canRetry bool)
 	s.relay(x, ep, ctx, wd, resp, d.FirstToken, failed)
 	ok = status/100 == 2 && x.outcome == outcomeOK
 	return false
+}
+
+// startAttempt begins one request of x to ep (an attempt, a P/D leg, a
+// pass-through): ep's series are held for x, its in-flight counts (the
+// proxy's gauge and the fleet endpoint's) go up, and ctx, a child of the
+// client's request context, is cancelled by the first-byte and idle
+// watchdog wd (its cause says which). end stops the watchdog, cancels ctx
+// and takes the in-flight counts down; call it exactly once.
+func (s *Server) startAttempt(x *exchange, ep *fleet.Endpoint) (ctx context.Context, wd *watchdog, end func()) {
+	s.hold(x, ep.Name())
+	inflight := s.m.inFlight.WithLabelValues(ep.Name())
+	inflight.Inc()
+	ep.AddInFlight(1)
+	ctx, cancel := context.WithCancelCause(x.r.Context())
+	wd = newWatchdog(cancel, x.m.cfg.Timeouts.FirstByte, x.m.cfg.Timeouts.Idle)
+	return ctx, wd, func() {
+		wd.stop()
+		cancel(nil)
+		ep.AddInFlight(-1)
+		inflight.Dec()
+	}
 }
 
 // upstreamFailed handles a RoundTrip error (nothing received from the

@@ -104,17 +104,8 @@ func (s *Server) servePassthrough(w http.ResponseWriter, r *http.Request) {
 // passOnce sends body to ep and relays the answer; true when the caller
 // should try another engine (a connection error, canRetry, nothing sent).
 func (s *Server) passOnce(x *exchange, ep *fleet.Endpoint, body []byte, canRetry bool) bool {
-	inflight := s.m.inFlight.WithLabelValues(ep.Name())
-	inflight.Inc()
-	ep.AddInFlight(1)
-	defer func() {
-		ep.AddInFlight(-1)
-		inflight.Dec()
-	}()
-	ctx, cancel := context.WithCancelCause(x.r.Context())
-	defer cancel(nil)
-	wd := newWatchdog(cancel, x.m.cfg.Timeouts.FirstByte, x.m.cfg.Timeouts.Idle)
-	defer wd.stop()
+	ctx, wd, end := s.startAttempt(x, ep)
+	defer end()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.URL()+x.r.URL.Path, bytes.NewReader(body))
 	if err != nil {
 		s.fail(x, serverError(err.Error()), outcomeUpstream)

@@ -129,6 +129,27 @@ func (s *Server) dryRoute(x *exchange, cands []string) (pdPick, error) {
 	return pdPick{Replica: d.Replica, CachedTokens: d.CachedTokens, Explain: d.Explain}, nil
 }
 
+// planHealthy plans x over its group's healthy prefill and decode engines
+// and returns the plan and the prefill pool; false when x has been answered
+// (503 without a healthy decode engine, 500 on a routing error).
+func (s *Server) planHealthy(x *exchange) (pdPlan, []string, bool) {
+	eps, retry, err := s.deps.Fleet.Healthy(nil, x.req.model)
+	prefill, decode := x.m.pd.split(eps)
+	if len(decode) == 0 {
+		if err == nil {
+			err = fmt.Errorf("no healthy decode engine: %w", fleet.ErrNoEndpoint)
+		}
+		s.noReplica(x, retry, err)
+		return pdPlan{}, nil, false
+	}
+	plan, err := s.planPD(x, prefill, decode)
+	if err != nil {
+		s.fail(x, serverError("routing: "+err.Error()), outcomeUpstream)
+		return pdPlan{}, nil, false
+	}
+	return plan, prefill, true
+}
+
 // forwardPD serves x in a P/D group: plan, then the local path or the two
 // legs.
 func (s *Server) forwardPD(x *exchange) {
@@ -137,18 +158,8 @@ func (s *Server) forwardPD(x *exchange) {
 		return
 	}
 	g := x.m.pd
-	eps, retry, err := s.deps.Fleet.Healthy(nil, x.req.model)
-	prefill, decode := g.split(eps)
-	if len(decode) == 0 {
-		if err == nil {
-			err = fmt.Errorf("no healthy decode engine: %w", fleet.ErrNoEndpoint)
-		}
-		s.noReplica(x, retry, err)
-		return
-	}
-	plan, err := s.planPD(x, prefill, decode)
-	if err != nil {
-		s.fail(x, serverError("routing: "+err.Error()), outcomeUpstream)
+	plan, prefill, ok := s.planHealthy(x)
+	if !ok {
 		return
 	}
 	s.pdm.requests.WithLabelValues(x.req.model, plan.Path, plan.Verdict.Reason).Inc()
@@ -230,13 +241,8 @@ func (s *Server) prefillTry(x *exchange, ep *fleet.Endpoint, d Decision, body []
 			d.Failed()
 		}
 	}()
-	inflight := s.m.inFlight.WithLabelValues(ep.Name())
-	inflight.Inc()
-	ep.AddInFlight(1)
-	defer func() {
-		ep.AddInFlight(-1)
-		inflight.Dec()
-	}()
+	ctx, wd, end := s.startAttempt(x, ep)
+	defer end()
 	model := x.req.model
 	failure := func(cause string, e *apiError, outcome string, err error) (json.RawMessage, bool) {
 		s.pdm.prefillFailures.WithLabelValues(model, cause).Inc()
@@ -249,10 +255,6 @@ func (s *Server) prefillTry(x *exchange, ep *fleet.Endpoint, d Decision, body []
 		return nil, false
 	}
 
-	ctx, cancel := context.WithCancelCause(x.r.Context())
-	defer cancel(nil)
-	wd := newWatchdog(cancel, x.m.cfg.Timeouts.FirstByte, x.m.cfg.Timeouts.Idle)
-	defer wd.stop()
 	t0 := time.Now()
 	legCtx, leg := s.startLeg(ctx, x, ep)
 	leg.SetAttributes(attribute.String("kvrouter.pd_leg", "prefill"))
@@ -378,18 +380,8 @@ func withTransferParams(fwd []byte, params json.RawMessage) ([]byte, error) {
 // explainPD answers POST /v1/route for a P/D group: the plan, both pools'
 // choices and the rule's terms.
 func (s *Server) explainPD(x *exchange) {
-	eps, retry, err := s.deps.Fleet.Healthy(nil, x.req.model)
-	prefill, decode := x.m.pd.split(eps)
-	if len(decode) == 0 {
-		if err == nil {
-			err = fmt.Errorf("no healthy decode engine: %w", fleet.ErrNoEndpoint)
-		}
-		s.noReplica(x, retry, err)
-		return
-	}
-	plan, err := s.planPD(x, prefill, decode)
-	if err != nil {
-		s.fail(x, serverError("routing: "+err.Error()), outcomeUpstream)
+	plan, _, ok := s.planHealthy(x)
+	if !ok {
 		return
 	}
 	out := struct {
