@@ -1,7 +1,5 @@
 package enginesim
 
-import "kvrouter/internal/vllm"
-
 // Disaggregated prefill and decode in the core, after vLLM's
 // NixlConnector (vllm/distributed/kv_transfer/kv_connector/v1/nixl/
 // scheduler.py at vllm-project/vllm c8fac58) and the V1 scheduler's
@@ -61,14 +59,7 @@ func (c *Core) admitRemote(s *seq, hits []int32, res *StepResult) bool {
 	}
 	c.stats.PrefixQueries += int64(s.numTokens())
 	c.stats.PrefixHits += int64(len(hits) * bs)
-	for _, id := range hits {
-		c.pool.touch(id)
-		s.blocks = append(s.blocks, id)
-	}
-	s.numCached = len(hits)
-	if s.reportHits && len(hits) > 0 && !c.cfg.NoEvents {
-		c.pending = append(c.pending, c.storedEvent(s, 0, len(hits), vllm.MediumGPU, false))
-	}
+	c.takeHits(s, hits)
 	if pull > 1 {
 		c.pool.warmFree(pull)
 	}

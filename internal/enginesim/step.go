@@ -234,14 +234,7 @@ func (c *Core) admit(s *seq, hits []int32, cpuHit, computed, n int) bool {
 			c.cpu.touch(s.hashes[j])
 		}
 	}
-	for _, id := range hits {
-		c.pool.touch(id)
-		s.blocks = append(s.blocks, id)
-	}
-	s.numCached = len(hits)
-	if s.reportHits && len(hits) > 0 && !c.cfg.NoEvents {
-		c.pending = append(c.pending, c.storedEvent(s, 0, len(hits), vllm.MediumGPU, false))
-	}
+	c.takeHits(s, hits)
 	if newBlocks > 1 {
 		c.pool.warmFree(newBlocks)
 	}
@@ -309,4 +302,18 @@ func (c *Core) cacheFull(s *seq, upTo int) {
 		c.pending = append(c.pending, c.storedEvent(s, s.numCached, full, vllm.MediumGPU, true))
 	}
 	s.numCached = full
+}
+
+// takeHits makes the cached blocks hits (block ids, in prompt order) s's
+// first blocks: touched in the LRU, counted as cached, and, when s asked
+// for hit reports (kv_cache_report_mode), reported as stored again.
+func (c *Core) takeHits(s *seq, hits []int32) {
+	for _, id := range hits {
+		c.pool.touch(id)
+		s.blocks = append(s.blocks, id)
+	}
+	s.numCached = len(hits)
+	if s.reportHits && len(hits) > 0 && !c.cfg.NoEvents {
+		c.pending = append(c.pending, c.storedEvent(s, 0, len(hits), vllm.MediumGPU, false))
+	}
 }
