@@ -371,7 +371,7 @@ func (r *rank) handle(seq uint64, payload []byte, replayed bool) {
 	if err != nil {
 		// Lost for good (a replay returns the same bytes): skipped as
 		// applied, and the rank's state dropped.
-		r.accept(seq, payload)
+		r.accept(seq, xxh3.Hash(payload))
 		if hole {
 			r.holeLost(want, seq)
 		}
@@ -392,7 +392,7 @@ func (r *rank) handle(seq uint64, payload []byte, replayed bool) {
 	if hole {
 		r.holeLost(want, seq)
 	}
-	r.accept(seq, payload)
+	r.accept(seq, sum)
 	if replayed && seq < r.dropHW {
 		r.count(&r.s.stats.queueRecovered, r.m.queueRecovered)
 	}
@@ -420,11 +420,11 @@ func (r *rank) handle(seq uint64, payload []byte, replayed bool) {
 	}
 }
 
-// accept records seq as applied, with its payload's hash for the
-// reconnection and idle checks.
-func (r *rank) accept(seq uint64, payload []byte) {
+// accept records seq as applied, with sum, the XXH3 of its payload, for
+// the reconnection and idle checks.
+func (r *rank) accept(seq uint64, sum uint64) {
 	r.seq.accept(seq)
-	r.lastSum = xxh3.Hash(payload)
+	r.lastSum = sum
 }
 
 // holeLost counts and reports batches want..seq-1 as lost for good; the
