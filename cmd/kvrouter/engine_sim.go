@@ -152,6 +152,10 @@ func parseEngineSimFlags(args []string, getenv func(string) string, sio stdio) (
 	case "1", "true":
 		cfg.AllowRuntimeLoRA = true
 	}
+	switch strings.ToLower(getenv("VLLM_ENABLE_RESPONSES_API_STORE")) {
+	case "1", "true":
+		cfg.ResponsesStore = true // /v1/responses keeps stored responses, as vLLM with it
+	}
 	cfg.MaxLoRAs, cfg.LoRALoadDelay = *maxLoRAs, *loraDelay
 	seed := getenv("PYTHONHASHSEED")
 	if *hashAlgo == "fast" {

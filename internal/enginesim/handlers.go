@@ -17,6 +17,7 @@ func (s *Server) routes() {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/completions", s.dispatch(false))
 	mux.HandleFunc("POST /v1/chat/completions", s.dispatch(true))
+	mux.HandleFunc("POST /v1/responses", s.serveResponses) // responses.go
 	mux.HandleFunc("GET /v1/models", s.models)
 	if s.cfg.AllowRuntimeLoRA {
 		mux.HandleFunc("POST /v1/load_lora_adapter", s.loadLoRA)

@@ -75,6 +75,10 @@ type Config struct {
 	// PD is the KV connector of disaggregated serving (pdserver.go); its
 	// zero value is none.
 	PD PDConfig
+	// ResponsesStore keeps /v1/responses answers asked to be stored, for
+	// previous_response_id (vLLM: VLLM_ENABLE_RESPONSES_API_STORE=1; off,
+	// store is ignored). See responses.go.
+	ResponsesStore bool
 }
 
 // Server is a simulated vLLM engine: the OpenAI HTTP API, /metrics, and the
@@ -102,6 +106,8 @@ type Server struct {
 	// loras are the adapters served, shared by the ranks.
 	loras *loraSet
 	pd    *pdState // nil without a KV connector
+	// store holds stored responses (responses.go); rank 0's serves all.
+	store responsesStore
 }
 
 // New checks cfg (all problems at once) and builds a Server. A nil log
@@ -309,6 +315,7 @@ func (s *Server) KVEventsAddrs(ctx context.Context) (pub, replay string, err err
 // finishes a stall in progress), or when ctx ends. Every data-parallel
 // rank restarts.
 func (s *Server) Restart(ctx context.Context) error {
+	s.store.clear() // a new API server process: an empty responses store
 	for _, rs := range s.all() {
 		if err := rs.restartRank(ctx); err != nil {
 			return err

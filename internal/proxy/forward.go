@@ -101,6 +101,9 @@ func (s *Server) forward(x *exchange) {
 		s.observeDecision(x, d)
 		tried = append(tried, d.Replica)
 		canRetry := attempt < x.m.cfg.Retries
+		if x.pin != nil {
+			canRetry = x.pin.canProbe(attempt) // responsepin.go
+		}
 		if !s.try(x, ep, d, canRetry) {
 			return
 		}
@@ -154,7 +157,11 @@ func (s *Server) try(x *exchange, ep *fleet.Endpoint, d Decision, canRetry bool)
 		}
 		endLeg(leg, legStatus, retry, err)
 	}()
-	req, err := http.NewRequestWithContext(legCtx, http.MethodPost, ep.URL()+x.req.kind.path(), bytes.NewReader(x.fwd))
+	body := x.fwd
+	if x.bodyFor != nil {
+		body = x.bodyFor(ep.Name())
+	}
+	req, err := http.NewRequestWithContext(legCtx, http.MethodPost, ep.URL()+x.req.kind.path(), bytes.NewReader(body))
 	if err != nil {
 		s.fail(x, serverError(err.Error()), outcomeUpstream)
 		return false
@@ -164,7 +171,7 @@ func (s *Server) try(x *exchange, ep *fleet.Endpoint, d Decision, canRetry bool)
 	if d.HasDPRank {
 		req.Header.Set(RankHeader, strconv.Itoa(d.DPRank))
 	}
-	req.ContentLength = int64(len(x.fwd))
+	req.ContentLength = int64(len(body))
 
 	resp, err := x.m.transport.RoundTrip(req)
 	if err != nil {
@@ -176,7 +183,13 @@ func (s *Server) try(x *exchange, ep *fleet.Endpoint, d Decision, canRetry bool)
 	if status/100 != 2 {
 		failed() // as soon as the engine's error status is known
 	}
-	if canRetry && (status == http.StatusTooManyRequests || status == http.StatusBadGateway || status == http.StatusServiceUnavailable) {
+	retryable := status == http.StatusTooManyRequests || status == http.StatusBadGateway || status == http.StatusServiceUnavailable
+	if x.pin != nil {
+		// Another engine cannot hold the response: move on only when this
+		// one does not have it (responsepin.go).
+		retryable = status == http.StatusNotFound
+	}
+	if canRetry && retryable {
 		// Backpressure or a gateway's failure: nothing was written, try
 		// another replica. Drain a little so the connection may be reused.
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))

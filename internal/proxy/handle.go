@@ -61,6 +61,11 @@ type exchange struct {
 	only          func(name string) bool
 	noRouteTokens bool
 	prefill       string
+	// Responses (responsepin.go): pin orders the engines of a request
+	// continuing a stored response; bodyFor, when set, is the body sent to
+	// an engine (instead of fwd).
+	pin     *responsePin
+	bodyFor func(engine string) []byte
 }
 
 // Outcome labels of kvrouter_proxy_requests_total.
@@ -210,7 +215,15 @@ func (s *Server) tokenize(x *exchange) []uint32 {
 	}
 	t0 := time.Now()
 	ctx, span := s.startChild(x, spanTokenize, trace.SpanKindInternal)
-	ids, err := x.m.tok.Tokens(ctx, req.kind == kindChat, req.body, req.promptText)
+	chat, body := req.kind == kindChat, req.body
+	if req.kind == kindResponses { // rendered as the chat vLLM makes of it
+		if req.resp.chatBody == nil {
+			span.End()
+			return nil
+		}
+		chat, body = true, req.resp.chatBody
+	}
+	ids, err := x.m.tok.Tokens(ctx, chat, body, req.promptText)
 	s.m.tokenize.WithLabelValues(req.model).Observe(time.Since(t0).Seconds())
 	if err != nil {
 		span.SetStatus(codes.Error, err.Error())

@@ -213,7 +213,7 @@ func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byt
 				end = len(chunk)
 			}
 			if end > 0 {
-				done = endsWithDone(chunk[:end])
+				done = endsWithDone(chunk[:end]) || x.req.kind == kindResponses && endsResponse(chunk[:end])
 				if !x.streamErr && hasErrorEvent(chunk[:end]) {
 					x.streamErr = true
 					failed()
@@ -240,7 +240,7 @@ func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byt
 		}
 		if rerr == io.EOF {
 			if len(pending) > 0 { // a final event without its blank line
-				done = endsWithDone(pending)
+				done = endsWithDone(pending) || x.req.kind == kindResponses && endsResponse(pending)
 				if x.route != nil {
 					pending = x.filter(pending)
 				}

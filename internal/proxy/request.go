@@ -17,9 +17,13 @@ type kind uint8
 const (
 	kindCompletion kind = iota // POST /v1/completions: "prompt"
 	kindChat                   // POST /v1/chat/completions: "messages"
+	kindResponses              // POST /v1/responses: "input" (responses.go)
 )
 
 func (k kind) path() string {
+	if k == kindResponses {
+		return responsesPath
+	}
 	if k == kindChat {
 		return "/v1/chat/completions"
 	}
@@ -53,6 +57,8 @@ type request struct {
 	// given, else its max_tokens; a completion's max_tokens
 	// (max_completion_tokens is no completions field); 0 when absent.
 	outputTokens int
+	// resp holds a Responses request's own fields (nil for other kinds).
+	resp *responsesFields
 	// text caches routingText; textDone tells it was built.
 	text     string
 	textDone bool
@@ -148,6 +154,8 @@ func (r *request) parseFields(k kind, w *wire) *apiError {
 		if e := r.parsePrompt(w.Prompt); e != nil {
 			return e
 		}
+	case kindResponses:
+		return r.parseResponses()
 	}
 	return nil
 }
@@ -285,7 +293,7 @@ func (r *request) routingText() string {
 	}
 	r.textDone = true
 	switch {
-	case r.kind == kindChat:
+	case r.kind == kindChat || r.kind == kindResponses:
 		r.text = chatText(r.messages)
 	case r.promptTokens != nil:
 		r.text = routing.TokenText(r.promptTokens)

@@ -63,8 +63,9 @@ type Server struct {
 	handler http.Handler
 	reps    replicaSeries
 	tr      *tracing.Tracing
-	fm      *featureMetrics // adapters, route aliases
-	loads   adapterLoads    // LoRA adapter loads under way
+	fm      *featureMetrics  // adapters, route aliases
+	loads   adapterLoads     // LoRA adapter loads under way
+	learned learnedResponses // client-chosen response ids (responsepin.go)
 }
 
 // model is one configured model group.
@@ -168,6 +169,7 @@ func (s *Server) routes() http.Handler {
 	}
 	handle("POST", "/v1/completions", s.auth(func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, kindCompletion) }))
 	handle("POST", "/v1/chat/completions", s.auth(func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, kindChat) }))
+	handle("POST", responsesPath, s.auth(s.serveResponses)) // responses.go
 	handle("POST", "/v1/route", s.auth(s.serveRoute))
 	for _, p := range passthroughPaths { // passthrough.go
 		handle("POST", p, s.auth(s.servePassthrough))
