@@ -63,9 +63,11 @@ type Server struct {
 	handler http.Handler
 	reps    replicaSeries
 	tr      *tracing.Tracing
-	fm      *featureMetrics  // adapters, route aliases
-	loads   adapterLoads     // LoRA adapter loads under way
-	learned learnedResponses // client-chosen response ids (responsepin.go)
+	fm      *featureMetrics // adapters, route aliases
+	loads   adapterLoads    // LoRA adapter loads under way
+
+	// learned are client-chosen response ids (responsepin.go).
+	learned learnedResponses
 }
 
 // model is one configured model group.
