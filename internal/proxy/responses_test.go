@@ -1,0 +1,220 @@
+package proxy
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"kvrouter/internal/fleet"
+)
+
+// TestParseResponses: the inputs vLLM renders as a chat become that chat
+// (instructions first as a system message, input_text parts kept, an
+// assistant item as its first part's text, reasoning.effort as a template
+// kwarg); inputs the router cannot render exactly route by load (no chat
+// body); malformed fields are OpenAI-shaped 400s naming the field.
+func TestParseResponses(t *testing.T) {
+	for _, tc := range []struct {
+		body, chat, param string // chat "": no chat body
+	}{
+		{`{"model":"m","input":"hi"}`, `{"messages":[{"content":"hi","role":"user"}],"add_generation_prompt":true}`, ""},
+		{`{"model":"m","input":"hi","instructions":"be brief","reasoning":{"effort":"low"}}`,
+			`{"messages":[{"content":"be brief","role":"system"},{"content":"hi","role":"user"}],"add_generation_prompt":true,"chat_template_kwargs":{"reasoning_effort":"low"}}`, ""},
+		{`{"model":"m","instructions":"","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"a"}]},{"role":"assistant","content":[{"type":"output_text","text":"b"},{"type":"output_text","text":"c"}]},{"role":"developer","content":"d"}]}`,
+			`{"messages":[{"content":[{"type":"input_text","text":"a"}],"role":"user"},{"content":"b","role":"assistant"},{"content":"d","role":"developer"}],"add_generation_prompt":true}`, ""},
+		{`{"model":"m","input":[{"type":"function_call","name":"f","arguments":"{}","call_id":"c"}]}`, "", ""},
+		{`{"model":"m","input":[{"role":"user","content":[{"type":"input_image","image_url":"x"}]}]}`, "", ""},
+		{`{"model":"m","input":[{"role":"assistant","content":"par","status":"incomplete"}]}`, "", ""},
+		{`{"model":"m","input":"hi","tools":[{"type":"function","name":"f"}]}`, "", ""},
+		{`{"model":"m","input":"hi","previous_response_id":"resp_1"}`, "", ""},
+		{`{"model":"m"}`, "", "input"},
+		{`{"model":"m","input":[]}`, "", "input"},
+		{`{"model":"m","input":7}`, "", "input"},
+		{`{"model":"m","input":["x"]}`, "", "input[0]"},
+		{`{"model":"m","input":"x","instructions":3}`, "", "instructions"},
+		{`{"model":"m","input":"x","previous_response_id":""}`, "", "previous_response_id"},
+		{`{"model":"m","input":"x","request_id":5}`, "", "request_id"},
+		{`{"model":"m","input":"x","max_output_tokens":-1}`, "", "max_output_tokens"},
+	} {
+		r, e := parseRequest(kindResponses, []byte(tc.body))
+		if tc.param != "" {
+			if e == nil || e.param != tc.param || e.status != 400 || e.typ != typeInvalidRequest {
+				t.Errorf("%s: error %+v, want a 400 on %s", tc.body, e, tc.param)
+			}
+			continue
+		}
+		if e != nil {
+			t.Fatalf("%s: %v", tc.body, e)
+		}
+		if got := string(r.resp.chatBody); got != tc.chat {
+			t.Errorf("%s:\n got chat %s\nwant      %s", tc.body, got, tc.chat)
+		}
+	}
+}
+
+// responsesEngine answers /v1/responses as vLLM with the store on: the
+// response's id is the body's request_id; a previous_response_id it does
+// not hold is vLLM's 404.
+type responsesEngine struct {
+	mu     sync.Mutex
+	held   map[string]bool
+	bodies []map[string]any
+}
+
+func (re *responsesEngine) handler(name string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		var body map[string]any
+		_ = json.Unmarshal(b, &body)
+		re.mu.Lock()
+		defer re.mu.Unlock()
+		re.bodies = append(re.bodies, body)
+		w.Header().Set("Content-Type", "application/json")
+		if prev, _ := body["previous_response_id"].(string); prev != "" && !re.held[prev] {
+			w.WriteHeader(http.StatusNotFound)
+			fmt.Fprintf(w, `{"error":{"message":"Response with id '%s' not found.","type":"invalid_request_error","param":"response_id","code":404}}`, prev)
+			return
+		}
+		id, _ := body["request_id"].(string)
+		re.held[id] = true
+		if s, _ := body["stream"].(bool); s {
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprintf(w, "event: response.created\ndata: {\"type\":\"response.created\"}\n\n")
+			fmt.Fprintf(w, "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":%q}}\n\n", id)
+			return
+		}
+		fmt.Fprintf(w, `{"id":%q,"object":"response","engine":%q}`, id, name)
+	}
+}
+
+// TestResponsePinning: a request without request_id gets one naming the
+// chosen engine, and its continuation goes to that engine alone (its 404
+// relayed, a 503 while it is unhealthy); a client's own id is learned from
+// the answer; an id no router knows is looked for in an id-fixed order,
+// moving on past 404s; streams ending in response.completed are whole.
+func TestResponsePinning(t *testing.T) {
+	rg := newRig(t, 3)
+	engines := make([]*responsesEngine, 3)
+	for i, e := range rg.engines {
+		engines[i] = &responsesEngine{held: map[string]bool{}}
+		e.srv.Config.Handler = engines[i].handler(e.name)
+	}
+	count := func() (n [3]int) {
+		for i, re := range engines {
+			re.mu.Lock()
+			n[i] = len(re.bodies)
+			re.mu.Unlock()
+		}
+		return n
+	}
+	call := func(body string) (int, string, string) {
+		t.Helper()
+		resp := rg.post(responsesPath, body)
+		return resp.StatusCode, resp.Header.Get("X-Kvrouter-Replica"), readAll(t, resp)
+	}
+	rg.router.pick = func(in *RouteInput) string { return in.Candidates[len(in.Candidates)-1] }
+
+	st, rep, out := call(`{"model":"m","input":"hi"}`)
+	var a struct {
+		ID string `json:"id"`
+	}
+	if st != 200 || rep != "e2" || json.Unmarshal([]byte(out), &a) != nil {
+		t.Fatalf("first: %d %s %s", st, rep, out)
+	}
+	if e, ok := responseEngine(a.ID); !ok || e != "e2" {
+		t.Fatalf("minted id %q names %q (%v), want e2", a.ID, e, ok)
+	}
+	before := count()
+	// The router would pick e2 anyway: pick e0 to see the pin win.
+	rg.router.pick = func(in *RouteInput) string { return in.Candidates[0] }
+	st, rep, out = call(`{"model":"m","input":"more","previous_response_id":"` + a.ID + `"}`)
+	if after := count(); st != 200 || rep != "e2" || after[2] != before[2]+1 || after[0] != before[0] || after[1] != before[1] {
+		t.Fatalf("continuation: %d on %s %s, engine calls %v -> %v", st, rep, out, before, after)
+	}
+
+	// A tagged id its engine lost: the engine's 404, no other engine asked.
+	lost := mintResponseID("e1")
+	before = count()
+	if st, rep, out := call(`{"model":"m","input":"x","previous_response_id":"` + lost + `"}`); st != 404 || rep != "e1" || !strings.Contains(out, "not found") || count() != [3]int{before[0], before[1] + 1, before[2]} {
+		t.Fatalf("lost: %d on %s %s, calls %v -> %v", st, rep, out, before, count())
+	}
+
+	// The client's own id: learned from the answer.
+	if st, rep, _ := call(`{"model":"m","input":"hi","request_id":"mine-1"}`); st != 200 || rep != "e0" {
+		t.Fatalf("client id: %d %s", st, rep)
+	}
+	rg.router.pick = func(in *RouteInput) string { return in.Candidates[len(in.Candidates)-1] }
+	before = count()
+	if st, rep, _ := call(`{"model":"m","input":"x","previous_response_id":"mine-1"}`); st != 200 || rep != "e0" || count()[0] != before[0]+1 || count()[1] != before[1] || count()[2] != before[2] {
+		t.Fatalf("learned: %d on %s, calls %v -> %v", st, rep, before, count())
+	}
+
+	// An id this router never saw (another replica's, before a restart):
+	// engines asked in the id's order until the holder answers.
+	engines[1].mu.Lock()
+	engines[1].held["elsewhere"] = true
+	engines[1].mu.Unlock()
+	order := probeOrder("elsewhere", []string{"e0", "e1", "e2"}, "")
+	want := 0
+	for i, e := range order {
+		if e == "e1" {
+			want = i + 1
+		}
+	}
+	before = count()
+	st, rep, out = call(`{"model":"m","input":"x","previous_response_id":"elsewhere"}`)
+	after := count()
+	asked := after[0] + after[1] + after[2] - before[0] - before[1] - before[2]
+	if st != 200 || rep != "e1" || asked != want {
+		t.Fatalf("unknown id: %d on %s %s after %d requests, want e1 after %d (order %v)", st, rep, out, asked, want, order)
+	}
+	if st, _, out := call(`{"model":"m","input":"x","previous_response_id":"nobody"}`); st != 404 || !strings.Contains(out, "Response with id 'nobody' not found.") {
+		t.Fatalf("held nowhere: %d %s", st, out)
+	}
+
+	resp := rg.post(responsesPath, `{"model":"m","input":"hi","stream":true}`)
+	if out := readAll(t, resp); resp.StatusCode != 200 || !strings.HasSuffix(out, "}}\n\n") || strings.Contains(out, "stopped") || strings.Contains(out, "ended the stream") {
+		t.Fatalf("stream: %d %s", resp.StatusCode, out)
+	}
+	for _, e := range rg.engines { // an event stream without [DONE] is whole
+		if n := rg.outcome(e.name, outcomeUpstream); n != 0 {
+			t.Errorf("%s: %v upstream errors", e.name, n)
+		}
+	}
+	rg.fleet.Report(rg.fleet.Endpoint("e2"), fleet.OutcomeConnError)
+	if st, _, out := call(`{"model":"m","input":"more","previous_response_id":"` + a.ID + `"}`); st != 503 || !strings.Contains(out, `"service_unavailable_error"`) {
+		t.Fatalf("holder unhealthy: %d %s", st, out)
+	}
+}
+
+// FuzzParseResponses: any body is accepted or refused with a 400 naming
+// a field, never a panic; an accepted one's chat body is a chat request
+// with at least one message.
+func FuzzParseResponses(f *testing.F) {
+	f.Add([]byte(`{"model":"m","input":"hi","instructions":"x"}`))
+	f.Add([]byte(`{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"a"}]},{"role":"assistant","content":[{"type":"output_text","text":"b"}]}]}`))
+	f.Add([]byte(`{"model":"m","input":[{"type":"function_call"}],"previous_response_id":"p","request_id":"r","max_output_tokens":3}`))
+	f.Add([]byte(`{"model":"m","input":[{"role":"assistant","content":[]}],"reasoning":{"effort":null}}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		r, e := parseRequest(kindResponses, body)
+		if e != nil {
+			if e.status != 400 {
+				t.Fatalf("status %d", e.status)
+			}
+			return
+		}
+		if r.resp.chatBody == nil {
+			return
+		}
+		var chat struct {
+			Messages []map[string]any `json:"messages"`
+		}
+		if err := json.Unmarshal(r.resp.chatBody, &chat); err != nil || len(chat.Messages) == 0 {
+			t.Fatalf("chat body %s: %v", r.resp.chatBody, err)
+		}
+	})
+}
