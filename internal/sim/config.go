@@ -133,6 +133,14 @@ type Config struct {
 	// PD, with PrefillReplicas > 0, compares P/D arrangements (pdsim.go)
 	// instead of policies: Policies default to Arrangements().
 	PD PDConfig
+	// DPSize, above 1, makes each of the Replicas engines DPSize
+	// data-parallel ranks behind one endpoint, each its own cache and
+	// queue (dp.go); not with Scale, PD, AdapterReplicas, PrefillScale or
+	// RatesLearned.
+	DPSize int
+	// DPRankBlind, with DPSize above 1, routes to engines instead of ranks
+	// and leaves the rank to vLLM's balancer (dp.go).
+	DPRankBlind bool
 }
 
 // Values of Config.Rates.
@@ -239,6 +247,12 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if cfg.Parallel < 1 {
 		errs = append(errs, fmt.Errorf("parallel %d: need at least 1", cfg.Parallel))
+	}
+	if cfg.DPSize < 0 || cfg.DPSize > 64 || cfg.DPRankBlind && cfg.DPSize < 2 {
+		errs = append(errs, fmt.Errorf("dp size %d (rank-blind %v): want 0..64, at least 2 when rank-blind", cfg.DPSize, cfg.DPRankBlind))
+	}
+	if cfg.DPSize > 1 && (len(cfg.Scale) > 0 || cfg.PD.PrefillReplicas > 0 || cfg.AdapterReplicas > 0 || len(cfg.PrefillScale) > 0 || cfg.Rates == RatesLearned) {
+		errs = append(errs, fmt.Errorf("dp size %d: not with scaling, P/D, adapter replicas, prefill scales or learned rates", cfg.DPSize))
 	}
 	n := cfg.Replicas
 	scale := slices.Clone(cfg.Scale)

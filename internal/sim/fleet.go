@@ -29,6 +29,10 @@ type replica struct {
 	removed  bool // no longer routable; drains
 	res      enginesim.StepResult
 	load     int // in-flight requests (cache_greedy's load; also the plot)
+	// route is the router's name for it (name, or with Config.DPRankBlind
+	// its engine's); rank is its data-parallel rank (dp.go).
+	route string
+	rank  int
 }
 
 // inflight is a request inside the fleet.
@@ -80,6 +84,9 @@ type fleet struct {
 	pd       *pdState // P/D arrangements (pdsim.go); nil: aggregated
 	// rec, when not nil, records every routing decision (attribute.go).
 	rec []decisionRec
+	// lb is each engine's data-parallel balancer (dp.go), by the index of
+	// its rank 0 in reps; nil without ranks or when the router sees them.
+	lb map[int]*dpBalancer
 }
 
 func (f *fleet) clock() time.Time { return epoch.Add(f.now) }
@@ -160,7 +167,7 @@ func (f *fleet) expectedEntries() (int, error) {
 		}
 		gpu = blocks
 	}
-	n, peak := cfg.Replicas, cfg.Replicas
+	n, peak := cfg.Replicas, cfg.Replicas*max(cfg.DPSize, 1)
 	for _, s := range cfg.Scale { // sorted by time
 		n += s.Delta
 		peak = max(peak, n)
@@ -181,6 +188,9 @@ func (f *fleet) blockSize() int {
 }
 
 func (f *fleet) addReplicas(n int) error {
+	if f.cfg.DPSize > 1 {
+		return f.addDPEngines(n) // dp.go
+	}
 	for range n {
 		ecfg := f.cfg.Engine
 		ecfg.NoEvents = f.ix == nil
@@ -194,6 +204,7 @@ func (f *fleet) addReplicas(n int) error {
 			return err
 		}
 		r := &replica{name: fmt.Sprintf("r%02d", len(f.reps)), core: core}
+		r.route = r.name
 		f.byName[r.name] = len(f.reps)
 		f.reps = append(f.reps, r)
 		f.run.Replicas = append(f.run.Replicas, r.name)
@@ -313,6 +324,9 @@ func (f *fleet) arrive(i int) error {
 			return nil
 		}
 		rep, lease = f.byName[d.Name], l
+		if f.lb != nil {
+			rep = f.lb[rep].pick(f, rep) // vLLM's own balancer picks the rank (dp.go)
+		}
 		if f.rec != nil {
 			f.rec[i] = f.record(&d, len(f.toks))
 		}
@@ -429,7 +443,7 @@ func (f *fleet) publish(rep int, evs []vllm.Event) error {
 	}
 	ts := f.clock().Sub(time.Unix(0, 0)).Seconds()
 	if f.cfg.EventDelay == 0 {
-		b := vllm.Batch{TS: ts, Events: evs}
+		b := vllm.Batch{TS: ts, Events: evs, DataParallelRank: f.reps[rep].rank}
 		return f.apply(rep, &b)
 	}
 	slot := len(f.batches)
@@ -438,7 +452,7 @@ func (f *fleet) publish(rep int, evs []vllm.Event) error {
 	} else {
 		f.batches = append(f.batches, vllm.Batch{})
 	}
-	f.batches[slot] = vllm.Batch{TS: ts, Events: append(f.batches[slot].Events[:0], evs...)}
+	f.batches[slot] = vllm.Batch{TS: ts, Events: append(f.batches[slot].Events[:0], evs...), DataParallelRank: f.reps[rep].rank}
 	f.q.push(event{at: f.now + f.cfg.EventDelay, kind: evDeliver, rep: rep, i: slot})
 	return nil
 }
@@ -460,20 +474,24 @@ func (f *fleet) apply(rep int, b *vllm.Batch) error {
 		return nil
 	}
 	if f.pipe != nil {
-		if err := f.pipe.push(r.name, f.now, b); err != nil {
+		if err := f.pipe.push(r.route, f.now, b); err != nil {
 			return fmt.Errorf("sim %s: %w", f.policy, err)
 		}
 		return nil
 	}
 	f.ixAt = f.now
-	f.ix.Apply(r.name, b)
-	f.applyPeers(r.name, b)
+	f.ix.Apply(r.route, b)
+	f.applyPeers(r.route, b)
 	return nil
 }
 
 // gauges refreshes the router's view of every engine's gauges.
 func (f *fleet) gauges() {
 	at := f.clock()
+	if f.lb != nil {
+		f.dpGauges(at) // dp.go
+		return
+	}
 	for _, r := range f.reps {
 		if !r.removed {
 			g := routing.Gauges{Waiting: r.core.Waiting(), Running: r.core.Running(), KVUsage: r.core.KVUsage(), At: at}
