@@ -68,6 +68,8 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 	attribute := fs.Bool("attribute", false, "also attribute each indexed policy's cached tokens lost against the pooled-cache bound to causes (split from the replica holding more, gone between decision and admission, evicted from every replica) and print that table after the report (markdown only)")
 	asJSON := fs.Bool("json", false, "print the report as JSON instead of a markdown table")
 	htmlPath := fs.String("html", "", "also write a self-contained HTML report with plots to this file")
+	dpSize := fs.Int("dp-size", 1, "data-parallel fleet: --replicas ranks grouped into engines of this many ranks behind one endpoint, each rank its own cache and queue; the router sees ranks as candidates (kvrouter's dp_size) unless --dp-rank-blind")
+	dpBlind := fs.Bool("dp-rank-blind", false, "with --dp-size > 1: route to engines and let vLLM's balancer pick the rank (waiting*4 + running)")
 	pdPrefill := fs.Int("pd-prefill", 0, "compare P/D arrangements instead of policies: this many of --replicas prefill, the rest decode (aggregated, disaggregated, conditional; kv routing)")
 	pdLink := fs.String("pd-link", "infiniband", "P/D KV transfer link: nvlink, infiniband, roce, tcp")
 	pdStall := fs.Float64("pd-stall-weight", 0, "conditional disaggregation: weight of a local prefill's stall of the decode engine's running sequences (0: 1)")
@@ -162,6 +164,12 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 			}
 		}
 		cfg.Replicas = sc.Replicas
+		if *dpSize > 1 {
+			if sc.Replicas%*dpSize != 0 {
+				return nil, 0, fmt.Errorf("%w: --dp-size %d does not divide %d replicas", errUsage, *dpSize, sc.Replicas)
+			}
+			cfg.Replicas, cfg.DPSize, cfg.DPRankBlind = sc.Replicas / *dpSize, *dpSize, *dpBlind
+		}
 		cfg.Scale = append(sc.Scale, extra...)
 		if cfg.AdapterReplicas = sc.AdapterReplicas; cfg.AdapterReplicas > 0 && !policiesSet(fs) {
 			// The oracle does not model adapters: the default list without it.
@@ -189,6 +197,9 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 		}
 		if *routers > 1 {
 			rep.Setup["routers"], rep.Setup["front"] = strconv.Itoa(*routers), *front
+		}
+		if *dpSize > 1 {
+			rep.Setup["dp_size"], rep.Setup["dp_rank_blind"] = strconv.Itoa(*dpSize), strconv.FormatBool(*dpBlind)
 		}
 		for _, s := range cfg.Scale {
 			rep.Setup["scale"] += fmt.Sprintf("%v:%+d ", s.At.Round(time.Second), s.Delta)
