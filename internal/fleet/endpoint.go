@@ -4,6 +4,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"kvrouter/internal/vllm/enginemetrics"
 )
 
 // Outcome classes one forwarded request's result, as the proxy saw it, for
@@ -108,6 +110,10 @@ type Endpoint struct {
 	// counters are the monotonic vllm: counters of the last scrape that
 	// had them (see restartedLocked); nil before.
 	counters map[string]float64
+
+	// lora is the vllm:lora_requests_info of the last scrape that had it
+	// (loraslots.go); nil before.
+	lora atomic.Pointer[enginemetrics.LoRAInfo]
 }
 
 // Name is the endpoint's label (metrics, logs, x-kvrouter-replica).

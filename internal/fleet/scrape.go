@@ -32,6 +32,9 @@ func (f *Fleet) scrape(ctx context.Context, ep *Endpoint) {
 			f.cfg.OnRestart(ep)
 		}
 	}
+	if m.LoRA != nil {
+		ep.lora.Store(m.LoRA) // loraslots.go
+	}
 	if f.cfg.OnMetrics != nil {
 		f.cfg.OnMetrics(ep, m)
 	}

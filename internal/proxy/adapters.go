@@ -128,9 +128,27 @@ func (s *Server) healthy(dst []*fleet.Endpoint, x *exchange) ([]*fleet.Endpoint,
 	}
 	if x.m.cfg.AdapterLoading == AdapterLoadingLoad && adapterPath(x) != "" {
 		x.loadAdapter = true
-		return eps, retry, nil
+		return withFreeLoRASlot(eps, n), retry, nil
 	}
 	return out, retry, fmt.Errorf("adapter %q: no healthy engine has it loaded: %w", x.adapter, fleet.ErrNoEndpoint)
+}
+
+// withFreeLoRASlot keeps, of eps[n:], the engines with a free LoRA slot
+// or no LoRA figures yet (fleet.Endpoint.FreeLoRASlots), when there is
+// one: the adapter loaded there is served at once, where on an engine
+// whose batch holds max_loras adapters already its requests wait for one
+// to leave. With none free, eps is returned whole.
+func withFreeLoRASlot(eps []*fleet.Endpoint, n int) []*fleet.Endpoint {
+	var keep []*fleet.Endpoint
+	for _, ep := range eps[n:] {
+		if k, ok := ep.FreeLoRASlots(); !ok || k > 0 {
+			keep = append(keep, ep)
+		}
+	}
+	if len(keep) == 0 || len(keep) == len(eps)-n {
+		return eps
+	}
+	return append(eps[:n], keep...)
 }
 
 // adapterLoads merges concurrent loads of one adapter on one engine.
