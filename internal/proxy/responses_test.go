@@ -67,6 +67,17 @@ type responsesEngine struct {
 
 func (re *responsesEngine) handler(name string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		if id, ok := strings.CutPrefix(r.URL.Path, responsesPath+"/"); ok { // GET /v1/responses/{id}
+			re.mu.Lock()
+			defer re.mu.Unlock()
+			re.bodies = append(re.bodies, map[string]any{"get": id})
+			if !re.held[id] {
+				w.WriteHeader(http.StatusNotFound)
+				return
+			}
+			fmt.Fprintf(w, `{"id":%q,"object":"response","engine":%q}`, id, name)
+			return
+		}
 		b, _ := io.ReadAll(r.Body)
 		var body map[string]any
 		_ = json.Unmarshal(b, &body)
@@ -174,6 +185,22 @@ func TestResponsePinning(t *testing.T) {
 	}
 	if st, _, out := call(`{"model":"m","input":"x","previous_response_id":"nobody"}`); st != 404 || !strings.Contains(out, "Response with id 'nobody' not found.") {
 		t.Fatalf("held nowhere: %d %s", st, out)
+	}
+
+	// GET /v1/responses/{id} goes where a continuation goes.
+	for id, want := range map[string]string{a.ID: "e2", "mine-1": "e0", "elsewhere": "e1"} {
+		resp, err := rg.client.Get(rg.front.URL + responsesPath + "/" + id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out := readAll(t, resp); resp.StatusCode != 200 || resp.Header.Get("X-Kvrouter-Replica") != want || !strings.Contains(out, id) {
+			t.Errorf("GET %s: %d on %s %s, want %s", id, resp.StatusCode, resp.Header.Get("X-Kvrouter-Replica"), out, want)
+		}
+	}
+	if resp, err := rg.client.Get(rg.front.URL + responsesPath + "/nobody"); err != nil || resp.StatusCode != 404 {
+		t.Errorf("GET unknown: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
 	}
 
 	resp := rg.post(responsesPath, `{"model":"m","input":"hi","stream":true}`)

@@ -171,7 +171,10 @@ func (s *Server) routes() http.Handler {
 	}
 	handle("POST", "/v1/completions", s.auth(func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, kindCompletion) }))
 	handle("POST", "/v1/chat/completions", s.auth(func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, kindChat) }))
-	handle("POST", responsesPath, s.auth(s.serveResponses)) // responses.go
+	// responses.go, responseget.go
+	handle("POST", responsesPath, s.auth(s.serveResponses))
+	handle("GET", responsesPath+"/{id}", s.auth(s.serveResponseByID))
+	handle("POST", responsesPath+"/{id}/cancel", s.auth(s.serveResponseByID))
 	handle("POST", "/v1/route", s.auth(s.serveRoute))
 	for _, p := range passthroughPaths { // passthrough.go
 		handle("POST", p, s.auth(s.servePassthrough))

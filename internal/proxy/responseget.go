@@ -1,0 +1,98 @@
+package proxy
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"kvrouter/internal/fleet"
+)
+
+// GET /v1/responses/{id} (a stored response; with ?stream=true a
+// background response's events) and POST /v1/responses/{id}/cancel (a
+// background response) name a response the engine keeps in memory
+// (vllm/entrypoints/openai/responses/api_router.py retrieve_responses,
+// cancel_responses; serving.py answers vLLM's 404 for an id it does not
+// hold). They go where a continuation of that id goes (responsepin.go): the
+// engine a router-chosen id names, else the engine learned for a
+// client-chosen id first, then every healthy engine of every model in the
+// id's order while they answer 404. The query string is kept; the answer
+// is relayed as it comes.
+func (s *Server) serveResponseByID(w http.ResponseWriter, r *http.Request) {
+	x := &exchange{w: w, r: r, id: requestID(r), start: s.deps.Now()}
+	w.Header().Set("X-Request-Id", x.id)
+	defer s.finish(x)
+	id := r.PathValue("id")
+	x.req = &request{kind: kindResponses, model: modelUnknown}
+	var all []string
+	byName := map[string]*fleet.Endpoint{}
+	var retry time.Duration
+	for _, mc := range s.cfg.Models {
+		eps, rt, _ := s.deps.Fleet.Healthy(nil, mc.Name)
+		retry = max(retry, rt)
+		for _, ep := range eps {
+			if byName[ep.Name()] == nil {
+				byName[ep.Name()] = ep
+				all = append(all, ep.Name())
+			}
+		}
+	}
+	hint, tagged := responseEngine(id)
+	if !tagged {
+		hint, _ = s.learned.get(id)
+	}
+	order := probeOrder(id, all, hint)
+	if tagged && s.deps.Fleet.Endpoint(hint) != nil {
+		order = nil
+		if byName[hint] != nil {
+			order = []string{hint}
+		}
+	}
+	if len(order) == 0 {
+		s.fail(x, &apiError{status: http.StatusServiceUnavailable, typ: typeServiceUnavailable, retryAfter: max(retry, time.Second),
+			message: fmt.Sprintf("no healthy replica may hold response %q", id)}, outcomeNoReplica)
+		return
+	}
+	for i, name := range order {
+		ep := byName[name]
+		m := s.models[ep.Models()[0]]
+		if m == nil {
+			continue
+		}
+		x.m, x.req.model, x.asked, x.replica = m, m.cfg.Name, m.cfg.Name, name
+		if !s.askByID(x, ep, i < len(order)-1) {
+			return
+		}
+		x.retries++
+	}
+}
+
+// askByID sends the client's request to ep and relays the answer; true
+// when ep answered 404 and another engine may be asked (nothing written).
+func (s *Server) askByID(x *exchange, ep *fleet.Endpoint, more bool) bool {
+	ctx, wd, end := s.startAttempt(x, ep)
+	defer end()
+	u := ep.URL() + x.r.URL.Path
+	if x.r.URL.RawQuery != "" {
+		u += "?" + x.r.URL.RawQuery
+	}
+	req, err := http.NewRequestWithContext(ctx, x.r.Method, u, http.NoBody)
+	if err != nil {
+		s.fail(x, serverError(err.Error()), outcomeUpstream)
+		return false
+	}
+	outHeaders(req.Header, x.r.Header, x.id, ep.APIKey())
+	resp, err := x.m.transport.RoundTrip(req)
+	if err != nil {
+		return s.upstreamFailed(x, ep, ctx, err, false)
+	}
+	defer resp.Body.Close()
+	s.deps.Fleet.Report(ep, fleet.OutcomeOf(resp.StatusCode))
+	if more && resp.StatusCode == http.StatusNotFound {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+		return true
+	}
+	s.relay(x, ep, ctx, wd, resp, nil, func() {})
+	return false
+}
