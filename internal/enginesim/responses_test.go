@@ -90,3 +90,23 @@ func TestResponses(t *testing.T) {
 		t.Errorf("store off: %d, want 404", resp.StatusCode)
 	}
 }
+
+// FuzzResponsesInput: any input is converted or refused, never a panic; a
+// converted one is chat messages with a role each, which the fallback
+// template renders.
+func FuzzResponsesInput(f *testing.F) {
+	f.Add([]byte(`"hi"`))
+	f.Add([]byte(`[{"role":"user","content":[{"type":"input_text","text":"a"}]},{"type":"message","role":"assistant","content":"b"}]`))
+	f.Add([]byte(`[{"type":"function_call"}]`))
+	f.Add([]byte(`[{"role":"assistant","content":[]}]`))
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		msgs, err := responsesInput(raw)
+		if err != nil {
+			return
+		}
+		body, _ := json.Marshal(map[string]any{"messages": msgs})
+		if _, err := renderChatFallback(body); err != nil && len(msgs) > 0 {
+			t.Fatalf("%s -> %s: %v", raw, body, err)
+		}
+	})
+}
