@@ -96,8 +96,9 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, k kind) 
 	s.forward(x)
 }
 
-// serveRoute handles POST /v1/route: a completion or chat body (told apart by
-// "messages"), answered with the decision instead of forwarded.
+// serveRoute handles POST /v1/route: a completion, chat or Responses body
+// (told apart by "messages", then "input" without "prompt"), answered with
+// the decision instead of forwarded.
 func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request) {
 	x := &exchange{w: w, r: r, id: requestID(r), start: s.deps.Now()}
 	w.Header().Set("X-Request-Id", x.id)
@@ -109,10 +110,14 @@ func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request) {
 	}
 	var probe struct {
 		Messages json.RawMessage `json:"messages"`
+		Prompt   json.RawMessage `json:"prompt"`
+		Input    json.RawMessage `json:"input"`
 	}
 	k := kindCompletion
 	if json.Unmarshal(body, &probe) == nil && !isNull(probe.Messages) {
 		k = kindChat
+	} else if isNull(probe.Prompt) && !isNull(probe.Input) {
+		k = kindResponses // a Responses body (responses.go)
 	}
 	if !s.parse(x, k, body) {
 		return

@@ -129,6 +129,11 @@ func TestResponsePinning(t *testing.T) {
 	}
 	rg.router.pick = func(in *RouteInput) string { return in.Candidates[len(in.Candidates)-1] }
 
+	if resp := rg.post("/v1/route", `{"model":"m","input":"hi"}`); resp.StatusCode != 200 {
+		t.Fatalf("/v1/route with a Responses body: %d %s", resp.StatusCode, readAll(t, resp))
+	} else {
+		resp.Body.Close()
+	}
 	st, rep, out := call(`{"model":"m","input":"hi"}`)
 	var a struct {
 		ID string `json:"id"`
