@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/kvindex"
 )
 
 // exchange is one client request's state, shared by its attempts, for the
@@ -61,6 +62,11 @@ type exchange struct {
 	only          func(name string) bool
 	noRouteTokens bool
 	prefill       string
+
+	// mm are the prompt's multimodal items from the engine's render
+	// (mediakeys.go); media is what its chat parts carry (media.go).
+	mm    []kvindex.MMItem
+	media mediaScan
 }
 
 // Outcome labels of kvrouter_proxy_requests_total.
@@ -184,6 +190,7 @@ func (s *Server) parse(x *exchange, k kind, body []byte) bool {
 		return false
 	}
 	x.m = m
+	x.media = scanMedia(req)
 	if e := checkMedia(x); e != nil {
 		s.fail(x, e, outcomeBadRequest)
 		return false
@@ -210,7 +217,8 @@ func (s *Server) tokenize(x *exchange) []uint32 {
 	}
 	t0 := time.Now()
 	ctx, span := s.startChild(x, spanTokenize, trace.SpanKindInternal)
-	ids, err := x.m.tok.Tokens(ctx, req.kind == kindChat, req.body, req.promptText)
+	ids, mm, err := tokensMM(x.m.tok, ctx, req.kind == kindChat, req.body, req.promptText)
+	x.mm = mm
 	s.m.tokenize.WithLabelValues(req.model).Observe(time.Since(t0).Seconds())
 	if err != nil {
 		span.SetStatus(codes.Error, err.Error())
@@ -255,6 +263,7 @@ func (s *Server) routeInput(x *exchange, cands []string, dry bool) *RouteInput {
 	if x.noRouteTokens {
 		in.Tokens = nil
 	}
+	mediaRouteInput(x, in)
 	if tr, ok := x.m.router.(textRouter); ok && tr.UsesText() {
 		in.Text = x.req.routingText()
 	}

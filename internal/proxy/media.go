@@ -99,16 +99,51 @@ func mediaLimits(x *exchange) *MediaLimits {
 	return x.m.cfg.Media
 }
 
-// checkMedia applies x's media limits to its chat messages.
+// checkMedia applies x's media limits to its chat messages (x.media).
 func checkMedia(x *exchange) *apiError {
 	lim := mediaLimits(x)
 	if lim == nil || x.req.kind != kindChat {
 		return nil
 	}
+	counts, pixels, tokens := x.media.counts, x.media.pixels, x.media.visualTokens
+	for mod, n := range counts {
+		if most, ok := lim.MaxItems[mod]; ok && n > most {
+			return mediaError(fmt.Sprintf("at most %d %s item(s) may be given in one prompt for model %q; the request has %d", most, mod, x.asked, n))
+		}
+	}
+	if lim.MaxPixels > 0 && pixels > lim.MaxPixels {
+		return mediaError(fmt.Sprintf("the request's images have %d pixels; model %q allows at most %d per prompt", pixels, x.asked, lim.MaxPixels))
+	}
+	if lim.MaxVisualTokens > 0 && tokens > lim.MaxVisualTokens {
+		return mediaError(fmt.Sprintf("the request's images come to about %d visual tokens; model %q allows at most %d per prompt", tokens, x.asked, lim.MaxVisualTokens))
+	}
+	return nil
+}
+
+// mediaScan is what a chat's content parts carry besides text: items per
+// modality, and the pixels and estimated visual tokens (Qwen2VLImageTokens)
+// of its inlined images.
+type mediaScan struct {
+	counts       map[string]int
+	items        int
+	pixels       int64
+	visualTokens int
+}
+
+// scanMedia reads the media parts of req's chat messages (none for other
+// kinds).
+func scanMedia(req *request) mediaScan {
+	var ms mediaScan
+	if req.kind != kindChat {
+		return ms
+	}
 	counts := map[string]int{}
 	var pixels int64
 	tokens := 0
-	for _, raw := range x.req.messages {
+	for _, raw := range req.messages {
+		if !bytes.Contains(raw, []byte(`"type"`)) {
+			continue // a string content, or parts without types: no media
+		}
 		var msg struct {
 			Content json.RawMessage `json:"content"`
 		}
@@ -136,20 +171,11 @@ func checkMedia(x *exchange) *apiError {
 					tokens += Qwen2VLImageTokens(w, h)
 				}
 			}
+			ms.items++
 		}
 	}
-	for mod, n := range counts {
-		if most, ok := lim.MaxItems[mod]; ok && n > most {
-			return mediaError(fmt.Sprintf("at most %d %s item(s) may be given in one prompt for model %q; the request has %d", most, mod, x.asked, n))
-		}
-	}
-	if lim.MaxPixels > 0 && pixels > lim.MaxPixels {
-		return mediaError(fmt.Sprintf("the request's images have %d pixels; model %q allows at most %d per prompt", pixels, x.asked, lim.MaxPixels))
-	}
-	if lim.MaxVisualTokens > 0 && tokens > lim.MaxVisualTokens {
-		return mediaError(fmt.Sprintf("the request's images come to about %d visual tokens; model %q allows at most %d per prompt", tokens, x.asked, lim.MaxVisualTokens))
-	}
-	return nil
+	ms.counts, ms.pixels, ms.visualTokens = counts, pixels, tokens
+	return ms
 }
 
 func mediaError(msg string) *apiError {
