@@ -9,9 +9,10 @@ import (
 	_ "image/gif" // image.DecodeConfig of data URLs
 	_ "image/jpeg"
 	_ "image/png"
-	"math"
 	"net/http"
 	"strings"
+
+	"kvrouter/internal/vllm"
 )
 
 // Media limits: a model group's (or route alias's) bounds on the images,
@@ -40,40 +41,11 @@ type MediaLimits struct {
 	MaxVisualTokens int `yaml:"max_visual_tokens"`
 }
 
-// Qwen2.5-VL's image processor (the model's preprocessor_config.json:
-// patch_size 14, merge_size 2, min_pixels 3136, max_pixels 12845056)
-// resizes an image so that both sides are multiples of 28 (14 x 2) within
-// the pixel bounds, then merges each 2x2 group of 14-pixel patches into one
-// token: tokens = H*W / (14*14*4) after resizing.
-const (
-	qwenVLFactor    = 28
-	qwenVLMinPixels = 3136
-	qwenVLMaxPixels = 12845056
-)
-
 // Qwen2VLImageTokens estimates the visual tokens of a w x h image under
-// Qwen2.5-VL's resizing (896x896 -> 1,024; 0 for an empty image). It is an
-// estimate for routing and limits: other models count differently.
-func Qwen2VLImageTokens(w, h int) int {
-	if w <= 0 || h <= 0 {
-		return 0
-	}
-	f := float64(qwenVLFactor)
-	rw := max(math.Round(float64(w)/f)*f, f)
-	rh := max(math.Round(float64(h)/f)*f, f)
-	px := float64(w) * float64(h)
-	switch {
-	case rw*rh > qwenVLMaxPixels:
-		beta := math.Sqrt(px / qwenVLMaxPixels)
-		rw = max(math.Floor(float64(w)/beta/f)*f, f)
-		rh = max(math.Floor(float64(h)/beta/f)*f, f)
-	case rw*rh < qwenVLMinPixels:
-		beta := math.Sqrt(qwenVLMinPixels / px)
-		rw = math.Ceil(float64(w)*beta/f) * f
-		rh = math.Ceil(float64(h)*beta/f) * f
-	}
-	return int(rw/f) * int(rh/f)
-}
+// Qwen2.5-VL's resizing (896x896 -> 1,024; 0 for an empty image): see
+// vllm.Qwen2VLImageTokens. It is an estimate for routing and limits: other
+// models count differently.
+func Qwen2VLImageTokens(w, h int) int { return vllm.Qwen2VLImageTokens(w, h) }
 
 // mediaModality maps a chat content part's type to its modality ("" for
 // text and unknown types), as vLLM's chat parser names them
