@@ -126,6 +126,7 @@ models:
 	if p, got := resp.Header.Get("X-Kvrouter-Cached-Tokens"), e2eCachedTokens(t, out); p != fmt.Sprint(got) {
 		t.Fatalf("other image: predicted %s, engine %d", p, got)
 	}
+	t.Logf("%d-token prompt (256 placeholders): repeats cached %d (predicted = engine); other image %d", n, full, sys)
 
 	// 896x896 is 1,024 visual tokens; two of them exceed the budget.
 	big := e2ePNG(t, 896, 896, 3)
