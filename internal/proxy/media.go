@@ -109,7 +109,7 @@ func scanMedia(req *request) mediaScan {
 	if req.kind != kindChat {
 		return ms
 	}
-	counts := map[string]int{}
+	var counts map[string]int // made at the first item: text chats allocate nothing
 	var pixels int64
 	tokens := 0
 	for _, raw := range req.messages {
@@ -135,6 +135,9 @@ func scanMedia(req *request) mediaScan {
 			mod := mediaModality(p.Type)
 			if mod == "" {
 				continue
+			}
+			if counts == nil {
+				counts = map[string]int{}
 			}
 			counts[mod]++
 			if p.ImageURL != nil {
