@@ -113,8 +113,8 @@ func scanMedia(req *request) mediaScan {
 	var pixels int64
 	tokens := 0
 	for _, raw := range req.messages {
-		if !bytes.Contains(raw, []byte(`"type"`)) {
-			continue // a string content, or parts without types: no media
+		if bytes.IndexByte(raw, '[') < 0 {
+			continue // no list of parts (an escaped key could hide "type", not '[')
 		}
 		var msg struct {
 			Content json.RawMessage `json:"content"`

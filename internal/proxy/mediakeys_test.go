@@ -65,6 +65,7 @@ func TestMediaRouteInput(t *testing.T) {
 		{"a Tokenizer without TokensMM", noMM{mmTok{ids: ids}}, imageChat, -1, nil, 60},
 		{"no ids: visual tokens", noMM{mmTok{err: errors.New("no render")}}, imageChat, -1, nil, 1024},
 		{"text chat", mmTok{ids: ids}, textChat, 60, nil, 0},
+		{"escaped keys are still media", mmTok{ids: ids}, strings.ReplaceAll(imageChat, `"type"`, `"\u0074ype"`), -1, nil, 60},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rg.srv.models["m"].tok = tc.tok
