@@ -47,8 +47,9 @@ type chatImage struct {
 // imagePadText, and the images in order; body itself when it has none.
 // Errors wrap errBadRequest.
 func chatImages(body []byte) ([]byte, []chatImage, error) {
-	if !bytes.Contains(body, []byte("image")) && !bytes.Contains(body, []byte("audio")) && !bytes.Contains(body, []byte("video")) {
-		return body, nil, nil
+	if !bytes.Contains(body, []byte("image")) && !bytes.Contains(body, []byte("audio")) &&
+		!bytes.Contains(body, []byte("video")) && !bytes.Contains(body, []byte(`\u`)) {
+		return body, nil, nil // no part type can be spelt without these (an escape: \u)
 	}
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(body, &top); err != nil {

@@ -142,3 +142,14 @@ func pngBytesF(w, h int) []byte {
 	_ = png.Encode(&b, image.NewGray(image.Rect(0, 0, w, h)))
 	return b.Bytes()
 }
+
+// TestChatImagesEscapedType: an image part whose type is spelt with JSON
+// escapes is still an image.
+func TestChatImagesEscapedType(t *testing.T) {
+	url := "data:image/png;base64," + base64.StdEncoding.EncodeToString(pngBytesF(56, 56))
+	body := []byte(`{"messages":[{"role":"user","content":[{"type":"\u0069mage_url","\u0069mage_url":{"url":"` + url + `"}}]}]}`)
+	body = bytes.ReplaceAll(body, []byte("image/png"), []byte(`\u0069mage/png`))
+	if _, imgs, err := chatImages(body); err != nil || len(imgs) != 1 || imgs[0].tokens != 4 {
+		t.Fatalf("images %+v, err %v; want one of 4 tokens", imgs, err)
+	}
+}
