@@ -6,11 +6,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"kvrouter/internal/vllm"
 )
 
-const blockhashSynopsis = "--algo ALGO --seed SEED --block-size N [--lora NAME] [--cache-salt S] < tokens.json"
+const blockhashSynopsis = "--algo ALGO --seed SEED --block-size N [--lora NAME] [--cache-salt S] [--mm ID:OFFSET:LENGTH ...] < tokens.json"
 
 // blockhashOutput is what "kvrouter blockhash" prints, one JSON line.
 type blockhashOutput struct {
@@ -36,6 +37,14 @@ func runBlockhash(ctx context.Context, args []string, sio stdio) error {
 	blockSize := fs.Int("block-size", 16, "block size in tokens (the engine's, see vllm:cache_config_info)")
 	lora := fs.String("lora", "", "LoRA adapter name, if the request used one")
 	salt := fs.String("cache-salt", "", "the request's cache_salt")
+	var mm []vllm.MMFeature
+	fs.Func("mm", "a multimodal item as IDENTIFIER:OFFSET:LENGTH (its mm hash and placeholder range, as the render endpoint's features give them); repeat in prompt order", func(v string) error {
+		f, err := parseMMFlag(v)
+		if err == nil {
+			mm = append(mm, f)
+		}
+		return err
+	})
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -58,7 +67,12 @@ func runBlockhash(ctx context.Context, args []string, sio stdio) error {
 	if err != nil {
 		return err
 	}
-	digests := h.HashPrompt(tokens, *blockSize, vllm.RequestKeys{LoRAName: *lora, CacheSalt: *salt})
+	for i, f := range mm {
+		if f.Offset+f.Length > len(tokens) || i > 0 && f.Offset < mm[i-1].Offset+mm[i-1].Length {
+			return fmt.Errorf("%w: --mm %s:%d:%d: want ranges in prompt order, disjoint, inside the %d tokens", errUsage, f.Identifier, f.Offset, f.Length, len(tokens))
+		}
+	}
+	digests := h.HashPrompt(tokens, *blockSize, vllm.RequestKeys{LoRAName: *lora, CacheSalt: *salt, MM: mm})
 	out := blockhashOutput{
 		NoneHash:    hex.EncodeToString(h.NoneHash()),
 		Digests:     make([]string, len(digests)),
@@ -69,4 +83,25 @@ func runBlockhash(ctx context.Context, args []string, sio stdio) error {
 		out.EventValues[i] = strconv.FormatUint(uint64(vllm.EventValue(d)), 10)
 	}
 	return json.NewEncoder(sio.out).Encode(out)
+}
+
+// parseMMFlag reads IDENTIFIER:OFFSET:LENGTH; the identifier may hold
+// colons ("<lora>:<hash>"), so the numbers are taken from the right.
+func parseMMFlag(v string) (vllm.MMFeature, error) {
+	rest, ln, ok1 := cutLast(v)
+	id, off, ok2 := cutLast(rest)
+	o, err1 := strconv.Atoi(off)
+	n, err2 := strconv.Atoi(ln)
+	if !ok1 || !ok2 || id == "" || err1 != nil || err2 != nil || o < 0 || n < 1 {
+		return vllm.MMFeature{}, fmt.Errorf("want IDENTIFIER:OFFSET:LENGTH with OFFSET >= 0 and LENGTH >= 1, got %q", v)
+	}
+	return vllm.MMFeature{Identifier: id, Offset: o, Length: n}, nil
+}
+
+func cutLast(s string) (before, after string, ok bool) {
+	i := strings.LastIndexByte(s, ':')
+	if i < 0 {
+		return s, "", false
+	}
+	return s[:i], s[i+1:], true
 }

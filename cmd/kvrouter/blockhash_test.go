@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"reflect"
 	"strconv"
@@ -27,9 +28,13 @@ func TestBlockhashGolden(t *testing.T) {
 		BlockSize int             `json:"block_size"`
 		Tokens    json.RawMessage `json:"tokens"`
 		Request   struct {
-			LoRAName  *string           `json:"lora_name"`
-			CacheSalt *string           `json:"cache_salt"`
-			MM        []json.RawMessage `json:"mm_features"`
+			LoRAName  *string `json:"lora_name"`
+			CacheSalt *string `json:"cache_salt"`
+			MM        []struct {
+				ID     string `json:"identifier"`
+				Offset int    `json:"offset"`
+				Length int    `json:"length"`
+			} `json:"mm_features"`
 		} `json:"request"`
 		NoneHash    string   `json:"none_hash_hex"`
 		Digests     []string `json:"block_digests_hex"`
@@ -40,9 +45,6 @@ func TestBlockhashGolden(t *testing.T) {
 	}
 	ran := 0
 	for _, c := range cases {
-		if len(c.Request.MM) > 0 {
-			continue // the command has no flag for multimodal items
-		}
 		ran++
 		t.Run(c.Name, func(t *testing.T) {
 			args := []string{"blockhash", "--algo", c.Algo, "--seed", c.Seed, "--block-size", itoa(c.BlockSize)}
@@ -51,6 +53,9 @@ func TestBlockhashGolden(t *testing.T) {
 			}
 			if c.Request.CacheSalt != nil {
 				args = append(args, "--cache-salt", *c.Request.CacheSalt)
+			}
+			for _, f := range c.Request.MM {
+				args = append(args, "--mm", fmt.Sprintf("%s:%d:%d", f.ID, f.Offset, f.Length))
 			}
 			var out, errb bytes.Buffer
 			if code := run(context.Background(), args, stdio{bytes.NewReader(c.Tokens), &out, &errb}); code != 0 {
@@ -69,7 +74,7 @@ func TestBlockhashGolden(t *testing.T) {
 			}
 		})
 	}
-	if ran < 15 {
+	if ran < 25 {
 		t.Errorf("only %d golden cases ran", ran)
 	}
 }
@@ -88,6 +93,10 @@ func TestBlockhashErrors(t *testing.T) {
 		{"not an array", []string{"--seed", "0"}, `{"a":1}`, 1, "read token ids"},
 		{"negative token", []string{"--seed", "0"}, `[1,-2]`, 1, "read token ids"},
 		{"trailing data", []string{"--seed", "0"}, `[1] [2]`, 1, "after the array"},
+		{"bad mm", []string{"--mm", "abc:1"}, "[1]", 2, "IDENTIFIER:OFFSET:LENGTH"},
+		{"mm zero length", []string{"--mm", "abc:0:0"}, "[1]", 2, "LENGTH >= 1"},
+		{"mm past the prompt", []string{"--mm", "abc:0:5"}, "[1,2]", 2, "inside the 2 tokens"},
+		{"mm overlapping", []string{"--mm", "a:0:2", "--mm", "b:1:1"}, "[1,2,3]", 2, "disjoint"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

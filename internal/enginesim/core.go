@@ -3,6 +3,7 @@ package enginesim
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"kvrouter/internal/vllm"
@@ -30,6 +31,11 @@ type Request struct {
 	LoRAName string
 	// CacheSalt is the cache_salt request field, part of block 0's extra keys.
 	CacheSalt string
+	// MM are the prompt's multimodal items (identifier and placeholder
+	// range), sorted by offset, not overlapping, inside Tokens: extra keys
+	// of the blocks they overlap (vllm.BlockExtraKeys), as vLLM keys a
+	// request's mm_features.
+	MM []vllm.MMFeature
 	// ReportHits asks for vllm_xargs.kv_cache_report_mode "full": every
 	// admission that reuses cached GPU blocks emits a BlockStored with a nil
 	// parent for those blocks.
@@ -144,6 +150,7 @@ type seq struct {
 	maxTokens  int
 	lora       *string
 	loraKeys   []any // []any{lora} shared by blocks > 0
+	mm         []vllm.MMFeature
 	salt       string
 	reportHits bool
 	// remote: the prompt's KV is still to be pulled (Request.RemoteKV);
@@ -260,6 +267,9 @@ func (c *Core) Submit(r *Request) error {
 		return fmt.Errorf("%w: %d prompt tokens + %d max_tokens > max_model_len %d",
 			ErrInvalidRequest, len(r.Tokens), r.MaxTokens, c.cfg.MaxModelLen)
 	}
+	if err := checkMM(r.MM, len(r.Tokens)); err != nil {
+		return err
+	}
 	if _, dup := c.byID[r.ID]; dup {
 		return fmt.Errorf("%w: %q", ErrDuplicateID, r.ID)
 	}
@@ -272,6 +282,7 @@ func (c *Core) Submit(r *Request) error {
 		remote:       r.RemoteKV,
 		remoteDecode: r.RemoteDecode,
 		cachedTokens: -1,
+		mm:           slices.Clone(r.MM),
 	}
 	// Copy the prompt with room for the output: appending the room (at
 	// least one token, as MaxTokens >= 1) as zeros to a capacity-capped view

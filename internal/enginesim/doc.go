@@ -11,9 +11,10 @@
 //     longest chain of cached block hashes covering at most n-1 of its n
 //     tokens, in whole blocks. Blocks are hashed and cached when scheduled,
 //     prompt and decode blocks alike, with vLLM's chained hash and extra keys
-//     (LoRA name on every block, cache_salt on block 0). Freed blocks keep
-//     their hash in an LRU free queue (a request's tail blocks first) and are
-//     evicted only when reallocated, unreferenced.
+//     (LoRA name on every block, (identifier, offset) of each multimodal item
+//     overlapping a block, cache_salt on block 0; images: media.go). Freed
+//     blocks keep their hash in an LRU free queue (a request's tail blocks
+//     first) and are evicted only when reallocated, unreferenced.
 //   - Optional CPU tier (NumCPUBlocks): evicted blocks are offloaded; a prefix
 //     that continues there is reloaded at CPULoadTokensPerSec instead of
 //     recomputed.

@@ -41,7 +41,7 @@ func (c *Core) storedEvent(s *seq, from, to int, medium vllm.Medium, withParent 
 		id := c.loraIDs[*s.lora]
 		e.LoRAID = &id
 	}
-	if s.lora == nil && s.salt == "" {
+	if s.lora == nil && s.salt == "" && len(s.mm) == 0 {
 		e.ExtraKeys = c.nilKeys(to - from)
 		return e
 	}

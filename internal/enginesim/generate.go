@@ -43,7 +43,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeError(w, f.ErrorStatus, "injected fault")
 		return
 	}
-	prompts, ok := s.prompts(w, req, body, chat)
+	prompts, mm, ok := s.prompts(w, req, body, chat)
 	if !ok {
 		return
 	}
@@ -79,7 +79,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 				salt = *req.CacheSalt
 			}
 			subs = append(subs, submission{st: st, req: Request{
-				ID: rid, Tokens: p, MaxTokens: mt, LoRAName: lora, CacheSalt: salt, ReportHits: req.reportHits(),
+				ID: rid, Tokens: p, MM: mm, MaxTokens: mt, LoRAName: lora, CacheSalt: salt, ReportHits: req.reportHits(),
 				RemoteDecode: remoteDecode, RemoteKV: remoteKV,
 			}})
 			choices = append(choices, &choiceState{st: st, prompt: pi})

@@ -21,7 +21,11 @@ type blockhashCase struct {
 	Request   struct {
 		LoRAName  *string `json:"lora_name"`
 		CacheSalt *string `json:"cache_salt"`
-		MM        []any   `json:"mm_features"`
+		MM        []struct {
+			Identifier string `json:"identifier"`
+			Offset     int    `json:"offset"`
+			Length     int    `json:"length"`
+		} `json:"mm_features"`
 	} `json:"request"`
 	ExtraKeys   []any    `json:"extra_keys_per_block"`
 	EventValues []string `json:"event_values"`
@@ -42,14 +46,11 @@ func loadBlockhashCases(t testing.TB) []blockhashCase {
 
 // TestGoldenEventsThroughWire: the core, hashing with vLLM's algorithms
 // (internal/vllm), emits for every golden prompt exactly the golden event
-// values and extra keys, and the batch survives vLLM's wire encoding
+// values and extra keys (multimodal items included), and the batch survives vLLM's wire encoding
 // (AppendBatch, map and legacy array layouts) and DecodeBatch unchanged.
 func TestGoldenEventsThroughWire(t *testing.T) {
-	ran := 0
+	ran, mm := 0, 0
 	for _, tc := range loadBlockhashCases(t) {
-		if len(tc.Request.MM) > 0 { // the simulator has no multimodal inputs
-			continue
-		}
 		t.Run(tc.Name, func(t *testing.T) {
 			h, err := vllm.NewBlockHasher(vllm.HashAlgo(tc.Algo), tc.Seed, nil)
 			if err != nil {
@@ -62,6 +63,12 @@ func TestGoldenEventsThroughWire(t *testing.T) {
 			}
 			if tc.Request.CacheSalt != nil {
 				r.CacheSalt = *tc.Request.CacheSalt
+			}
+			for _, f := range tc.Request.MM {
+				r.MM = append(r.MM, vllm.MMFeature{Identifier: f.Identifier, Offset: f.Offset, Length: f.Length})
+			}
+			if len(r.MM) > 0 {
+				mm++
 			}
 			mustSubmit(t, c, r)
 			s := step(c)
@@ -105,8 +112,8 @@ func TestGoldenEventsThroughWire(t *testing.T) {
 		})
 		ran++
 	}
-	if ran < 15 {
-		t.Fatalf("only %d golden cases ran", ran)
+	if ran < 15 || mm < 6 {
+		t.Fatalf("only %d golden cases ran, %d with multimodal items", ran, mm)
 	}
 }
 

@@ -11,6 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"kvrouter/internal/vllm"
 )
 
 func (s *Server) routes() {
@@ -24,6 +26,8 @@ func (s *Server) routes() {
 	}
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("POST /tokenize", s.tokenize)
+	mux.HandleFunc("POST /v1/chat/completions/render", s.render(true))
+	mux.HandleFunc("POST /v1/completions/render", s.render(false))
 	mux.HandleFunc("POST /reset_prefix_cache", func(w http.ResponseWriter, r *http.Request) {
 		if err := s.ResetPrefixCache(r.Context()); err != nil {
 			writeError(w, http.StatusConflict, err.Error())
@@ -129,7 +133,7 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 	case req.Prompt != nil:
 		toks, err = s.tok.Encode(*req.Prompt, req.AddSpecialTokens == nil || *req.AddSpecialTokens)
 	case len(req.Messages) > 0:
-		toks, err = s.tok.EncodeChat(body)
+		toks, _, err = s.encodeChat(body)
 	default:
 		err = errors.New("either prompt or messages is required")
 	}
@@ -147,25 +151,25 @@ func nonNil(t []uint32) []uint32 {
 	return t
 }
 
-// prompts turns a request into token-id prompts, or writes the error.
-func (s *Server) prompts(w http.ResponseWriter, req *genRequest, body []byte, chat bool) ([][]uint32, bool) {
-	var out [][]uint32
+// prompts turns a request into token-id prompts, or writes the error; mm
+// are a chat's image items (media.go).
+func (s *Server) prompts(w http.ResponseWriter, req *genRequest, body []byte, chat bool) (out [][]uint32, mm []vllm.MMFeature, ok bool) {
 	if chat {
 		if len(req.Messages) == 0 {
 			writeError(w, http.StatusBadRequest, "messages is required")
-			return nil, false
+			return nil, nil, false
 		}
-		toks, err := s.tok.EncodeChat(body)
+		toks, items, err := s.encodeChat(body)
 		if err != nil {
 			writeError(w, http.StatusBadRequest, err.Error())
-			return nil, false
+			return nil, nil, false
 		}
-		out = append(out, toks)
+		out, mm = append(out, toks), items
 	} else {
 		ps, err := parsePrompts(req.Prompt)
 		if err != nil {
 			writeError(w, http.StatusBadRequest, err.Error())
-			return nil, false
+			return nil, nil, false
 		}
 		addSpecial := req.AddSpecialTokens == nil || *req.AddSpecialTokens
 		for _, p := range ps {
@@ -176,7 +180,7 @@ func (s *Server) prompts(w http.ResponseWriter, req *genRequest, body []byte, ch
 			toks, err := s.tok.Encode(p.text, addSpecial)
 			if err != nil {
 				writeError(w, http.StatusBadRequest, err.Error())
-				return nil, false
+				return nil, nil, false
 			}
 			out = append(out, toks)
 		}
@@ -184,10 +188,10 @@ func (s *Server) prompts(w http.ResponseWriter, req *genRequest, body []byte, ch
 	for _, p := range out {
 		if msg := s.checkPrompt(p); msg != "" {
 			writeError(w, http.StatusBadRequest, msg)
-			return nil, false
+			return nil, nil, false
 		}
 	}
-	return out, true
+	return out, mm, true
 }
 
 // checkPrompt applies vLLM's prompt checks; "" when fine.

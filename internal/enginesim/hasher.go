@@ -11,8 +11,8 @@ import (
 // hash_block_tokens: parent is the previous block's digest, or nil for the
 // first block (the hasher then uses its NONE_HASH); tokens are the block's
 // token ids; extraKeys is nil or the block's extra keys (LoRA name,
-// cache_salt). The returned digest may be overwritten by the next call; the
-// caller copies what it keeps. The KV event value is its last 8 bytes read
+// multimodal items, cache_salt). The returned digest may be overwritten by
+// the next call; the caller copies what it keeps. The KV event value is its last 8 bytes read
 // big-endian (vllm.EventValue). A Core calls its hasher from one goroutine.
 type BlockHasher interface {
 	HashBlock(parent []byte, tokens []uint32, extraKeys []any) []byte
@@ -52,18 +52,30 @@ func (h *FastHasher) HashBlock(parent []byte, tokens []uint32, extraKeys []any) 
 			b = binary.LittleEndian.AppendUint32(b, t)
 		}
 	}
-	for _, k := range extraKeys {
+	b = appendFastKeys(b, extraKeys)
+	h.buf = b
+	binary.BigEndian.PutUint64(h.out[:], xxh3.Hash(b))
+	return h.out[:]
+}
+
+// appendFastKeys appends extra keys to a FastHasher input: each key after
+// a 0xff separator, strings as bytes, ints as 8 bytes, a tuple (a
+// multimodal item's (identifier, offset)) as 0xfe, its items, 0xfd.
+func appendFastKeys(b []byte, keys []any) []byte {
+	for _, k := range keys {
 		b = append(b, 0xff) // separator: keys cannot be confused with tokens
 		switch v := k.(type) {
 		case string:
 			b = append(b, v...)
 		case int:
 			b = binary.LittleEndian.AppendUint64(b, uint64(v))
+		case int64:
+			b = binary.LittleEndian.AppendUint64(b, uint64(v))
+		case []any:
+			b = append(appendFastKeys(append(b, 0xfe), v), 0xfd)
 		}
 	}
-	h.buf = b
-	binary.BigEndian.PutUint64(h.out[:], xxh3.Hash(b))
-	return h.out[:]
+	return b
 }
 
 // littleEndian reports whether the machine stores integers little-endian
@@ -76,8 +88,8 @@ func littleEndian() bool {
 // blockExtraKeys returns a block's extra keys in vLLM's order
 // (generate_block_hash_extra_keys, vllm/v1/core/kv_cache_utils.py): the LoRA
 // name on every block, then cache_salt on the block that starts at token 0
-// when non-empty; nil when there are none. The simulator has no multimodal
-// inputs or prompt embeddings.
+// when non-empty; nil when there are none. Requests with multimodal items
+// take mmExtraKeys instead; the simulator has no prompt embeddings.
 func blockExtraKeys(loraName, cacheSalt string, block int) []any {
 	salt := block == 0 && cacheSalt != ""
 	switch {

@@ -255,7 +255,7 @@ func (c *Core) ensureHashes(s *seq, n int) {
 		if i > 0 {
 			parent = s.lastHash
 		}
-		d := c.hasher.HashBlock(parent, s.tokens[i*bs:(i+1)*bs], c.extraKeys(s, i))
+		d := c.hasher.HashBlock(parent, s.tokens[i*bs:(i+1)*bs], c.hashKeys(s, i))
 		s.lastHash = append(s.lastHash[:0], d...)
 		s.hashes = append(s.hashes, vllm.EventValue(d))
 		s.foldSeed((i + 1) * bs)
@@ -263,6 +263,9 @@ func (c *Core) ensureHashes(s *seq, n int) {
 }
 
 func (c *Core) extraKeys(s *seq, block int) []any {
+	if len(s.mm) > 0 {
+		return mmExtraKeys(s, block, c.cfg.BlockSize, s.mm)
+	}
 	if block == 0 {
 		return blockExtraKeys(derefString(s.lora), s.salt, 0)
 	}

@@ -335,8 +335,9 @@ func (b *Backend) Route(in *RouteInput) (Decision, error) {
 		Text:       in.Text,
 		SessionKey: in.Session,
 		MaxTokens:  in.MaxTokens,
-		Extras:     kvindex.Extras{CacheSalt: in.CacheSalt, LoRA: in.LoRA},
+		Extras:     kvindex.Extras{CacheSalt: in.CacheSalt, LoRA: in.LoRA, MM: in.MM},
 	}
+	req.PromptTokens = in.PromptTokens // media prompts routed by load (mediakeys.go)
 	for _, name := range *b.replicas.Load() {
 		if !slices.Contains(in.Candidates, name) {
 			req.Exclude = append(req.Exclude, b.replicaNames(name)...)

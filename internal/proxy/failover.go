@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/kvindex"
 )
 
 // ErrNoTokenizerEngine is returned (wrapped) by FailoverTokenizer when no
@@ -84,6 +85,13 @@ func (f *FailoverTokenizer) Remove(name string) {
 
 // Tokens implements Tokenizer.
 func (f *FailoverTokenizer) Tokens(ctx context.Context, chat bool, body []byte, text string) ([]uint32, error) {
+	ids, _, err := f.TokensMM(ctx, chat, body, text)
+	return ids, err
+}
+
+// TokensMM is Tokens with the prompt's multimodal items, from the first
+// engine that answers (mediakeys.go).
+func (f *FailoverTokenizer) TokensMM(ctx context.Context, chat bool, body []byte, text string) ([]uint32, []kvindex.MMItem, error) {
 	var errs []error
 	tried := 0
 	engines := *f.engines.Load()
@@ -92,25 +100,25 @@ func (f *FailoverTokenizer) Tokens(ctx context.Context, chat bool, body []byte, 
 			continue
 		}
 		tried++
-		ids, err := e.Tok.Tokens(ctx, chat, body, text)
+		ids, mm, err := tokensMM(e.Tok, ctx, chat, body, text)
 		if err == nil {
 			f.recovered()
-			return ids, nil
+			return ids, mm, nil
 		}
 		if !connError(ctx, err) {
-			return nil, err // the engine answered, or the request is at fault
+			return nil, nil, err // the engine answered, or the request is at fault
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", e.Endpoint.Name(), err))
 	}
 	if tried == 0 && len(engines) > 0 {
 		e := engines[0]
-		ids, err := e.Tok.Tokens(ctx, chat, body, text)
+		ids, mm, err := tokensMM(e.Tok, ctx, chat, body, text)
 		if err == nil {
 			f.recovered()
-			return ids, nil
+			return ids, mm, nil
 		}
 		if !connError(ctx, err) {
-			return nil, err
+			return nil, nil, err
 		}
 		errs = append(errs, fmt.Errorf("%s (down): %w", e.Endpoint.Name(), err))
 	}
@@ -118,7 +126,7 @@ func (f *FailoverTokenizer) Tokens(ctx context.Context, chat bool, body []byte, 
 	if ctx.Err() == nil && !f.down.Swap(true) {
 		f.log.Warn("no engine can tokenize; routing by load until one can", "err", err)
 	}
-	return nil, err
+	return nil, nil, err
 }
 
 func (f *FailoverTokenizer) recovered() {

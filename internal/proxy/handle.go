@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/kvindex"
 )
 
 // exchange is one client request's state, shared by its attempts, for the
@@ -66,6 +67,11 @@ type exchange struct {
 	// an engine (instead of fwd).
 	pin     *responsePin
 	bodyFor func(engine string) []byte
+
+	// mm are the prompt's multimodal items from the engine's render
+	// (mediakeys.go); media is what its chat parts carry (media.go).
+	mm    []kvindex.MMItem
+	media mediaScan
 }
 
 // Outcome labels of kvrouter_proxy_requests_total.
@@ -194,6 +200,7 @@ func (s *Server) parse(x *exchange, k kind, body []byte) bool {
 		return false
 	}
 	x.m = m
+	x.media = scanMedia(req)
 	if e := checkMedia(x); e != nil {
 		s.fail(x, e, outcomeBadRequest)
 		return false
@@ -228,7 +235,8 @@ func (s *Server) tokenize(x *exchange) []uint32 {
 		}
 		chat, body = true, req.resp.chatBody
 	}
-	ids, err := x.m.tok.Tokens(ctx, chat, body, req.promptText)
+	ids, mm, err := tokensMM(x.m.tok, ctx, chat, body, req.promptText)
+	x.mm = mm
 	s.m.tokenize.WithLabelValues(req.model).Observe(time.Since(t0).Seconds())
 	if err != nil {
 		span.SetStatus(codes.Error, err.Error())
@@ -273,6 +281,7 @@ func (s *Server) routeInput(x *exchange, cands []string, dry bool) *RouteInput {
 	if x.noRouteTokens {
 		in.Tokens = nil
 	}
+	mediaRouteInput(x, in)
 	if tr, ok := x.m.router.(textRouter); ok && tr.UsesText() {
 		in.Text = x.req.routingText()
 	}

@@ -9,9 +9,10 @@ import (
 	_ "image/gif" // image.DecodeConfig of data URLs
 	_ "image/jpeg"
 	_ "image/png"
-	"math"
 	"net/http"
 	"strings"
+
+	"kvrouter/internal/vllm"
 )
 
 // Media limits: a model group's (or route alias's) bounds on the images,
@@ -40,40 +41,11 @@ type MediaLimits struct {
 	MaxVisualTokens int `yaml:"max_visual_tokens"`
 }
 
-// Qwen2.5-VL's image processor (the model's preprocessor_config.json:
-// patch_size 14, merge_size 2, min_pixels 3136, max_pixels 12845056)
-// resizes an image so that both sides are multiples of 28 (14 x 2) within
-// the pixel bounds, then merges each 2x2 group of 14-pixel patches into one
-// token: tokens = H*W / (14*14*4) after resizing.
-const (
-	qwenVLFactor    = 28
-	qwenVLMinPixels = 3136
-	qwenVLMaxPixels = 12845056
-)
-
 // Qwen2VLImageTokens estimates the visual tokens of a w x h image under
-// Qwen2.5-VL's resizing (896x896 -> 1,024; 0 for an empty image). It is an
-// estimate for routing and limits: other models count differently.
-func Qwen2VLImageTokens(w, h int) int {
-	if w <= 0 || h <= 0 {
-		return 0
-	}
-	f := float64(qwenVLFactor)
-	rw := max(math.Round(float64(w)/f)*f, f)
-	rh := max(math.Round(float64(h)/f)*f, f)
-	px := float64(w) * float64(h)
-	switch {
-	case rw*rh > qwenVLMaxPixels:
-		beta := math.Sqrt(px / qwenVLMaxPixels)
-		rw = max(math.Floor(float64(w)/beta/f)*f, f)
-		rh = max(math.Floor(float64(h)/beta/f)*f, f)
-	case rw*rh < qwenVLMinPixels:
-		beta := math.Sqrt(qwenVLMinPixels / px)
-		rw = math.Ceil(float64(w)*beta/f) * f
-		rh = math.Ceil(float64(h)*beta/f) * f
-	}
-	return int(rw/f) * int(rh/f)
-}
+// Qwen2.5-VL's resizing (896x896 -> 1,024; 0 for an empty image): see
+// vllm.Qwen2VLImageTokens. It is an estimate for routing and limits: other
+// models count differently.
+func Qwen2VLImageTokens(w, h int) int { return vllm.Qwen2VLImageTokens(w, h) }
 
 // mediaModality maps a chat content part's type to its modality ("" for
 // text and unknown types), as vLLM's chat parser names them
@@ -99,16 +71,51 @@ func mediaLimits(x *exchange) *MediaLimits {
 	return x.m.cfg.Media
 }
 
-// checkMedia applies x's media limits to its chat messages.
+// checkMedia applies x's media limits to its chat messages (x.media).
 func checkMedia(x *exchange) *apiError {
 	lim := mediaLimits(x)
 	if lim == nil || x.req.kind != kindChat {
 		return nil
 	}
-	counts := map[string]int{}
+	counts, pixels, tokens := x.media.counts, x.media.pixels, x.media.visualTokens
+	for mod, n := range counts {
+		if most, ok := lim.MaxItems[mod]; ok && n > most {
+			return mediaError(fmt.Sprintf("at most %d %s item(s) may be given in one prompt for model %q; the request has %d", most, mod, x.asked, n))
+		}
+	}
+	if lim.MaxPixels > 0 && pixels > lim.MaxPixels {
+		return mediaError(fmt.Sprintf("the request's images have %d pixels; model %q allows at most %d per prompt", pixels, x.asked, lim.MaxPixels))
+	}
+	if lim.MaxVisualTokens > 0 && tokens > lim.MaxVisualTokens {
+		return mediaError(fmt.Sprintf("the request's images come to about %d visual tokens; model %q allows at most %d per prompt", tokens, x.asked, lim.MaxVisualTokens))
+	}
+	return nil
+}
+
+// mediaScan is what a chat's content parts carry besides text: items per
+// modality, and the pixels and estimated visual tokens (Qwen2VLImageTokens)
+// of its inlined images.
+type mediaScan struct {
+	counts       map[string]int
+	items        int
+	pixels       int64
+	visualTokens int
+}
+
+// scanMedia reads the media parts of req's chat messages (none for other
+// kinds).
+func scanMedia(req *request) mediaScan {
+	var ms mediaScan
+	if req.kind != kindChat {
+		return ms
+	}
+	var counts map[string]int // made at the first item: text chats allocate nothing
 	var pixels int64
 	tokens := 0
-	for _, raw := range x.req.messages {
+	for _, raw := range req.messages {
+		if bytes.IndexByte(raw, '[') < 0 {
+			continue // no list of parts (an escaped key could hide "type", not '[')
+		}
 		var msg struct {
 			Content json.RawMessage `json:"content"`
 		}
@@ -129,6 +136,9 @@ func checkMedia(x *exchange) *apiError {
 			if mod == "" {
 				continue
 			}
+			if counts == nil {
+				counts = map[string]int{}
+			}
 			counts[mod]++
 			if p.ImageURL != nil {
 				if w, h, ok := dataURLSize(p.ImageURL.URL); ok {
@@ -136,20 +146,11 @@ func checkMedia(x *exchange) *apiError {
 					tokens += Qwen2VLImageTokens(w, h)
 				}
 			}
+			ms.items++
 		}
 	}
-	for mod, n := range counts {
-		if most, ok := lim.MaxItems[mod]; ok && n > most {
-			return mediaError(fmt.Sprintf("at most %d %s item(s) may be given in one prompt for model %q; the request has %d", most, mod, x.asked, n))
-		}
-	}
-	if lim.MaxPixels > 0 && pixels > lim.MaxPixels {
-		return mediaError(fmt.Sprintf("the request's images have %d pixels; model %q allows at most %d per prompt", pixels, x.asked, lim.MaxPixels))
-	}
-	if lim.MaxVisualTokens > 0 && tokens > lim.MaxVisualTokens {
-		return mediaError(fmt.Sprintf("the request's images come to about %d visual tokens; model %q allows at most %d per prompt", tokens, x.asked, lim.MaxVisualTokens))
-	}
-	return nil
+	ms.counts, ms.pixels, ms.visualTokens = counts, pixels, tokens
+	return ms
 }
 
 func mediaError(msg string) *apiError {

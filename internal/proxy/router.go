@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"context"
+
+	"kvrouter/internal/kvindex"
 )
 
 // Router chooses the replica of one request among candidates. The proxy
@@ -46,6 +48,13 @@ type RouteInput struct {
 	// LoRA is the LoRA adapter the request names ("" for the base model):
 	// an extra key of every block (kvindex.Extras.LoRA).
 	LoRA string
+	// MM are the prompt's multimodal items (identifier and placeholder
+	// range, sorted by offset): extra keys of the blocks they overlap
+	// (kvindex.Extras.MM). nil for text prompts.
+	MM []kvindex.MMItem
+	// PromptTokens is the prompt length for the prefill cost when Tokens
+	// is nil or shorter than the prompt (0: len(Tokens)); see mediakeys.go.
+	PromptTokens int
 	// Candidates are the names of the replicas that may serve the request,
 	// in configuration order; never empty.
 	Candidates []string

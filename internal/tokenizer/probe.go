@@ -262,7 +262,7 @@ func (p *Probe) firstDelay() time.Duration {
 
 // remoteTokens is the engine's render backend (met by *Remote).
 type remoteTokens interface {
-	Chat(ctx context.Context, req ChatRequest) ([]uint32, error)
+	ChatRendered(ctx context.Context, req ChatRequest) (Rendered, error)
 	Completion(ctx context.Context, prompt string, addSpecialTokens bool) ([]uint32, error)
 }
 
@@ -300,16 +300,25 @@ func (s *Source) UsingEngine() bool { return s.local == nil || s.engineForced.Lo
 // Chat returns the ids of a chat request, rendered and encoded with
 // add_special_tokens=false as vLLM does.
 func (s *Source) Chat(ctx context.Context, req ChatRequest) ([]uint32, error) {
+	out, err := s.ChatRendered(ctx, req)
+	return out.IDs, err
+}
+
+// ChatRendered is Chat with the prompt's multimodal items when the engine's
+// render endpoint rendered it (Remote.ChatRendered); the local renderer
+// reports none (it refuses media parts with ErrUnsupported, so such chats
+// go to the engine).
+func (s *Source) ChatRendered(ctx context.Context, req ChatRequest) (Rendered, error) {
 	if !s.UsingEngine() {
 		_, ids, err := s.local.EncodeChat(req)
 		if err == nil || s.remote == nil || !(errors.Is(err, ErrUnsupported) || errors.Is(err, ErrNoChatTemplate)) {
-			return ids, err
+			return Rendered{IDs: ids}, err
 		}
 	}
 	if s.remote == nil {
-		return nil, errors.New("token source: local tokenizer distrusted and no engine render backend")
+		return Rendered{}, errors.New("token source: local tokenizer distrusted and no engine render backend")
 	}
-	return s.remote.Chat(ctx, req)
+	return s.remote.ChatRendered(ctx, req)
 }
 
 // Completion returns the ids of a completion prompt.

@@ -140,20 +140,35 @@ var errNoRoute = errors.New("render endpoint not served")
 // Chat returns the ids the engine computes for a chat request: from
 // /v1/chat/completions/render, or /tokenize when the engine lacks it.
 func (r *Remote) Chat(ctx context.Context, req ChatRequest) ([]uint32, error) {
+	out, err := r.ChatRendered(ctx, req)
+	return out.IDs, err
+}
+
+// ChatRendered is Chat with the prompt's multimodal items: the render
+// endpoint's "features" (decodeMMFeatures) come back in Rendered.MM; ids
+// from the /tokenize fallback come with none. A features field that does
+// not fit the ids is an error.
+func (r *Remote) ChatRendered(ctx context.Context, req ChatRequest) (Rendered, error) {
 	if r.renderAvailable() {
 		body := r.chatBody(req, false)
 		var out struct {
-			TokenIDs []uint32 `json:"token_ids"`
+			TokenIDs []uint32        `json:"token_ids"`
+			Features json.RawMessage `json:"features"`
 		}
 		err := r.post(ctx, pathChatRender, body, &out)
 		if err == nil {
-			return out.TokenIDs, nil
+			mm, err := decodeMMFeatures(out.Features, len(out.TokenIDs))
+			if err != nil {
+				return Rendered{}, fmt.Errorf("engine %s: %w", pathChatRender, err)
+			}
+			return Rendered{IDs: out.TokenIDs, MM: mm}, nil
 		}
 		if !errors.Is(err, errNoRoute) {
-			return nil, err
+			return Rendered{}, err
 		}
 	}
-	return r.TokenizeChat(ctx, req)
+	ids, err := r.TokenizeChat(ctx, req)
+	return Rendered{IDs: ids}, err
 }
 
 // Completion returns the ids the engine computes for a completion prompt:

@@ -1,0 +1,91 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"kvrouter/internal/kvindex"
+	"kvrouter/internal/tokenizer"
+)
+
+// Block keys of prompts with images (and other media).
+//
+// The engine's render endpoint (POST /v1/chat/completions/render) answers
+// the prompt's token ids with each item's placeholder tokens expanded, and
+// the items' hashes and placeholder ranges ("features": mm_hashes,
+// mm_placeholders; vllm/entrypoints/serve/render/serving.py). vLLM keys a
+// block that overlaps an item with (identifier, offset of the item from the
+// block's start) among its extra keys (vllm/v1/core/kv_cache_utils.py
+// _gen_mm_extra_hash_keys), so equal placeholder tokens of two different
+// images never share a block. The router passes the items to the index as
+// kvindex.Extras.MM, which keys them the same way (proven against
+// testdata/vllm/blockhash.json in kvindex).
+//
+// Without the items (the engine has no render endpoint and /tokenize
+// answered, or no engine render backend at all) the keys of a media prompt
+// cannot be made: the request is routed by load, with the prompt length
+// (the ids' count, else the text's and the images' estimated visual
+// tokens) in the prefill cost.
+
+// mmTokenizer is met by Tokenizers that also return the prompt's
+// multimodal items (TokenSource, FailoverTokenizer).
+type mmTokenizer interface {
+	TokensMM(ctx context.Context, chat bool, body []byte, text string) ([]uint32, []kvindex.MMItem, error)
+}
+
+// tokensMM asks tok for the ids and, when it can tell, the items.
+func tokensMM(tok Tokenizer, ctx context.Context, chat bool, body []byte, text string) ([]uint32, []kvindex.MMItem, error) {
+	if t, ok := tok.(mmTokenizer); ok {
+		return t.TokensMM(ctx, chat, body, text)
+	}
+	ids, err := tok.Tokens(ctx, chat, body, text)
+	return ids, nil, err
+}
+
+var _ mmTokenizer = TokenSource{}
+
+// TokensMM is Tokens with a chat's multimodal items from the engine's
+// render endpoint (tokenizer.Source.ChatRendered); completions have none.
+func (t TokenSource) TokensMM(ctx context.Context, chat bool, body []byte, text string) ([]uint32, []kvindex.MMItem, error) {
+	if !chat {
+		ids, err := t.Tokens(ctx, false, body, text)
+		return ids, nil, err
+	}
+	var req tokenizer.ChatRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		return nil, nil, fmt.Errorf("chat request: %w", err)
+	}
+	out, err := t.Src.ChatRendered(ctx, req)
+	if err != nil {
+		return nil, nil, err
+	}
+	var mm []kvindex.MMItem
+	if len(out.MM) > 0 {
+		mm = make([]kvindex.MMItem, len(out.MM))
+		for i, it := range out.MM {
+			mm[i] = kvindex.MMItem{Identifier: it.Identifier, Offset: it.Offset, Length: it.Length}
+		}
+	}
+	return out.IDs, mm, nil
+}
+
+// mediaRouteInput completes in for x's media: the items become extra keys;
+// a media prompt whose items are unknown is routed by load (no Tokens)
+// with its length as the prefill cost: the ids' count, or, with no ids,
+// the images' estimated visual tokens (Qwen2VLImageTokens; the text's
+// tokens are unknown then, so this is a lower bound).
+func mediaRouteInput(x *exchange, in *RouteInput) {
+	in.MM = x.mm
+	if len(x.mm) > 0 || x.media.items == 0 {
+		return
+	}
+	if in.Tokens != nil {
+		in.PromptTokens = len(in.Tokens)
+		in.Tokens = nil
+		return
+	}
+	if in.PromptTokens == 0 {
+		in.PromptTokens = x.media.visualTokens
+	}
+}

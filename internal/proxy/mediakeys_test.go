@@ -1,0 +1,171 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"image"
+	"image/png"
+	"reflect"
+	"strings"
+	"testing"
+
+	"kvrouter/internal/kvindex"
+	"kvrouter/internal/vllm"
+)
+
+// mmTok answers fixed ids and items; noMM hides TokensMM (a Tokenizer
+// that cannot tell the items).
+type mmTok struct {
+	ids []uint32
+	mm  []kvindex.MMItem
+	err error
+}
+
+func (f mmTok) Tokens(ctx context.Context, chat bool, body []byte, text string) ([]uint32, error) {
+	ids, _, err := f.TokensMM(ctx, chat, body, text)
+	return ids, err
+}
+
+func (f mmTok) TokensMM(context.Context, bool, []byte, string) ([]uint32, []kvindex.MMItem, error) {
+	return f.ids, f.mm, f.err
+}
+
+type noMM struct{ mmTok }
+
+func (f noMM) Tokens(ctx context.Context, chat bool, body []byte, text string) ([]uint32, error) {
+	return f.ids, f.err
+}
+
+// TestMediaRouteInput: an image chat's items from the render reach the
+// router as extra keys; without items its tokens are withheld (keys
+// without the items would match other images' blocks) and its length is
+// the prefill cost; with no ids at all the images' estimated visual tokens
+// are.
+func TestMediaRouteInput(t *testing.T) {
+	rg := newRig(t, 1)
+	ids := make([]uint32, 60)
+	items := []kvindex.MMItem{{Identifier: "abc", Offset: 5, Length: 40}}
+	img := fmt.Sprintf(`{"type":"image_url","image_url":{"url":%q}}`, pngDataURL(t, 896, 896))
+	imageChat := `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[` + img + `,{"type":"text","text":"what?"}]}]}`
+	textChat := `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[{"type":"text","text":"what?"}]}]}`
+	for _, tc := range []struct {
+		name   string
+		tok    Tokenizer
+		body   string
+		tokens int // len(in.Tokens), -1 for nil
+		mm     []kvindex.MMItem
+		prompt int
+	}{
+		{"rendered with items", mmTok{ids: ids, mm: items}, imageChat, 60, items, 0},
+		{"ids without items", mmTok{ids: ids}, imageChat, -1, nil, 60},
+		{"a Tokenizer without TokensMM", noMM{mmTok{ids: ids}}, imageChat, -1, nil, 60},
+		{"no ids: visual tokens", noMM{mmTok{err: errors.New("no render")}}, imageChat, -1, nil, 1024},
+		{"text chat", mmTok{ids: ids}, textChat, 60, nil, 0},
+		{"escaped keys are still media", mmTok{ids: ids}, strings.ReplaceAll(imageChat, `"type"`, `"\u0074ype"`), -1, nil, 60},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rg.srv.models["m"].tok = tc.tok
+			rg.router.mu.Lock()
+			rg.router.inputs = nil
+			rg.router.mu.Unlock()
+			resp := rg.post("/v1/chat/completions", tc.body)
+			if out := readAll(t, resp); resp.StatusCode != 200 {
+				t.Fatalf("%d %s", resp.StatusCode, out)
+			}
+			rg.router.mu.Lock()
+			in := rg.router.inputs[0]
+			rg.router.mu.Unlock()
+			n := len(in.Tokens)
+			if in.Tokens == nil {
+				n = -1
+			}
+			if n != tc.tokens || !reflect.DeepEqual(in.MM, tc.mm) || in.PromptTokens != tc.prompt {
+				t.Fatalf("route input: %d tokens, mm %+v, prompt tokens %d; want %d, %+v, %d", n, in.MM, in.PromptTokens, tc.tokens, tc.mm, tc.prompt)
+			}
+		})
+	}
+}
+
+// TestBackendMediaPromptCost: a media prompt routed by load (no Tokens)
+// still pays its length in the kv policy's prefill cost
+// (RouteInput.PromptTokens), and its items reach the keys: a prompt
+// stored with an image's extra keys matches only with those items.
+func TestBackendMediaPromptCost(t *testing.T) {
+	b := newTestBackend(t, "kv")
+	cost := func(in *RouteInput) float64 {
+		t.Helper()
+		in.Model, in.Candidates, in.DryRun = "m", []string{"a", "b"}, true
+		d, err := b.Route(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := json.Marshal(d.Explain)
+		var ex struct {
+			Candidates []struct {
+				Cost *float64 `json:"cost"`
+			} `json:"candidates"`
+		}
+		if err := json.Unmarshal(raw, &ex); err != nil || len(ex.Candidates) == 0 || ex.Candidates[0].Cost == nil {
+			t.Fatalf("explain %s (%v)", raw, err)
+		}
+		return *ex.Candidates[0].Cost
+	}
+	none, visual := cost(&RouteInput{}), cost(&RouteInput{PromptTokens: 1024})
+	if !(visual > none) {
+		t.Fatalf("cost with 1024 visual tokens %v, without %v: the prompt length must count", visual, none)
+	}
+
+	prompt := seq(64)
+	ev := stored(prompt, 16)
+	item := kvindex.MMItem{Identifier: "img", Offset: 20, Length: 30}
+	for i := range ev.Batch.Events[0].BlockHashes {
+		ev.Batch.Events[0].ExtraKeys = append(ev.Batch.Events[0].ExtraKeys,
+			vllm.BlockExtraKeys(vllm.RequestKeys{MM: []vllm.MMFeature{{Identifier: item.Identifier, Offset: item.Offset, Length: item.Length}}}, i*16, (i+1)*16))
+	}
+	b.Apply(ev)
+	for _, tc := range []struct {
+		mm   []kvindex.MMItem
+		want int // 48: all 4 blocks, less the last token vLLM always computes
+	}{{[]kvindex.MMItem{item}, 48}, {nil, 16}, {[]kvindex.MMItem{{Identifier: "other", Offset: 20, Length: 30}}, 16}} {
+		d, err := b.Route(&RouteInput{Model: "m", Tokens: prompt, MM: tc.mm, Candidates: []string{"a", "b"}, DryRun: true})
+		if err != nil || d.CachedTokens != tc.want {
+			t.Errorf("items %+v: cached %d (%v), want %d", tc.mm, d.CachedTokens, err, tc.want)
+		}
+	}
+}
+
+// BenchmarkScanMedia: the per-request cost of reading a chat's media parts
+// (every chat pays it, for the limits and the keys): a 10-message text chat,
+// and one 896x896 PNG data URL with a question.
+func BenchmarkScanMedia(b *testing.B) {
+	var text []string
+	for i := range 10 {
+		text = append(text, fmt.Sprintf(`{"role":"user","content":"message %d: %s"}`, i, strings.Repeat("words ", 40)))
+	}
+	var buf bytes.Buffer
+	if err := png.Encode(&buf, image.NewGray(image.Rect(0, 0, 896, 896))); err != nil {
+		b.Fatal(err)
+	}
+	url := "data:image/png;base64," + base64.StdEncoding.EncodeToString(buf.Bytes())
+	for _, bc := range []struct{ name, body string }{
+		{"text-10-messages", `{"model":"m","messages":[` + strings.Join(text, ",") + `]}`},
+		{"one-image", `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"` + url + `"}},{"type":"text","text":"what is it?"}]}]}`},
+	} {
+		req, aerr := parseRequest(kindChat, []byte(bc.body))
+		if aerr != nil {
+			b.Fatal(aerr.message)
+		}
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if ms := scanMedia(req); ms.items != strings.Count(bc.name, "image") {
+					b.Fatalf("%d items", ms.items)
+				}
+			}
+		})
+	}
+}
