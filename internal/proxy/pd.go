@@ -105,6 +105,9 @@ func (s *Server) planPD(x *exchange, prefill, decode []string) (pdPlan, error) {
 			in.DecodePrefillRate = l.PrefillRate
 			in.DecodeQueueSeconds = float64(l.QueuedPrefill) / l.PrefillRate
 		}
+		if l, ok := lr.load(dd.Replica); ok {
+			in.DecodeInFlight = int(l.InFlight)
+		}
 		if l, ok := lr.load(pp.Replica); ok && l.PrefillRate > 0 {
 			in.PrefillQueueSeconds = float64(l.QueuedPrefill) / l.PrefillRate
 		}
