@@ -112,6 +112,7 @@ func TestPDMatrix(t *testing.T) {
 		case "long_prompt_07":
 			o.Load, o.Requests = 0.7, 800
 		case "mooncake":
+			o.Requests, _ = strconv.Atoi(os.Getenv("KVROUTER_PD_REQUESTS"))
 			fh, err := os.Open("../../testdata/mooncake/conversation_trace.jsonl.gz")
 			if err != nil {
 				t.Fatal(err)
@@ -142,7 +143,11 @@ func TestPDMatrix(t *testing.T) {
 			label     string
 		}
 		jobs := []job{{ArrAggregated, "infiniband", nil, "aggregated"}}
-		for _, link := range []string{"nvlink", "infiniband", "roce", "tcp"} {
+		links := []string{"nvlink", "infiniband", "roce", "tcp"}
+		if l := os.Getenv("KVROUTER_PD_LINKS"); l != "" {
+			links = strings.Split(l, ",")
+		}
+		for _, link := range links {
 			jobs = append(jobs, job{ArrDisaggregated, link, nil, "disaggregated"}, job{ArrConditional, link, ruleBefore, "cond-before"}, job{ArrConditional, link, nil, "cond-after"})
 		}
 		type out struct {
@@ -167,7 +172,7 @@ func TestPDMatrix(t *testing.T) {
 		wg.Wait()
 		for si, slo := range slos {
 			agg := report.Summarize(res[0].run, slo)
-			for li := 0; li < 4; li++ {
+			for li := range links {
 				d := report.Summarize(res[1+3*li].run, slo)
 				best := math.Max(agg.GoodputRPS, d.GoodputRPS)
 				line := fmt.Sprintf("%s %d P slo#%d %s:", x.name, x.prefill, si, jobs[1+3*li].link)
