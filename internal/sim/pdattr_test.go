@@ -111,6 +111,8 @@ func TestPDMatrix(t *testing.T) {
 			o.Load, o.Requests, prefill = 0.5, 800, 6
 		case "long_prompt_07":
 			o.Load, o.Requests = 0.7, 800
+		case "multi_turn":
+			o.Requests = 1200
 		case "mooncake":
 			o.Requests, _ = strconv.Atoi(os.Getenv("KVROUTER_PD_REQUESTS"))
 			fh, err := os.Open("../../testdata/mooncake/conversation_trace.jsonl.gz")
@@ -165,6 +167,9 @@ func TestPDMatrix(t *testing.T) {
 				cfg.PD.Rule.Link = j.link
 				if w, err := strconv.ParseFloat(os.Getenv("KVROUTER_PD_STALL"), 64); err == nil && j.decide == nil {
 					cfg.PD.Rule.StallWeight = w
+				}
+				if n, err := strconv.Atoi(os.Getenv("KVROUTER_PD_MIN")); err == nil && j.decide == nil {
+					cfg.PD.Rule.MinRemoteTokens = n
 				}
 				res[i].run, res[i].remote = pdOne(t, cfg, x.w, j.arr, j.decide)
 			})
