@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"context"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -45,5 +47,38 @@ func TestPDDiscoveredRoles(t *testing.T) {
 	c.Models[0].Discovery.RoleLabel = ""
 	if err := c.Validate(); err != nil {
 		t.Errorf("pd on a discovered group with roles: %v", err)
+	}
+}
+
+// TestPDParallelSampling: a long prompt with n (or best_of) above 1 takes
+// the local path even under mode always (one kv_transfer_params cannot
+// hand over n samples): no prefill leg, 200 from a decode engine, the
+// reason counted and explained; n 1 still goes remote.
+func TestPDParallelSampling(t *testing.T) {
+	rg := newPDRig(t, twoByTwo)
+	for _, extra := range []string{`"n":2`, `"best_of":3,"n":1`} {
+		body := strings.Replace(pdPrompt(1, 3000, 3, false), `"model":"m"`, `"model":"m",`+extra, 1)
+		resp := rg.post(context.Background(), "/v1/completions", body)
+		out := readAll(t, resp)
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Kvrouter-Path") != pathLocal || !strings.HasPrefix(resp.Header.Get("X-Kvrouter-Replica"), "d") {
+			t.Fatalf("%s: %d %v %s", extra, resp.StatusCode, resp.Header, out)
+		}
+		resp = rg.post(context.Background(), "/v1/route", body)
+		if out := readAll(t, resp); !strings.Contains(out, `"reason":"parallel_sampling"`) {
+			t.Errorf("%s: explain %s", extra, out)
+		}
+	}
+	if n := rg.engine("p0").requests.Load() + rg.engine("p1").requests.Load(); n != 0 {
+		t.Fatalf("%d prefill legs sent for parallel sampling", n)
+	}
+	if got := rg.pdCount(pathLocal, reasonParallelSampling); got != 2 {
+		t.Errorf("parallel_sampling counted %v times, want 2", got)
+	}
+	resp := rg.post(context.Background(), "/v1/completions", strings.Replace(pdPrompt(5000, 3000, 3, false), `"model":"m"`, `"model":"m","n":1`, 1))
+	if readAll(t, resp); resp.Header.Get("X-Kvrouter-Path") != pathDisaggregated {
+		t.Errorf("n 1: path %q, want disaggregated", resp.Header.Get("X-Kvrouter-Path"))
+	}
+	if !parallelSampling([]byte(`{"n":4}`)) || parallelSampling([]byte(`{"n":"x"}`)) || parallelSampling([]byte(`{}`)) {
+		t.Error("parallelSampling")
 	}
 }

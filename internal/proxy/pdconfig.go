@@ -36,6 +36,9 @@ const (
 const (
 	reasonNoPrefill     = "no_prefill_engine"
 	reasonPromptUnknown = "prompt_unknown"
+	// reasonParallelSampling: n or best_of above 1, always local
+	// (parallelSampling).
+	reasonParallelSampling = "parallel_sampling"
 )
 
 // pdGroup is one model group's disaggregated serving: the rule and each
