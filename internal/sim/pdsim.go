@@ -79,7 +79,9 @@ func (cfg *Config) validatePD() []error {
 		errs = append(errs, fmt.Errorf("pd prefill replicas %d: want 1..%d (at least one decode replica)", cfg.PD.PrefillReplicas, cfg.Replicas-1))
 	}
 	if len(cfg.Scale) > 0 {
-		errs = append(errs, errors.New("pd: scaling is not simulated with prefill and decode pools"))
+		// A scale event names no pool, and the split is what a P/D run
+		// compares: compare --pd-prefill values instead.
+		errs = append(errs, errors.New("pd: scaling is not simulated with prefill and decode pools (a scale event names no pool, and the split is what the run compares: run each --pd-prefill value instead)"))
 	}
 	for _, p := range cfg.Policies {
 		if !slices.Contains(Arrangements(), p) {
