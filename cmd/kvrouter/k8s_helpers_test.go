@@ -101,14 +101,21 @@ func (s *countedSim) Release() {
 	}
 }
 
-func startCountedSim(t *testing.T) *countedSim {
+func startCountedSim(t *testing.T) *countedSim { return startCountedSimPD(t, enginesim.PDConfig{}) }
+
+// startCountedSimPD is startCountedSim with a simulated KV connector in
+// pc's role (none when pc is zero); its side channel is on its address.
+func startCountedSimPD(t *testing.T, pc enginesim.PDConfig) *countedSim {
 	t.Helper()
 	n := k8stest.NewNetNS(t)
 	ln, err := n.Listen(8000)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := enginesim.New(enginesim.Config{ServedModelName: "m", Core: enginesim.CoreConfig{NumGPUBlocks: 1024, MaxModelLen: 4096}}, nil, prometheus.NewRegistry())
+	if pc.Role != "" {
+		pc.SideChannelHost = n.Addr.String()
+	}
+	srv, err := enginesim.New(enginesim.Config{ServedModelName: "m", Core: enginesim.CoreConfig{NumGPUBlocks: 1024, MaxModelLen: 4096}, PD: pc}, nil, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}

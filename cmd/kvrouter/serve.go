@@ -296,7 +296,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		pools, groups = append(pools, p), append(groups, parts)
 		runs = append(runs, p.Run)
 		if m.Discovery != nil {
-			run, err := newDiscoveredGroup(m, p, log, reg)
+			run, err := newDiscoveredGroup(m, p, &srvRef, log, reg)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", fl.pos.Field("models", i, "discovery"), err))
 				continue

@@ -59,6 +59,13 @@ type Config struct {
 	// Name labels this source's metrics (default "NAMESPACE/SERVICE" or
 	// "NAMESPACE/SELECTOR").
 	Name string `yaml:"name"`
+	// RoleLabel is the Pod label giving an engine's disaggregated-serving
+	// role (Engine.Role; role.go): default DefaultRoleLabel
+	// (llm-d.ai/role), "-" for none. Pods labelled prefill form the
+	// group's prefill pool, the others its decode pool; a group with no
+	// prefill Pod serves whole requests. It needs the Pods: a Selector or
+	// InferencePool source, or PodAnnotations with a Service.
+	RoleLabel string `yaml:"role_label"`
 }
 
 // Settings are one engine's settings besides its address.
@@ -170,6 +177,15 @@ func (c Config) withDefaults() (Config, error) {
 		// As for router.yaml's engines; a Pod's annotation may still turn
 		// its events off (events-port "0") and leave the default replay.
 		errs = append(errs, fieldErr("defaults.replay_port", "%d needs events_port", c.Defaults.ReplayPort))
+	}
+	switch c.RoleLabel {
+	case "":
+		c.RoleLabel = DefaultRoleLabel
+	case RoleLabelOff:
+	default:
+		if msgs := validation.IsQualifiedName(c.RoleLabel); len(msgs) > 0 {
+			errs = append(errs, fieldErr("role_label", "%q: %s", c.RoleLabel, msgs[0]))
+		}
 	}
 	if c.Name == "" && c.InferencePool != "" {
 		c.Name = c.Namespace + "/inferencepool/" + c.InferencePool

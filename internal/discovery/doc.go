@@ -26,8 +26,10 @@
 // are read only when Config.PodAnnotations is set, which adds a Pod
 // informer (and the RBAC to list and watch Pods). The API key of an engine
 // whose settings name a Secret key is read from that Secret (a get, again
-// every Config.SecretRefresh) and reported as Engine.APIKey. Before its
-// informers start, Run checks with a SelfSubjectAccessReview per call
+// every Config.SecretRefresh) and reported as Engine.APIKey.
+// An engine's disaggregated-serving role (Engine.Role: prefill or decode)
+// comes from its Pod's Config.RoleLabel (llm-d.ai/role by default;
+// role.go). Before its informers start, Run checks with a SelfSubjectAccessReview per call
 // that the API server will allow what it calls (ErrForbidden otherwise).
 //
 // Run owns the informers and their goroutines and returns after all of

@@ -2,6 +2,7 @@ package discovery
 
 import (
 	"cmp"
+	"errors"
 	"net"
 	"slices"
 	"strconv"
@@ -51,6 +52,10 @@ type Engine struct {
 	// APIKey is the engine's API key, read from the Secret key
 	// Settings.APIKeySecret names ("" when it names none).
 	APIKey string
+	// Role is RolePrefill or RoleDecode from the Pod's Config.RoleLabel
+	// (role.go); "" with roles off or without the Pod (a Service source
+	// without PodAnnotations).
+	Role string
 }
 
 // Host is Addr's IP (or name), the host of the KV event and replay ports.
@@ -151,7 +156,7 @@ func (b *builder) fromSlices(slices []*discoveryv1.EndpointSlice, pod func(name 
 						b.pending(addr, ep.TargetRef.Name)
 						continue
 					}
-					e.Settings = b.settings(p)
+					e.Settings, e.Role = b.settings(p), b.role(p)
 				}
 			}
 			out = append(out, e)
@@ -176,6 +181,7 @@ func (b *builder) fromPods(pods []*corev1.Pod) []Engine {
 			Addr:     net.JoinHostPort(p.Status.PodIP, strconv.Itoa(port)),
 			State:    podState(p),
 			Settings: b.settings(p),
+			Role:     b.role(p),
 		})
 	}
 	return dedup(out)
@@ -225,6 +231,18 @@ func (b *builder) podPort(p *corev1.Pod) (int, bool) {
 func (b *builder) settings(p *corev1.Pod) Settings {
 	return settingsFrom(p.Annotations, b.cfg.Defaults, func(key, value string, err error) {
 		b.bad(p.Namespace+"/"+p.Name, key, value, err)
+	})
+}
+
+// role is p's engine role (role.go); a label value it does not know is
+// reported like a bad annotation.
+func (b *builder) role(p *corev1.Pod) string {
+	label := b.cfg.RoleLabel
+	if label == RoleLabelOff {
+		label = ""
+	}
+	return role(p.Labels, label, func(v string) {
+		b.bad(p.Namespace+"/"+p.Name, label, v, errors.New("want prefill, decode, prefill-decode or both (taken as decode)"))
 	})
 }
 

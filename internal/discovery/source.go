@@ -317,6 +317,8 @@ func (s *Source) logChange(old, cur []Engine) {
 			s.log.Info("engine state", "engine", e.Name, "addr", e.Addr, "state", e.State.String(), "was", p.State.String())
 		case p.Settings != e.Settings:
 			s.log.Info("engine settings changed", "engine", e.Name, "addr", e.Addr)
+		case p.Role != e.Role:
+			s.log.Info("engine role changed", "engine", e.Name, "addr", e.Addr, "role", e.Role, "was", p.Role)
 		case p != e:
 			s.log.Info("engine API key changed", "engine", e.Name, "addr", e.Addr)
 		}

@@ -6,6 +6,7 @@ import (
 	"math"
 	"sort"
 	"strings"
+	"time"
 )
 
 // Shape is the part of a model's architecture that sets its KV cache size:
@@ -114,6 +115,10 @@ const (
 	DefaultMinRemoteTokens = 1000
 	// DefaultLink is the link assumed when none is configured.
 	DefaultLink = "infiniband"
+	// DefaultTTFTTarget is Rule.TTFTTarget's default: 2 s, the TTFT SLO
+	// of kvrouter's goodput measurements (and of the DistServe/Mooncake
+	// evaluations' chat workloads).
+	DefaultTTFTTarget = 2 * time.Second
 )
 
 // Rule is the conditional-disaggregation rule. A zero field means the
@@ -133,11 +138,20 @@ type Rule struct {
 	LinkGBps float64 `yaml:"link_gbps"`
 	// Model is the model's KV shape (default Llama31_8B, 128 KiB/token).
 	Model Shape `yaml:"model"`
-	// StallWeight weighs the stall a local prefill imposes on the decode
-	// engine's running sequences against the request's own wait (default
-	// 1: one stall counts as much as one second of this request's time to
-	// first token; raise it where inter-token latency is the binding SLO).
+	// StallWeight weighs the stall a local prefill imposes on each request
+	// in flight on the decode engine against the request's own time to
+	// first token (default 1: a second of one sequence's stall counts as
+	// much as a second of this request's wait; raise it where inter-token
+	// latency is the binding SLO, lower it toward 0 to favour local
+	// prefill).
 	StallWeight float64 `yaml:"stall_weight"`
+	// TTFTTarget is the time to first token a request should meet (the
+	// TTFT SLO; default 2 s, negative: none). When only one path's
+	// predicted time to first token meets it, that path is taken whatever
+	// the stall: a remote prefill that misses the target while a local one
+	// would meet it loses the request to spare the decodes a stall that
+	// rarely breaks their inter-token SLO, and the reverse.
+	TTFTTarget time.Duration `yaml:"ttft_target"`
 }
 
 // WithDefaults returns r with zero fields filled in and checks it,
@@ -159,6 +173,9 @@ func (r Rule) WithDefaults() (Rule, error) {
 	}
 	if r.StallWeight == 0 {
 		r.StallWeight = 1
+	}
+	if r.TTFTTarget == 0 {
+		r.TTFTTarget = DefaultTTFTTarget
 	}
 	var errs []error
 	switch r.Mode {
@@ -208,6 +225,10 @@ type Inputs struct {
 	// DecodeQueueSeconds is the same for the decode engine: prefill work
 	// already queued there (local prefills), in seconds.
 	DecodeQueueSeconds float64
+	// DecodeInFlight is the number of requests in flight on the decode
+	// engine (routing.Load.InFlight): the sequences a local prefill there
+	// stalls or delays.
+	DecodeInFlight int
 }
 
 // Decision reasons.
@@ -228,28 +249,46 @@ type Verdict struct {
 	Reason string `json:"reason"`
 	// TransferSeconds is the KV transfer time of the uncached part.
 	TransferSeconds float64 `json:"transfer_seconds"`
-	// SavingSeconds is the decode engine's prefill time the remote path
-	// spares it (its queued prefill and this prompt's), minus the
-	// transfer time.
+	// SavingSeconds is what the remote path saves: the local path's time
+	// to first token plus StallSeconds, minus the remote path's time to
+	// first token (Decide); negative when local prefill is cheaper.
 	SavingSeconds float64 `json:"saving_seconds"`
+	// StallSeconds is the weighted stall a local prefill would impose on
+	// the decode engine's requests in flight.
+	StallSeconds float64 `json:"stall_seconds"`
 	// QueueSeconds is the prefill engine's queued prefill time.
 	QueueSeconds float64 `json:"prefill_queue_seconds"`
 }
 
-// Decide applies the rule (after WithDefaults) to one request:
+// Decide applies the rule (after WithDefaults) to one request. It compares
+// the request's time to first token on both paths, and charges the local
+// path the stall it imposes on the decode engine's running sequences:
 //
+//	prefill  = uncached / decode_prefill_rate
 //	transfer = uncached x bytes_per_token / link_bandwidth
-//	saving   = decode_queue + stall_weight x uncached / decode_prefill_rate - transfer
-//	remote   = uncached >= min_remote_tokens  and  prefill_queue <= saving
+//	local    = decode_queue + prefill
+//	remote   = max(prefill_queue + prefill, decode_queue) + transfer
+//	stall    = stall_weight x prefill x max(1, decode_in_flight)
+//	saving   = local + stall - remote
+//	remote path  iff  uncached >= min_remote_tokens  and
+//	                  (remote <= ttft_target < local  or
+//	                   saving >= 0 unless local <= ttft_target < remote)
 //
-// A remote prefill spares the decode engine uncached/rate seconds of
-// prefill (time every sequence it is decoding would otherwise stall) and
-// the wait behind prefills already queued there, but costs the transfer;
-// it is worth it only while the prefill pool's queue does not eat that
-// saving (a busy prefill pool delays the first token by its queue). The
-// decode queue term keeps a slow link or a busy prefill pool from piling
-// every prefill on the decode engines: once local prefills queue there,
-// the remote path wins again. Modes always and never skip the test.
+// Both paths wait for the prefills already queued on the decode engine:
+// the decode leg joins the decode engine's FCFS waiting queue when the
+// prefill leg ends (vLLM's scheduler reaches a do_remote_prefill request
+// in order, then parks it in WAITING_FOR_REMOTE_KVS while it pulls), so a
+// backlog there is no saving of the remote path, only the part of it that
+// drains during the prefill leg is. A local prefill stalls every sequence
+// the decode engine is serving for its whole length (chunked prefill
+// shares each step with the decodes), and delays every request queued
+// behind it; the remote path does neither. Counting that stall once per
+// sequence in flight is what keeps a slow link or a small decode pool from
+// drawing every prefill onto the decode engines: the greedy comparison of
+// this request's own time to first token alone prefers the local path as
+// long as the pull is slower than the prefill, whatever the decode engines'
+// load. The TTFT target bounds that: the stall is worth a wait, not a
+// missed first-token SLO. Modes always and never skip the test.
 func (r *Rule) Decide(in Inputs) Verdict {
 	v := Verdict{QueueSeconds: in.PrefillQueueSeconds}
 	v.TransferSeconds = TransferSeconds(in.UncachedTokens, r.Model.BytesPerToken(), r.Bandwidth())
@@ -257,7 +296,11 @@ func (r *Rule) Decide(in Inputs) Verdict {
 	if rate <= 0 {
 		rate = 1
 	}
-	v.SavingSeconds = in.DecodeQueueSeconds + r.StallWeight*float64(in.UncachedTokens)/rate - v.TransferSeconds
+	prefill := float64(in.UncachedTokens) / rate
+	local := in.DecodeQueueSeconds + prefill
+	remote := math.Max(in.PrefillQueueSeconds+prefill, in.DecodeQueueSeconds) + v.TransferSeconds
+	v.StallSeconds = r.StallWeight * prefill * float64(max(1, in.DecodeInFlight))
+	v.SavingSeconds = local + v.StallSeconds - remote
 	switch {
 	case r.Mode == ModeAlways:
 		v.Remote, v.Reason = true, ReasonAlways
@@ -265,7 +308,13 @@ func (r *Rule) Decide(in Inputs) Verdict {
 		v.Reason = ReasonNever
 	case in.UncachedTokens < r.MinRemoteTokens || in.UncachedTokens <= 0:
 		v.Reason = ReasonShort
-	case in.PrefillQueueSeconds > v.SavingSeconds:
+	case r.TTFTTarget > 0 && (remote <= r.TTFTTarget.Seconds()) != (local <= r.TTFTTarget.Seconds()):
+		if remote <= r.TTFTTarget.Seconds() {
+			v.Remote, v.Reason = true, ReasonRemote
+		} else {
+			v.Reason = ReasonPrefillBusy
+		}
+	case v.SavingSeconds < 0:
 		v.Reason = ReasonPrefillBusy
 	default:
 		v.Remote, v.Reason = true, ReasonRemote

@@ -4,6 +4,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestBytesPerToken(t *testing.T) {
@@ -51,7 +52,7 @@ func TestRuleDefaultsAndValidate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Mode != ModeConditional || r.MinRemoteTokens != 1000 || r.Link != "infiniband" || r.Model != Llama31_8B || r.Bandwidth() != 50e9 {
+	if r.Mode != ModeConditional || r.MinRemoteTokens != 1000 || r.Link != "infiniband" || r.Model != Llama31_8B || r.Bandwidth() != 50e9 || r.TTFTTarget != 2*time.Second || r.StallWeight != 1 {
 		t.Fatalf("defaults: %+v", r)
 	}
 	r, err = Rule{LinkGBps: 12.5, Link: "nonsense"}.WithDefaults()
@@ -72,6 +73,7 @@ func TestDecide(t *testing.T) {
 	always, _ := Rule{Mode: ModeAlways}.WithDefaults()
 	tcpStall, _ := Rule{Link: "tcp", StallWeight: 3}.WithDefaults()
 	never, _ := Rule{Mode: ModeNever}.WithDefaults()
+	noTarget, _ := Rule{TTFTTarget: -1}.WithDefaults()
 	for _, tc := range []struct {
 		name   string
 		r      Rule
@@ -86,9 +88,22 @@ func TestDecide(t *testing.T) {
 		{"prefill queue below saving", rule, Inputs{UncachedTokens: 8000, DecodePrefillRate: 20000, PrefillQueueSeconds: 0.37}, true, ReasonRemote},
 		{"prefill queue above saving", rule, Inputs{UncachedTokens: 8000, DecodePrefillRate: 20000, PrefillQueueSeconds: 0.38}, false, ReasonPrefillBusy},
 		// over TCP the transfer (1.05 s) exceeds the prefill it spares (0.4 s)
-		{"slow link", tcp, Inputs{UncachedTokens: 8000, DecodePrefillRate: 20000}, false, ReasonPrefillBusy},
-		// the same, with 1 s of local prefills already queued on the decode engine
-		{"slow link, decode engine backlogged", tcp, Inputs{UncachedTokens: 8000, DecodePrefillRate: 20000, DecodeQueueSeconds: 1}, true, ReasonRemote},
+		// and the idle decode engine has nothing to stall
+		{"slow link, idle decode engine", tcp, Inputs{UncachedTokens: 8000, DecodePrefillRate: 20000}, false, ReasonPrefillBusy},
+		// local 0.4 s, remote 1.45 s, but the local prefill stalls the 4
+		// requests in flight 0.4 s each: saving = 0.4 + 1.6 - 1.45 = 0.55 s
+		{"slow link, decode engine serving 4", tcp, Inputs{UncachedTokens: 8000, DecodePrefillRate: 20000, DecodeInFlight: 4}, true, ReasonRemote},
+		// 1 s of local prefills queued on the decode engine: the decode leg
+		// waits for them too (remote = max(0.4, 1) + 1.05 = 2.05 s, local
+		// 1.4 s), so the backlog is no saving of the remote path
+		{"slow link, decode engine backlogged", tcp, Inputs{UncachedTokens: 8000, DecodePrefillRate: 20000, DecodeQueueSeconds: 1}, false, ReasonPrefillBusy},
+		// remote = 1.65 + 0.4 + 0.021 = 2.07 s misses the 2 s target, local
+		// (0.4 s) meets it: local, though the stall of 8 (3.2 s) outweighs
+		{"remote misses the TTFT target", rule, Inputs{UncachedTokens: 8000, DecodePrefillRate: 20000, PrefillQueueSeconds: 1.65, DecodeInFlight: 8}, false, ReasonPrefillBusy},
+		{"remote misses the TTFT target, no target", noTarget, Inputs{UncachedTokens: 8000, DecodePrefillRate: 20000, PrefillQueueSeconds: 1.65, DecodeInFlight: 8}, true, ReasonRemote},
+		// local = 2.5 + 0.4 s misses, remote = max(0.4, 2.5) + 0.021 s too:
+		// the saving decides (2.9 + 0.4 - 2.52 = 0.78 s)
+		{"both miss the target", rule, Inputs{UncachedTokens: 8000, DecodePrefillRate: 20000, DecodeQueueSeconds: 2.5}, true, ReasonRemote},
 		{"busy prefill pool, busier decode engine", rule, Inputs{UncachedTokens: 8000, DecodePrefillRate: 20000, PrefillQueueSeconds: 0.5, DecodeQueueSeconds: 0.2}, true, ReasonRemote},
 		// saving = 3 x 0.4 - 1.05 = 0.15 s: the stall of the running decodes outweighs the pull
 		{"slow link, stall weighed 3x", tcpStall, Inputs{UncachedTokens: 8000, DecodePrefillRate: 20000}, true, ReasonRemote},

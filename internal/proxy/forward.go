@@ -32,7 +32,7 @@ const maxReroutes = 3
 // forward routes x and relays the engine's answer, retrying on another
 // replica while nothing has reached the client.
 func (s *Server) forward(x *exchange) {
-	if x.m.pd != nil && x.only == nil {
+	if x.m.pd != nil && x.only == nil && x.m.pd.active() {
 		s.forwardPD(x) // pd.go: plans, then calls forward for the decode engine
 		return
 	}

@@ -315,7 +315,7 @@ func (s *Server) decide(x *exchange, in *RouteInput) (Decision, error) {
 
 // explain answers the routing decision as JSON without forwarding.
 func (s *Server) explain(x *exchange) {
-	if x.m.pd != nil {
+	if x.m.pd != nil && x.m.pd.active() {
 		s.explainPD(x)
 		return
 	}

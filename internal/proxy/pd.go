@@ -89,6 +89,9 @@ func (s *Server) planPD(x *exchange, prefill, decode []string) (pdPlan, error) {
 	case rule.Mode == pd.ModeNever:
 		p.Path, p.Verdict.Reason = pathLocal, pd.ReasonNever
 		return p, nil
+	case parallelSampling(x.req.body):
+		p.Path, p.Verdict.Reason = pathLocal, reasonParallelSampling
+		return p, nil
 	}
 	pp, err := s.dryRoute(x, prefill)
 	if err != nil {
@@ -104,6 +107,9 @@ func (s *Server) planPD(x *exchange, prefill, decode []string) (pdPlan, error) {
 		if l, ok := lr.load(dd.Replica); ok && l.PrefillRate > 0 {
 			in.DecodePrefillRate = l.PrefillRate
 			in.DecodeQueueSeconds = float64(l.QueuedPrefill) / l.PrefillRate
+		}
+		if l, ok := lr.load(dd.Replica); ok {
+			in.DecodeInFlight = int(l.InFlight)
 		}
 		if l, ok := lr.load(pp.Replica); ok && l.PrefillRate > 0 {
 			in.PrefillQueueSeconds = float64(l.QueuedPrefill) / l.PrefillRate
@@ -406,4 +412,28 @@ func (s *Server) explainPD(x *exchange) {
 	x.w.WriteHeader(http.StatusOK)
 	_, _ = x.w.Write(b)
 	x.status, x.outcome = http.StatusOK, outcomeRouteOnly
+}
+
+// parallelSampling reports whether body asks for several samples of its
+// prompt (n or best_of above 1). Such a request takes the local path in
+// every mode: a prefill leg's answer carries one kv_transfer_params (vLLM's
+// CompletionResponse and ChatCompletionResponse have a single field, and
+// the NixlConnector hands over one request's blocks), so the n samples vLLM
+// fans out on the prefill engine cannot all be handed to the decode engine.
+// A field of the wrong type is left to the engine to refuse.
+func parallelSampling(body []byte) bool {
+	var w struct {
+		N      json.RawMessage `json:"n"`
+		BestOf json.RawMessage `json:"best_of"`
+	}
+	if json.Unmarshal(body, &w) != nil {
+		return false
+	}
+	for _, raw := range []json.RawMessage{w.N, w.BestOf} {
+		var n float64
+		if json.Unmarshal(raw, &n) == nil && n > 1 {
+			return true
+		}
+	}
+	return false
 }

@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"net/url"
 	"slices"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"kvrouter/internal/discovery"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/pd"
 )
@@ -34,38 +36,90 @@ const (
 const (
 	reasonNoPrefill     = "no_prefill_engine"
 	reasonPromptUnknown = "prompt_unknown"
+	// reasonParallelSampling: n or best_of above 1, always local
+	// (parallelSampling).
+	reasonParallelSampling = "parallel_sampling"
 )
 
 // pdGroup is one model group's disaggregated serving: the rule and each
-// engine's role. Read-only after New.
+// engine's role. The rule is read-only after New; the roles of a
+// discovered group change with its Pods' role labels (SetRoles).
 type pdGroup struct {
-	rule  pd.Rule
-	roles map[string]string // engine name -> RolePrefill or RoleDecode
+	rule pd.Rule
+	// roles maps engine names to RolePrefill or RoleDecode; replaced
+	// whole, never changed in place.
+	roles atomic.Pointer[map[string]string]
+	// discovered: the roles come from SetRoles, and the group is served
+	// aggregated while it has no prefill engine.
+	discovered bool
 }
 
-// newPDGroup returns mc's P/D set-up, nil when no engine has a role. mc is
-// validated (validatePD).
+// newPDGroup returns mc's P/D set-up, nil when no engine has a role and
+// the group is not discovered with a role label. mc is validated
+// (validatePD).
 func newPDGroup(mc ModelConfig) *pdGroup {
-	g := &pdGroup{roles: map[string]string{}}
+	g := &pdGroup{}
+	roles := map[string]string{}
 	for _, e := range mc.Engines {
 		if e.Role != "" {
-			g.roles[configEngineName(e)] = e.Role
+			roles[configEngineName(e)] = e.Role
 		}
 	}
-	if len(g.roles) == 0 {
+	g.discovered = mc.Discovery != nil && mc.Discovery.RoleLabel != discovery.RoleLabelOff
+	if len(roles) == 0 && !g.discovered {
 		return nil
 	}
+	g.roles.Store(&roles)
 	g.rule, _ = mc.PD.WithDefaults()
 	return g
 }
 
-func (g *pdGroup) isPrefill(name string) bool { return g.roles[name] == RolePrefill }
-func (g *pdGroup) isDecode(name string) bool  { return g.roles[name] == RoleDecode }
+func (g *pdGroup) role(name string) string { return (*g.roles.Load())[name] }
+
+func (g *pdGroup) isPrefill(name string) bool { return g.role(name) == RolePrefill }
+func (g *pdGroup) isDecode(name string) bool  { return g.role(name) == RoleDecode }
+
+// active reports whether the group is served in P/D (pd.go): always for
+// roles from router.yaml; for a discovered group, while one of its
+// engines is a prefill engine (else it serves whole requests, as a group
+// without roles).
+func (g *pdGroup) active() bool {
+	if !g.discovered {
+		return true
+	}
+	for _, r := range *g.roles.Load() {
+		if r == RolePrefill {
+			return true
+		}
+	}
+	return false
+}
+
+// SetRoles replaces the roles of model's discovered engines (engine name
+// -> RolePrefill or RoleDecode, discovery.Engine.Role): engines move
+// between the prefill and decode pools from the next request on. It
+// reports false, changing nothing, for a model that is not a discovered
+// group with roles.
+func (s *Server) SetRoles(model string, roles map[string]string) bool {
+	m, ok := s.models[model]
+	if !ok || m.pd == nil || !m.pd.discovered {
+		return false
+	}
+	cp := make(map[string]string, len(roles))
+	for n, r := range roles {
+		if r == RolePrefill || r == RoleDecode {
+			cp[n] = r
+		}
+	}
+	m.pd.roles.Store(&cp)
+	return true
+}
 
 // split returns the names of the prefill and decode engines among eps.
 func (g *pdGroup) split(eps []*fleet.Endpoint) (prefill, decode []string) {
+	roles := *g.roles.Load()
 	for _, ep := range eps {
-		switch g.roles[ep.Name()] {
+		switch roles[ep.Name()] {
 		case RolePrefill:
 			prefill = append(prefill, ep.Name())
 		case RoleDecode:
@@ -100,6 +154,14 @@ func validatePD(m ModelConfig, i int) []error {
 		}
 	}
 	hasRoles := slices.ContainsFunc(roles, func(r string) bool { return r != "" })
+	if m.Discovery != nil {
+		if m.PD != (pd.Rule{}) && m.Discovery.RoleLabel == discovery.RoleLabelOff {
+			errs = append(errs, ferr("pd is set but discovery.role_label is off", "models", i, "pd"))
+		} else if _, err := m.PD.WithDefaults(); err != nil {
+			errs = append(errs, ferr(err.Error(), "models", i, "pd"))
+		}
+		return errs
+	}
 	if !hasRoles {
 		if m.PD != (pd.Rule{}) {
 			errs = append(errs, ferr("pd is set but no engine has a role (prefill or decode)", "models", i, "pd"))

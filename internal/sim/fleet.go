@@ -150,6 +150,9 @@ func newFleet(cfg Config, policy string, w *workload.Workload, seed uint64) (*fl
 		return nil, err
 	}
 	f.pd = newPDState(&f.cfg, policy)
+	if f.pd != nil {
+		f.pd.remoteAt = make([]bool, len(w.Requests))
+	}
 	return f, nil
 }
 

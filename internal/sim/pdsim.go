@@ -43,14 +43,20 @@ type PDConfig struct {
 // pdState is one fleet's P/D set-up: replicas 0..prefill-1 prefill, the
 // rest decode.
 type pdState struct {
-	rule            pd.Rule
-	prefill         int
-	prefillNames    []string
-	decodeNames     []string
-	remote, local   int // requests by path, for the run's note
+	rule          pd.Rule
+	prefill       int
+	prefillNames  []string
+	decodeNames   []string
+	remote, local int // requests by path, for the run's note
+	// remoteAt marks the requests (by workload index) that took the remote
+	// path, for attribution by path.
+	remoteAt        []bool
 	bytesPerToken   float64
 	bandwidth       float64
 	pendingTransfer []xfer
+	// decide is the conditional rule (rule.Decide; tests replace it to
+	// measure another rule on the same arrivals).
+	decide func(pd.Inputs) pd.Verdict
 }
 
 // xfer is a KV pull under way: its request and replica.
@@ -73,7 +79,9 @@ func (cfg *Config) validatePD() []error {
 		errs = append(errs, fmt.Errorf("pd prefill replicas %d: want 1..%d (at least one decode replica)", cfg.PD.PrefillReplicas, cfg.Replicas-1))
 	}
 	if len(cfg.Scale) > 0 {
-		errs = append(errs, errors.New("pd: scaling is not simulated with prefill and decode pools"))
+		// A scale event names no pool, and the split is what a P/D run
+		// compares: compare --pd-prefill values instead.
+		errs = append(errs, errors.New("pd: scaling is not simulated with prefill and decode pools (a scale event names no pool, and the split is what the run compares: run each --pd-prefill value instead)"))
 	}
 	for _, p := range cfg.Policies {
 		if !slices.Contains(Arrangements(), p) {
@@ -100,6 +108,7 @@ func newPDState(cfg *Config, arrangement string) *pdState {
 		rule.Mode = pd.ModeConditional
 	}
 	s := &pdState{rule: rule, prefill: cfg.PD.PrefillReplicas, bytesPerToken: rule.Model.BytesPerToken(), bandwidth: rule.Bandwidth()}
+	s.decide = s.rule.Decide
 	for i := range cfg.Replicas {
 		name := fmt.Sprintf("r%02d", i)
 		if i < s.prefill {
@@ -144,13 +153,15 @@ func (f *fleet) arrivePD(i int) error {
 			}
 			if l, ok := f.router.Load(dd.Name); ok && l.PrefillRate > 0 {
 				in.DecodeQueueSeconds = float64(l.QueuedPrefill) / l.PrefillRate
+				in.DecodeInFlight = int(l.InFlight)
 			}
-			remote = p.rule.Decide(in).Remote
+			remote = p.decide(in).Remote
 		}
 	}
 	id, exclude, maxTokens := r.ID, p.prefillNames, out
 	if remote {
 		p.remote++
+		p.remoteAt[i] = true
 		id, exclude, maxTokens = prefillPrefix+r.ID, p.decodeNames, 1
 	} else {
 		p.local++
