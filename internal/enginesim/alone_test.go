@@ -20,7 +20,7 @@ func TestDecodeAloneAsStep(t *testing.T) {
 	}
 	b, _ := NewCore(cfg)
 	type trace struct {
-		last   []Output
+		last []Output
 	}
 	var ta, tb trace
 	var evA, evB []any
