@@ -87,7 +87,7 @@ func pooledBound(ctx context.Context, cfg Config, w *workload.Workload, stepDeco
 		}
 		r := &w.Requests[i]
 		toks = r.AppendTokens(toks[:0])
-		err := core.Submit(&enginesim.Request{ID: r.ID, Tokens: toks, MaxTokens: max(r.OutputTokens, 1)})
+		err := core.Submit(&enginesim.Request{ID: r.ID, Tokens: toks, MaxTokens: max(r.OutputTokens, 1), LoRAName: r.LoRA})
 		if errors.Is(err, enginesim.ErrInvalidRequest) {
 			continue // the fleet's engines reject it too
 		}
