@@ -118,11 +118,16 @@ func runBench(ctx context.Context, args []string, sio stdio) error {
 	asJSON := fs.Bool("json", false, "print the report as JSON instead of a markdown table")
 	htmlPath := fs.String("html", "", "also write a self-contained HTML report with plots to this file")
 	noProgress := fs.Bool("no-progress", false, "no progress bar (it is drawn only when stderr is a terminal anyway)")
+	boundBlocks := fs.Int("bound-blocks", 0, "each engine's num_gpu_blocks (16-token blocks): also report the workload's pooled-cache bound for --bound-engines such engines, as `kvrouter sim` does, and each run's share of it (0: none)")
+	boundEngines := fs.Int("bound-engines", 0, "with --bound-blocks: the engines behind the target (0: the --metrics engines, else the --engines)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if (*router == "") == (*engines == "") {
 		return fmt.Errorf("%w: give exactly one of --router and --engines", errUsage)
+	}
+	if *boundBlocks < 0 || *boundEngines < 0 || (*boundBlocks > 0 && *boundEngines == 0 && *metrics == "" && *engines == "") {
+		return fmt.Errorf("%w: --bound-blocks needs a positive block count and, with --router, --bound-engines or --metrics", errUsage)
 	}
 	w, err := wf.build()
 	if err != nil {
@@ -173,5 +178,17 @@ func runBench(ctx context.Context, args []string, sio stdio) error {
 		}
 	}
 	rep := report.New("kvrouter bench: "+w.Name, w.Info(), runs, report.SLO{TTFT: *sloTTFT, ITL: *sloITL})
+	if *boundBlocks > 0 {
+		n := *boundEngines
+		if n == 0 {
+			n = len(base.Metrics)
+		}
+		if n == 0 {
+			n = len(splitList(*engines))
+		}
+		if err := setPooledBounds(ctx, rep, w, n, *boundBlocks); err != nil {
+			return err
+		}
+	}
 	return writeReport(rep, *asJSON, *htmlPath, sio)
 }

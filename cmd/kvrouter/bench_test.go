@@ -44,7 +44,7 @@ func TestBenchHelpDocumentsEveryFlag(t *testing.T) {
 	for _, f := range []string{"router", "name", "engines", "policies", "metrics", "reset", "model", "timeout", "max-inflight",
 		"slo-ttft", "slo-itl", "json", "html", "no-progress", "workload", "trace", "requests", "skip", "speed", "rate",
 		"max-input-tokens", "max-output-tokens", "prompt-tokens", "prefix-tokens", "suffix-tokens", "output-tokens",
-		"groups", "hot-share", "seed"} {
+		"groups", "hot-share", "seed", "bound-blocks", "bound-engines"} {
 		if !strings.Contains(help, "  -"+f+" ") && !strings.Contains(help, "  -"+f+"\n") {
 			t.Errorf("help does not document -%s", f)
 		}
@@ -55,7 +55,7 @@ func TestBenchAgainstEngineSims(t *testing.T) {
 	a, b := startEngine(t), startEngine(t)
 	code, out, errs := runCmd(t, "bench", "--engines", a+","+b, "--policies", "round_robin,least_load", "--reset",
 		"--workload", "shared_prefix", "--groups", "4", "--requests", "40", "--rate", "200", "--prefix-tokens", "256",
-		"--suffix-tokens", "32", "--output-tokens", "8", "--json")
+		"--suffix-tokens", "32", "--output-tokens", "8", "--bound-blocks", "4096", "--json")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
@@ -65,6 +65,13 @@ func TestBenchAgainstEngineSims(t *testing.T) {
 	}
 	if len(rep.Policies) != 2 || rep.Policies[0].Name != "round_robin" || rep.Policies[0].Requests != 40 || rep.Policies[0].Errors != 0 {
 		t.Fatalf("report %s", out)
+	}
+	// --bound-blocks 4096: the pooled-cache bound of 2 engines x 4,095
+	// usable blocks, with each run's share of it. 4 groups of 256-token
+	// prefixes over 40 requests: the bound hits from each group's second
+	// request on.
+	if pb := rep.PooledBound; pb == nil || pb.GPUBlocks != 8190 || pb.HitRate <= 0 || rep.Policies[0].Share == nil || rep.Policies[1].Share == nil {
+		t.Errorf("no pooled-cache bound for 2 engines of 4096 blocks: %s", out)
 	}
 	var raw struct {
 		Policies []map[string]any `json:"policies"`

@@ -17,6 +17,7 @@ import (
 	"kvrouter/internal/bench/report"
 	"kvrouter/internal/enginesim"
 	"kvrouter/internal/proxy"
+	"kvrouter/internal/sim"
 	"kvrouter/internal/workload"
 )
 
@@ -155,7 +156,26 @@ func runDemo(ctx context.Context, args []string, sio stdio) error {
 	rep := report.New(fmt.Sprintf("kvrouter demo: Mooncake slice, %d engine-sims", *engines), w.Info(), runs,
 		report.SLO{TTFT: 2 * time.Second / 10, ITL: 100 * time.Millisecond / 10})
 	rep.Setup = map[string]string{"engines": fmt.Sprint(*engines), "timing": "h100-llama3-8b x10", "speed": fmt.Sprint(*speed), "num_gpu_blocks": fmt.Sprint(*blocks)}
+	if err := setPooledBounds(ctx, rep, w, *engines, *blocks); err != nil {
+		return err
+	}
 	return writeReport(rep, *asJSON, *htmlPath, sio)
+}
+
+// setPooledBounds adds the replayed workload's hit-rate bound and
+// pooled-cache bound to rep, as `kvrouter sim` computes them: sim.PooledBound
+// over the same requests with the engines' block capacity (n engines of
+// blocks GPU blocks of enginesim.DefaultBlockSize tokens, context length
+// demoMaxModelLen(blocks)), so a live hit rate reads as a share of what the
+// fleet's cache could hold (demo and bench --bound-blocks).
+func setPooledBounds(ctx context.Context, rep *report.Report, w *workload.Workload, n, blocks int) error {
+	rep.HitRateBound = sim.HitRateBound(w, enginesim.DefaultBlockSize)
+	b, err := sim.PooledBound(ctx, sim.Config{Replicas: n, Engine: enginesim.CoreConfig{NumGPUBlocks: blocks, MaxModelLen: demoMaxModelLen(blocks)}}, w)
+	if err != nil {
+		return err
+	}
+	rep.SetPooledBound(report.PooledBound{HitRate: b.HitRate, CachedTokens: b.CachedTokens, GPUBlocks: b.GPUBlocks, CPUBlocks: b.CPUBlocks})
+	return nil
 }
 
 // demoRun starts cold engines and a kvrouter with policy in front of them,

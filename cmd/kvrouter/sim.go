@@ -139,6 +139,7 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 		}
 	}
 	var attrs []sim.Attribution // the last run's, with --attribute
+	bounds := &sim.BoundMemo{}  // a load sweep over a trace replays the same requests: one bound
 	// one simulates the scenario at load (0: its default) and reports it.
 	one := func(load float64) (*report.Report, float64, error) {
 		opts := sim.ScenarioOptions{Replicas: *replicas, Load: load, Requests: *requests, PrefillRate: timing.PrefillTokensPerSec * mean(scales), Seed: *seed}
@@ -176,7 +177,7 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 			cfg.Policies = slices.DeleteFunc(cfg.Policies, func(p string) bool { return p == sim.PolicyOracle })
 		}
 		start := time.Now()
-		runs, bound, at, err := simulate(ctx, cfg, w, *pooled, *attribute)
+		runs, bound, at, err := simulate(ctx, cfg, w, *pooled, *attribute, bounds)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -260,9 +261,10 @@ func parseLoads(s string) ([]float64, error) {
 }
 
 // simulate runs cfg's policies on w and, when pooled, the pooled-cache
-// bound on its own goroutine beside them (nil bound otherwise); attribute
+// bound (from bounds when it holds w's) on its own goroutine beside them
+// (nil bound otherwise); attribute
 // runs sim.Attribute instead (bound, then policies, and the attribution).
-func simulate(ctx context.Context, cfg sim.Config, w *workload.Workload, pooled, attribute bool) ([]*report.Run, *sim.Bound, []sim.Attribution, error) {
+func simulate(ctx context.Context, cfg sim.Config, w *workload.Workload, pooled, attribute bool, bounds *sim.BoundMemo) ([]*report.Run, *sim.Bound, []sim.Attribution, error) {
 	if attribute {
 		runs, attrs, b, err := sim.Attribute(ctx, cfg, w)
 		if err != nil {
@@ -287,7 +289,7 @@ func simulate(ctx context.Context, cfg sim.Config, w *workload.Workload, pooled,
 				ch <- result{err: fmt.Errorf("sim: pooled bound: panic: %v", v)}
 			}
 		}()
-		b, err := sim.PooledBound(bctx, cfg, w)
+		b, err := bounds.PooledBound(bctx, cfg, w)
 		ch <- result{b, err}
 	}()
 	runs, err := sim.Run(ctx, cfg, w)

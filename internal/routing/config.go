@@ -65,12 +65,19 @@ type KVConfig struct {
 	// (fresh gauges only). Default 0.05s; negative means 0.
 	WaitingPenalty time.Duration `yaml:"waiting_penalty"`
 	// AffinitySlack keeps a conversation's turns together unless the
-	// queueing cost is real: among the candidates that cost at most this
-	// much more (seconds) than the cheapest, the one with the largest
-	// overlap wins (ties to the cheaper), provided it holds at least half
-	// the prompt more than the cheapest do (a continuation, not a few
-	// shared blocks). Default 2s; negative means off.
+	// queueing cost is real: the candidate with the largest overlap wins
+	// when it costs at most this much more (seconds) than the cheapest and
+	// holds at least half the prompt more than every other candidate (its
+	// own continuation: a prefix another replica also holds, such as a
+	// shared system prompt, buys no stickiness). Default 2s; negative
+	// means off.
 	AffinitySlack time.Duration `yaml:"affinity_slack"`
+	// AffinityLoadCap bounds the slack's winner by load: it must have at
+	// most AffinityLoadCap times the candidates' mean in-flight requests,
+	// plus one. A prefix only one replica holds, wanted by every client,
+	// then spreads once that replica carries twice its share. Default 2;
+	// negative means no cap.
+	AffinityLoadCap float64 `yaml:"affinity_load_cap"`
 }
 
 // DynamoConfig is NVIDIA Dynamo's KV router cost.
@@ -141,6 +148,7 @@ func DefaultConfig(cfg Config) Config {
 	if cfg.KV.AffinitySlack == 0 {
 		cfg.KV.AffinitySlack = 2 * time.Second
 	}
+	def(&cfg.KV.AffinityLoadCap, 2)
 	if cfg.KV.WaitingPenalty == 0 {
 		cfg.KV.WaitingPenalty = 50 * time.Millisecond
 	}

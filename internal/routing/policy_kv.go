@@ -17,13 +17,17 @@ import "math"
 // requests whose cache sits on busier replicas (warm-up), while a request
 // whose best replica is the idlest keeps its full credit however hot other
 // replicas are. Prompts shorter than a block have no overlap and go by load.
-// Then the affinity slack (KVConfig.AffinitySlack) lets a candidate holding
-// at least half the prompt more than the cheapest win when it costs at most
-// the slack more: the cost is myopic (this request's time to first token),
-// while splitting a conversation also spends the other replica's prefill on
-// a second copy of its prefix and leaves the next turn two places to miss
-// (measured against the pooled-cache bound in docs/measurement.md). Ties go
-// to the lower load, then at random.
+// Then the affinity slack (KVConfig.AffinitySlack) lets the candidate
+// holding at least half the prompt more than every other candidate win when
+// it costs at most the slack more and carries at most AffinityLoadCap times
+// the mean in-flight requests (plus one): the cost is myopic (this request's
+// time to first token), while splitting a conversation also spends the
+// other replica's prefill on a second copy of its prefix and leaves the next
+// turn two places to miss (measured against the pooled-cache bound in
+// docs/measurement.md). A prefix several replicas hold (a shared system
+// prompt) buys no stickiness, and the load cap spreads one that only one
+// replica holds yet every client wants. Ties go to the lower load, then at
+// random.
 type KV struct {
 	cfg       KVConfig
 	blockSize int
@@ -68,42 +72,43 @@ func (p *KV) decide(req *Request, cands []Candidate, rng *lockedRand) Decision {
 			pos(c.DecodeWeight)*float64(l.RunningDecode)/rate(l.DecodeRate) +
 			wait*float64(l.Waiting)
 	}
-	if i := p.affinity(&d, prompt); i >= 0 {
+	if i := p.affinity(&d, cands, prompt); i >= 0 {
 		return d.choose(i, cands, "affinity")
 	}
 	return pickMin(&d, cands, rng)
 }
 
 // affinity returns the candidate AffinitySlack picks over the cheapest, or
-// -1 when it picks none: no candidate within the slack holds more than the
-// cheapest ones do.
-func (p *KV) affinity(d *Decision, prompt float64) int {
+// -1 when it picks none. Only the candidate holding the most can win, and
+// only by what it holds beyond every other candidate: a prefix two replicas
+// hold already has its second copy, so cost alone decides between them.
+func (p *KV) affinity(d *Decision, cands []Candidate, prompt float64) int {
 	slack := p.cfg.AffinitySlack.Seconds()
-	if slack <= 0 {
+	if slack <= 0 || len(cands) < 2 {
 		return -1
 	}
-	minCost := math.Inf(1)
-	for _, t := range d.Terms {
-		minCost = math.Min(minCost, t.Cost)
-	}
-	atMin, best := 0.0, -1
+	minCost, meanInFlight := math.Inf(1), 0.0
+	best, others := -1, 0.0 // the largest overlap; the largest among the rest
 	for i, t := range d.Terms {
-		if tied(t.Cost, minCost) {
-			atMin = math.Max(atMin, t.Overlap)
-		}
-		if t.Cost > minCost+slack {
-			continue
-		}
-		if b := best; b < 0 || t.Overlap > d.Terms[b].Overlap || (t.Overlap == d.Terms[b].Overlap && t.Cost < d.Terms[b].Cost) {
+		minCost = math.Min(minCost, t.Cost)
+		meanInFlight += float64(cands[i].Load.InFlight)
+		switch {
+		case best < 0 || t.Overlap > d.Terms[best].Overlap:
+			if best >= 0 {
+				others = d.Terms[best].Overlap
+			}
 			best = i
+		default:
+			others = math.Max(others, t.Overlap)
 		}
 	}
-	if best < 0 || d.Terms[best].Overlap <= atMin {
+	meanInFlight /= float64(len(cands))
+	t := d.Terms[best]
+	gain := (t.Overlap - others) * float64(p.blockSize)
+	if gain <= 0 || gain < 0.5*prompt || t.Cost > minCost+slack {
 		return -1
 	}
-	// Only a continuation: the winner must hold at least half the prompt
-	// more than the cheapest, not a few shared blocks.
-	if (d.Terms[best].Overlap-atMin)*float64(p.blockSize) < 0.5*prompt {
+	if lc := p.cfg.AffinityLoadCap; lc > 0 && float64(cands[best].Load.InFlight) > lc*meanInFlight+1 {
 		return -1
 	}
 	return best

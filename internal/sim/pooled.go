@@ -46,6 +46,12 @@ type Bound struct {
 // largest is used for the whole run (scale-out: more room than the fleet has
 // before it grows). Errors: a bad engine config, or ctx cancelled.
 func PooledBound(ctx context.Context, cfg Config, w *workload.Workload) (Bound, error) {
+	return pooledBound(ctx, cfg, w, false)
+}
+
+// pooledBound is PooledBound; stepDecode runs every decode step through
+// Step (as before enginesim.Core.DecodeAlone; the tests compare the two).
+func pooledBound(ctx context.Context, cfg Config, w *workload.Workload, stepDecode bool) (Bound, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return Bound{}, fmt.Errorf("sim: pooled bound: %w", err)
@@ -81,7 +87,7 @@ func PooledBound(ctx context.Context, cfg Config, w *workload.Workload) (Bound, 
 		}
 		r := &w.Requests[i]
 		toks = r.AppendTokens(toks[:0])
-		err := core.Submit(&enginesim.Request{ID: r.ID, Tokens: toks, MaxTokens: max(r.OutputTokens, 1)})
+		err := core.Submit(&enginesim.Request{ID: r.ID, Tokens: toks, MaxTokens: max(r.OutputTokens, 1), LoRAName: r.LoRA})
 		if errors.Is(err, enginesim.ErrInvalidRequest) {
 			continue // the fleet's engines reject it too
 		}
@@ -98,6 +104,9 @@ func PooledBound(ctx context.Context, cfg Config, w *workload.Workload) (Bound, 
 			}
 			if res.Duration <= 0 {
 				return Bound{}, fmt.Errorf("sim: pooled bound: request %s cannot be scheduled", r.ID)
+			}
+			if !stepDecode {
+				core.DecodeAlone() // the decode steps at once, as Step would run them
 			}
 		}
 		b.PromptTokens += int64(len(toks))
