@@ -245,10 +245,6 @@ type Inputs struct {
 	// engine (routing.Load.InFlight): the sequences a local prefill there
 	// stalls or delays.
 	DecodeInFlight int
-	// PrefillUncachedTokens are the prompt tokens the chosen prefill engine
-	// does not hold: what it prefills on the remote and the whole path.
-	// Zero with UncachedTokens set: taken as UncachedTokens.
-	PrefillUncachedTokens int
 	// PrefillPrefillRate is the prefill engine's prefill throughput, in
 	// tokens per second (0: DecodePrefillRate).
 	PrefillPrefillRate float64
@@ -375,9 +371,15 @@ func (r *Rule) Decide(in Inputs) Verdict {
 // engine and the one it suffers there) is below v's path's (local: with
 // its stall; remote: without):
 //
-//	whole_prefill = prefill_uncached / prefill_rate
+//	whole_prefill = uncached / prefill_rate
 //	whole         = prefill_queue + whole_prefill
 //	whole_stall   = stall_weight x whole_prefill x max(1, prefill_in_flight)
+//
+// The prefill is sized, as the remote path's prefill leg is, by the
+// decode engine's uncached part (what the prefill engine holds is not
+// weighed on either path: weighing it on this one alone would draw every
+// repeated prompt onto the prefill engine that computed it, whose cached
+// prefix the remote path's leg reuses as well).
 //
 // The stall counts the requests in flight on the prefill engine (its
 // prefill legs and the whole requests it already decodes), and at least
@@ -410,11 +412,7 @@ func (r *Rule) weighWhole(in Inputs, v *Verdict) {
 	if rate <= 0 {
 		rate = 1
 	}
-	uncached := in.PrefillUncachedTokens
-	if uncached <= 0 {
-		uncached = in.UncachedTokens
-	}
-	prefill := float64(uncached) / rate
+	prefill := float64(in.UncachedTokens) / rate
 	whole := in.PrefillQueueSeconds + prefill
 	wholeCost := whole + r.StallWeight*prefill*float64(max(1, in.PrefillInFlight))
 	v.WholeSeconds = whole

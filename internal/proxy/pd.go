@@ -121,7 +121,6 @@ func (s *Server) planPD(x *exchange, prefill, decode []string) (pdPlan, error) {
 			in.PrefillInFlight = int(l.InFlight)
 		}
 	}
-	in.PrefillUncachedTokens = max(len(x.tokens)-pp.CachedTokens, 0)
 	p.Verdict = rule.Decide(in)
 	switch {
 	case p.Verdict.Remote:

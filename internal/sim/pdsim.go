@@ -149,8 +149,6 @@ func (f *fleet) arrivePD(i int) error {
 			bs := f.blockSize()
 			cached := min(dd.Chosen().CachedBlocks*bs, (len(f.toks)-1)/bs*bs)
 			in := pd.Inputs{UncachedTokens: max(len(f.toks)-cached, 0), DecodePrefillRate: f.cfg.prefillRate()}
-			pcached := min(pp.Chosen().CachedBlocks*bs, (len(f.toks)-1)/bs*bs)
-			in.PrefillUncachedTokens = max(len(f.toks)-pcached, 0)
 			if l, ok := f.router.Load(pp.Name); ok && l.PrefillRate > 0 {
 				in.PrefillQueueSeconds = float64(l.QueuedPrefill) / l.PrefillRate
 				in.PrefillPrefillRate = l.PrefillRate
