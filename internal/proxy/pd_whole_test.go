@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"kvrouter/internal/pd"
 )
@@ -77,5 +78,26 @@ func TestPDWholeOnPrefill(t *testing.T) {
 				t.Fatalf("whole path counted %v, want 1", got)
 			}
 		})
+	}
+}
+
+// TestPDWholeConfig: router.yaml's whole_max_queue, strictly parsed: a
+// duration, negative for off, 1 s by default.
+func TestPDWholeConfig(t *testing.T) {
+	for _, tc := range []struct {
+		yaml string
+		want time.Duration
+	}{
+		{"", time.Second},
+		{", whole_max_queue: 300ms", 300 * time.Millisecond},
+		{", whole_max_queue: -1s", -time.Second},
+	} {
+		cfg, _, err := ParseConfig([]byte("models:\n  - name: m\n    pd: {mode: conditional"+tc.yaml+"}\n    engines:\n      - {url: \"http://127.0.0.1:1\", role: prefill}\n      - {url: \"http://127.0.0.1:2\", role: decode}\n"), func(string) string { return "" })
+		if err != nil {
+			t.Fatalf("%q: %v", tc.yaml, err)
+		}
+		if g := newPDGroup(cfg.Models[0]); g == nil || g.rule.WholeMaxQueue != tc.want {
+			t.Fatalf("%q: parsed group %+v, want whole_max_queue %v", tc.yaml, g, tc.want)
+		}
 	}
 }
