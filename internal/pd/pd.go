@@ -423,6 +423,7 @@ func (r *Rule) weighWhole(in Inputs, v *Verdict) {
 	target := r.TTFTTarget.Seconds()
 	switch {
 	case r.TTFTTarget > 0 && chosen > target && whole <= target:
+		// only the whole path meets the target: take it
 	case r.TTFTTarget > 0 && chosen <= target && whole > target:
 		return
 	case wholeCost >= chosenCost:
