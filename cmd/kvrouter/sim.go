@@ -73,6 +73,7 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 	pdPrefill := fs.Int("pd-prefill", 0, "compare P/D arrangements instead of policies: this many of --replicas prefill, the rest decode (aggregated, disaggregated, conditional; kv routing)")
 	pdLink := fs.String("pd-link", "infiniband", "P/D KV transfer link: nvlink, infiniband, roce, tcp")
 	pdStall := fs.Float64("pd-stall-weight", 0, "conditional disaggregation: weight of a local prefill's stall of the decode engine's running sequences (0: 1)")
+	pdWhole := fs.Duration("pd-whole-max-queue", 0, "conditional disaggregation: a prefill engine with at most this much prefill queued may serve a request whole (0: 1s; negative: never)")
 	pdMin := fs.Int("pd-min-remote-tokens", 0, "conditional disaggregation: uncached prompt tokens from which a prefill goes remote (0: 1000; -1: no length threshold)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -114,6 +115,7 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 	if *pdPrefill != 0 {
 		cfg.PD = sim.PDConfig{PrefillReplicas: *pdPrefill}
 		cfg.PD.Rule.Link, cfg.PD.Rule.MinRemoteTokens, cfg.PD.Rule.StallWeight = *pdLink, *pdMin, *pdStall
+		cfg.PD.Rule.WholeMaxQueue = *pdWhole
 		if *policies == strings.Join(sim.DefaultPolicies(), ",") {
 			cfg.Policies = nil // the arrangements
 		}

@@ -2,8 +2,9 @@
 // how many bytes of KV cache one token takes for a model's shape, how long
 // moving them over a link takes, and the conditional-disaggregation rule
 // that decides, per request, whether the prompt is prefilled on a prefill
-// engine and its KV moved to a decode engine ("remote") or prefilled by the
-// decode engine itself ("local").
+// engine and its KV moved to a decode engine ("remote"), prefilled by the
+// decode engine itself ("local"), or served whole, prefill and decode, by a
+// prefill engine ("whole", Rule.WholeMaxQueue).
 //
 // Units: tokens, bytes, bytes per second, seconds. Everything here is pure
 // arithmetic on values: no goroutines, no clock, no I/O, safe for

@@ -119,6 +119,12 @@ const (
 	// of kvrouter's goodput measurements (and of the DistServe/Mooncake
 	// evaluations' chat workloads).
 	DefaultTTFTTarget = 2 * time.Second
+	// DefaultWholeMaxQueue is Rule.WholeMaxQueue's default: a prefill
+	// engine with at most 1 s of prefill queued (half the default TTFT
+	// target; 2.5 prefills of 8,192 tokens at 20,000 tokens per second)
+	// may serve a request whole. Measured in docs/measurement.md (P/D):
+	// 250 ms left the TCP 4 + 4 split at 94.4% of aggregated, 1 s 95.6%.
+	DefaultWholeMaxQueue = time.Second
 )
 
 // Rule is the conditional-disaggregation rule. A zero field means the
@@ -152,6 +158,13 @@ type Rule struct {
 	// would meet it loses the request to spare the decodes a stall that
 	// rarely breaks their inter-token SLO, and the reverse.
 	TTFTTarget time.Duration `yaml:"ttft_target"`
+	// WholeMaxQueue enables the third path, a whole request (prefill and
+	// decode, no transfer) on a prefill engine, while that engine's queued
+	// prefill is at most it (default 1 s; negative: the path is off).
+	// The prefill engines must then serve plain requests, which vLLM's
+	// NixlConnector does in any kv_role: a request without
+	// kv_transfer_params is neither saved nor pulled (see Decide).
+	WholeMaxQueue time.Duration `yaml:"whole_max_queue"`
 }
 
 // WithDefaults returns r with zero fields filled in and checks it,
@@ -176,6 +189,9 @@ func (r Rule) WithDefaults() (Rule, error) {
 	}
 	if r.TTFTTarget == 0 {
 		r.TTFTTarget = DefaultTTFTTarget
+	}
+	if r.WholeMaxQueue == 0 {
+		r.WholeMaxQueue = DefaultWholeMaxQueue
 	}
 	var errs []error
 	switch r.Mode {
@@ -229,6 +245,13 @@ type Inputs struct {
 	// engine (routing.Load.InFlight): the sequences a local prefill there
 	// stalls or delays.
 	DecodeInFlight int
+	// PrefillPrefillRate is the prefill engine's prefill throughput, in
+	// tokens per second (0: DecodePrefillRate).
+	PrefillPrefillRate float64
+	// PrefillInFlight is the number of requests in flight on the prefill
+	// engine: its prefill legs and the whole requests it decodes, which a
+	// whole request's prefill there stalls or delays.
+	PrefillInFlight int
 }
 
 // Decision reasons.
@@ -238,6 +261,9 @@ const (
 	ReasonShort       = "short_prompt" // uncached part below MinRemoteTokens
 	ReasonPrefillBusy = "prefill_busy" // prefill queue longer than the saving
 	ReasonRemote      = "remote"       // disaggregated: the remote path saves time
+	// ReasonWhole: the whole request on the prefill engine predicts the
+	// best time to first token (its queue below WholeMaxQueue).
+	ReasonWhole = "whole"
 )
 
 // Verdict is the rule's answer and the record of why.
@@ -245,6 +271,9 @@ type Verdict struct {
 	// Remote: prefill on a prefill engine and transfer; false: prefill on
 	// the decode engine.
 	Remote bool `json:"remote"`
+	// Whole: serve the request whole (prefill and decode, no transfer) on
+	// the prefill engine; Remote is then false.
+	Whole bool `json:"whole"`
 	// Reason is one of the Reason constants.
 	Reason string `json:"reason"`
 	// TransferSeconds is the KV transfer time of the uncached part.
@@ -258,6 +287,12 @@ type Verdict struct {
 	StallSeconds float64 `json:"stall_seconds"`
 	// QueueSeconds is the prefill engine's queued prefill time.
 	QueueSeconds float64 `json:"prefill_queue_seconds"`
+	// LocalSeconds, RemoteSeconds and WholeSeconds are the predicted times
+	// to first token of the three paths (WholeSeconds 0 when the whole
+	// path was not weighed).
+	LocalSeconds  float64 `json:"local_seconds"`
+	RemoteSeconds float64 `json:"remote_seconds"`
+	WholeSeconds  float64 `json:"whole_seconds,omitempty"`
 }
 
 // Decide applies the rule (after WithDefaults) to one request. It compares
@@ -273,6 +308,9 @@ type Verdict struct {
 //	remote path  iff  uncached >= min_remote_tokens  and
 //	                  (remote <= ttft_target < local  or
 //	                   saving >= 0 unless local <= ttft_target < remote)
+//
+// In mode conditional, for a prompt not short, a third path is then
+// weighed (weighWhole): the whole request on the prefill engine.
 //
 // Both paths wait for the prefills already queued on the decode engine:
 // the decode leg joins the decode engine's FCFS waiting queue when the
@@ -319,5 +357,77 @@ func (r *Rule) Decide(in Inputs) Verdict {
 	default:
 		v.Remote, v.Reason = true, ReasonRemote
 	}
+	v.LocalSeconds, v.RemoteSeconds = local, remote
+	if r.Mode == ModeConditional && v.Reason != ReasonShort {
+		r.weighWhole(in, &v)
+	}
 	return v
+}
+
+// weighWhole replaces v's path by the whole path when that is enabled, the
+// prefill engine's queue is below WholeMaxQueue, and the whole request's
+// time to first token meets the target where v's path misses it, or its
+// cost (time to first token plus the stall it imposes on the prefill
+// engine and the one it suffers there) is below v's path's (local: with
+// its stall; remote: without):
+//
+//	whole_prefill = uncached / prefill_rate
+//	whole         = prefill_queue + whole_prefill
+//	whole_stall   = stall_weight x whole_prefill x max(1, prefill_in_flight)
+//
+// The prefill is sized, as the remote path's prefill leg is, by the
+// decode engine's uncached part (what the prefill engine holds is not
+// weighed on either path: weighing it on this one alone would draw every
+// repeated prompt onto the prefill engine that computed it, whose cached
+// prefix the remote path's leg reuses as well).
+//
+// The stall counts the requests in flight on the prefill engine (its
+// prefill legs and the whole requests it already decodes), and at least
+// one for the decode the request then carries: on an idle prefill engine
+// the next prefill leg, of about the same length, stalls it as long. With
+// an idle decode pool, the whole path beats the remote one only while
+// stall_weight x max(1, prefill_in_flight) is below 1 + transfer /
+// prefill: 131072 bytes per token over 1 GB/s against 20,000 tokens per
+// second makes transfer / prefill 2.6 on TCP, 0.05 on InfiniBand. On a
+// fast link it wins only against a decode-pool backlog the remote path
+// waits behind, or a target the others miss; WholeMaxQueue keeps it off a
+// prefill pool that is already busy.
+//
+// The engine contract: an engine with vLLM's NixlConnector serves a
+// request without kv_transfer_params as a plain one, whatever its kv_role
+// (kv_producer, kv_consumer, kv_both: the connector's scheduler never reads
+// it): NixlConnectorScheduler.get_num_new_matched_tokens loads nothing
+// unless do_remote_prefill is set, update_state_after_alloc returns at once
+// without params, and request_finished frees the blocks at once and returns
+// no kv_transfer_params (vllm/distributed/kv_transfer/kv_connector/v1/
+// nixl_connector.py at vllm-project/vllm 002a105).
+func (r *Rule) weighWhole(in Inputs, v *Verdict) {
+	if r.WholeMaxQueue < 0 || in.PrefillQueueSeconds > r.WholeMaxQueue.Seconds() {
+		return
+	}
+	rate := in.PrefillPrefillRate
+	if rate <= 0 {
+		rate = in.DecodePrefillRate
+	}
+	if rate <= 0 {
+		rate = 1
+	}
+	prefill := float64(in.UncachedTokens) / rate
+	whole := in.PrefillQueueSeconds + prefill
+	wholeCost := whole + r.StallWeight*prefill*float64(max(1, in.PrefillInFlight))
+	v.WholeSeconds = whole
+	chosen, chosenCost := v.LocalSeconds, v.LocalSeconds+v.StallSeconds
+	if v.Remote {
+		chosen, chosenCost = v.RemoteSeconds, v.RemoteSeconds
+	}
+	target := r.TTFTTarget.Seconds()
+	switch {
+	case r.TTFTTarget > 0 && chosen > target && whole <= target:
+		// only the whole path meets the target: take it
+	case r.TTFTTarget > 0 && chosen <= target && whole > target:
+		return
+	case wholeCost >= chosenCost:
+		return
+	}
+	v.Remote, v.Whole, v.Reason = false, true, ReasonWhole
 }

@@ -22,7 +22,9 @@ import (
 // Disaggregated prefill and decode (P/D) is a routing decision of the same
 // handler: for a model group whose engines have roles, forward first plans
 // the request's path (planPD), then either sends it whole to a decode
-// engine (path local: the decode engine prefills) or runs two legs, as
+// engine (path local: the decode engine prefills), whole to a prefill
+// engine (path whole: pd.Rule's third path, no kv_transfer_params, no
+// transfer), or runs two legs, as
 // vLLM's NixlConnector proxy does (tests/v1/kv_connector/nixl_integration/
 // toy_proxy_server.py at vllm-project/vllm e009930 and main;
 // docs/features/nixl_connector_usage.md at 026c83f):
@@ -113,12 +115,20 @@ func (s *Server) planPD(x *exchange, prefill, decode []string) (pdPlan, error) {
 		}
 		if l, ok := lr.load(pp.Replica); ok && l.PrefillRate > 0 {
 			in.PrefillQueueSeconds = float64(l.QueuedPrefill) / l.PrefillRate
+			in.PrefillPrefillRate = l.PrefillRate
+		}
+		if l, ok := lr.load(pp.Replica); ok {
+			in.PrefillInFlight = int(l.InFlight)
 		}
 	}
 	p.Verdict = rule.Decide(in)
-	p.Path = pathLocal
-	if p.Verdict.Remote {
+	switch {
+	case p.Verdict.Remote:
 		p.Path = pathDisaggregated
+	case p.Verdict.Whole:
+		p.Path = pathWhole
+	default:
+		p.Path = pathLocal
 	}
 	return p, nil
 }
@@ -171,7 +181,15 @@ func (s *Server) forwardPD(x *exchange) {
 	s.pdm.requests.WithLabelValues(x.req.model, plan.Path, plan.Verdict.Reason).Inc()
 	x.w.Header().Set("X-Kvrouter-Path", plan.Path)
 	x.only = g.isDecode
-	if plan.Path == pathLocal {
+	switch plan.Path {
+	case pathLocal:
+		s.forward(x)
+		return
+	case pathWhole:
+		// A plain request on the prefill pool (no kv_transfer_params): the
+		// kv policy over it picks the engine the plan weighed, unless its
+		// state changed meanwhile; a retry may go to another prefill engine.
+		x.only = g.isPrefill
 		s.forward(x)
 		return
 	}

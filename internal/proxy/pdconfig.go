@@ -28,6 +28,9 @@ const (
 	// pathLocal: the decode engine prefills the prompt itself (conditional
 	// disaggregation's bypass, mode never, or no prefill engine up).
 	pathLocal = "local"
+	// pathWhole: the whole request (prefill and decode, no
+	// kv_transfer_params) on a prefill engine (pd.ReasonWhole).
+	pathWhole = "whole"
 )
 
 // reasonNoPrefill is the reason of a local path taken because no prefill
@@ -190,7 +193,7 @@ func newPDMetrics(reg prometheus.Registerer) (*pdMetrics, error) {
 	}
 	m := &pdMetrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_proxy_pd_requests_total",
-			Help: "Requests of P/D model groups by path (disaggregated, local) and the rule's reason."}, []string{"model", "path", "reason"}),
+			Help: "Requests of P/D model groups by path (disaggregated, local, whole) and the rule's reason."}, []string{"model", "path", "reason"}),
 		prefillSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvrouter_proxy_pd_prefill_seconds",
 			Help:    "Duration of successful prefill legs, from sending to the whole answer, in seconds.",
 			Buckets: []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}}, []string{"model"}),
@@ -211,6 +214,7 @@ func (m *pdMetrics) initModel(model string) {
 	m.requests.WithLabelValues(model, pathDisaggregated, pd.ReasonRemote)
 	m.requests.WithLabelValues(model, pathLocal, pd.ReasonShort)
 	m.requests.WithLabelValues(model, pathLocal, pd.ReasonPrefillBusy)
+	m.requests.WithLabelValues(model, pathWhole, pd.ReasonWhole)
 	m.prefillSeconds.WithLabelValues(model)
 	for _, c := range []string{"status", "conn_error", "timeout", "no_transfer_params", "client_closed"} {
 		m.prefillFailures.WithLabelValues(model, c)

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"kvrouter/internal/bench/report"
 	"kvrouter/internal/pd"
@@ -25,8 +26,9 @@ func (m pathMiss) String() string {
 }
 
 // pdOne runs one arrangement (conditional with decide, when not nil) and
-// returns its run and which requests took the remote path.
-func pdOne(t *testing.T, cfg Config, w *workload.Workload, arrangement string, decide func(*pd.Rule, pd.Inputs) pd.Verdict) (*report.Run, []bool) {
+// returns its run, which requests took the remote path and how many were
+// served whole on a prefill replica.
+func pdOne(t *testing.T, cfg Config, w *workload.Workload, arrangement string, decide func(*pd.Rule, pd.Inputs) pd.Verdict) (*report.Run, []bool, int) {
 	t.Helper()
 	cfg.Policies = []string{arrangement}
 	cfg, err := cfg.withDefaults()
@@ -46,10 +48,11 @@ func pdOne(t *testing.T, cfg Config, w *workload.Workload, arrangement string, d
 		t.Fatal(err)
 	}
 	var remote []bool
+	whole := 0
 	if f.pd != nil {
-		remote = f.pd.remoteAt
+		remote, whole = f.pd.remoteAt, f.pd.whole
 	}
-	return run, remote
+	return run, remote, whole
 }
 
 // attribute splits a run's requests by path and by the SLO each misses.
@@ -87,10 +90,13 @@ func ruleBefore(r *pd.Rule, in pd.Inputs) pd.Verdict {
 }
 
 // TestPDMatrix is the measurement of docs/measurement.md (P/D, every
-// link): aggregated, disaggregated, conditional before and after, on
+// link): aggregated, disaggregated, conditional before (two paths: the
+// whole path off, whole_max_queue -1) and after (three paths), on
 // identical arrivals, each summarized under the default and the tight SLO,
 // with the requests of each conditional run split by path and SLO missed.
-// KVROUTER_PD_MATRIX=long_prompt,mooncake selects the workloads.
+// KVROUTER_PD_MATRIX=long_prompt,mooncake selects the workloads;
+// KVROUTER_PD_BEFORE=39592b7 measures the rule of 39592b7 (ruleBefore) as
+// "before" instead.
 func TestPDMatrix(t *testing.T) {
 	sel := os.Getenv("KVROUTER_PD_MATRIX")
 	if sel == "" {
@@ -150,11 +156,16 @@ func TestPDMatrix(t *testing.T) {
 			links = strings.Split(l, ",")
 		}
 		for _, link := range links {
-			jobs = append(jobs, job{ArrDisaggregated, link, nil, "disaggregated"}, job{ArrConditional, link, ruleBefore, "cond-before"}, job{ArrConditional, link, nil, "cond-after"})
+			before := job{ArrConditional, link, nil, "cond-before"}
+			if os.Getenv("KVROUTER_PD_BEFORE") == "39592b7" {
+				before.decide = ruleBefore
+			}
+			jobs = append(jobs, job{ArrDisaggregated, link, nil, "disaggregated"}, before, job{ArrConditional, link, nil, "cond-after"})
 		}
 		type out struct {
 			run    *report.Run
 			remote []bool
+			whole  int
 		}
 		res := make([]out, len(jobs))
 		var wg sync.WaitGroup
@@ -171,7 +182,12 @@ func TestPDMatrix(t *testing.T) {
 				if n, err := strconv.Atoi(os.Getenv("KVROUTER_PD_MIN")); err == nil && j.decide == nil {
 					cfg.PD.Rule.MinRemoteTokens = n
 				}
-				res[i].run, res[i].remote = pdOne(t, cfg, x.w, j.arr, j.decide)
+				if j.label == "cond-before" {
+					cfg.PD.Rule.WholeMaxQueue = -1
+				} else if d, err := time.ParseDuration(os.Getenv("KVROUTER_PD_WHOLE")); err == nil {
+					cfg.PD.Rule.WholeMaxQueue = d
+				}
+				res[i].run, res[i].remote, res[i].whole = pdOne(t, cfg, x.w, j.arr, j.decide)
 			})
 		}
 		wg.Wait()
@@ -190,7 +206,7 @@ func TestPDMatrix(t *testing.T) {
 				t.Log(line)
 				for k := 2; k <= 3; k++ {
 					rm, lc := attribute(res[k+3*li].run, res[k+3*li].remote, slo)
-					t.Logf("    %s: remote %v; local %v", jobs[k+3*li].label, rm, lc)
+					t.Logf("    %s: remote %v; local or whole %v; whole %d", jobs[k+3*li].label, rm, lc, res[k+3*li].whole)
 				}
 			}
 		}

@@ -48,6 +48,7 @@ type pdState struct {
 	prefillNames  []string
 	decodeNames   []string
 	remote, local int // requests by path, for the run's note
+	whole         int // requests served whole on a prefill replica
 	// remoteAt marks the requests (by workload index) that took the remote
 	// path, for attribution by path.
 	remoteAt        []bool
@@ -140,7 +141,7 @@ func (f *fleet) arrivePD(i int) error {
 		return err
 	}
 	p := f.pd
-	remote := p.rule.Mode == pd.ModeAlways
+	remote, whole := p.rule.Mode == pd.ModeAlways, false
 	if !remote {
 		dd, err := f.router.Evaluate(&routing.Request{ID: r.ID, Tokens: f.toks, MaxTokens: out, Exclude: p.prefillNames}, nil)
 		pp, err2 := f.router.Evaluate(&routing.Request{ID: r.ID, Tokens: f.toks, MaxTokens: 1, Exclude: p.decodeNames}, nil)
@@ -150,20 +151,29 @@ func (f *fleet) arrivePD(i int) error {
 			in := pd.Inputs{UncachedTokens: max(len(f.toks)-cached, 0), DecodePrefillRate: f.cfg.prefillRate()}
 			if l, ok := f.router.Load(pp.Name); ok && l.PrefillRate > 0 {
 				in.PrefillQueueSeconds = float64(l.QueuedPrefill) / l.PrefillRate
+				in.PrefillPrefillRate = l.PrefillRate
+				in.PrefillInFlight = int(l.InFlight)
 			}
 			if l, ok := f.router.Load(dd.Name); ok && l.PrefillRate > 0 {
 				in.DecodeQueueSeconds = float64(l.QueuedPrefill) / l.PrefillRate
 				in.DecodeInFlight = int(l.InFlight)
 			}
-			remote = p.decide(in).Remote
+			v := p.decide(in)
+			remote, whole = v.Remote, v.Whole
 		}
 	}
 	id, exclude, maxTokens := r.ID, p.prefillNames, out
-	if remote {
+	switch {
+	case remote:
 		p.remote++
 		p.remoteAt[i] = true
 		id, exclude, maxTokens = prefillPrefix+r.ID, p.decodeNames, 1
-	} else {
+	case whole:
+		// the whole request on a prefill replica: its core prefills and
+		// decodes it, no transfer
+		p.whole++
+		exclude = p.decodeNames
+	default:
 		p.local++
 	}
 	d, lease, err := f.router.Route(&routing.Request{ID: id, Tokens: f.toks, MaxTokens: maxTokens, Exclude: exclude})
