@@ -60,6 +60,9 @@ func pickMin(d *Decision, cands []Candidate, rng *lockedRand) Decision {
 		switch {
 		case chosen < 0:
 			chosen, n = i, 1
+		case cands[i].Stripe < cands[chosen].Stripe:
+			chosen, n = i, 1
+		case cands[i].Stripe > cands[chosen].Stripe:
 		default:
 			switch lessLoaded(&cands[i].Load, &cands[chosen].Load) {
 			case -1:

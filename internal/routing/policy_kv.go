@@ -22,11 +22,14 @@ import "math"
 // the slack more: the cost is myopic (this request's time to first token),
 // while splitting a conversation also spends the other replica's prefill on
 // a second copy of its prefix and leaves the next turn two places to miss
-// (measured against the pooled-cache bound in docs/measurement.md). Ties go
-// to the lower load, then at random.
+// (measured against the pooled-cache bound in docs/measurement.md). With
+// several router replicas (Config.Routers) the stripe slack then sends
+// near-equal choices to this replica's own stripe (stripes.go). Ties go to
+// the lower stripe rank, the lower load, then at random.
 type KV struct {
 	cfg       KVConfig
 	blockSize int
+	routers   int // Config.Routers, for the stripe slack (stripes.go)
 	rng       *lockedRand
 }
 
@@ -70,6 +73,9 @@ func (p *KV) decide(req *Request, cands []Candidate, rng *lockedRand) Decision {
 	}
 	if i := p.affinity(&d, prompt); i >= 0 {
 		return d.choose(i, cands, "affinity")
+	}
+	if i := p.stripe(&d, cands, prompt); i >= 0 {
+		return d.choose(i, cands, "stripe")
 	}
 	return pickMin(&d, cands, rng)
 }

@@ -82,6 +82,13 @@ type Candidate struct {
 	Held int
 	// Load is the replica's load.
 	Load Load
+	// Stripe is the candidate's rank for this router replica
+	// (Config.Routers, RouterIndex): 0 when the engine is in the router's
+	// own stripe, 1 in the next router's, ...; always 0 with one router.
+	// Ties (pickMin) and near-ties (KVConfig.StripeSlack) go to the lower
+	// rank, so that router replicas deciding at once without seeing each
+	// other's leases choose different engines.
+	Stripe int
 }
 
 // Terms are one candidate's share of a Decision: the inputs and result of
