@@ -37,8 +37,9 @@ func cmp64(a, b int64) int {
 }
 
 // pickMin chooses the candidate with the lowest d.Terms[i].Cost; ties go to
-// the lower load, then uniformly at random (reservoir sampling, so no
-// allocation). When rng is nil (Evaluate: no random state consumed) the
+// the lower load, then the lower stripe rank (Candidate.Stripe: several
+// router replicas; reason "tie_stripe"), then uniformly at random
+// (reservoir sampling, so no allocation). When rng is nil (Evaluate: no random state consumed) the
 // random step is replaced by a deterministic one: the most confirmed cached
 // blocks (held, not merely predicted), then the first in candidate order.
 // It fills d's choice and returns it.
@@ -60,14 +61,18 @@ func pickMin(d *Decision, cands []Candidate, rng *lockedRand) Decision {
 		switch {
 		case chosen < 0:
 			chosen, n = i, 1
-		case cands[i].Stripe < cands[chosen].Stripe:
-			chosen, n = i, 1
-		case cands[i].Stripe > cands[chosen].Stripe:
 		default:
 			switch lessLoaded(&cands[i].Load, &cands[chosen].Load) {
 			case -1:
 				chosen, n = i, 1
 			case 0:
+				// Then the lower stripe rank (several router replicas).
+				if c := cands[i].Stripe - cands[chosen].Stripe; c != 0 {
+					if c < 0 {
+						chosen, n = i, 1
+					}
+					break
+				}
 				n++
 				switch {
 				case rng == nil:
@@ -86,6 +91,12 @@ func pickMin(d *Decision, cands []Candidate, rng *lockedRand) Decision {
 		reason = "tie_random"
 	case ties > 1:
 		reason = "tie_load"
+		for i := range cands {
+			if i != chosen && tied(d.Terms[i].Cost, min) && lessLoaded(&cands[i].Load, &cands[chosen].Load) == 0 {
+				reason = "tie_stripe"
+				break
+			}
+		}
 	}
 	return d.choose(chosen, cands, reason)
 }

@@ -118,7 +118,7 @@ type Decision struct {
 	Index int
 	// Name is the chosen replica's name.
 	Name string
-	// Reason says how the choice was made: "min_cost", "tie_load",
+	// Reason says how the choice was made: "min_cost", "tie_load", "tie_stripe",
 	// "tie_random", "session", "imbalanced", "prefix", "no_match", ...
 	Reason string
 	// Terms has one entry per candidate, in candidate order.
