@@ -87,7 +87,8 @@ type KVConfig struct {
 	// the affinity slack chose already: near-equal costs come from signals
 	// every router replica shares (the engines' events and gauges), so
 	// replicas deciding at the same moment would otherwise all choose the
-	// same engine. Default 750ms; negative means off. No effect with one
+	// same engine. Candidates holding an eighth of the prompt less than the
+	// cheapest are left out. Default 1s; negative means off. No effect with one
 	// router.
 	StripeSlack time.Duration `yaml:"stripe_slack"`
 }
@@ -161,7 +162,7 @@ func DefaultConfig(cfg Config) Config {
 		cfg.KV.AffinitySlack = 2 * time.Second
 	}
 	if cfg.KV.StripeSlack == 0 {
-		cfg.KV.StripeSlack = 750 * time.Millisecond
+		cfg.KV.StripeSlack = time.Second
 	}
 	if cfg.KV.WaitingPenalty == 0 {
 		cfg.KV.WaitingPenalty = 50 * time.Millisecond

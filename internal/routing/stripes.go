@@ -17,7 +17,8 @@ func (r *Router) stripe(pos int) int {
 // stripe returns the candidate KVConfig.StripeSlack picks over the
 // cheapest, or -1 when it picks none: among the candidates costing at most
 // the slack more than the cheapest and holding no less than the cheapest
-// minus half the prompt (never a continuation given up), the one of the
+// minus an eighth of the prompt (a continuation, or a good part of one, is
+// never given up for a stripe), the one of the
 // lowest stripe rank, ties to the cheaper; -1 when the cheapest is of that
 // rank (pickMin then chooses) or there is one router.
 func (p *KV) stripe(d *Decision, cands []Candidate, prompt float64) int {
@@ -37,7 +38,7 @@ func (p *KV) stripe(d *Decision, cands []Candidate, prompt float64) int {
 	}
 	best := -1
 	for i, t := range d.Terms {
-		if t.Cost > minCost+slack || (atMin-t.Overlap)*float64(p.blockSize) >= 0.5*prompt {
+		if t.Cost > minCost+slack || (atMin-t.Overlap)*float64(p.blockSize) >= prompt/8 {
 			continue
 		}
 		if b := best; b < 0 || cands[i].Stripe < cands[b].Stripe || (cands[i].Stripe == cands[b].Stripe && t.Cost < d.Terms[b].Cost) {

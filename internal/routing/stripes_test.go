@@ -51,8 +51,9 @@ func stripedRouters(t *testing.T, n int, striped bool, held []uint32, slack time
 // engines, each replica its own stripe (e_k, e_k+4); not striped, all four
 // send their first request to e3 (the herding that cost kv 9% of its
 // goodput at four replicas on the Mooncake trace). A continuation (e3
-// holding most of the prompt) still goes to e3 from every replica, and one
-// router is not affected by the stripe settings.
+// holding most of the prompt), or a prompt a quarter held on e3, still goes
+// to e3 from every replica, and one router is not affected by the stripe
+// settings.
 func TestStripesSpreadSimultaneousRouters(t *testing.T) {
 	sys := tokens(1, 4*bs)
 	burst := func(rs []*Router) (names []string) {
@@ -99,6 +100,18 @@ func TestStripesSpreadSimultaneousRouters(t *testing.T) {
 		}
 		if d.Name != "e3" {
 			t.Fatalf("router %d sends a continuation to %s (%s), want e3", k, d.Name, d.Reason)
+		}
+	}
+	// A quarter of the prompt held on e3 (no continuation for the
+	// affinity slack, 51 ms of prefill): kept, not given up for a stripe.
+	part := tokens(3, 32*bs)
+	for k, r := range stripedRouters(t, 4, true, part, 0) {
+		d, _, err := r.Route(&Request{Tokens: cat(part, tokens(400+k, 96*bs)), MaxTokens: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Name != "e3" {
+			t.Fatalf("router %d sends a prompt a quarter held on e3 to %s (%s), want e3", k, d.Name, d.Reason)
 		}
 	}
 	one, plain := burst(stripedRouters(t, 1, true, sys, 0)), burst(stripedRouters(t, 1, false, sys, 0))
