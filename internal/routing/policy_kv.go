@@ -77,7 +77,7 @@ func (p *KV) decide(req *Request, cands []Candidate, rng *lockedRand) Decision {
 	if i := p.stripe(&d, cands, prompt); i >= 0 {
 		return d.choose(i, cands, "stripe")
 	}
-	return pickMin(&d, cands, rng)
+	return pickMinStriped(&d, cands, rng, p.routers > 1)
 }
 
 // affinity returns the candidate AffinitySlack picks over the cheapest, or
