@@ -25,7 +25,8 @@ import "math"
 // (measured against the pooled-cache bound in docs/measurement.md). With
 // several router replicas (Config.Routers) the stripe slack then sends
 // near-equal choices to this replica's own stripe (stripes.go). Ties go to
-// the lower stripe rank, the lower load, then at random.
+// the lower load, then (several routers) the lower stripe rank, then at
+// random.
 type KV struct {
 	cfg       KVConfig
 	blockSize int
