@@ -64,6 +64,7 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 	rates := fs.String("rates", sim.RatesConfigured, "prefill rates the router uses: configured (the --routing file's, else the profile's, for every replica), known (each replica's true rate), learned (from the engines' counters, as serve learns from /metrics)")
 	routers := fs.Int("routers", 1, "router replicas (1..64), each with its own leases, index and predictions, fed the same KV events and gauges")
 	front := fs.String("front", sim.FrontRoundRobin, "with --routers > 1: the balancer in front of them, round_robin or random")
+	stripes := fs.Bool("stripes", true, "with --routers > 1: configure router replica k of N with routing routers N, router_index k (striped tie-breaks and the kv stripe slack; false: the replicas know nothing of each other)")
 	pooled := fs.Bool("pooled-bound", true, "also compute the pooled-cache bound (the fleet's blocks as one LRU; about one cache-blind policy's CPU, on its own goroutine beside the policies) and each policy's share of it")
 	attribute := fs.Bool("attribute", false, "also attribute each indexed policy's cached tokens lost against the pooled-cache bound to causes (split from the replica holding more, gone between decision and admission, evicted from every replica) and print that table after the report (markdown only)")
 	asJSON := fs.Bool("json", false, "print the report as JSON instead of a markdown table")
@@ -111,6 +112,7 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 		Pipeline:      sim.PipelineMode(*pipeline),
 		Routers:       *routers,
 		Front:         *front,
+		NoStripes:     !*stripes,
 	}
 	if *pdPrefill != 0 {
 		cfg.PD = sim.PDConfig{PrefillReplicas: *pdPrefill}
@@ -200,6 +202,7 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 		}
 		if *routers > 1 {
 			rep.Setup["routers"], rep.Setup["front"] = strconv.Itoa(*routers), *front
+			rep.Setup["stripes"] = strconv.FormatBool(*stripes)
 		}
 		if *dpSize > 1 {
 			rep.Setup["dp_size"], rep.Setup["dp_rank_blind"] = strconv.Itoa(*dpSize), strconv.FormatBool(*dpBlind)

@@ -2,6 +2,9 @@ package proxy
 
 import (
 	"fmt"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"kvrouter/internal/kvindex"
@@ -75,32 +78,56 @@ func (b *Backend) Restore(s *kvindex.Snapshot) error {
 
 // Resume returns where engine's KV event subscriber starts, per rank: the
 // marks of the batches its index entries were last applied from. An
-// engine restored from a snapshot (Restore) enters the index here, once.
-// Nil: start from nothing.
+// engine restored from a snapshot (Restore) enters the index here, once;
+// a data-parallel engine (dp_size > 1) by each of its rank replicas
+// (ranks.go), whose entries and marks the index keeps under the rank
+// replica's name (found by name: Resume runs before the pool adds the
+// engine with its dp_size). Nil: start from nothing.
 func (b *Backend) Resume(engine string) map[int]kvevents.Position {
 	g := b.cur.Load()
 	if g.exact == nil {
 		return nil
 	}
-	b.repMu.Lock()
-	s := b.pending[engine]
-	delete(b.pending, engine)
-	b.repMu.Unlock()
-	if s != nil {
-		if err := g.exact.Restore(s); err != nil {
-			// Only a block size rebuilt since Restore: the engine starts cold.
-			b.log.Warn("snapshot not restored for engine: the index was rebuilt since", "engine", engine, "err", err)
-			return nil
+	var out map[int]kvevents.Position
+	for _, name := range b.resumeNames(engine) {
+		b.repMu.Lock()
+		s := b.pending[name]
+		delete(b.pending, name)
+		b.repMu.Unlock()
+		if s != nil {
+			if err := g.exact.Restore(s); err != nil {
+				// Only a block size rebuilt since Restore: the engine starts cold.
+				b.log.Warn("snapshot not restored for engine: the index was rebuilt since", "engine", name, "err", err)
+				continue
+			}
+			b.log.Info("engine restored from snapshot", "engine", name, "entries", s.Entries())
 		}
-		b.log.Info("engine restored from snapshot", "engine", engine, "entries", s.Entries())
-	}
-	marks := g.exact.Marks(engine)
-	if len(marks) == 0 {
-		return nil
-	}
-	out := make(map[int]kvevents.Position, len(marks))
-	for r, m := range marks {
-		out[r] = kvevents.Position{Seq: m.Seq, Sum: m.Sum}
+		for r, m := range g.exact.Marks(name) {
+			if out == nil {
+				out = make(map[int]kvevents.Position)
+			}
+			out[r] = kvevents.Position{Seq: m.Seq, Sum: m.Sum}
+		}
 	}
 	return out
+}
+
+// resumeNames returns the index replicas of engine a resume covers: the
+// engine's own name, its rank replicas (engine#dpN) the snapshot holds,
+// and those of its dp_size when known.
+func (b *Backend) resumeNames(engine string) []string {
+	names := b.replicaNames(engine)
+	if !slices.Contains(names, engine) {
+		names = append(names, engine)
+	}
+	b.repMu.Lock()
+	defer b.repMu.Unlock()
+	for name := range b.pending {
+		rest, ok := strings.CutPrefix(name, engine+rankSep)
+		if _, err := strconv.Atoi(rest); ok && err == nil && !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return names
 }

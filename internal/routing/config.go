@@ -29,6 +29,16 @@ type Config struct {
 	DefaultMaxTokens int `yaml:"default_max_tokens"`
 	// GaugeMaxAge is how long scraped engine gauges stay valid. Default 10s.
 	GaugeMaxAge time.Duration `yaml:"gauge_max_age"`
+	// Routers is the number of kvrouter replicas in front of the same
+	// engines and RouterIndex this one's place among them, 0..Routers-1
+	// (e.g. a StatefulSet ordinal). With Routers > 1 the engines, in name
+	// order, are dealt to the router replicas in turn (stripes), and each
+	// replica breaks ties and near-ties towards its own stripe (see
+	// Candidate.Stripe and KVConfig.StripeSlack). Nothing is exchanged:
+	// a replica that is down only leaves its stripe to the others' normal
+	// choices. Default 1 and 0: no stripes.
+	Routers     int `yaml:"routers"`
+	RouterIndex int `yaml:"router_index"`
 
 	KV          KVConfig          `yaml:"kv"`
 	Dynamo      DynamoConfig      `yaml:"dynamo"`
@@ -78,6 +88,16 @@ type KVConfig struct {
 	// then spreads once that replica carries twice its share. Default 2;
 	// negative means no cap.
 	AffinityLoadCap float64 `yaml:"affinity_load_cap"`
+	// StripeSlack, with Config.Routers > 1, sends a request to the
+	// candidate of the lowest stripe rank (this router's own stripe first)
+	// among those costing at most this much more than the cheapest, unless
+	// the affinity slack chose already: near-equal costs come from signals
+	// every router replica shares (the engines' events and gauges), so
+	// replicas deciding at the same moment would otherwise all choose the
+	// same engine. Candidates holding an eighth of the prompt less than the
+	// cheapest are left out. Default 1s; negative means off. No effect with one
+	// router.
+	StripeSlack time.Duration `yaml:"stripe_slack"`
 }
 
 // DynamoConfig is NVIDIA Dynamo's KV router cost.
@@ -149,6 +169,9 @@ func DefaultConfig(cfg Config) Config {
 		cfg.KV.AffinitySlack = 2 * time.Second
 	}
 	def(&cfg.KV.AffinityLoadCap, 2)
+	if cfg.KV.StripeSlack == 0 {
+		cfg.KV.StripeSlack = time.Second
+	}
 	if cfg.KV.WaitingPenalty == 0 {
 		cfg.KV.WaitingPenalty = 50 * time.Millisecond
 	}
@@ -191,6 +214,9 @@ func (cfg Config) validate() error {
 	if cfg.PrefillRate < 0 || cfg.DecodeRate < 0 {
 		errs = append(errs, fmt.Errorf("prefill_rate %v, decode_rate %v: must be positive", cfg.PrefillRate, cfg.DecodeRate))
 	}
+	if cfg.Routers < 0 || cfg.RouterIndex < 0 || (cfg.RouterIndex > 0 && cfg.RouterIndex >= cfg.Routers) {
+		errs = append(errs, fmt.Errorf("routers %d, router_index %d: want 0 <= router_index < routers", cfg.Routers, cfg.RouterIndex))
+	}
 	if cfg.GaugeMaxAge < 0 {
 		errs = append(errs, fmt.Errorf("gauge_max_age %v: must be positive", cfg.GaugeMaxAge))
 	}
@@ -219,7 +245,7 @@ func NewPolicy(name string, cfg Config) (Policy, error) {
 	rng := &lockedRand{r: cfg.Rand}
 	switch name {
 	case "kv":
-		return &KV{cfg: cfg.KV, blockSize: cfg.BlockSize, rng: rng}, nil
+		return &KV{cfg: cfg.KV, blockSize: cfg.BlockSize, routers: cfg.Routers, rng: rng}, nil
 	case "random":
 		return &Random{rng: rng}, nil
 	case "round_robin":

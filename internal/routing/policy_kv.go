@@ -26,11 +26,15 @@ import "math"
 // turn two places to miss (measured against the pooled-cache bound in
 // docs/measurement.md). A prefix several replicas hold (a shared system
 // prompt) buys no stickiness, and the load cap spreads one that only one
-// replica holds yet every client wants. Ties go to the lower load, then at
+// replica holds yet every client wants. With several router replicas
+// (Config.Routers) the stripe slack then sends near-equal choices to this
+// replica's own stripe (stripes.go). Ties go to the lower load, then
+// (several routers) the lower stripe rank, then at
 // random.
 type KV struct {
 	cfg       KVConfig
 	blockSize int
+	routers   int // Config.Routers, for the stripe slack (stripes.go)
 	rng       *lockedRand
 }
 
@@ -75,7 +79,10 @@ func (p *KV) decide(req *Request, cands []Candidate, rng *lockedRand) Decision {
 	if i := p.affinity(&d, cands, prompt); i >= 0 {
 		return d.choose(i, cands, "affinity")
 	}
-	return pickMin(&d, cands, rng)
+	if i := p.stripe(&d, cands, prompt); i >= 0 {
+		return d.choose(i, cands, "stripe")
+	}
+	return pickMinStriped(&d, cands, rng, p.routers > 1)
 }
 
 // affinity returns the candidate AffinitySlack picks over the cheapest, or

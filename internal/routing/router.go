@@ -309,12 +309,12 @@ func (r *Router) candidates(req *Request, s *scratch) ([]Candidate, []*replica, 
 	r.mu.RLock()
 	cands := s.cands[:0]
 	reps := s.reps[:0]
-	for _, rep := range r.list {
+	for pos, rep := range r.list {
 		if !rep.healthy.Load() || slices.Contains(req.Exclude, rep.name) {
 			continue
 		}
 		reps = append(reps, rep)
-		cands = append(cands, Candidate{Name: rep.name, ID: rep.id, Held: -1, Load: rep.load(now, r.cfg.GaugeMaxAge)})
+		cands = append(cands, Candidate{Name: rep.name, ID: rep.id, Held: -1, Load: rep.load(now, r.cfg.GaugeMaxAge), Stripe: r.stripe(pos)})
 	}
 	r.mu.RUnlock()
 	s.cands, s.reps = cands, reps

@@ -82,6 +82,13 @@ type Candidate struct {
 	Held int
 	// Load is the replica's load.
 	Load Load
+	// Stripe is the candidate's rank for this router replica
+	// (Config.Routers, RouterIndex): 0 when the engine is in the router's
+	// own stripe, 1 in the next router's, ...; always 0 with one router.
+	// Ties (pickMin) and near-ties (KVConfig.StripeSlack) go to the lower
+	// rank, so that router replicas deciding at once without seeing each
+	// other's leases choose different engines.
+	Stripe int
 }
 
 // Terms are one candidate's share of a Decision: the inputs and result of
@@ -111,7 +118,7 @@ type Decision struct {
 	Index int
 	// Name is the chosen replica's name.
 	Name string
-	// Reason says how the choice was made: "min_cost", "tie_load",
+	// Reason says how the choice was made: "min_cost", "tie_load", "tie_stripe",
 	// "tie_random", "session", "imbalanced", "prefix", "no_match", ...
 	Reason string
 	// Terms has one entry per candidate, in candidate order.

@@ -108,6 +108,12 @@ type Config struct {
 	// Front is the balancer in front of the router replicas:
 	// FrontRoundRobin (default) or FrontRandom.
 	Front string
+	// NoStripes, with Routers > 1, leaves the router replicas' Routers and
+	// RouterIndex (routing.Config) unset, so that they do not stripe their
+	// tie-breaks (the behaviour before stripes; by default replica k of N
+	// is configured as router_index k of routers N, as docs/routing.md
+	// recommends).
+	NoStripes bool
 	// Pipeline chooses whether a policy that keeps an index applies its KV
 	// event batches on a second goroutine, overlapped with the engine steps
 	// and the arrivals' token expansion; the fleet waits for that goroutine

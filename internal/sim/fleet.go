@@ -125,6 +125,9 @@ func newFleet(cfg Config, policy string, w *workload.Workload, seed uint64) (*fl
 		rcfg := cfg.Routing
 		rcfg.Policy, rcfg.Now = routingPolicy(policy), f.clock
 		rcfg.Rand = rand.New(rand.NewPCG(seed, 0x4047))
+		if cfg.Routers > 1 && !cfg.NoStripes && rcfg.Routers == 0 {
+			rcfg.Routers, rcfg.RouterIndex = cfg.Routers, 0 // addPeers sets the others' index
+		}
 		if rcfg.PrefillRate == 0 {
 			rcfg.PrefillRate = cfg.prefillRate()
 		}

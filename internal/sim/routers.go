@@ -40,6 +40,9 @@ func (f *fleet) addPeers(seed uint64) error {
 		}
 		rcfg := f.rCfg
 		rcfg.Rand = rand.New(rand.NewPCG(seed+uint64(k), 0x4047))
+		if rcfg.Routers > 1 {
+			rcfg.RouterIndex = k % rcfg.Routers
+		}
 		var ix routing.Index
 		if p.ix != nil {
 			ix = p.ix
