@@ -66,12 +66,26 @@ func TestEPPAgainstEngineSims(t *testing.T) {
 	s.waitReady(t)
 	addrA, addrB := strings.TrimPrefix(a.url, "http://"), strings.TrimPrefix(b.url, "http://")
 	ctx := t.Context()
+	// Both fronts' in-flight series exist (one family, told apart by
+	// front) and return to 0.
 	inflightZero := func(t *testing.T) {
 		t.Helper()
+		text := e2eMetricsText(t, s.url)
+		for _, f := range []string{`front="epp"`, `front="http"`} {
+			if !strings.Contains(text, "kvrouter_proxy_in_flight_requests{"+f) {
+				t.Fatalf("no kvrouter_proxy_in_flight_requests{%s} series", f)
+			}
+		}
 		e2eEventually(t, 5*time.Second, "in-flight back to 0", func() bool {
-			return e2eMetric(t, s.url, "kvrouter_epp_in_flight_requests") == 0 &&
+			return e2eMetric(t, s.url, "kvrouter_proxy_in_flight_requests", `front="epp"`) == 0 &&
+				e2eMetric(t, s.url, "kvrouter_proxy_in_flight_requests", `front="http"`) == 0 &&
 				e2eMetric(t, s.url, "kvrouter_routing_in_flight_requests") == 0
 		})
+	}
+	// front reads a kvrouter_proxy_* series of the EPP's front.
+	front := func(t *testing.T, name string, labels ...string) float64 {
+		t.Helper()
+		return e2eMetric(t, s.url, name, append([]string{`front="epp"`}, labels...)...)
 	}
 
 	t.Run("health", func(t *testing.T) {
@@ -82,6 +96,44 @@ func TestEPPAgainstEngineSims(t *testing.T) {
 		}
 		if _, err := s.health(t, "nope"); status.Code(err) != codes.NotFound {
 			t.Errorf("unknown service: %v, want NotFound", err)
+		}
+	})
+
+	t.Run("request series with front=epp", func(t *testing.T) {
+		const n = 3
+		names := []string{"kvrouter_proxy_decision_duration_seconds_count", "kvrouter_proxy_prompt_tokens_count", "kvrouter_proxy_predicted_cached_tokens_count"}
+		before := map[string]float64{"requests": front(t, "kvrouter_proxy_requests_total"), "ok": front(t, "kvrouter_proxy_requests_total", `outcome="ok"`),
+			"http": e2eMetric(t, s.url, "kvrouter_proxy_requests_total", `front="http"`)}
+		for _, name := range names {
+			before[name] = front(t, name)
+		}
+		served := map[string]int{}
+		for i := range n {
+			r := s.envoy.do(ctx, envoyReq{path: "/v1/chat/completions", body: []byte(e2eChat("You count.", fmt.Sprintf("Say %d.", i)))})
+			if r.immediate != nil || r.status != 200 {
+				t.Fatal(r)
+			}
+			served[r.respHeaders["x-kvrouter-replica"]]++
+		}
+		inflightZero(t)
+		if d := front(t, "kvrouter_proxy_requests_total") - before["requests"]; d != n {
+			t.Errorf("kvrouter_proxy_requests_total{front=\"epp\"} rose by %v for %d requests", d, n)
+		}
+		if d := front(t, "kvrouter_proxy_requests_total", `outcome="ok"`) - before["ok"]; d != n {
+			t.Errorf("outcome ok rose by %v for %d requests", d, n)
+		}
+		for rep, k := range served {
+			if v := front(t, "kvrouter_proxy_requests_total", `outcome="ok"`, `replica="`+rep+`"`); v < float64(k) {
+				t.Errorf("replica %s served %d, counted %v", rep, k, v)
+			}
+		}
+		if d := e2eMetric(t, s.url, "kvrouter_proxy_requests_total", `front="http"`) - before["http"]; d != 0 {
+			t.Errorf("the HTTP front counted %v of the EPP's requests", d)
+		}
+		for _, name := range names {
+			if d := front(t, name) - before[name]; d != n {
+				t.Errorf("%s{front=\"epp\"} rose by %v for %d picks", name, d, n)
+			}
 		}
 	})
 
@@ -115,9 +167,16 @@ func TestEPPAgainstEngineSims(t *testing.T) {
 
 	t.Run("completion streamed", func(t *testing.T) {
 		body := `{"model":"m","prompt":"Count slowly to twenty:","max_tokens":40,"stream":true,"stream_options":{"include_usage":true}}`
+		ttft, itl := front(t, "kvrouter_proxy_time_to_first_token_seconds_count"), front(t, "kvrouter_proxy_inter_token_latency_seconds_count")
 		r := s.envoy.do(ctx, envoyReq{path: "/v1/completions", body: []byte(body)})
 		if r.immediate != nil || r.status != 200 {
 			t.Fatal(r)
+		}
+		if d := front(t, "kvrouter_proxy_time_to_first_token_seconds_count") - ttft; d != 1 {
+			t.Errorf("TTFT observed %v times for one streamed response", d)
+		}
+		if d := front(t, "kvrouter_proxy_inter_token_latency_seconds_count") - itl; d < 1 || d > float64(r.respChunks-1) {
+			t.Errorf("ITL observed %v times over %d chunks", d, r.respChunks)
 		}
 		if r.respChunks < 2 || !strings.HasSuffix(strings.TrimSpace(string(r.respBody)), "data: [DONE]") {
 			t.Fatalf("%d chunks, body ends %q", r.respChunks, r.respBody[max(0, len(r.respBody)-40):])
@@ -179,7 +238,7 @@ func TestEPPAgainstEngineSims(t *testing.T) {
 			t.Fatal(r)
 		}
 		inflightZero(t)
-		if n := e2eMetric(t, s.url, "kvrouter_epp_requests_total", `outcome="client_closed"`); n < 1 {
+		if n := front(t, "kvrouter_proxy_requests_total", `outcome="client_closed"`); n < 1 {
 			t.Errorf("client_closed requests %v", n)
 		}
 	})
@@ -219,7 +278,7 @@ func TestEPPAgainstEngineSims(t *testing.T) {
 			t.Errorf("served_elsewhere %v, want %v", n, before+1)
 		}
 		inflightZero(t)
-		if n := e2eMetric(t, s.url, "kvrouter_epp_requests_total", `outcome="ok"`, `replica="`+r.respHeaders["x-kvrouter-replica"]+`"`); n < 1 {
+		if n := front(t, "kvrouter_proxy_requests_total", `outcome="ok"`, `replica="`+r.respHeaders["x-kvrouter-replica"]+`"`); n < 1 {
 			t.Errorf("no ok request counted on the served replica %s", r.respHeaders["x-kvrouter-replica"])
 		}
 	})
@@ -331,7 +390,7 @@ func TestEPPAgainstEngineSims(t *testing.T) {
 			openAIError(t, last.GetImmediateResponse(), 500, "server_error")
 		})
 		inflightZero(t)
-		if n := e2eMetric(t, s.url, "kvrouter_epp_requests_total", `outcome="protocol_error"`); n < 4 {
+		if n := front(t, "kvrouter_proxy_requests_total", `outcome="protocol_error"`); n < 4 {
 			t.Errorf("protocol errors counted %v, want 4", n)
 		}
 	})
@@ -366,18 +425,28 @@ func TestEPPNoReadyEndpoint(t *testing.T) {
 	sim := startE2ESim(t)
 	s := startEPP(t, strings.Replace(eppYAML("", sim), "tokenizer: "+e2eQwen3Dir, "tokenizer: none", 1), 0)
 	s.waitReady(t)
-	// A fresh EPP exports every kvrouter_epp_* metric docs/epp.md names.
+	// A fresh EPP exports every kvrouter_epp_* metric docs/epp.md names,
+	// and every request series it shares with the HTTP front with a
+	// front="epp" series.
 	doc, err := os.ReadFile("../../docs/epp.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	names := regexp.MustCompile(`kvrouter_epp_[a-z_]*[a-z]`).FindAllString(string(doc), -1)
-	if len(names) < 7 {
-		t.Fatalf("docs/epp.md names %d kvrouter_epp_ metrics", len(names))
+	names := slices.Compact(slices.Sorted(slices.Values(regexp.MustCompile(`kvrouter_epp_[a-z_]*[a-z]`).FindAllString(string(doc), -1))))
+	if len(names) < 4 {
+		t.Fatalf("docs/epp.md names %d kvrouter_epp_ metrics: %v", len(names), names)
 	}
+	text := e2eMetricsText(t, s.url)
 	for _, n := range names {
-		if !strings.Contains(e2eMetricsText(t, s.url), "# TYPE "+n+" ") {
+		if !strings.Contains(text, "# TYPE "+n+" ") {
 			t.Errorf("documented metric %s absent from a fresh EPP", n)
+		}
+	}
+	for _, n := range []string{"kvrouter_proxy_requests_total", "kvrouter_proxy_in_flight_requests", "kvrouter_proxy_decision_duration_seconds_bucket",
+		"kvrouter_proxy_prompt_tokens_bucket", "kvrouter_proxy_predicted_cached_tokens_bucket", "kvrouter_proxy_time_to_first_token_seconds_bucket",
+		"kvrouter_proxy_inter_token_latency_seconds_bucket"} {
+		if !strings.Contains(text, n+`{front="epp"`) {
+			t.Errorf("no %s{front=\"epp\",...} series in a fresh EPP", n)
 		}
 	}
 	body := []byte(`{"model":"m","prompt":[1,2,3],"max_tokens":1}`)

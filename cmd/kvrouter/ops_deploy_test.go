@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -118,7 +119,9 @@ type dashboard struct {
 
 // dashboardExprs returns the panel titles and expressions of the
 // dashboard, with Grafana's variables replaced as Grafana would for "All"
-// models and a 15 s rate interval (four 1 s scrapes and more).
+// models, front "http" (so that a query on a series without the front
+// label finds nothing) and a 15 s rate interval (four 1 s scrapes and
+// more).
 func dashboardExprs(t *testing.T) (dashboard, map[string]string) {
 	t.Helper()
 	data, err := os.ReadFile(dashboardFile)
@@ -134,6 +137,7 @@ func dashboardExprs(t *testing.T) (dashboard, map[string]string) {
 		for _, tg := range p.Targets {
 			e := strings.ReplaceAll(tg.Expr, "$__rate_interval", "15s")
 			e = strings.ReplaceAll(e, "$model", ".*")
+			e = strings.ReplaceAll(e, "$front", "http")
 			exprs[p.Title+" / "+tg.RefID] = e
 		}
 	}
@@ -164,6 +168,30 @@ func TestDashboardShape(t *testing.T) {
 	}
 	if len(exprs) < 25 {
 		t.Errorf("%d queries", len(exprs))
+	}
+	// The request series both fronts share (package frontmetrics) are
+	// filtered by the front variable wherever they are read.
+	front := false
+	for _, v := range d.Templating.List {
+		front = front || v.Name == "front" && v.Definition == "label_values(kvrouter_proxy_requests_total, front)"
+	}
+	if !front {
+		t.Error("no front variable over kvrouter_proxy_requests_total")
+	}
+	shared := regexp.MustCompile(`kvrouter_proxy_(requests_total|decision_duration_seconds|prompt_tokens|predicted_cached_tokens|time_to_first_token_seconds|inter_token_latency_seconds|in_flight_requests)[a-z_]*(\{[^}]*\})?`)
+	n := 0
+	for _, p := range d.Panels {
+		for _, tg := range p.Targets {
+			for _, sel := range shared.FindAllString(tg.Expr, -1) {
+				n++
+				if !strings.Contains(sel, `front=~"$front"`) {
+					t.Errorf("panel %q reads %s without the front variable", p.Title, sel)
+				}
+			}
+		}
+	}
+	if n < 6 {
+		t.Errorf("%d selectors of the shared request series", n)
 	}
 }
 

@@ -34,11 +34,10 @@ var InferencePoolResource = schema.GroupVersionResource{Group: infv1.GroupName, 
 // runPool is Run for Config.InferencePool: an informer on the one
 // InferencePool (by name) and one on the namespace's Pods (narrowed by
 // Config.Selector); each snapshot is the Pods the pool's selector matches,
-// on the pool's first target port, with the same states and annotations as
-// the selector source. A pool that does not exist (yet), or that has no
-// selector or target port, yields an empty snapshot and a warning. Later
-// target ports are not engines (one vLLM API server per Pod is the layout
-// whose KV events the annotations describe); a warning names them.
+// on each of the pool's target ports (portEngine: several ports are one
+// engine each per Pod), with the same states and annotations as the
+// selector source. A pool that does not exist (yet), or that has no
+// selector or target port, yields an empty snapshot and a warning.
 func (s *Source) runPool(ctx context.Context) error {
 	parent := ctx
 	var wg sync.WaitGroup
@@ -118,10 +117,6 @@ func (s *Source) poolEngines(poolInf, podInf cache.SharedIndexInformer) []Engine
 		s.skipped("inferencepool "+s.cfg.Namespace+"/"+s.cfg.InferencePool, "it has no targetPorts")
 		return nil
 	}
-	if len(pool.Spec.TargetPorts) > 1 {
-		s.skipped("inferencepool "+s.cfg.Namespace+"/"+s.cfg.InferencePool+" targetPorts after the first",
-			"one engine per Pod, on the first target port")
-	}
 	sel := labels.SelectorFromSet(set)
 	var pods []*corev1.Pod
 	for _, o := range podInf.GetStore().List() {
@@ -130,10 +125,49 @@ func (s *Source) poolEngines(poolInf, podInf cache.SharedIndexInformer) []Engine
 		}
 	}
 	sort.Slice(pods, func(i, j int) bool { return pods[i].Name < pods[j].Name })
-	cfg := s.cfg
-	cfg.Port = strconv.Itoa(int(pool.Spec.TargetPorts[0].Number))
-	b := &builder{cfg: cfg, skip: s.skipped, bad: s.badAnnotation, pending: func(string, string) {}}
-	return b.fromPods(pods)
+	ports := pool.Spec.TargetPorts
+	var out []Engine
+	for i, port := range ports {
+		cfg := s.cfg
+		cfg.Port = strconv.Itoa(int(port.Number))
+		b := &builder{cfg: cfg, skip: s.skipped, bad: s.badAnnotation, pending: func(string, string) {}}
+		for _, e := range b.fromPods(pods) {
+			if len(ports) > 1 {
+				e = portEngine(e, i)
+				if e.Settings.EventsPort > 65535 || e.Settings.ReplayPort > 65535 {
+					s.skipped("engine "+e.Name, fmt.Sprintf("its KV event or replay port, offset for target port %d, passes 65535", port.Number))
+					continue
+				}
+			}
+			out = append(out, e)
+		}
+	}
+	return dedup(out)
+}
+
+// portEngine is engine e of a pool with several target ports as the
+// one on its i-th target port: each Pod and target port is an endpoint,
+// as the upstream API defines targetPorts ("every port will be treated as
+// a distinctive endpoint by EPP, addressable as a 'podIP:portNumber'
+// combination": api/v1/inferencepool_types.go at v1.6.0), named
+// POD-rank-I as the upstream picker names them
+// (pkg/lwepp/datastore/datastore.go, createEndpointNamespacedName). Each
+// port is one vLLM API server of a data-parallel deployment (external or
+// hybrid load balancing), the target ports in rank order: server i holds
+// the ranks i*dp_size .. i*dp_size+dp_size-1, and vLLM offsets a rank's
+// KV event and replay endpoints by its rank (vllm/distributed/kv_events.py,
+// ZmqEventPublisher), so its events and replay ports are the Pod's plus
+// i*dp_size (unset ports stay unset).
+func portEngine(e Engine, i int) Engine {
+	e.Name += "-rank-" + strconv.Itoa(i)
+	off := i * max(e.Settings.DPSize, 1)
+	if e.Settings.EventsPort > 0 {
+		e.Settings.EventsPort += off
+	}
+	if e.Settings.ReplayPort > 0 {
+		e.Settings.ReplayPort += off
+	}
+	return e
 }
 
 // cachedPool decodes the informer's pool into the upstream API type.

@@ -177,6 +177,7 @@ func TestKubernetes(t *testing.T) {
 	t.Run("EngineInNetNS", func(t *testing.T) { testEngineInNetNS(t, newEnv(t, c, "netns")) })
 	t.Run("Kubeconfig", func(t *testing.T) { testKubeconfig(t, newEnv(t, c, "kubeconfig")) })
 	t.Run("APIKeySecret", func(t *testing.T) { testAPIKeySecret(t, newEnv(t, c, "secrets")) })
+	t.Run("InferencePoolPorts", func(t *testing.T) { testPoolTargetPorts(t, newEnv(t, c, "poolports")) })
 }
 
 // testKubeconfig: with Config.Kubeconfig and no rest.Config, New reads

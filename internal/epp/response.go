@@ -31,6 +31,7 @@ type tracker struct {
 	usage   *usage
 	errored bool // an error event, or an error body
 	done    bool // "data: [DONE]" seen
+	events  int  // event-stream data lines read whole (the [DONE] line too)
 }
 
 // feed reads the next chunk of the response body.
@@ -73,6 +74,7 @@ func (t *tracker) line(l []byte) {
 	if !ok {
 		return
 	}
+	t.events++
 	data = bytes.TrimSpace(data)
 	if string(data) == "[DONE]" {
 		t.done = true

@@ -16,6 +16,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"kvrouter/internal/frontmetrics"
 	"kvrouter/internal/proxy"
 )
 
@@ -29,7 +30,9 @@ type picker interface {
 
 // Deps are a Server's collaborators.
 type Deps struct {
-	// Picker routes requests (proxy.Server.Picker()). Required.
+	// Picker routes requests (proxy.Server.Picker()). Required. Its
+	// FrontMetrics are the request series the EPP exports with
+	// front="epp", beside the HTTP front's.
 	Picker *proxy.Picker
 	// Models are the configured model names, and Replicas the engines
 	// known at start, for their metric series (created at 0).
@@ -64,10 +67,12 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return newServer(cfg, deps.Picker, deps, log, reg)
+	return newServer(cfg, deps.Picker, deps.Picker.FrontMetrics(), deps, log, reg)
 }
 
-func newServer(cfg Config, p picker, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*Server, error) {
+// newServer builds a Server on p, exporting the shared request series
+// through fs (front="epp") and its own on reg.
+func newServer(cfg Config, p picker, fs *frontmetrics.Set, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*Server, error) {
 	ready := deps.Ready
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -75,19 +80,19 @@ func newServer(cfg Config, p picker, deps Deps, log *slog.Logger, reg prometheus
 	if ready == nil {
 		ready = func() bool { return true }
 	}
-	m, err := newMetrics(reg)
+	m, err := newMetrics(reg, fs)
 	if err != nil {
 		return nil, fmt.Errorf("epp: metrics: %w", err)
 	}
 	for _, name := range deps.Models {
 		m.initModel(name)
 	}
-	m.inFlight.WithLabelValues("") // the gauge exists before the first pick
+	m.InFlight.WithLabelValues("") // the front's series exists before the first pick
 	for _, r := range deps.Replicas {
-		m.inFlight.WithLabelValues(r)
+		m.InFlight.WithLabelValues(r)
 	}
-	m.requests.WithLabelValues("unknown", "", outcomeBadRequest)
-	m.requests.WithLabelValues("", "", outcomePassthrough)
+	m.Requests.WithLabelValues("unknown", "", outcomeBadRequest)
+	m.Requests.WithLabelValues("", "", outcomePassthrough)
 	return &Server{cfg: cfg, pick: p, ready: ready, log: log, m: m}, nil
 }
 

@@ -39,12 +39,13 @@ type exchange struct {
 	stream extprocv3.ExternalProcessor_ProcessServer
 	phase  phase
 
-	headers  map[string]string
-	id       string
-	allow    func(string) bool
-	body     assembler
-	trailers bool // the request body ended with trailers
-	start    time.Time
+	headers   map[string]string
+	id        string
+	allow     func(string) bool
+	body      assembler
+	trailers  bool // the request body ended with trailers
+	start     time.Time
+	lastEvent time.Time // when the last chunk completing an event came (streamed responses)
 
 	pick    *proxy.Pick
 	model   string // metric label: a configured model, "unknown", or "" (passthrough)
@@ -163,7 +164,7 @@ func (x *exchange) complete(withBody bool) error {
 		return x.fail(perr)
 	}
 	x.pick, x.model, x.replica = pk, pk.Model, pk.Replica
-	x.s.m.inFlight.WithLabelValues(pk.Replica).Inc()
+	x.s.m.InFlight.WithLabelValues(pk.Replica).Inc()
 	dest := strings.Join(append([]string{pk.Addr}, pk.Fallbacks...), ",")
 	set := []*corev3.HeaderValueOption{
 		setHeader(DestinationKey, dest),
@@ -177,8 +178,10 @@ func (x *exchange) complete(withBody bool) error {
 		return err
 	}
 	x.s.m.pick.WithLabelValues(pk.Model).Observe(time.Since(t0).Seconds())
+	x.s.m.Decision.WithLabelValues(pk.Model).Observe(pk.Decision.Seconds())
 	if pk.Tokenized {
-		x.s.m.cachedTokens.WithLabelValues(pk.Model).Observe(float64(pk.CachedTokens))
+		x.s.m.PromptTokens.WithLabelValues(pk.Model).Observe(float64(pk.PromptTokens))
+		x.s.m.CachedTokens.WithLabelValues(pk.Model).Observe(float64(pk.CachedTokens))
 	}
 	x.phase = phasePicked
 	if withBody {
@@ -236,12 +239,12 @@ func (x *exchange) responseHeaders(req *extprocv3.ProcessingRequest, h *extprocv
 		switch {
 		case err != nil:
 			x.s.log.Warn("served endpoint unknown; the request's lease ends", "request_id", x.id, "served", served, "err", err)
-			x.s.m.inFlight.WithLabelValues(old).Dec()
+			x.s.m.InFlight.WithLabelValues(old).Dec()
 			x.pick = nil
 		case moved:
 			x.s.m.moved.WithLabelValues(pk.Model).Inc()
-			x.s.m.inFlight.WithLabelValues(old).Dec()
-			x.s.m.inFlight.WithLabelValues(pk.Replica).Inc()
+			x.s.m.InFlight.WithLabelValues(old).Dec()
+			x.s.m.InFlight.WithLabelValues(pk.Replica).Inc()
 			x.replica = pk.Replica
 		}
 		if x.pick != nil {
@@ -264,7 +267,11 @@ func (x *exchange) responseBody(b *extprocv3.HttpBody) error {
 	if len(b.GetBody()) > 0 && x.pick != nil {
 		x.pick.FirstByte()
 	}
+	events := x.track.events
 	x.track.feed(b.GetBody())
+	if x.track.events > events && x.pick != nil && x.status/100 == 2 {
+		x.observeEvents(time.Now())
+	}
 	if err := x.stream.Send(streamedBody(false, b.GetBody(), b.GetEndOfStream())); err != nil {
 		return err
 	}
@@ -273,6 +280,21 @@ func (x *exchange) responseBody(b *extprocv3.HttpBody) error {
 		x.end(true)
 	}
 	return nil
+}
+
+// observeEvents records a streamed response's chunk that completed an
+// event, seen at now: the first gives time to first token from the
+// request headers' arrival, the next ones the inter-token latency. The
+// gateway hands the picker each chunk as it comes from the engine and
+// forwards it to the client once answered, so these are the times the
+// gateway saw the events, one gRPC hop later, and before the client did.
+func (x *exchange) observeEvents(now time.Time) {
+	if x.lastEvent.IsZero() {
+		x.s.m.TTFT.WithLabelValues(x.model).Observe(now.Sub(x.start).Seconds())
+	} else {
+		x.s.m.ITL.WithLabelValues(x.model).Observe(now.Sub(x.lastEvent).Seconds())
+	}
+	x.lastEvent = now
 }
 
 // end ends the request: complete tells the response reached its end. The
@@ -294,7 +316,7 @@ func (x *exchange) end(complete bool) {
 	}
 	if x.pick != nil {
 		x.pick.End(ok)
-		x.s.m.inFlight.WithLabelValues(x.pick.Replica).Dec()
+		x.s.m.InFlight.WithLabelValues(x.pick.Replica).Dec()
 		if u := x.track.usage; u != nil {
 			x.s.m.usageTokens.WithLabelValues(x.model, "prompt").Add(float64(u.PromptTokens))
 			x.s.m.usageTokens.WithLabelValues(x.model, "completion").Add(float64(u.CompletionTokens))
@@ -329,7 +351,7 @@ func (x *exchange) fail(e *proxy.PickError) error {
 	}
 	if x.pick != nil && !ended {
 		x.pick.End(false)
-		x.s.m.inFlight.WithLabelValues(x.pick.Replica).Dec()
+		x.s.m.InFlight.WithLabelValues(x.pick.Replica).Dec()
 	}
 	x.record(e.Err)
 	if err := x.stream.Send(immediate(e.Status, e.Body, e.RetryAfter, "kvrouter_"+e.Outcome)); err != nil {
@@ -349,7 +371,7 @@ func (x *exchange) protocol(msg string) error {
 
 // record counts the request and logs its one line.
 func (x *exchange) record(err error) {
-	x.s.m.requests.WithLabelValues(x.model, x.replica, x.outcome).Inc()
+	x.s.m.Requests.WithLabelValues(x.model, x.replica, x.outcome).Inc()
 	lvl := slog.LevelInfo
 	if x.outcome == outcomeProtocol || x.outcome == outcomeUpstream || x.status >= 500 {
 		lvl = slog.LevelWarn

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/frontmetrics"
 	"kvrouter/internal/kvindex"
 )
 
@@ -74,16 +75,17 @@ type exchange struct {
 	media mediaScan
 }
 
-// Outcome labels of kvrouter_proxy_requests_total.
+// Outcome labels of kvrouter_proxy_requests_total (front="http"), from
+// the set both fronts share.
 const (
-	outcomeOK           = "ok"             // engine answered 2xx/3xx, relayed whole
-	outcomeEngineError  = "engine_error"   // engine answered 4xx/5xx, relayed
-	outcomeBadRequest   = "bad_request"    // rejected by the router (400, 401, 404, 413)
-	outcomeNoReplica    = "no_replica"     // 503: no replica up
-	outcomeUpstream     = "upstream_error" // connect failed or engine broke (502, or a broken stream)
-	outcomeTimeout      = "timeout"        // first-byte or idle timeout
-	outcomeClientClosed = "client_closed"  // client left (logged as 499)
-	outcomeRouteOnly    = "route_only"     // decision explained, not forwarded
+	outcomeOK           = frontmetrics.OutcomeOK           // engine answered 2xx/3xx, relayed whole
+	outcomeEngineError  = frontmetrics.OutcomeEngineError  // engine answered 4xx/5xx, relayed
+	outcomeBadRequest   = frontmetrics.OutcomeBadRequest   // rejected by the router (400, 401, 404, 413)
+	outcomeNoReplica    = frontmetrics.OutcomeNoReplica    // 503: no replica up
+	outcomeUpstream     = frontmetrics.OutcomeUpstream     // connect failed or engine broke (502, or a broken stream)
+	outcomeTimeout      = frontmetrics.OutcomeTimeout      // first-byte or idle timeout
+	outcomeClientClosed = frontmetrics.OutcomeClientClosed // client left (logged as 499)
+	outcomeRouteOnly    = frontmetrics.OutcomeRouteOnly    // decision explained, not forwarded
 )
 
 // serveInference handles POST /v1/completions and /v1/chat/completions.

@@ -4,16 +4,22 @@ import (
 	"errors"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"kvrouter/internal/frontmetrics"
 )
 
-// metrics are the proxy's collectors.
+// metrics are the proxy's collectors: the request series shared with the
+// endpoint picker (package frontmetrics, front="http") and the HTTP
+// front's own.
 type metrics struct {
+	front              *frontmetrics.Set   // shared with the EPP (Picker.FrontMetrics)
+	view               *frontmetrics.Front // front="http"
 	requests           *prometheus.CounterVec
-	decision           *prometheus.HistogramVec
-	promptTokens       *prometheus.HistogramVec
-	cachedTokens       *prometheus.HistogramVec
-	ttft               *prometheus.HistogramVec
-	itl                *prometheus.HistogramVec
+	decision           prometheus.ObserverVec
+	promptTokens       prometheus.ObserverVec
+	cachedTokens       prometheus.ObserverVec
+	ttft               prometheus.ObserverVec
+	itl                prometheus.ObserverVec
 	inFlight           *prometheus.GaugeVec
 	retries            *prometheus.CounterVec
 	tokenize           *prometheus.HistogramVec
@@ -34,7 +40,7 @@ func (m *metrics) initModel(model string, replicas []string, shadow bool) {
 	for _, r := range replicas {
 		m.initReplica(model, r)
 	}
-	for _, h := range []*prometheus.HistogramVec{m.decision, m.promptTokens, m.cachedTokens, m.ttft, m.itl, m.tokenize} {
+	for _, h := range []prometheus.ObserverVec{m.decision, m.promptTokens, m.cachedTokens, m.ttft, m.itl, m.tokenize} {
 		h.WithLabelValues(model)
 	}
 	for _, reason := range []string{"conn_error", "status_429", "status_502", "status_503"} {
@@ -56,43 +62,19 @@ func (m *metrics) initReplica(model, replica string) {
 	}
 }
 
+// newMetrics registers the request metrics set both fronts share
+// (Picker.FrontMetrics hands it to the endpoint picker) and the HTTP
+// front's own collectors on reg.
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	fs, err := frontmetrics.New(reg)
+	if err != nil {
+		return nil, err
+	}
+	f := fs.Front(frontmetrics.HTTP)
 	tokens := prometheus.ExponentialBuckets(16, 4, 9) // 16 .. 1M tokens
-	latency := []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 	m := &metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvrouter_proxy_requests_total",
-			Help: "Inference requests by model, last replica tried and outcome (ok, engine_error, bad_request, no_replica, upstream_error, timeout, client_closed, route_only).",
-		}, []string{"model", "replica", "outcome"}),
-		decision: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "kvrouter_proxy_decision_duration_seconds",
-			Help:    "Time the router took to choose a replica (per attempt).",
-			Buckets: []float64{1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2},
-		}, []string{"model"}),
-		promptTokens: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "kvrouter_proxy_prompt_tokens",
-			Help:    "Prompt length in tokens of routed requests whose tokens were known.",
-			Buckets: tokens,
-		}, []string{"model"}),
-		cachedTokens: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "kvrouter_proxy_predicted_cached_tokens",
-			Help:    "Prefix-cache hit predicted on the chosen replica, in tokens (sum over prompt_tokens sum is the predicted hit rate).",
-			Buckets: tokens,
-		}, []string{"model"}),
-		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "kvrouter_proxy_time_to_first_token_seconds",
-			Help:    "Streaming requests: time from the request's arrival to the first event relayed.",
-			Buckets: latency,
-		}, []string{"model"}),
-		itl: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "kvrouter_proxy_inter_token_latency_seconds",
-			Help:    "Streaming requests: time between two relayed writes of events.",
-			Buckets: []float64{.001, .0025, .005, .01, .02, .04, .08, .16, .32, .64, 1.28, 2.56},
-		}, []string{"model"}),
-		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "kvrouter_proxy_in_flight_requests",
-			Help: "Requests open on each replica.",
-		}, []string{"replica"}),
+		front: fs, view: f, requests: f.Requests, decision: f.Decision, promptTokens: f.PromptTokens,
+		cachedTokens: f.CachedTokens, ttft: f.TTFT, itl: f.ITL, inFlight: f.InFlight,
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_proxy_retries_total",
 			Help: "Attempts retried on another replica, by reason (conn_error, status_429, status_502, status_503).",
@@ -124,8 +106,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.requests, m.decision, m.promptTokens, m.cachedTokens, m.ttft, m.itl,
-		m.inFlight, m.retries, m.tokenize, m.tokenizeErrors, m.tokenizeNoEngine, m.shadowDecisions, m.shadowCachedTokens} {
+	for _, c := range []prometheus.Collector{m.retries, m.tokenize, m.tokenizeErrors, m.tokenizeNoEngine, m.shadowDecisions, m.shadowCachedTokens} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/frontmetrics"
 )
 
 // Picker is a Server's routing core for a front that does not forward
@@ -23,6 +24,11 @@ type Picker struct{ s *Server }
 
 // Picker returns s's routing core for another front.
 func (s *Server) Picker() *Picker { return &Picker{s: s} }
+
+// FrontMetrics is the request metrics set the HTTP front registered, for
+// another front of the same process to take its view of (one Set per
+// registry).
+func (p *Picker) FrontMetrics() *frontmetrics.Set { return p.s.m.front }
 
 // PickInput is one request as a gateway saw it.
 type PickInput struct {
@@ -54,8 +60,8 @@ type PickError struct {
 	// RetryAfter, when positive, is the Retry-After header value in whole
 	// seconds (503 without a replica, 429).
 	RetryAfter int
-	// Outcome is the kvrouter_proxy_requests_total outcome vocabulary:
-	// bad_request, no_replica, upstream_error, or "shed" (429).
+	// Outcome is a kvrouter_proxy_requests_total outcome (package
+	// frontmetrics): bad_request, no_replica, upstream_error, or shed (429).
 	Outcome string
 	// Model is the configured model the request named, or "" (unknown or
 	// unread): a bounded metric label.
@@ -68,7 +74,7 @@ type PickError struct {
 func (e *PickError) Error() string { return fmt.Sprintf("%d: %s", e.Status, e.Body) }
 
 // Outcome of a request shed by PickInput.MaxInFlight.
-const outcomeShed = "shed"
+const outcomeShed = frontmetrics.OutcomeShed
 
 // Pick is one routed request: where it goes and the lease it holds there
 // until End. Not safe for concurrent use (one gateway stream owns it);

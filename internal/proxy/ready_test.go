@@ -104,7 +104,7 @@ func TestInFlightSeriesFromStart(t *testing.T) {
 	}
 	body := readAll(t, resp)
 	for _, e := range []string{"e0", "e1", "e2"} {
-		if want := `kvrouter_proxy_in_flight_requests{replica="` + e + `"} 0`; !containsLine(body, want) {
+		if want := `kvrouter_proxy_in_flight_requests{front="http",replica="` + e + `"} 0`; !containsLine(body, want) {
 			t.Errorf("no %s in /metrics", want)
 		}
 	}

@@ -1,10 +1,6 @@
 package proxy
 
-import (
-	"sync"
-
-	"github.com/prometheus/client_golang/prometheus"
-)
+import "sync"
 
 // replicaSeries tracks, per replica name, the exchanges that may still
 // write its series (kvrouter_proxy_requests_total{replica},
@@ -50,8 +46,7 @@ func (s *Server) dropSeriesLocked(replica string) {
 	if s.reps.held[replica] > 0 || s.deps.Fleet.Endpoint(replica) != nil {
 		return
 	}
-	s.m.requests.DeletePartialMatch(prometheus.Labels{"replica": replica})
-	s.m.inFlight.DeleteLabelValues(replica)
+	s.m.view.DeleteReplica(replica) // front="http" only: the EPP's series are its own
 }
 
 // ReplicaAdded creates the series of an engine added to model's group
