@@ -39,14 +39,7 @@ models:
 	r := serveYAML(t, yaml, 0)
 	t.Cleanup(a.stop)
 	t.Cleanup(b.stop)
-	e2eEventually(t, 60*time.Second, "router ready", func() bool {
-		resp, err := r.client.Get(r.url + "/ready?full=1")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200
-	})
+	r.waitFullyReady(t)
 	// sql is learned from e0's listing (parent m): wait until it is routed.
 	e2eEventually(t, 10*time.Second, "sql learned from /v1/models", func() bool {
 		resp, _ := r.post("/v1/completions", e2eCompletionFor("sql", []int{1, 2, 3}))

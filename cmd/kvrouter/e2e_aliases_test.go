@@ -35,14 +35,7 @@ models:
 `, e2eQwen3Dir, sim.url, sim.events, sim.replay)
 	r := serveYAML(t, yaml, 0)
 	t.Cleanup(sim.stop)
-	e2eEventually(t, 60*time.Second, "router ready", func() bool {
-		resp, err := r.client.Get(r.url + "/ready?full=1")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200
-	})
+	r.waitFullyReady(t)
 	messages := []map[string]string{
 		{"role": "system", "content": strings.Repeat("You answer questions about shipping schedules precisely. ", 20)},
 		{"role": "user", "content": "When does the Lyon parcel leave?"},

@@ -65,14 +65,7 @@ models:
 	r := serveYAML(t, yaml, 0)
 	t.Cleanup(a.stop)
 	t.Cleanup(b.stop)
-	e2eEventually(t, 60*time.Second, "router ready", func() bool {
-		resp, err := r.client.Get(r.url + "/ready?full=1")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200
-	})
+	r.waitFullyReady(t)
 
 	img1, img2 := e2ePNG(t, 448, 448, 1), e2ePNG(t, 448, 448, 2) // 256 visual tokens each
 	q := "What is in this picture, and what colour is its top left corner?"

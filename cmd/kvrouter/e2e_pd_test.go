@@ -45,14 +45,7 @@ func startPDRouter(t *testing.T, engines ...pdEngine) *e2eRouter {
 			e.sim.stop() // while the router is still subscribed (see startE2ERouterWait)
 		}
 	})
-	e2eEventually(t, 60*time.Second, "router ready", func() bool {
-		resp, err := r.client.Get(r.url + "/ready?full=1")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200
-	})
+	r.waitFullyReady(t)
 	return r
 }
 

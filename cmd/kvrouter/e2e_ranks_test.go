@@ -89,14 +89,7 @@ models:
 `, sim.url, sim.events, sim.replay)
 	r := serveYAML(t, yaml, 0)
 	t.Cleanup(sim.stop)
-	e2eEventually(t, 60*time.Second, "router ready", func() bool {
-		resp, err := r.client.Get(r.url + "/ready?full=1")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200
-	})
+	r.waitFullyReady(t)
 
 	prompt := make([]int, 200) // 12 whole blocks of 16 reusable: 192 tokens
 	for i := range prompt {

@@ -53,14 +53,7 @@ models:
 	for _, s := range sims {
 		t.Cleanup(s.stop)
 	}
-	e2eEventually(t, 60*time.Second, "router ready", func() bool {
-		resp, err := r.client.Get(r.url + "/ready?full=1")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200
-	})
+	r.waitFullyReady(t)
 	instructions := strings.Repeat("You answer questions about shipping schedules precisely. ", 20)
 	body := func(input any, extra ...any) string {
 		m := map[string]any{"model": "m", "instructions": instructions, "input": input, "max_output_tokens": 4}

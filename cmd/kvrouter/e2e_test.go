@@ -88,6 +88,20 @@ type e2eRouter struct {
 	client *http.Client
 }
 
+// waitFullyReady waits up to 60 s for the router's /ready?full=1 (every
+// engine healthy and its KV events connected) to answer 200.
+func (r *e2eRouter) waitFullyReady(t *testing.T) {
+	t.Helper()
+	e2eEventually(t, 60*time.Second, "router ready", func() bool {
+		resp, err := r.client.Get(r.url + "/ready?full=1")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+}
+
 // startE2ERouter runs serve with a router.yaml whose models[0] has the given
 // extra lines and the sims as engines, and waits until every engine is
 // ready (/ready?full=1).
