@@ -43,7 +43,9 @@ type PeersConfig struct {
 	Kubeconfig string `yaml:"kubeconfig"`
 }
 
-func (c PeersConfig) check() error {
+// Validate reports every problem of c at once: namespace, selector and
+// pod_name are required, the selector must parse, resync be >= 0.
+func (c PeersConfig) Validate() error {
 	var errs []error
 	if c.Namespace == "" {
 		errs = append(errs, errors.New("namespace: required"))
@@ -89,7 +91,7 @@ type Peers struct {
 // rc (nil: RESTConfig(cfg.Kubeconfig)); set receives each new place (it
 // must not block: routing.Router.SetStripes). A nil log discards.
 func NewPeers(cfg PeersConfig, rc *rest.Config, set func(routers, index int), log *slog.Logger) (*Peers, error) {
-	if err := cfg.check(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if cfg.Resync == 0 {
