@@ -310,7 +310,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		}
 	}
 	if cfg.Peers != nil {
-		run, err := newPeers(cfg.Peers, backends, log)
+		run, err := newPeers(cfg.Peers, backends, log, reg)
 		if err != nil {
 			errs = append(errs, err)
 		} else {

@@ -61,3 +61,7 @@ func (b *Backend) SetStripes(routers, index int) error {
 	b.cfg.Routing.Routers, b.cfg.Routing.RouterIndex = routers, index
 	return nil
 }
+
+// Stripes returns the group's router's place among the router replicas
+// (routing.Router.Stripes).
+func (b *Backend) Stripes() (routers, index int) { return b.cur.Load().router.Stripes() }
