@@ -67,7 +67,7 @@ func parseChartRBAC(t *testing.T, out []byte) chartRBAC {
 		case "RoleBinding":
 			err = yaml.UnmarshalStrict([]byte(d), &c.rb)
 		case "ConfigMap":
-			cfg, _, perr := proxy.ParseConfig([]byte(meta.Data["router.yaml"]), func(string) string { return "" })
+			cfg, _, perr := proxy.ParseConfig([]byte(meta.Data["router.yaml"]), podEnv)
 			if perr != nil || cfg.Models[0].Discovery == nil {
 				t.Fatalf("router.yaml: %v", perr)
 			}

@@ -88,7 +88,7 @@ func TestHelmChart(t *testing.T) {
 			}
 			kinds[doc.Kind]++
 			if doc.Kind == "ConfigMap" {
-				cfg, _, err := proxy.ParseConfig([]byte(doc.Data["router.yaml"]), func(string) string { return "" })
+				cfg, _, err := proxy.ParseConfig([]byte(doc.Data["router.yaml"]), podEnv)
 				if err != nil {
 					t.Errorf("%s: router.yaml rendered by the chart: %v\n%s", name, err, doc.Data["router.yaml"])
 				}

@@ -309,6 +309,14 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 			errs = append(errs, engineErrors(err, m, i, fl))
 		}
 	}
+	if cfg.Peers != nil {
+		run, err := newPeers(cfg.Peers, backends, log, reg)
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			runs = append(runs, run)
+		}
+	}
 	closePools := func() {
 		for _, p := range pools {
 			p.Close()

@@ -40,6 +40,12 @@ type Config struct {
 	// Snapshot writes the exact index to a file on shutdown and
 	// periodically, and reads it on start (snapshot.go).
 	Snapshot SnapshotConfig `yaml:"snapshot"`
+	// Peers, when set, gives every model group's router its place among
+	// the router replicas (routing.Config.Routers and RouterIndex) from
+	// the Ready router Pods in Kubernetes, live (discovery.Peers; pod_name
+	// and namespace default to POD_NAME and POD_NAMESPACE). Nil: the
+	// static routing.routers and router_index.
+	Peers *discovery.PeersConfig `yaml:"peers"`
 	// Models are the model groups served; at least one.
 	Models []ModelConfig `yaml:"models"`
 }
@@ -291,6 +297,7 @@ func (c *Config) FillDefaults(getenv func(string) string) {
 		c.DrainTimeout = d.DrainTimeout
 	}
 	c.Snapshot.fillDefaults()
+	c.fillPeers(getenv)
 	if k := getenv("KVROUTER_API_KEY"); k != "" {
 		c.APIKey = k
 	}
@@ -509,5 +516,6 @@ func (c *Config) Validate() error {
 		}
 	}
 	errs = append(errs, c.validateNumbers()...)
+	errs = append(errs, c.validatePeers()...)
 	return errors.Join(errs...)
 }

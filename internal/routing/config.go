@@ -36,7 +36,9 @@ type Config struct {
 	// replica breaks ties and near-ties towards its own stripe (see
 	// Candidate.Stripe and KVConfig.StripeSlack). Nothing is exchanged:
 	// a replica that is down only leaves its stripe to the others' normal
-	// choices. Default 1 and 0: no stripes.
+	// choices. Default 1 and 0: no stripes. Router.SetStripes changes
+	// both while routing (kvrouter serve's peers block: from the router
+	// Pods in Kubernetes).
 	Routers     int `yaml:"routers"`
 	RouterIndex int `yaml:"router_index"`
 
@@ -245,7 +247,7 @@ func NewPolicy(name string, cfg Config) (Policy, error) {
 	rng := &lockedRand{r: cfg.Rand}
 	switch name {
 	case "kv":
-		return &KV{cfg: cfg.KV, blockSize: cfg.BlockSize, routers: cfg.Routers, rng: rng}, nil
+		return &KV{cfg: cfg.KV, blockSize: cfg.BlockSize, rng: rng}, nil
 	case "random":
 		return &Random{rng: rng}, nil
 	case "round_robin":

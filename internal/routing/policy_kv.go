@@ -34,7 +34,6 @@ import "math"
 type KV struct {
 	cfg       KVConfig
 	blockSize int
-	routers   int // Config.Routers, for the stripe slack (stripes.go)
 	rng       *lockedRand
 }
 
@@ -82,7 +81,7 @@ func (p *KV) decide(req *Request, cands []Candidate, rng *lockedRand) Decision {
 	if i := p.stripe(&d, cands, prompt); i >= 0 {
 		return d.choose(i, cands, "stripe")
 	}
-	return pickMinStriped(&d, cands, rng, p.routers > 1)
+	return pickMinStriped(&d, cands, rng, striped(cands))
 }
 
 // affinity returns the candidate AffinitySlack picks over the cheapest, or

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/zeebo/xxh3"
@@ -73,6 +74,8 @@ type Router struct {
 	list []*replica // sorted by name: candidates in a stable order
 
 	bufs sync.Pool // *scratch
+
+	place atomic.Uint64 // (routers<<32 | index): SetStripes, stripes.go
 }
 
 type scratch struct {
@@ -107,6 +110,7 @@ func New(cfg Config, ix Index, log *slog.Logger, reg Registerer) (*Router, error
 	}
 	r := &Router{cfg: cfg, ix: ix, root: root, policy: p, log: log.With("policy", cfg.Policy), reps: make(map[string]*replica)}
 	r.bufs.New = func() any { return new(scratch) }
+	r.place.Store(packPlace(cfg.Routers, cfg.RouterIndex))
 	m, err := newMetrics(reg, cfg.Policy, r.Stats)
 	if err != nil {
 		return nil, err

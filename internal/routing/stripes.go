@@ -1,17 +1,56 @@
 package routing
 
-import "math"
+import (
+	"fmt"
+	"math"
+)
 
 // stripe is the stripe rank (Candidate.Stripe) of the engine at pos in the
 // router's name-ordered replica list: its distance, in router replicas,
 // from this router's own stripe. Every replica that sees the same engines
 // deals them the same way.
 func (r *Router) stripe(pos int) int {
-	n := r.cfg.Routers
+	n, k := r.Stripes()
 	if n <= 1 {
 		return 0
 	}
-	return ((pos-r.cfg.RouterIndex)%n + n) % n
+	return ((pos-k)%n + n) % n
+}
+
+func packPlace(routers, index int) uint64 { return uint64(uint32(routers))<<32 | uint64(uint32(index)) }
+
+// Stripes returns the router's place among the router replicas: their
+// number and its index (Config.Routers and RouterIndex, or the last
+// SetStripes). 1 and 0 (or 0 and 0) mean no stripes.
+func (r *Router) Stripes() (routers, index int) {
+	v := r.place.Load()
+	return int(v >> 32), int(uint32(v))
+}
+
+// SetStripes changes the router's place among the router replicas while it
+// routes (e.g. as router Pods come and go: discovery.Peers). It is one
+// atomic store: a Route that has begun deals its candidates under the old
+// or the new place, never a mix of the two, and the next Route uses the
+// new one. routers <= 1 turns stripes off (index must then be 0). It
+// returns an error, and changes nothing, unless 0 <= index < routers (or
+// index is 0). Safe for concurrent use.
+func (r *Router) SetStripes(routers, index int) error {
+	if routers < 0 || index < 0 || (index > 0 && index >= routers) || routers > math.MaxInt32 {
+		return fmt.Errorf("routing: routers %d, router_index %d: want 0 <= router_index < routers", routers, index)
+	}
+	r.place.Store(packPlace(routers, index))
+	return nil
+}
+
+// striped reports whether cands fall in more than one stripe: only then do
+// the stripe slack and the stripe tie-break choose anything.
+func striped(cands []Candidate) bool {
+	for i := 1; i < len(cands); i++ {
+		if cands[i].Stripe != cands[0].Stripe {
+			return true
+		}
+	}
+	return false
 }
 
 // stripe returns the candidate KVConfig.StripeSlack picks over the
@@ -20,10 +59,11 @@ func (r *Router) stripe(pos int) int {
 // minus an eighth of the prompt (a continuation, or a good part of one, is
 // never given up for a stripe), the one of the
 // lowest stripe rank, ties to the cheaper; -1 when the cheapest is of that
-// rank (pickMin then chooses) or there is one router.
+// rank (pickMin then chooses) or the candidates are all of one stripe
+// (one router).
 func (p *KV) stripe(d *Decision, cands []Candidate, prompt float64) int {
 	slack := p.cfg.StripeSlack.Seconds()
-	if slack <= 0 || p.routers <= 1 {
+	if slack <= 0 || !striped(cands) {
 		return -1
 	}
 	minCost := math.Inf(1)

@@ -32,6 +32,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- default .Release.Namespace .Values.rbac.namespace -}}
 {{- end -}}
 
+{{/* kvrouter.peers: "true" when the replicas learn their place among the
+router replicas from their Pods (router.yaml peers; mode serve only). */}}
+{{- define "kvrouter.peers" -}}
+{{- $e := toString .Values.peers.enabled -}}
+{{- if and (eq .Values.mode "serve") (or (eq $e "true") (and (eq $e "auto") (gt (int .Values.replicaCount) 1))) -}}
+true
+{{- end -}}
+{{- end -}}
+
 {{/* kvrouter.config: router.yaml, routerConfig rendered with tpl plus listen. */}}
 {{- define "kvrouter.config" -}}
 {{- if hasKey .Values.routerConfig "listen" -}}
@@ -45,6 +54,15 @@ listen: {{ printf ":%v" .Values.service.targetPort | quote }}
 snapshot:
   path: /var/lib/kvrouter/index.snap
   interval: {{ .Values.snapshot.interval | quote }}
+{{- end }}
+{{- if include "kvrouter.peers" . }}
+{{- if hasKey .Values.routerConfig "peers" -}}
+{{- fail "routerConfig.peers is set by the chart when peers.enabled (set peers.enabled: false to give your own)" -}}
+{{- end }}
+# The router replicas are this release's Ready Pods; each one's place among
+# them (stripes, docs/routing.md) follows them live (docs/kubernetes.md).
+peers:
+  selector: {{ printf "app.kubernetes.io/name=%s,app.kubernetes.io/instance=%s" .Chart.Name .Release.Name | quote }}
 {{- end }}
 {{ tpl (toYaml .Values.routerConfig) . }}
 {{- end -}}

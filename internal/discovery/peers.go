@@ -1,0 +1,215 @@
+package discovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+)
+
+// PeersConfig says where a kvrouter replica finds its sibling router
+// replicas: the Ready Pods matching Selector in Namespace. Its place is
+// its own Pod's (PodName) position among them in name order, their count
+// the number of routers (routing.Config.Routers and RouterIndex).
+type PeersConfig struct {
+	// Namespace of the router Pods (kvrouter serve: default the
+	// POD_NAMESPACE environment variable, else the ServiceAccount's).
+	Namespace string `yaml:"namespace"`
+	// Selector is a label selector matching the router Pods, all of them
+	// and nothing else, e.g. the chart's
+	// "app.kubernetes.io/name=kvrouter,app.kubernetes.io/instance=RELEASE".
+	Selector string `yaml:"selector"`
+	// PodName is this replica's own Pod (kvrouter serve: default the
+	// POD_NAME environment variable, the downward API's metadata.name).
+	PodName string `yaml:"pod_name"`
+	// Resync is the informer's resync period (default 5m).
+	Resync time.Duration `yaml:"resync"`
+	// Kubeconfig as in Config (empty: in-cluster).
+	Kubeconfig string `yaml:"kubeconfig"`
+}
+
+// Validate reports every problem of c at once: namespace, selector and
+// pod_name are required, the selector must parse, resync be >= 0.
+func (c PeersConfig) Validate() error {
+	var errs []error
+	if c.Namespace == "" {
+		errs = append(errs, errors.New("namespace: required"))
+	}
+	if c.Selector == "" {
+		errs = append(errs, errors.New("selector: required"))
+	} else if _, err := labels.Parse(c.Selector); err != nil {
+		errs = append(errs, fmt.Errorf("selector %q: %w", c.Selector, err))
+	}
+	if c.PodName == "" {
+		errs = append(errs, errors.New("pod_name: required (set POD_NAME from the downward API's metadata.name)"))
+	}
+	if c.Resync < 0 {
+		errs = append(errs, fmt.Errorf("resync %v: want >= 0", c.Resync))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("discovery: peers: %w", err)
+	}
+	return nil
+}
+
+// Peers watches the router Pods (PeersConfig) and tells set this
+// replica's place among them: set(n, i) with n the Ready, not terminating
+// Pods matching the selector and i the own Pod's index among them in name
+// order, each time that changes. While the own Pod is not among them (not
+// yet Ready, terminating, not listed) or before the first list, the place
+// is (1, 0): one router, no stripes. A watch that fails later keeps the
+// last place (the Pods are most likely unchanged) while client-go retries
+// with backoff. Nothing here blocks routing or makes it fail. Safe for
+// concurrent use; Run may be called once.
+type Peers struct {
+	cfg     PeersConfig
+	client  kubernetes.Interface
+	set     func(routers, index int)
+	log     *slog.Logger
+	started atomic.Bool
+
+	mu    sync.Mutex // serializes recomputations and set
+	place [2]int
+}
+
+// NewPeers checks cfg and builds a Peers talking to the API server with
+// rc (nil: RESTConfig(cfg.Kubeconfig)); set receives each new place (it
+// must not block: routing.Router.SetStripes). A nil log discards.
+func NewPeers(cfg PeersConfig, rc *rest.Config, set func(routers, index int), log *slog.Logger) (*Peers, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Resync == 0 {
+		cfg.Resync = 5 * time.Minute
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	var err error
+	if rc == nil {
+		if rc, err = RESTConfig(cfg.Kubeconfig); err != nil {
+			return nil, err
+		}
+	}
+	rc = rest.CopyConfig(rc)
+	if rc.UserAgent == "" {
+		rc.UserAgent = "kvrouter-peers"
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("discovery: peers: client: %w", err)
+	}
+	log = log.With("peers", cfg.Namespace+"/"+cfg.Selector, "pod", cfg.PodName)
+	return &Peers{cfg: cfg, client: cs, set: set, log: log, place: [2]int{1, 0}}, nil
+}
+
+// Place returns the last place given to set: routers and index.
+func (p *Peers) Place() (routers, index int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.place[0], p.place[1]
+}
+
+// Run watches the router Pods until ctx ends and returns nil once its
+// informer has stopped. Errors (forbidden, API server down) are logged
+// and retried; they never end Run. On return the place goes back to
+// (1, 0).
+func (p *Peers) Run(ctx context.Context) error {
+	if !p.started.CompareAndSwap(false, true) {
+		return errors.New("discovery: peers: Run called twice")
+	}
+	api := p.client.CoreV1().Pods(p.cfg.Namespace)
+	sel := p.cfg.Selector
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = sel
+			return api.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = sel
+			return api.Watch(ctx, o)
+		},
+	}
+	inf := cache.NewSharedIndexInformerWithOptions(plainList{lw}, &corev1.Pod{}, cache.SharedIndexInformerOptions{ResyncPeriod: p.cfg.Resync})
+	if err := inf.SetTransform(trimPod); err != nil {
+		return fmt.Errorf("discovery: peers: %w", err)
+	}
+	update := func() { p.update(inf.GetStore()) }
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { update() },
+		UpdateFunc: func(any, any) { update() },
+		DeleteFunc: func(any) { update() },
+	}); err != nil {
+		return fmt.Errorf("discovery: peers: %w", err)
+	}
+	defer p.setPlace(1, 0)
+	ictx := klog.NewContext(ctx, logr.FromSlogHandler(p.log.Handler()))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer func() {
+			if r := recover(); r != nil {
+				p.log.Error("peers informer panic; routing as one router", "panic", r)
+			}
+		}()
+		inf.RunWithContext(ictx)
+	}()
+	<-done
+	return nil
+}
+
+// update recomputes the place from the informer's Pods.
+func (p *Peers) update(store cache.Store) {
+	var ready []string
+	for _, obj := range store.List() {
+		if pod, ok := obj.(*corev1.Pod); ok && peerReady(pod) {
+			ready = append(ready, pod.Name)
+		}
+	}
+	slices.Sort(ready)
+	n, i := 1, 0
+	if k := slices.Index(ready, p.cfg.PodName); k >= 0 {
+		n, i = len(ready), k
+	}
+	p.setPlace(n, i)
+}
+
+func (p *Peers) setPlace(n, i int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.place == [2]int{n, i} {
+		return
+	}
+	p.log.Info("router replicas", "routers", n, "router_index", i, "was_routers", p.place[0], "was_router_index", p.place[1])
+	p.place = [2]int{n, i}
+	p.set(n, i)
+}
+
+// peerReady: a router Pod that gets traffic: Ready, not terminating, not
+// finished.
+func peerReady(pod *corev1.Pod) bool {
+	if pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		return false
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
