@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -27,8 +28,11 @@ import (
 // test requires, at 30 req/s, no failed request elsewhere, and every run's
 // hit rate within 0.9 of one router's.
 func TestE2EStripesBehindHAProxy(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts engine-sim, kvrouter and haproxy processes")
+	if os.Getenv("KVROUTER_LIVE_STRIPES") != "1" {
+		// A measurement (about a minute of real-time replays whose goodput
+		// moves with the machine's load), not run by make test; the
+		// failure-free kill is checked there by TestE2EReplicasBehindHAProxy.
+		t.Skip("set KVROUTER_LIVE_STRIPES=1 to measure stripes behind HAProxy")
 	}
 	bin := e2eBuild(t)
 	var sims []*e2eSim
