@@ -310,6 +310,7 @@ func (r *Router) NewPolicy(name string) (Policy, error) {
 // the keys. It records nothing.
 func (r *Router) candidates(req *Request, s *scratch) ([]Candidate, []*replica, []kvindex.Key) {
 	now := r.cfg.Now()
+	routers, index := r.Stripes() // once: every candidate dealt under one place
 	r.mu.RLock()
 	cands := s.cands[:0]
 	reps := s.reps[:0]
@@ -318,7 +319,7 @@ func (r *Router) candidates(req *Request, s *scratch) ([]Candidate, []*replica, 
 			continue
 		}
 		reps = append(reps, rep)
-		cands = append(cands, Candidate{Name: rep.name, ID: rep.id, Held: -1, Load: rep.load(now, r.cfg.GaugeMaxAge), Stripe: r.stripe(pos)})
+		cands = append(cands, Candidate{Name: rep.name, ID: rep.id, Held: -1, Load: rep.load(now, r.cfg.GaugeMaxAge), Stripe: stripeRank(pos, routers, index)})
 	}
 	r.mu.RUnlock()
 	s.cands, s.reps = cands, reps

@@ -5,12 +5,13 @@ import (
 	"math"
 )
 
-// stripe is the stripe rank (Candidate.Stripe) of the engine at pos in the
-// router's name-ordered replica list: its distance, in router replicas,
-// from this router's own stripe. Every replica that sees the same engines
-// deals them the same way.
-func (r *Router) stripe(pos int) int {
-	n, k := r.Stripes()
+// stripeRank is the stripe rank (Candidate.Stripe) of the engine at pos in
+// the router's name-ordered replica list, for the router of index k among
+// n router replicas: its distance, in router replicas, from that router's
+// own stripe. Every replica that sees the same engines deals them the same
+// way. A Route reads its place once (Stripes) and deals every candidate
+// with it, so a concurrent SetStripes never mixes two places.
+func stripeRank(pos, n, k int) int {
 	if n <= 1 {
 		return 0
 	}
