@@ -53,6 +53,7 @@ type exchange struct {
 	status  int
 	track   tracker
 	outcome string
+	held    []string // engines whose series this stream holds (Server.hold)
 }
 
 // errStop ends the stream after a local reply.
@@ -164,6 +165,7 @@ func (x *exchange) complete(withBody bool) error {
 		return x.fail(perr)
 	}
 	x.pick, x.model, x.replica = pk, pk.Model, pk.Replica
+	x.s.hold(x, pk.Replica)
 	x.s.m.InFlight.WithLabelValues(pk.Replica).Inc()
 	dest := strings.Join(append([]string{pk.Addr}, pk.Fallbacks...), ",")
 	set := []*corev3.HeaderValueOption{
@@ -243,6 +245,7 @@ func (x *exchange) responseHeaders(req *extprocv3.ProcessingRequest, h *extprocv
 			x.pick = nil
 		case moved:
 			x.s.m.moved.WithLabelValues(pk.Model).Inc()
+			x.s.hold(x, pk.Replica)
 			x.s.m.InFlight.WithLabelValues(old).Dec()
 			x.s.m.InFlight.WithLabelValues(pk.Replica).Inc()
 			x.replica = pk.Replica

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"strings"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"kvrouter/internal/epp"
+)
+
+// TestEPPRemovedEngineSeries: an engine removed from the pool (router.yaml
+// reloaded) while the EPP has a request open on it keeps its front="epp"
+// series until that request ends, then loses them, as the HTTP front
+// loses its own.
+func TestEPPRemovedEngineSeries(t *testing.T) {
+	e2eLeakCheck(t)
+	a, b := startE2ESim(t), startE2ESim(t)
+	yaml := func(sims ...[2]string) string { return reloadYAML("round_robin", sims...) }
+	cm := newConfigMapDir(t, yaml([2]string{"a", a.url}, [2]string{"b", b.url}))
+	s := startEPP(t, yaml([2]string{"a", a.url}, [2]string{"b", b.url}), 0, func(fl *eppFlags) {
+		fl.serve.configPath, fl.serve.configHash = cm.path(), sha256.Sum256([]byte(yaml([2]string{"a", a.url}, [2]string{"b", b.url})))
+		fl.serve.getenv, fl.serve.poll = func(string) string { return "" }, 20*time.Millisecond
+	})
+	s.waitReady(t)
+	body := []byte(`{"model":"m","prompt":[1,2,3],"max_tokens":1}`)
+	addrA := strings.TrimPrefix(a.url, "http://")
+	// One request through a, whole: its requests_total series.
+	if r := s.envoy.do(t.Context(), envoyReq{path: "/v1/completions", body: body, subset: []string{addrA}}); r.immediate != nil || r.status != 200 {
+		t.Fatalf("request on a: %v", r)
+	}
+	// A second stays open on a: picked, no response yet.
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	st, err := s.envoy.ext.Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hint, _ := structpb.NewStruct(map[string]any{epp.SubsetKey: []any{addrA}})
+	for _, m := range []*extprocv3.ProcessingRequest{
+		{MetadataContext: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{epp.SubsetNamespace: hint}},
+			Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+				Headers: hdrs(":method", "POST", ":path", "/v1/completions", "content-type", "application/json")}}},
+		{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: true}}},
+	} {
+		if err := st.Send(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m, err := st.Recv(); err != nil || m.GetRequestHeaders() == nil {
+		t.Fatalf("held request: %v %v, want its pick", m, err)
+	}
+	eppA := func(name string) float64 {
+		return e2eMetric(t, s.url, name, `front="epp"`, `replica="a"`)
+	}
+	if n := eppA("kvrouter_proxy_in_flight_requests"); n != 1 {
+		t.Fatalf("in flight on a through the EPP = %v, want 1", n)
+	}
+
+	cm.write(yaml([2]string{"b", b.url}))
+	e2eEventually(t, 10*time.Second, "a removed: the HTTP front's series of it gone", func() bool {
+		return !strings.Contains(e2eMetricsText(t, s.url), `front="http",model="m",replica="a"`)
+	})
+	// The open request still holds a's EPP series.
+	if n := eppA("kvrouter_proxy_in_flight_requests"); n != 1 {
+		t.Errorf("in flight on removed a while its request is open = %v, want 1", n)
+	}
+	if n := eppA("kvrouter_proxy_requests_total"); n != 1 {
+		t.Errorf("requests on removed a while its request is open = %v, want 1 (the finished one)", n)
+	}
+	cancel() // the client leaves: the request ends, counted client_closed
+	e2eEventually(t, 10*time.Second, "a's front=\"epp\" series gone after its last request", func() bool {
+		return !strings.Contains(e2eMetricsText(t, s.url), `replica="a"`)
+	})
+	if r := s.envoy.do(t.Context(), envoyReq{path: "/v1/completions", body: body}); r.immediate != nil || r.status != 200 || r.dest != strings.TrimPrefix(b.url, "http://") {
+		t.Errorf("after the removal: %v, want b", r)
+	}
+	if strings.Contains(e2eMetricsText(t, s.url), `replica="a"`) {
+		t.Errorf("series of removed a came back:\n%s", grepLines(e2eMetricsText(t, s.url), `replica="a"`))
+	}
+}
