@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"crypto/sha256"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -82,5 +84,43 @@ func TestEPPRemovedEngineSeries(t *testing.T) {
 	}
 	if strings.Contains(e2eMetricsText(t, s.url), `replica="a"`) {
 		t.Errorf("series of removed a came back:\n%s", grepLines(e2eMetricsText(t, s.url), `replica="a"`))
+	}
+}
+
+// TestEPPTokenizeSeriesFront: the tokenizer's series are per front, as the
+// request series are: a request picked by the EPP is tokenized (local
+// tokenizer) under front="epp", one the same process's HTTP front serves
+// under front="http".
+func TestEPPTokenizeSeriesFront(t *testing.T) {
+	e2eLeakCheck(t)
+	sim := startE2ESim(t)
+	s := startEPP(t, eppYAML("", sim), 0)
+	s.waitReady(t)
+	count := func(front string) float64 {
+		return e2eMetric(t, s.url, "kvrouter_proxy_tokenize_duration_seconds_count", `front="`+front+`"`, `model="m"`)
+	}
+	for _, f := range []string{"epp", "http"} {
+		if !strings.Contains(e2eMetricsText(t, s.url), `kvrouter_proxy_tokenize_errors_total{front="`+f+`",model="m"} 0`) {
+			t.Errorf("no kvrouter_proxy_tokenize_errors_total{front=%q} series at start", f)
+		}
+	}
+	body := `{"model":"m","prompt":"the tokenizer counts this under its front","max_tokens":1}`
+	if r := s.envoy.do(t.Context(), envoyReq{path: "/v1/completions", body: []byte(body)}); r.immediate != nil || r.status != 200 {
+		t.Fatalf("through the EPP: %v", r)
+	}
+	if e, h := count("epp"), count("http"); e != 1 || h != 0 {
+		t.Errorf("after one EPP request: tokenized epp %v, http %v; want 1, 0", e, h)
+	}
+	resp, err := http.Post(s.url+"/v1/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("HTTP front: %d", resp.StatusCode)
+	}
+	if e, h := count("epp"), count("http"); e != 1 || h != 1 {
+		t.Errorf("after one request on each front: tokenized epp %v, http %v; want 1, 1", e, h)
 	}
 }

@@ -20,10 +20,15 @@ import (
 // parses, validates, tokenizes and routes with the same code, models,
 // routers, tokenizers and leases as the HTTP front; only the forwarding is
 // left to the gateway. Safe for concurrent use.
-type Picker struct{ s *Server }
+type Picker struct {
+	s     *Server
+	front *frontmetrics.Front // front="epp": its requests' tokenizer series
+}
 
-// Picker returns s's routing core for another front.
-func (s *Server) Picker() *Picker { return &Picker{s: s} }
+// Picker returns s's routing core for another front: the endpoint picker,
+// whose requests' tokenizer series (kvrouter_proxy_tokenize_*,
+// kvrouter_proxy_tokenizer_unavailable_total) carry front="epp".
+func (s *Server) Picker() *Picker { return &Picker{s: s, front: s.m.front.Front(frontmetrics.EPP)} }
 
 // FrontMetrics is the request metrics set the HTTP front registered, for
 // another front of the same process to take its view of (one Set per
@@ -419,7 +424,7 @@ func (p *Picker) exchange(ctx context.Context, in PickInput) (*exchange, *pickRe
 		id = requestID(r)
 	}
 	rec := &pickRecorder{h: http.Header{}}
-	return &exchange{w: rec, r: r, id: id, start: p.s.deps.Now()}, rec
+	return &exchange{w: rec, r: r, id: id, start: p.s.deps.Now(), front: p.front}, rec
 }
 
 // sessionHeaders are the session headers of every model.
