@@ -73,6 +73,13 @@ func TestHelmChart(t *testing.T) {
 		!strings.Contains(out, "service: readiness") || !strings.Contains(out, "inferencepools") {
 		t.Errorf("epp example: no InferencePool, epp args, gRPC readiness probe or InferencePool RBAC:\n%s", out)
 	}
+	chartEPPRef(t, rendered["epp"])
+	// The pool goes in the engines' namespace and its endpointPickerRef
+	// has no namespace: a release elsewhere is refused.
+	if out, err := exec.CommandContext(t.Context(), helm, "template", "kvr", chart, "-n", "vllm", "-f", eppExample, "--set", "rbac.namespace=other").CombinedOutput(); err == nil ||
+		!strings.Contains(string(out), "endpointPickerRef can only name a Service there") {
+		t.Errorf("epp example with the engines in another namespace: %v, want the chart to refuse it:\n%s", err, out)
+	}
 	for name, out := range rendered {
 		kinds := map[string]int{}
 		dec := yaml.NewDecoder(bytes.NewReader(out))
@@ -143,4 +150,62 @@ func TestHelmChart(t *testing.T) {
 		}
 	}
 	t.Run("RBAC", func(t *testing.T) { testChartRBAC(t, c, helm, chart) })
+}
+
+// chartEPPRef checks that the rendered InferencePool's endpointPickerRef
+// names the rendered Service, in its namespace, on its h2c gRPC port.
+func chartEPPRef(t *testing.T, out []byte) {
+	t.Helper()
+	type meta struct{ Name, Namespace string }
+	var pool struct {
+		Metadata meta
+		Spec     struct {
+			EndpointPickerRef struct {
+				Kind, Name string
+				Port       struct{ Number int }
+			} `yaml:"endpointPickerRef"`
+		}
+	}
+	var svc struct {
+		Metadata meta
+		Spec     struct {
+			Ports []struct {
+				Name        string
+				Port        int
+				AppProtocol string `yaml:"appProtocol"`
+			}
+		}
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(out))
+	for {
+		var node yaml.Node
+		if err := dec.Decode(&node); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		var k struct{ Kind string }
+		if err := node.Decode(&k); err != nil {
+			t.Fatal(err)
+		}
+		switch k.Kind {
+		case "InferencePool":
+			if err := node.Decode(&pool); err != nil {
+				t.Fatal(err)
+			}
+		case "Service":
+			if err := node.Decode(&svc); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ref := pool.Spec.EndpointPickerRef
+	ok := ref.Kind == "Service" && ref.Name == svc.Metadata.Name && pool.Metadata.Namespace == svc.Metadata.Namespace && ref.Port.Number != 0
+	h2c := false
+	for _, p := range svc.Spec.Ports {
+		h2c = h2c || p.Port == ref.Port.Number && p.Name == "grpc" && p.AppProtocol == "kubernetes.io/h2c"
+	}
+	if !ok || !h2c {
+		t.Errorf("InferencePool %+v endpointPickerRef %+v does not name Service %+v (ports %+v) on its h2c grpc port", pool.Metadata, ref, svc.Metadata, svc.Spec.Ports)
+	}
 }
