@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -74,6 +75,7 @@ func TestHelmChart(t *testing.T) {
 		t.Errorf("epp example: no InferencePool, epp args, gRPC readiness probe or InferencePool RBAC:\n%s", out)
 	}
 	chartEPPRef(t, rendered["epp"])
+	chartEPPArgs(t, rendered["epp"])
 	// The pool goes in the engines' namespace and its endpointPickerRef
 	// has no namespace: a release elsewhere is refused.
 	if out, err := exec.CommandContext(t.Context(), helm, "template", "kvr", chart, "-n", "vllm", "-f", eppExample, "--set", "rbac.namespace=other").CombinedOutput(); err == nil ||
@@ -207,5 +209,60 @@ func chartEPPRef(t *testing.T, out []byte) {
 	}
 	if !ok || !h2c {
 		t.Errorf("InferencePool %+v endpointPickerRef %+v does not name Service %+v (ports %+v) on its h2c grpc port", pool.Metadata, ref, svc.Metadata, svc.Spec.Ports)
+	}
+}
+
+// chartEPPArgs checks that kvrouter epp accepts the rendered Deployment's
+// arguments with the rendered router.yaml: one model group on the
+// InferencePool the chart renders, with the chart's ext_proc port.
+func chartEPPArgs(t *testing.T, out []byte) {
+	t.Helper()
+	var args []string
+	var routerYAML, pool string
+	dec := yaml.NewDecoder(bytes.NewReader(out))
+	for {
+		var doc struct {
+			Kind     string
+			Metadata struct{ Name string }
+			Data     map[string]string
+			Spec     struct {
+				Template struct {
+					Spec struct {
+						Containers []struct{ Args []string }
+					}
+				}
+			}
+		}
+		if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		switch doc.Kind {
+		case "Deployment":
+			args = doc.Spec.Template.Spec.Containers[0].Args
+		case "ConfigMap":
+			routerYAML = doc.Data["router.yaml"]
+		case "InferencePool":
+			pool = doc.Metadata.Name
+		}
+	}
+	if len(args) < 3 || args[0] != "epp" || args[1] != "--config" {
+		t.Fatalf("epp Deployment args %q, want epp --config ...", args)
+	}
+	f := filepath.Join(t.TempDir(), "router.yaml")
+	if err := os.WriteFile(f, []byte(routerYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args = slices.Clone(args[1:])
+	args[1] = f
+	var errb bytes.Buffer
+	fl, err := parseEPPFlags(args, func(string) string { return "" }, stdio{err: &errb})
+	if err != nil {
+		t.Fatalf("kvrouter epp %q: %v\n%s", args, err, errb.String())
+	}
+	if fl.grpcListen != ":9002" || len(fl.serve.cfg.Models) != 1 || fl.serve.cfg.Models[0].Discovery == nil ||
+		fl.serve.cfg.Models[0].Discovery.InferencePool != pool || pool == "" {
+		t.Errorf("kvrouter epp from the chart: grpc %q, models %+v; want :9002 and one group on InferencePool %q", fl.grpcListen, fl.serve.cfg.Models, pool)
 	}
 }
