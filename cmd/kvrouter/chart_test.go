@@ -3,10 +3,12 @@ package main
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -76,6 +78,7 @@ func TestHelmChart(t *testing.T) {
 	}
 	chartEPPRef(t, rendered["epp"])
 	chartEPPArgs(t, rendered["epp"])
+	chartEPPDocs(t, run(helm, "template", "kvrouter", chart, "-n", "vllm", "-f", eppExample))
 	// The pool goes in the engines' namespace and its endpointPickerRef
 	// has no namespace: a release elsewhere is refused.
 	if out, err := exec.CommandContext(t.Context(), helm, "template", "kvr", chart, "-n", "vllm", "-f", eppExample, "--set", "rbac.namespace=other").CombinedOutput(); err == nil ||
@@ -264,5 +267,69 @@ func chartEPPArgs(t *testing.T, out []byte) {
 	if fl.grpcListen != ":9002" || len(fl.serve.cfg.Models) != 1 || fl.serve.cfg.Models[0].Discovery == nil ||
 		fl.serve.cfg.Models[0].Discovery.InferencePool != pool || pool == "" {
 		t.Errorf("kvrouter epp from the chart: grpc %q, models %+v; want :9002 and one group on InferencePool %q", fl.grpcListen, fl.serve.cfg.Models, pool)
+	}
+}
+
+// chartEPPDocs checks that docs/epp.md's Service and InferencePool
+// manifests are what `helm install kvrouter -n vllm -f examples/epp.yaml`
+// renders: names, namespaces, the pool's spec, the Service's ports.
+func chartEPPDocs(t *testing.T, out []byte) {
+	t.Helper()
+	doc, err := os.ReadFile("../../docs/epp.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	objects := func(src []byte) map[string]map[string]any {
+		m := map[string]map[string]any{}
+		dec := yaml.NewDecoder(bytes.NewReader(src))
+		for {
+			var o map[string]any
+			if err := dec.Decode(&o); errors.Is(err, io.EOF) {
+				break
+			} else if err != nil {
+				t.Fatalf("%v\n%s", err, src)
+			}
+			if k, _ := o["kind"].(string); k == "Service" || k == "InferencePool" {
+				m[k] = o
+			}
+		}
+		return m
+	}
+	docs := map[string]map[string]any{}
+	for _, block := range regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllSubmatch(doc, -1) {
+		for k, o := range objects(block[1]) {
+			docs[k] = o
+		}
+	}
+	chart := objects(out)
+	meta := func(o map[string]any) string {
+		m, _ := o["metadata"].(map[string]any)
+		return fmt.Sprint(m["name"], "/", m["namespace"])
+	}
+	ports := func(o map[string]any) string {
+		var b strings.Builder
+		spec, _ := o["spec"].(map[string]any)
+		ps, _ := spec["ports"].([]any)
+		for _, p := range ps {
+			p, _ := p.(map[string]any)
+			fmt.Fprintf(&b, "%v:%v:%v:%v ", p["name"], p["port"], p["targetPort"], p["appProtocol"])
+		}
+		return b.String()
+	}
+	for _, k := range []string{"Service", "InferencePool"} {
+		d, c := docs[k], chart[k]
+		if d == nil || c == nil {
+			t.Errorf("%s: in docs/epp.md %v, rendered %v", k, d != nil, c != nil)
+			continue
+		}
+		if meta(d) != meta(c) {
+			t.Errorf("%s: docs/epp.md names %s, the chart renders %s", k, meta(d), meta(c))
+		}
+	}
+	if d, c := docs["Service"], chart["Service"]; d != nil && c != nil && ports(d) != ports(c) {
+		t.Errorf("Service ports: docs/epp.md %s, the chart %s", ports(d), ports(c))
+	}
+	if d, c := docs["InferencePool"], chart["InferencePool"]; d != nil && c != nil && !reflect.DeepEqual(d["spec"], c["spec"]) {
+		t.Errorf("InferencePool spec: docs/epp.md %v, the chart %v", d["spec"], c["spec"])
 	}
 }
