@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
 	"io"
 	"net/http"
 	"strings"
@@ -16,8 +15,8 @@ import (
 	"kvrouter/internal/epp"
 )
 
-// TestEPPRemovedEngineSeries: an engine removed from the pool (router.yaml
-// reloaded) while the EPP has a request open on it keeps its front="epp"
+// TestEPPRemovedEngineSeries: an engine removed from the pool (kvrouter epp
+// --config reloads router.yaml) while the EPP has a request open on it keeps its front="epp"
 // series until that request ends, then loses them, as the HTTP front
 // loses its own.
 func TestEPPRemovedEngineSeries(t *testing.T) {
@@ -25,9 +24,13 @@ func TestEPPRemovedEngineSeries(t *testing.T) {
 	a, b := startE2ESim(t), startE2ESim(t)
 	yaml := func(sims ...[2]string) string { return reloadYAML("round_robin", sims...) }
 	cm := newConfigMapDir(t, yaml([2]string{"a", a.url}, [2]string{"b", b.url}))
+	// kvrouter epp --config polls router.yaml as serve does.
 	s := startEPP(t, yaml([2]string{"a", a.url}, [2]string{"b", b.url}), 0, func(fl *eppFlags) {
-		fl.serve.configPath, fl.serve.configHash = cm.path(), sha256.Sum256([]byte(yaml([2]string{"a", a.url}, [2]string{"b", b.url})))
-		fl.serve.getenv, fl.serve.poll = func(string) string { return "" }, 20*time.Millisecond
+		p, err := parseEPPFlags([]string{"--config", cm.path(), "--config-poll", "20ms", "--listen", "127.0.0.1:0"}, func(string) string { return "" }, stdio{err: io.Discard})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fl.serve = p.serve
 	})
 	s.waitReady(t)
 	body := []byte(`{"model":"m","prompt":[1,2,3],"max_tokens":1}`)
@@ -65,8 +68,13 @@ func TestEPPRemovedEngineSeries(t *testing.T) {
 	}
 
 	cm.write(yaml([2]string{"b", b.url}))
-	e2eEventually(t, 10*time.Second, "a removed: the HTTP front's series of it gone", func() bool {
-		return !strings.Contains(e2eMetricsText(t, s.url), `front="http",model="m",replica="a"`)
+	e2eEventually(t, 10*time.Second, "a removed from the pool", func() bool {
+		return e2eMetric(t, s.url, "kvrouter_pool_engines", `model="m"`) == 1
+	})
+	// The HTTP front's series of a go at once (no request of its own on a).
+	e2eEventually(t, 10*time.Second, "the HTTP front's series of a gone", func() bool {
+		return e2eMetric(t, s.url, "kvrouter_proxy_in_flight_requests", `front="http"`, `replica="a"`) == 0 &&
+			!strings.Contains(grepLines(e2eMetricsText(t, s.url), `replica="a"`), `front="http"`)
 	})
 	// The open request still holds a's EPP series.
 	if n := eppA("kvrouter_proxy_in_flight_requests"); n != 1 {
