@@ -39,6 +39,14 @@ func TestEPPRemovedEngineSeries(t *testing.T) {
 	if r := s.envoy.do(t.Context(), envoyReq{path: "/v1/completions", body: body, subset: []string{addrA}}); r.immediate != nil || r.status != 200 {
 		t.Fatalf("request on a: %v", r)
 	}
+	// A passthrough (not an inference request) to a: counted under a's
+	// name, as the picks are.
+	if r := s.envoy.do(t.Context(), envoyReq{method: http.MethodGet, path: "/v1/models", subset: []string{addrA}}); r.immediate != nil || r.status != 200 || r.dest != addrA {
+		t.Fatalf("passthrough to a: %v", r)
+	}
+	if n := e2eMetric(t, s.url, "kvrouter_proxy_requests_total", `front="epp"`, `outcome="passthrough"`, `replica="a"`); n != 1 {
+		t.Errorf("passthrough requests on a = %v, want 1:\n%s", n, grepLines(e2eMetricsText(t, s.url), "passthrough"))
+	}
 	// A second stays open on a: picked, no response yet.
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
@@ -80,12 +88,13 @@ func TestEPPRemovedEngineSeries(t *testing.T) {
 	if n := eppA("kvrouter_proxy_in_flight_requests"); n != 1 {
 		t.Errorf("in flight on removed a while its request is open = %v, want 1", n)
 	}
-	if n := eppA("kvrouter_proxy_requests_total"); n != 1 {
-		t.Errorf("requests on removed a while its request is open = %v, want 1 (the finished one)", n)
+	if n := eppA("kvrouter_proxy_requests_total"); n != 2 {
+		t.Errorf("requests on removed a while its request is open = %v, want 2 (the finished one, the passthrough)", n)
 	}
 	cancel() // the client leaves: the request ends, counted client_closed
 	e2eEventually(t, 10*time.Second, "a's front=\"epp\" series gone after its last request", func() bool {
-		return !strings.Contains(e2eMetricsText(t, s.url), `replica="a"`)
+		text := e2eMetricsText(t, s.url)
+		return !strings.Contains(text, `replica="a"`) && !strings.Contains(text, `replica="`+addrA+`"`)
 	})
 	if r := s.envoy.do(t.Context(), envoyReq{path: "/v1/completions", body: body}); r.immediate != nil || r.status != 200 || r.dest != strings.TrimPrefix(b.url, "http://") {
 		t.Errorf("after the removal: %v, want b", r)

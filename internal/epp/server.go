@@ -23,7 +23,7 @@ import (
 // picker is the routing core the EPP asks (proxy.Picker).
 type picker interface {
 	Pick(ctx context.Context, in proxy.PickInput) (*proxy.Pick, *proxy.PickError)
-	Endpoint(allow func(addr string) bool) (addr string, ok bool)
+	EndpointNamed(allow func(addr string) bool) (name, addr string, ok bool)
 	TooLarge() *proxy.PickError
 	BodyLimit() int64
 	HasReplica(replica string) bool

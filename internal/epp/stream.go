@@ -195,12 +195,13 @@ func (x *exchange) complete(withBody bool) error {
 // passthrough sends a request that is not an inference request (GET
 // /v1/models, ...) to an endpoint without routing or a lease.
 func (x *exchange) passthrough(withBody bool) error {
-	addr, ok := x.s.pick.Endpoint(x.allow)
+	name, addr, ok := x.s.pick.EndpointNamed(x.allow)
 	if !ok {
 		return x.fail(&proxy.PickError{Status: http.StatusServiceUnavailable, RetryAfter: 1, Outcome: outcomeNoReplica,
 			Body: proxy.ErrorBody(http.StatusServiceUnavailable, "", "no healthy replica")})
 	}
-	x.outcome, x.replica = outcomePassthrough, addr
+	x.outcome, x.replica = outcomePassthrough, name
+	x.s.hold(x, name)
 	set := []*corev3.HeaderValueOption{setHeader(DestinationKey, addr), setHeader("x-request-id", x.id)}
 	if err := x.stream.Send(requestHeadersResponse(set, destination(x.s.cfg.DestinationNamespace, addr))); err != nil {
 		return err

@@ -327,15 +327,22 @@ func (pk *Pick) End(ok bool) {
 // engine of the first model that has one, in configuration order, without
 // a lease. ok is false when no engine is healthy.
 func (p *Picker) Endpoint(allow func(addr string) bool) (addr string, ok bool) {
+	_, addr, ok = p.EndpointNamed(allow)
+	return addr, ok
+}
+
+// EndpointNamed is Endpoint with the engine's name too (the replica label
+// of the request's series).
+func (p *Picker) EndpointNamed(allow func(addr string) bool) (name, addr string, ok bool) {
 	for _, mc := range p.s.cfg.Models {
 		eps, _, _ := p.s.deps.Fleet.Healthy(nil, mc.Name)
 		for _, ep := range eps {
 			if a := EndpointAddr(ep); allow == nil || allow(a) {
-				return a, true
+				return ep.Name(), a, true
 			}
 		}
 	}
-	return "", false
+	return "", "", false
 }
 
 // Ready reports what GET /ready reports: every model has an engine up,
