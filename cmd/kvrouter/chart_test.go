@@ -3,11 +3,14 @@ package main
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -72,6 +75,15 @@ func TestHelmChart(t *testing.T) {
 	if out := string(rendered["epp"]); !strings.Contains(out, "kind: InferencePool") || !strings.Contains(out, "- epp\n") ||
 		!strings.Contains(out, "service: readiness") || !strings.Contains(out, "inferencepools") {
 		t.Errorf("epp example: no InferencePool, epp args, gRPC readiness probe or InferencePool RBAC:\n%s", out)
+	}
+	chartEPPRef(t, rendered["epp"])
+	chartEPPArgs(t, rendered["epp"])
+	chartEPPDocs(t, run(helm, "template", "kvrouter", chart, "-n", "vllm", "-f", eppExample))
+	// The pool goes in the engines' namespace and its endpointPickerRef
+	// has no namespace: a release elsewhere is refused.
+	if out, err := exec.CommandContext(t.Context(), helm, "template", "kvr", chart, "-n", "vllm", "-f", eppExample, "--set", "rbac.namespace=other").CombinedOutput(); err == nil ||
+		!strings.Contains(string(out), "endpointPickerRef can only name a Service there") {
+		t.Errorf("epp example with the engines in another namespace: %v, want the chart to refuse it:\n%s", err, out)
 	}
 	for name, out := range rendered {
 		kinds := map[string]int{}
@@ -143,4 +155,181 @@ func TestHelmChart(t *testing.T) {
 		}
 	}
 	t.Run("RBAC", func(t *testing.T) { testChartRBAC(t, c, helm, chart) })
+}
+
+// chartEPPRef checks that the rendered InferencePool's endpointPickerRef
+// names the rendered Service, in its namespace, on its h2c gRPC port.
+func chartEPPRef(t *testing.T, out []byte) {
+	t.Helper()
+	type meta struct{ Name, Namespace string }
+	var pool struct {
+		Metadata meta
+		Spec     struct {
+			EndpointPickerRef struct {
+				Kind, Name string
+				Port       struct{ Number int }
+			} `yaml:"endpointPickerRef"`
+		}
+	}
+	var svc struct {
+		Metadata meta
+		Spec     struct {
+			Ports []struct {
+				Name        string
+				Port        int
+				AppProtocol string `yaml:"appProtocol"`
+			}
+		}
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(out))
+	for {
+		var node yaml.Node
+		if err := dec.Decode(&node); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		var k struct{ Kind string }
+		if err := node.Decode(&k); err != nil {
+			t.Fatal(err)
+		}
+		switch k.Kind {
+		case "InferencePool":
+			if err := node.Decode(&pool); err != nil {
+				t.Fatal(err)
+			}
+		case "Service":
+			if err := node.Decode(&svc); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ref := pool.Spec.EndpointPickerRef
+	ok := ref.Kind == "Service" && ref.Name == svc.Metadata.Name && pool.Metadata.Namespace == svc.Metadata.Namespace && ref.Port.Number != 0
+	h2c := false
+	for _, p := range svc.Spec.Ports {
+		h2c = h2c || p.Port == ref.Port.Number && p.Name == "grpc" && p.AppProtocol == "kubernetes.io/h2c"
+	}
+	if !ok || !h2c {
+		t.Errorf("InferencePool %+v endpointPickerRef %+v does not name Service %+v (ports %+v) on its h2c grpc port", pool.Metadata, ref, svc.Metadata, svc.Spec.Ports)
+	}
+}
+
+// chartEPPArgs checks that kvrouter epp accepts the rendered Deployment's
+// arguments with the rendered router.yaml: one model group on the
+// InferencePool the chart renders, with the chart's ext_proc port.
+func chartEPPArgs(t *testing.T, out []byte) {
+	t.Helper()
+	var args []string
+	var routerYAML, pool string
+	dec := yaml.NewDecoder(bytes.NewReader(out))
+	for {
+		var doc struct {
+			Kind     string
+			Metadata struct{ Name string }
+			Data     map[string]string
+			Spec     struct {
+				Template struct {
+					Spec struct {
+						Containers []struct{ Args []string }
+					}
+				}
+			}
+		}
+		if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		switch doc.Kind {
+		case "Deployment":
+			args = doc.Spec.Template.Spec.Containers[0].Args
+		case "ConfigMap":
+			routerYAML = doc.Data["router.yaml"]
+		case "InferencePool":
+			pool = doc.Metadata.Name
+		}
+	}
+	if len(args) < 3 || args[0] != "epp" || args[1] != "--config" {
+		t.Fatalf("epp Deployment args %q, want epp --config ...", args)
+	}
+	f := filepath.Join(t.TempDir(), "router.yaml")
+	if err := os.WriteFile(f, []byte(routerYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args = slices.Clone(args[1:])
+	args[1] = f
+	var errb bytes.Buffer
+	fl, err := parseEPPFlags(args, func(string) string { return "" }, stdio{err: &errb})
+	if err != nil {
+		t.Fatalf("kvrouter epp %q: %v\n%s", args, err, errb.String())
+	}
+	if fl.grpcListen != ":9002" || len(fl.serve.cfg.Models) != 1 || fl.serve.cfg.Models[0].Discovery == nil ||
+		fl.serve.cfg.Models[0].Discovery.InferencePool != pool || pool == "" {
+		t.Errorf("kvrouter epp from the chart: grpc %q, models %+v; want :9002 and one group on InferencePool %q", fl.grpcListen, fl.serve.cfg.Models, pool)
+	}
+}
+
+// chartEPPDocs checks that docs/epp.md's Service and InferencePool
+// manifests are what `helm install kvrouter -n vllm -f examples/epp.yaml`
+// renders: names, namespaces, the pool's spec, the Service's ports.
+func chartEPPDocs(t *testing.T, out []byte) {
+	t.Helper()
+	doc, err := os.ReadFile("../../docs/epp.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	objects := func(src []byte) map[string]map[string]any {
+		m := map[string]map[string]any{}
+		dec := yaml.NewDecoder(bytes.NewReader(src))
+		for {
+			var o map[string]any
+			if err := dec.Decode(&o); errors.Is(err, io.EOF) {
+				break
+			} else if err != nil {
+				t.Fatalf("%v\n%s", err, src)
+			}
+			if k, _ := o["kind"].(string); k == "Service" || k == "InferencePool" {
+				m[k] = o
+			}
+		}
+		return m
+	}
+	docs := map[string]map[string]any{}
+	for _, block := range regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllSubmatch(doc, -1) {
+		for k, o := range objects(block[1]) {
+			docs[k] = o
+		}
+	}
+	chart := objects(out)
+	meta := func(o map[string]any) string {
+		m, _ := o["metadata"].(map[string]any)
+		return fmt.Sprint(m["name"], "/", m["namespace"])
+	}
+	ports := func(o map[string]any) string {
+		var b strings.Builder
+		spec, _ := o["spec"].(map[string]any)
+		ps, _ := spec["ports"].([]any)
+		for _, p := range ps {
+			p, _ := p.(map[string]any)
+			fmt.Fprintf(&b, "%v:%v:%v:%v ", p["name"], p["port"], p["targetPort"], p["appProtocol"])
+		}
+		return b.String()
+	}
+	for _, k := range []string{"Service", "InferencePool"} {
+		d, c := docs[k], chart[k]
+		if d == nil || c == nil {
+			t.Errorf("%s: in docs/epp.md %v, rendered %v", k, d != nil, c != nil)
+			continue
+		}
+		if meta(d) != meta(c) {
+			t.Errorf("%s: docs/epp.md names %s, the chart renders %s", k, meta(d), meta(c))
+		}
+	}
+	if d, c := docs["Service"], chart["Service"]; d != nil && c != nil && ports(d) != ports(c) {
+		t.Errorf("Service ports: docs/epp.md %s, the chart %s", ports(d), ports(c))
+	}
+	if d, c := docs["InferencePool"], chart["InferencePool"]; d != nil && c != nil && !reflect.DeepEqual(d["spec"], c["spec"]) {
+		t.Errorf("InferencePool spec: docs/epp.md %v, the chart %v", d["spec"], c["spec"])
+	}
 }

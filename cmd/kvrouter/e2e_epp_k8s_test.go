@@ -172,6 +172,11 @@ models:
 	pod("pod-a", a, "decode", true)
 	d = max(d, waitPicked("pod-a ready again", at, addrA, addrB))
 	d = max(d, waitPicked("pool selects prefill only", setPool(map[string]any{"app": "vllm", "role": "prefill"}), addrB))
+	// pod-a left the pool: its series on both fronts go (the EPP's too,
+	// its requests all ended).
+	e2eEventually(t, 5*time.Second, "no series of pod-a once it left the pool", func() bool {
+		return !strings.Contains(e2eMetricsText(t, s.url), `replica="pod-a"`)
+	})
 	t.Logf("InferencePool or Pod change to picks: at most %v (polling every 10 ms)", d)
 	if d > time.Second {
 		t.Errorf("a pool change took %v to reach routing, goal 1 s", d)

@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"golang.org/x/sync/errgroup"
 
@@ -38,6 +41,7 @@ func parseEPPFlags(args []string, getenv func(string) string, sio stdio) (*eppFl
 		evPort   = fs.Int("events-port", 0, "quick form: engines' KV events port (Pod annotation kvrouter/events-port overrides; 0: none)")
 		repPort  = fs.Int("replay-port", 0, "quick form: engines' KV events replay port (Pod annotation kvrouter/replay-port overrides)")
 		kubecfg  = fs.String("kubeconfig", "", "quick form: kubeconfig file (default: in-cluster)")
+		poll     = fs.Duration("config-poll", defaultConfigPoll, "how often to read --config for a changed content and reload it, as serve does (0: only on SIGHUP)")
 		logLevel slog.Level
 	)
 	fs.TextVar(&logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
@@ -45,7 +49,7 @@ func parseEPPFlags(args []string, getenv func(string) string, sio stdio) (*eppFl
 		return nil, err
 	}
 	out := &eppFlags{grpcListen: *grpcAddr, epp: epp.Config{MaxInFlight: *maxIF}}
-	out.serve.logLevel = logLevel
+	out.serve.logLevel, out.serve.getenv, out.serve.poll = logLevel, getenv, *poll
 	quick := *pool != "" || *ns != "" || *model != "" || *tok != "" || *policy != "" || *evPort != 0 || *repPort != 0 || *kubecfg != ""
 	switch {
 	case *config != "" && quick:
@@ -60,6 +64,7 @@ func parseEPPFlags(args []string, getenv func(string) string, sio stdio) (*eppFl
 			return nil, fmt.Errorf("%s: %w", *config, err)
 		}
 		out.serve.cfg, out.serve.pos = cfg, pos
+		out.serve.configPath, out.serve.configHash = *config, sha256.Sum256(data)
 	default:
 		if *pool == "" || *ns == "" || *model == "" {
 			return nil, fmt.Errorf("%w: want --config FILE, or --inference-pool NAME, --namespace NS and --model NAME", errUsage)
@@ -72,9 +77,12 @@ func parseEPPFlags(args []string, getenv func(string) string, sio stdio) (*eppFl
 			return nil, fmt.Errorf("%w: %v", errUsage, err)
 		}
 	}
-	if *listen != "" {
-		out.serve.cfg.Listen = *listen
+	out.serve.override = func(c *proxy.Config) {
+		if *listen != "" {
+			c.Listen = *listen
+		}
 	}
+	out.serve.override(&out.serve.cfg)
 	if err := out.epp.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
@@ -90,6 +98,10 @@ func runEPP(ctx context.Context, args []string, sio stdio) error {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(sio.err, &slog.HandlerOptions{Level: fl.serve.logLevel}))
+	hup := make(chan os.Signal, 1) // a burst of SIGHUPs is one reload
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	fl.serve.hup = hup
 	app, err := buildServe(ctx, &fl.serve, log)
 	if err != nil {
 		return err

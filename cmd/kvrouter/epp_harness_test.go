@@ -251,8 +251,8 @@ type eppStack struct {
 }
 
 // startEPP runs kvrouter epp with router.yaml text and waits until the
-// gRPC readiness check serves.
-func startEPP(t testing.TB, yaml string, maxInFlight int64) *eppStack {
+// gRPC readiness check serves; opts change the flags before the build.
+func startEPP(t testing.TB, yaml string, maxInFlight int64, opts ...func(*eppFlags)) *eppStack {
 	t.Helper()
 	cfg, pos, err := proxy.ParseConfig([]byte(yaml), func(string) string { return "" })
 	if err != nil {
@@ -263,6 +263,9 @@ func startEPP(t testing.TB, yaml string, maxInFlight int64) *eppStack {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
 	fl := &eppFlags{serve: serveFlags{cfg: cfg, pos: pos}, epp: epp.Config{MaxInFlight: maxInFlight, DrainTimeout: 5 * time.Second}}
+	for _, o := range opts {
+		o(fl)
+	}
 	app, err := buildServe(t.Context(), &fl.serve, log)
 	if err != nil {
 		t.Fatal(err)

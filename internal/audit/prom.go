@@ -99,7 +99,11 @@ func FromPrometheus(ctx context.Context, cfg PromConfig) (Report, error) {
 		set  func(s *Shadow, v float64)
 	}{
 		{"sum by (model) (increase(kvrouter_proxy_shadow_cached_tokens_sum[" + w + "]))", func(s *Shadow, v float64) { s.CachedTokens = v }},
-		{"sum by (model) (increase(kvrouter_proxy_prompt_tokens_sum[" + w + "])) and on (model) (sum by (model) (kvrouter_proxy_shadow_cached_tokens_count))",
+		// Only the HTTP front records shadow decisions (proxy's
+		// observeDecision): its prompt tokens are the denominator, not the
+		// endpoint picker's (front="epp"); a kvrouter older than the front
+		// label had the HTTP front alone (front="").
+		{"sum by (model) (increase(kvrouter_proxy_prompt_tokens_sum{front=~\"http|\"}[" + w + "])) and on (model) (sum by (model) (kvrouter_proxy_shadow_cached_tokens_count))",
 			func(s *Shadow, v float64) { s.PromptTokens = v }},
 	} {
 		vec, err := p.query(ctx, q.expr)

@@ -76,9 +76,11 @@ func (m *metrics) initModel(model string) {
 	for _, o := range []string{outcomeBadRequest, outcomeNoReplica, outcomeShed, outcomeUpstream, outcomeProtocol} {
 		m.Requests.WithLabelValues(model, "", o)
 	}
-	for _, h := range []prometheus.ObserverVec{m.pick, m.Decision, m.PromptTokens, m.CachedTokens, m.TTFT, m.ITL} {
+	for _, h := range []prometheus.ObserverVec{m.pick, m.Decision, m.PromptTokens, m.CachedTokens, m.TTFT, m.ITL, m.Tokenize} {
 		h.WithLabelValues(model)
 	}
+	m.TokenizeErrors.WithLabelValues(model)
+	m.TokenizerUnavailable.WithLabelValues(model)
 	m.moved.WithLabelValues(model)
 	for _, k := range []string{"prompt", "completion", "cached"} {
 		m.usageTokens.WithLabelValues(model, k)

@@ -23,9 +23,10 @@ import (
 // picker is the routing core the EPP asks (proxy.Picker).
 type picker interface {
 	Pick(ctx context.Context, in proxy.PickInput) (*proxy.Pick, *proxy.PickError)
-	Endpoint(allow func(addr string) bool) (addr string, ok bool)
+	EndpointNamed(allow func(addr string) bool) (name, addr string, ok bool)
 	TooLarge() *proxy.PickError
 	BodyLimit() int64
+	HasReplica(replica string) bool
 }
 
 // Deps are a Server's collaborators.
@@ -52,6 +53,7 @@ type Server struct {
 	ready func() bool
 	log   *slog.Logger
 	m     *metrics
+	reps  replicaSeries
 }
 
 // New builds a Server from cfg (defaults filled here). It starts nothing.
@@ -67,7 +69,12 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return newServer(cfg, deps.Picker, deps.Picker.FrontMetrics(), deps, log, reg)
+	s, err := newServer(cfg, deps.Picker, deps.Picker.FrontMetrics(), deps, log, reg)
+	if err != nil {
+		return nil, err
+	}
+	deps.Picker.OnReplicaRemoved(s.replicaRemoved)
+	return s, nil
 }
 
 // newServer builds a Server on p, exporting the shared request series
@@ -93,7 +100,7 @@ func newServer(cfg Config, p picker, fs *frontmetrics.Set, deps Deps, log *slog.
 	}
 	m.Requests.WithLabelValues("unknown", "", outcomeBadRequest)
 	m.Requests.WithLabelValues("", "", outcomePassthrough)
-	return &Server{cfg: cfg, pick: p, ready: ready, log: log, m: m}, nil
+	return &Server{cfg: cfg, pick: p, ready: ready, log: log, m: m, reps: replicaSeries{held: map[string]int{}}}, nil
 }
 
 // Register adds the ext_proc and health services to g.
@@ -115,6 +122,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) (err 
 			err = status.Errorf(codes.Internal, "endpoint picker failed: %v", r)
 		}
 		st.close()
+		s.release(st) // after close: the request is counted
 	}()
 	return st.run()
 }

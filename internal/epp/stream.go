@@ -53,6 +53,7 @@ type exchange struct {
 	status  int
 	track   tracker
 	outcome string
+	held    []string // engines whose series this stream holds (Server.hold)
 }
 
 // errStop ends the stream after a local reply.
@@ -164,6 +165,7 @@ func (x *exchange) complete(withBody bool) error {
 		return x.fail(perr)
 	}
 	x.pick, x.model, x.replica = pk, pk.Model, pk.Replica
+	x.s.hold(x, pk.Replica)
 	x.s.m.InFlight.WithLabelValues(pk.Replica).Inc()
 	dest := strings.Join(append([]string{pk.Addr}, pk.Fallbacks...), ",")
 	set := []*corev3.HeaderValueOption{
@@ -193,12 +195,13 @@ func (x *exchange) complete(withBody bool) error {
 // passthrough sends a request that is not an inference request (GET
 // /v1/models, ...) to an endpoint without routing or a lease.
 func (x *exchange) passthrough(withBody bool) error {
-	addr, ok := x.s.pick.Endpoint(x.allow)
+	name, addr, ok := x.s.pick.EndpointNamed(x.allow)
 	if !ok {
 		return x.fail(&proxy.PickError{Status: http.StatusServiceUnavailable, RetryAfter: 1, Outcome: outcomeNoReplica,
 			Body: proxy.ErrorBody(http.StatusServiceUnavailable, "", "no healthy replica")})
 	}
-	x.outcome, x.replica = outcomePassthrough, addr
+	x.outcome, x.replica = outcomePassthrough, name
+	x.s.hold(x, name)
 	set := []*corev3.HeaderValueOption{setHeader(DestinationKey, addr), setHeader("x-request-id", x.id)}
 	if err := x.stream.Send(requestHeadersResponse(set, destination(x.s.cfg.DestinationNamespace, addr))); err != nil {
 		return err
@@ -243,6 +246,7 @@ func (x *exchange) responseHeaders(req *extprocv3.ProcessingRequest, h *extprocv
 			x.pick = nil
 		case moved:
 			x.s.m.moved.WithLabelValues(pk.Model).Inc()
+			x.s.hold(x, pk.Replica)
 			x.s.m.InFlight.WithLabelValues(old).Dec()
 			x.s.m.InFlight.WithLabelValues(pk.Replica).Inc()
 			x.replica = pk.Replica

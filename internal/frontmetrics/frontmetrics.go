@@ -2,7 +2,8 @@
 // export from one definition: the HTTP proxy (kvrouter serve, package
 // proxy) and the Gateway API Inference Extension endpoint picker (kvrouter
 // epp, package epp). The series keep the HTTP front's names
-// (kvrouter_proxy_*) and carry a front label, "http" or "epp"; a process
+// (kvrouter_proxy_*) and carry a front label, "http" or "epp" (the
+// tokenizer's series too: both fronts tokenize with the same code); a process
 // running both fronts (kvrouter epp also serves the OpenAI API) registers
 // one Set and hands each front its view. Series that only one front can
 // measure stay in that front's package.
@@ -52,6 +53,9 @@ type Set struct {
 	ttft         *prometheus.HistogramVec
 	itl          *prometheus.HistogramVec
 	inFlight     *prometheus.GaugeVec
+	tokenize     *prometheus.HistogramVec
+	tokErrors    *prometheus.CounterVec
+	tokNoEngine  *prometheus.CounterVec
 }
 
 // New builds the Set and registers it on reg (nil: not registered). The
@@ -94,12 +98,25 @@ func New(reg prometheus.Registerer) (*Set, error) {
 			Name: "kvrouter_proxy_in_flight_requests",
 			Help: "Requests open on each replica, by front.",
 		}, []string{"front", "replica"}),
+		tokenize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvrouter_proxy_tokenize_duration_seconds",
+			Help:    "Time to obtain a request's token ids (local tokenizer or engine render), by front.",
+			Buckets: []float64{1e-5, 1e-4, 5e-4, 1e-3, 5e-3, .01, .05, .1, .5, 1},
+		}, []string{"front", "model"}),
+		tokErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_proxy_tokenize_errors_total",
+			Help: "Requests whose token ids could not be obtained (routed by load), by front.",
+		}, []string{"front", "model"}),
+		tokNoEngine: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_proxy_tokenizer_unavailable_total",
+			Help: "Requests routed by load because no engine of the model could tokenize them (every render engine down or unreachable), by front; also counted in kvrouter_proxy_tokenize_errors_total.",
+		}, []string{"front", "model"}),
 	}
 	if reg == nil {
 		return s, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{s.requests, s.decision, s.promptTokens, s.cachedTokens, s.ttft, s.itl, s.inFlight} {
+	for _, c := range []prometheus.Collector{s.requests, s.decision, s.promptTokens, s.cachedTokens, s.ttft, s.itl, s.inFlight, s.tokenize, s.tokErrors, s.tokNoEngine} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}
@@ -120,6 +137,12 @@ type Front struct {
 	Decision, PromptTokens, CachedTokens, TTFT, ITL prometheus.ObserverVec
 	// InFlight is kvrouter_proxy_in_flight_requests: replica.
 	InFlight *prometheus.GaugeVec
+	// Tokenize is kvrouter_proxy_tokenize_duration_seconds, and
+	// TokenizeErrors and TokenizerUnavailable the counters
+	// kvrouter_proxy_tokenize_errors_total and
+	// kvrouter_proxy_tokenizer_unavailable_total: by model.
+	Tokenize                             prometheus.ObserverVec
+	TokenizeErrors, TokenizerUnavailable *prometheus.CounterVec
 
 	set  *Set
 	name string
@@ -131,15 +154,18 @@ func (s *Set) Front(name string) *Front {
 	// MustCurryWith panics only for a label the vector lacks; every
 	// vector here has "front".
 	return &Front{
-		Requests:     s.requests.MustCurryWith(l),
-		Decision:     s.decision.MustCurryWith(l),
-		PromptTokens: s.promptTokens.MustCurryWith(l),
-		CachedTokens: s.cachedTokens.MustCurryWith(l),
-		TTFT:         s.ttft.MustCurryWith(l),
-		ITL:          s.itl.MustCurryWith(l),
-		InFlight:     s.inFlight.MustCurryWith(l),
-		set:          s,
-		name:         name,
+		Requests:             s.requests.MustCurryWith(l),
+		Decision:             s.decision.MustCurryWith(l),
+		PromptTokens:         s.promptTokens.MustCurryWith(l),
+		CachedTokens:         s.cachedTokens.MustCurryWith(l),
+		TTFT:                 s.ttft.MustCurryWith(l),
+		ITL:                  s.itl.MustCurryWith(l),
+		InFlight:             s.inFlight.MustCurryWith(l),
+		Tokenize:             s.tokenize.MustCurryWith(l),
+		TokenizeErrors:       s.tokErrors.MustCurryWith(l),
+		TokenizerUnavailable: s.tokNoEngine.MustCurryWith(l),
+		set:                  s,
+		name:                 name,
 	}
 }
 

@@ -24,9 +24,11 @@ func TestFrontsShareFamilies(t *testing.T) {
 	h.InFlight.WithLabelValues("r1").Inc()
 	e.InFlight.WithLabelValues("r1").Set(3)
 	for _, f := range []*Front{h, e} {
-		for _, o := range []prometheus.ObserverVec{f.Decision, f.PromptTokens, f.CachedTokens, f.TTFT, f.ITL} {
+		for _, o := range []prometheus.ObserverVec{f.Decision, f.PromptTokens, f.CachedTokens, f.TTFT, f.ITL, f.Tokenize} {
 			o.WithLabelValues("m").Observe(1)
 		}
+		f.TokenizeErrors.WithLabelValues("m").Inc()
+		f.TokenizerUnavailable.WithLabelValues("m").Inc()
 	}
 	want := `
 # HELP kvrouter_proxy_in_flight_requests Requests open on each replica, by front.
@@ -44,7 +46,8 @@ kvrouter_proxy_in_flight_requests{front="http",replica="r1"} 1
 		t.Errorf("epp ok %v, want 2", v)
 	}
 	for _, name := range []string{"kvrouter_proxy_decision_duration_seconds", "kvrouter_proxy_prompt_tokens",
-		"kvrouter_proxy_predicted_cached_tokens", "kvrouter_proxy_time_to_first_token_seconds", "kvrouter_proxy_inter_token_latency_seconds"} {
+		"kvrouter_proxy_predicted_cached_tokens", "kvrouter_proxy_time_to_first_token_seconds", "kvrouter_proxy_inter_token_latency_seconds",
+		"kvrouter_proxy_tokenize_duration_seconds", "kvrouter_proxy_tokenize_errors_total", "kvrouter_proxy_tokenizer_unavailable_total"} {
 		if n, err := testutil.GatherAndCount(reg, name); err != nil || n != 2 {
 			t.Errorf("%s: %d series (%v), want one per front", name, n, err)
 		}

@@ -45,6 +45,9 @@ type exchange struct {
 	tokens  []uint32 // nil when unknown
 	replica string   // last replica tried
 	held    []string // replicas whose series this exchange holds (Server.hold)
+	// front is the front whose tokenizer series count the request: nil
+	// for the HTTP front's own, the EPP's view for a Picker's.
+	front   *frontmetrics.Front
 	cached  int
 	status  int    // status answered to the client
 	outcome string // requests_total outcome label
@@ -239,7 +242,11 @@ func (s *Server) tokenize(x *exchange) []uint32 {
 	}
 	ids, mm, err := tokensMM(x.m.tok, ctx, chat, body, req.promptText)
 	x.mm = mm
-	s.m.tokenize.WithLabelValues(req.model).Observe(time.Since(t0).Seconds())
+	tm := s.m.view
+	if x.front != nil {
+		tm = x.front
+	}
+	tm.Tokenize.WithLabelValues(req.model).Observe(time.Since(t0).Seconds())
 	if err != nil {
 		span.SetStatus(codes.Error, err.Error())
 	} else {
@@ -247,9 +254,9 @@ func (s *Server) tokenize(x *exchange) []uint32 {
 	}
 	span.End()
 	if err != nil {
-		s.m.tokenizeErrors.WithLabelValues(req.model).Inc()
+		tm.TokenizeErrors.WithLabelValues(req.model).Inc()
 		if errors.Is(err, ErrNoTokenizerEngine) {
-			s.m.tokenizeNoEngine.WithLabelValues(req.model).Inc()
+			tm.TokenizerUnavailable.WithLabelValues(req.model).Inc()
 		}
 		if s.log.Enabled(x.r.Context(), slog.LevelDebug) {
 			s.log.Debug("tokenize failed, routing by load", "request_id", x.id, "model", req.model, "err", err)

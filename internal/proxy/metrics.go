@@ -22,7 +22,7 @@ type metrics struct {
 	itl                prometheus.ObserverVec
 	inFlight           *prometheus.GaugeVec
 	retries            *prometheus.CounterVec
-	tokenize           *prometheus.HistogramVec
+	tokenize           prometheus.ObserverVec
 	tokenizeErrors     *prometheus.CounterVec
 	tokenizeNoEngine   *prometheus.CounterVec
 	shadowDecisions    *prometheus.CounterVec
@@ -75,23 +75,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		front: fs, view: f, requests: f.Requests, decision: f.Decision, promptTokens: f.PromptTokens,
 		cachedTokens: f.CachedTokens, ttft: f.TTFT, itl: f.ITL, inFlight: f.InFlight,
+		tokenize: f.Tokenize, tokenizeErrors: f.TokenizeErrors, tokenizeNoEngine: f.TokenizerUnavailable,
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_proxy_retries_total",
 			Help: "Attempts retried on another replica, by reason (conn_error, status_429, status_502, status_503).",
 		}, []string{"model", "reason"}),
-		tokenize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "kvrouter_proxy_tokenize_duration_seconds",
-			Help:    "Time to obtain a request's token ids (local tokenizer or engine render).",
-			Buckets: []float64{1e-5, 1e-4, 5e-4, 1e-3, 5e-3, .01, .05, .1, .5, 1},
-		}, []string{"model"}),
-		tokenizeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvrouter_proxy_tokenize_errors_total",
-			Help: "Requests whose token ids could not be obtained (routed by load).",
-		}, []string{"model"}),
-		tokenizeNoEngine: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvrouter_proxy_tokenizer_unavailable_total",
-			Help: "Requests routed by load because no engine of the model could tokenize them (every render engine down or unreachable); also counted in kvrouter_proxy_tokenize_errors_total.",
-		}, []string{"model"}),
 		shadowDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_proxy_shadow_decisions_total",
 			Help: "Shadow mode: requests by whether the shadow policy (kv) chose the replica that served (agree=true|false).",
@@ -106,7 +94,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.retries, m.tokenize, m.tokenizeErrors, m.tokenizeNoEngine, m.shadowDecisions, m.shadowCachedTokens} {
+	for _, c := range []prometheus.Collector{m.retries, m.shadowDecisions, m.shadowCachedTokens} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}

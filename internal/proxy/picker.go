@@ -20,10 +20,15 @@ import (
 // parses, validates, tokenizes and routes with the same code, models,
 // routers, tokenizers and leases as the HTTP front; only the forwarding is
 // left to the gateway. Safe for concurrent use.
-type Picker struct{ s *Server }
+type Picker struct {
+	s     *Server
+	front *frontmetrics.Front // front="epp": its requests' tokenizer series
+}
 
-// Picker returns s's routing core for another front.
-func (s *Server) Picker() *Picker { return &Picker{s: s} }
+// Picker returns s's routing core for another front: the endpoint picker,
+// whose requests' tokenizer series (kvrouter_proxy_tokenize_*,
+// kvrouter_proxy_tokenizer_unavailable_total) carry front="epp".
+func (s *Server) Picker() *Picker { return &Picker{s: s, front: s.m.front.Front(frontmetrics.EPP)} }
 
 // FrontMetrics is the request metrics set the HTTP front registered, for
 // another front of the same process to take its view of (one Set per
@@ -322,15 +327,22 @@ func (pk *Pick) End(ok bool) {
 // engine of the first model that has one, in configuration order, without
 // a lease. ok is false when no engine is healthy.
 func (p *Picker) Endpoint(allow func(addr string) bool) (addr string, ok bool) {
+	_, addr, ok = p.EndpointNamed(allow)
+	return addr, ok
+}
+
+// EndpointNamed is Endpoint with the engine's name too (the replica label
+// of the request's series).
+func (p *Picker) EndpointNamed(allow func(addr string) bool) (name, addr string, ok bool) {
 	for _, mc := range p.s.cfg.Models {
 		eps, _, _ := p.s.deps.Fleet.Healthy(nil, mc.Name)
 		for _, ep := range eps {
 			if a := EndpointAddr(ep); allow == nil || allow(a) {
-				return a, true
+				return ep.Name(), a, true
 			}
 		}
 	}
-	return "", false
+	return "", "", false
 }
 
 // Ready reports what GET /ready reports: every model has an engine up,
@@ -419,7 +431,7 @@ func (p *Picker) exchange(ctx context.Context, in PickInput) (*exchange, *pickRe
 		id = requestID(r)
 	}
 	rec := &pickRecorder{h: http.Header{}}
-	return &exchange{w: rec, r: r, id: id, start: p.s.deps.Now()}, rec
+	return &exchange{w: rec, r: r, id: id, start: p.s.deps.Now(), front: p.front}, rec
 }
 
 // sessionHeaders are the session headers of every model.

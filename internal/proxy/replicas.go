@@ -1,6 +1,9 @@
 package proxy
 
-import "sync"
+import (
+	"slices"
+	"sync"
+)
 
 // replicaSeries tracks, per replica name, the exchanges that may still
 // write its series (kvrouter_proxy_requests_total{replica},
@@ -8,8 +11,9 @@ import "sync"
 // series are deleted once the last of them has finished and are not
 // re-created by it. Safe for concurrent use.
 type replicaSeries struct {
-	mu   sync.Mutex
-	held map[string]int // exchanges holding each replica's series
+	mu      sync.Mutex
+	held    map[string]int         // exchanges holding each replica's series
+	removed []func(replica string) // other fronts' hooks (Picker.OnReplicaRemoved)
 }
 
 // hold marks x as writing replica's series until finish releases it.
@@ -62,8 +66,27 @@ func (s *Server) ReplicaAdded(model, replica string) {
 // (call after fleet.Fleet.Remove): at once when no request holds them,
 // else when the last request on it has finished and been counted. An
 // engine added again under the same name keeps its series.
+// The other fronts' hooks (Picker.OnReplicaRemoved) are called after, for
+// theirs.
 func (s *Server) ReplicaRemoved(replica string) {
 	s.reps.mu.Lock()
-	defer s.reps.mu.Unlock()
 	s.dropSeriesLocked(replica)
+	hooks := slices.Clone(s.reps.removed)
+	s.reps.mu.Unlock()
+	for _, f := range hooks {
+		f(replica)
+	}
 }
+
+// OnReplicaRemoved registers f, called with the name of each engine
+// removed from the fleet while serving (Server.ReplicaRemoved), for
+// another front to delete its series of it; f must not block.
+func (p *Picker) OnReplicaRemoved(f func(replica string)) {
+	p.s.reps.mu.Lock()
+	defer p.s.reps.mu.Unlock()
+	p.s.reps.removed = append(p.s.reps.removed, f)
+}
+
+// HasReplica reports whether the fleet has an engine named replica (still
+// there, or added again under that name).
+func (p *Picker) HasReplica(replica string) bool { return p.s.deps.Fleet.Endpoint(replica) != nil }
