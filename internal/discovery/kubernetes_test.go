@@ -327,8 +327,9 @@ func testAnnotations(t *testing.T, e *env) {
 	s := r.waitAddrs(t, "192.0.2.1:8000=ready", "192.0.2.2:8000=ready") // no Pod for .3 yet
 	want := []Engine{
 		{Name: "pod-192-0-2-1", Addr: "192.0.2.1:8000", State: StateReady, Settings: Settings{
-			EventsPort: 6000, ReplayPort: 6100, DPSize: 2, Topic: "llama", APIKeySecret: SecretRef{"engine-keys", "llama"}}, APIKey: "sk-llama"},
-		{Name: "pod-192-0-2-2", Addr: "192.0.2.2:8000", State: StateReady, Settings: def},
+			EventsPort: 6000, ReplayPort: 6100, DPSize: 2, Topic: "llama", APIKeySecret: SecretRef{"engine-keys", "llama"}}, APIKey: "sk-llama",
+			Role: RoleDecode}, // no llm-d.ai/role label: a decode engine (role.go)
+		{Name: "pod-192-0-2-2", Addr: "192.0.2.2:8000", State: StateReady, Settings: def, Role: RoleDecode},
 	}
 	if !equal(s.Engines, want) {
 		t.Errorf("engines\n got %+v\nwant %+v", s.Engines, want)
