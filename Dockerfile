@@ -1,8 +1,8 @@
 # kvrouter container image: a static binary on a distroless base that
 # carries CA certificates and runs as a non-root user (uid 65532).
 #
-#   docker build -t kvrouter:dev --build-arg VERSION=$(git describe --always --dirty) .
-#   docker run --rm -p 8080:8080 -v $PWD/router.yaml:/etc/kvrouter/router.yaml kvrouter:dev
+#   docker build -t kvrouter:0.1.0 --build-arg VERSION=$(git describe --always --dirty) .
+#   docker run --rm -p 8080:8080 -v $PWD/router.yaml:/etc/kvrouter/router.yaml kvrouter:0.1.0
 #
 # The build stage needs the Go module proxy (the toolchain named in go.mod
 # is fetched through GOTOOLCHAIN).

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 
 	"kvrouter/internal/workload"
 )
@@ -138,7 +139,11 @@ func BuildScenario(name string, o ScenarioOptions) (*Scenario, error) {
 			sc.Scale = []Scale{{At: span / 3, Delta: o.Replicas - half}}
 		}
 	default:
-		return nil, fmt.Errorf("unknown scenario %q", name)
+		var known []string
+		for _, s := range Scenarios() {
+			known = append(known, s.Name)
+		}
+		return nil, fmt.Errorf("unknown scenario %q (known: %s)", name, strings.Join(known, ", "))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("scenario %s: %w", name, err)

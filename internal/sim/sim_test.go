@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -301,6 +302,8 @@ func TestScenarios(t *testing.T) {
 	}
 	if _, err := BuildScenario("nope", ScenarioOptions{}); err == nil {
 		t.Error("unknown scenario accepted")
+	} else if !strings.Contains(err.Error(), "hot_prefix") || !strings.Contains(err.Error(), "long_prompt") {
+		t.Errorf("unknown scenario: %v, want the known ones listed", err)
 	}
 	if _, err := BuildScenario("mooncake", ScenarioOptions{}); err == nil {
 		t.Error("mooncake without a trace accepted")
