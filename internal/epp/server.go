@@ -53,7 +53,7 @@ type Server struct {
 	ready func() bool
 	log   *slog.Logger
 	m     *metrics
-	reps  replicaSeries
+	holds *frontmetrics.Holds // streams writing each engine's series (replicas.go)
 }
 
 // New builds a Server from cfg (defaults filled here). It starts nothing.
@@ -100,7 +100,7 @@ func newServer(cfg Config, p picker, fs *frontmetrics.Set, deps Deps, log *slog.
 	}
 	m.Requests.WithLabelValues("unknown", "", outcomeBadRequest)
 	m.Requests.WithLabelValues("", "", outcomePassthrough)
-	return &Server{cfg: cfg, pick: p, ready: ready, log: log, m: m, reps: replicaSeries{held: map[string]int{}}}, nil
+	return &Server{cfg: cfg, pick: p, ready: ready, log: log, m: m, holds: frontmetrics.NewHolds(m.Front, p.HasReplica)}, nil
 }
 
 // Register adds the ext_proc and health services to g.
@@ -122,7 +122,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) (err 
 			err = status.Errorf(codes.Internal, "endpoint picker failed: %v", r)
 		}
 		st.close()
-		s.release(st) // after close: the request is counted
+		s.holds.Release(&st.held) // after close: the request is counted
 	}()
 	return st.run()
 }

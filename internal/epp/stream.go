@@ -53,7 +53,7 @@ type exchange struct {
 	status  int
 	track   tracker
 	outcome string
-	held    []string // engines whose series this stream holds (Server.hold)
+	held    []string // engines whose series this stream holds (Server.holds)
 }
 
 // errStop ends the stream after a local reply.
@@ -165,7 +165,7 @@ func (x *exchange) complete(withBody bool) error {
 		return x.fail(perr)
 	}
 	x.pick, x.model, x.replica = pk, pk.Model, pk.Replica
-	x.s.hold(x, pk.Replica)
+	x.s.holds.Hold(&x.held, pk.Replica)
 	x.s.m.InFlight.WithLabelValues(pk.Replica).Inc()
 	dest := strings.Join(append([]string{pk.Addr}, pk.Fallbacks...), ",")
 	set := []*corev3.HeaderValueOption{
@@ -201,7 +201,7 @@ func (x *exchange) passthrough(withBody bool) error {
 			Body: proxy.ErrorBody(http.StatusServiceUnavailable, "", "no healthy replica")})
 	}
 	x.outcome, x.replica = outcomePassthrough, name
-	x.s.hold(x, name)
+	x.s.holds.Hold(&x.held, name)
 	set := []*corev3.HeaderValueOption{setHeader(DestinationKey, addr), setHeader("x-request-id", x.id)}
 	if err := x.stream.Send(requestHeadersResponse(set, destination(x.s.cfg.DestinationNamespace, addr))); err != nil {
 		return err
@@ -246,7 +246,7 @@ func (x *exchange) responseHeaders(req *extprocv3.ProcessingRequest, h *extprocv
 			x.pick = nil
 		case moved:
 			x.s.m.moved.WithLabelValues(pk.Model).Inc()
-			x.s.hold(x, pk.Replica)
+			x.s.holds.Hold(&x.held, pk.Replica)
 			x.s.m.InFlight.WithLabelValues(old).Dec()
 			x.s.m.InFlight.WithLabelValues(pk.Replica).Inc()
 			x.replica = pk.Replica

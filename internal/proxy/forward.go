@@ -113,7 +113,7 @@ func (s *Server) forward(x *exchange) {
 
 // observeDecision records the decision's predictions.
 func (s *Server) observeDecision(x *exchange, d Decision) {
-	s.hold(x, d.Replica)
+	s.holds.Hold(&x.held, d.Replica)
 	x.replica, x.cached = d.Replica, d.CachedTokens
 	s.traceDecision(x, d)
 	model := x.req.model
@@ -210,7 +210,7 @@ func (s *Server) try(x *exchange, ep *fleet.Endpoint, d Decision, canRetry bool)
 // watchdog wd (its cause says which). end stops the watchdog, cancels ctx
 // and takes the in-flight counts down; call it exactly once.
 func (s *Server) startAttempt(x *exchange, ep *fleet.Endpoint) (ctx context.Context, wd *watchdog, end func()) {
-	s.hold(x, ep.Name())
+	s.holds.Hold(&x.held, ep.Name())
 	inflight := s.m.inFlight.WithLabelValues(ep.Name())
 	inflight.Inc()
 	ep.AddInFlight(1)

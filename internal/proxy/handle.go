@@ -44,7 +44,7 @@ type exchange struct {
 	fwd     []byte   // the body sent upstream
 	tokens  []uint32 // nil when unknown
 	replica string   // last replica tried
-	held    []string // replicas whose series this exchange holds (Server.hold)
+	held    []string // replicas whose series this exchange holds (Server.holds)
 	// front is the front whose tokenizer series count the request: nil
 	// for the HTTP front's own, the EPP's view for a Picker's.
 	front   *frontmetrics.Front
@@ -341,7 +341,7 @@ func (s *Server) explain(x *exchange) {
 	if d.Release != nil {
 		d.Release()
 	}
-	s.hold(x, d.Replica)
+	s.holds.Hold(&x.held, d.Replica)
 	x.replica, x.cached = d.Replica, d.CachedTokens
 	out := struct {
 		Model        string          `json:"model"`
@@ -420,7 +420,7 @@ func (s *Server) finish(x *exchange) {
 	}
 	s.observeRoute(x)
 	s.m.requests.WithLabelValues(label, x.replica, x.outcome).Inc()
-	s.release(x)
+	s.holds.Release(&x.held)
 	lvl := slog.LevelInfo
 	if x.status >= 500 || x.outcome == outcomeUpstream || x.outcome == outcomeTimeout {
 		lvl = slog.LevelWarn

@@ -1,65 +1,21 @@
 package proxy
 
-import (
-	"slices"
-	"sync"
-)
+import "slices"
 
-// replicaSeries tracks, per replica name, the exchanges that may still
-// write its series (kvrouter_proxy_requests_total{replica},
-// kvrouter_proxy_in_flight_requests{replica}), so that a removed engine's
-// series are deleted once the last of them has finished and are not
-// re-created by it. Safe for concurrent use.
-type replicaSeries struct {
-	mu      sync.Mutex
-	held    map[string]int         // exchanges holding each replica's series
-	removed []func(replica string) // other fronts' hooks (Picker.OnReplicaRemoved)
-}
-
-// hold marks x as writing replica's series until finish releases it.
-func (s *Server) hold(x *exchange, replica string) {
-	for _, r := range x.held {
-		if r == replica {
-			return
-		}
-	}
-	x.held = append(x.held, replica)
-	s.reps.mu.Lock()
-	s.reps.held[replica]++
-	s.reps.mu.Unlock()
-}
-
-// release ends x's holds; the series of a replica no longer in the fleet
-// whose last hold this was are deleted.
-func (s *Server) release(x *exchange) {
-	s.reps.mu.Lock()
-	defer s.reps.mu.Unlock()
-	for _, r := range x.held {
-		if s.reps.held[r]--; s.reps.held[r] <= 0 {
-			delete(s.reps.held, r)
-			s.dropSeriesLocked(r)
-		}
-	}
-	x.held = nil
-}
-
-// dropSeriesLocked deletes replica's series unless the fleet has an
-// endpoint of that name (still there, or added again) or a request still
-// holds them.
-func (s *Server) dropSeriesLocked(replica string) {
-	if s.reps.held[replica] > 0 || s.deps.Fleet.Endpoint(replica) != nil {
-		return
-	}
-	s.m.view.DeleteReplica(replica) // front="http" only: the EPP's series are its own
-}
+// An engine removed from the fleet loses its front="http" series
+// (kvrouter_proxy_requests_total{replica},
+// kvrouter_proxy_in_flight_requests{replica}) once the last exchange that
+// may write them has finished and been counted (frontmetrics.Holds, the
+// same mechanism as the EPP's); the other fronts' hooks
+// (Picker.OnReplicaRemoved) delete theirs.
 
 // ReplicaAdded creates the series of an engine added to model's group
 // while serving, at 0 (as New does for the engines present at start).
 func (s *Server) ReplicaAdded(model, replica string) {
-	s.reps.mu.Lock()
-	defer s.reps.mu.Unlock()
-	s.m.inFlight.WithLabelValues(replica).Add(0)
-	s.m.initReplica(model, replica)
+	s.holds.Locked(func() {
+		s.m.inFlight.WithLabelValues(replica).Add(0)
+		s.m.initReplica(model, replica)
+	})
 }
 
 // ReplicaRemoved deletes the series of an engine removed from the fleet
@@ -69,10 +25,10 @@ func (s *Server) ReplicaAdded(model, replica string) {
 // The other fronts' hooks (Picker.OnReplicaRemoved) are called after, for
 // theirs.
 func (s *Server) ReplicaRemoved(replica string) {
-	s.reps.mu.Lock()
-	s.dropSeriesLocked(replica)
-	hooks := slices.Clone(s.reps.removed)
-	s.reps.mu.Unlock()
+	s.holds.Removed(replica)
+	s.removedMu.Lock()
+	hooks := slices.Clone(s.removed)
+	s.removedMu.Unlock()
 	for _, f := range hooks {
 		f(replica)
 	}
@@ -82,9 +38,9 @@ func (s *Server) ReplicaRemoved(replica string) {
 // removed from the fleet while serving (Server.ReplicaRemoved), for
 // another front to delete its series of it; f must not block.
 func (p *Picker) OnReplicaRemoved(f func(replica string)) {
-	p.s.reps.mu.Lock()
-	defer p.s.reps.mu.Unlock()
-	p.s.reps.removed = append(p.s.reps.removed, f)
+	p.s.removedMu.Lock()
+	defer p.s.removedMu.Unlock()
+	p.s.removed = append(p.s.removed, f)
 }
 
 // HasReplica reports whether the fleet has an engine named replica (still

@@ -7,10 +7,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"kvrouter/internal/frontmetrics"
 	"log/slog"
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -61,10 +63,15 @@ type Server struct {
 	pdm     *pdMetrics
 	models  map[string]*model
 	handler http.Handler
-	reps    replicaSeries
-	tr      *tracing.Tracing
-	fm      *featureMetrics // adapters, route aliases
-	loads   adapterLoads    // LoRA adapter loads under way
+	// holds counts the exchanges writing each replica's series
+	// (replicas.go); removed are the other fronts' hooks
+	// (Picker.OnReplicaRemoved), under removedMu.
+	holds     *frontmetrics.Holds
+	removedMu sync.Mutex
+	removed   []func(replica string)
+	tr        *tracing.Tracing
+	fm        *featureMetrics // adapters, route aliases
+	loads     adapterLoads    // LoRA adapter loads under way
 
 	// learned are client-chosen response ids (responsepin.go).
 	learned learnedResponses
@@ -92,7 +99,7 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 	if deps.Fleet == nil {
 		errs = append(errs, errors.New("no fleet"))
 	}
-	s := &Server{cfg: cfg, deps: deps, log: log, models: map[string]*model{}, reps: replicaSeries{held: map[string]int{}},
+	s := &Server{cfg: cfg, deps: deps, log: log, models: map[string]*model{},
 		tr: tracingOrDisabled(deps.Tracing)}
 	for i, mc := range cfg.Models {
 		r := deps.Routers[mc.Name]
@@ -112,6 +119,7 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 		return nil, err
 	}
 	s.m = m
+	s.holds = frontmetrics.NewHolds(m.view, func(r string) bool { return deps.Fleet.Endpoint(r) != nil })
 	if s.fm, err = newFeatureMetrics(reg); err != nil {
 		return nil, err
 	}
