@@ -30,6 +30,7 @@ type k8sScenario struct {
 
 	mu     sync.Mutex
 	served map[string]map[int]bool // replica -> distinct prompts it answered
+	fresh  int                     // waitRouted's next prompt, from 10000
 }
 
 func newK8sScenario(t *testing.T, c *k8stest.Cluster, ns string, engines int) *k8sScenario {
@@ -89,13 +90,15 @@ func (s *k8sScenario) pod(name string, labels map[string]string, ann ...map[stri
 	}
 }
 
-// send posts one completion (distinct prompt n) with extra headers and
-// returns its status and the replica that served it.
+// send posts one completion (distinct prompt n < 1,000,000: its first two
+// token ids spell n, every id below the engine-sim's vocabulary) with extra
+// headers and returns its status and the replica that served it.
 func (s *k8sScenario) send(n int, hdr ...string) (int, string) {
 	prompt := make([]string, 64)
 	for i := range prompt {
-		prompt[i] = fmt.Sprint(1000 + n*64 + i)
+		prompt[i] = fmt.Sprint(1000 + i)
 	}
+	prompt[0], prompt[1] = fmt.Sprint(1000+n/1000), fmt.Sprint(1000+n%1000)
 	req, _ := http.NewRequest(http.MethodPost, s.r.url+"/v1/completions",
 		strings.NewReader(`{"model":"m","prompt":[`+strings.Join(prompt, ",")+`],"max_tokens":2}`))
 	req.Header.Set("Content-Type", "application/json")
@@ -130,13 +133,21 @@ func (s *k8sScenario) prompts(rep string) int {
 }
 
 // waitRouted polls until 2*len(want) requests in a row all go to the want
-// set (and each of it); it returns the time since since.
+// set (and each of it); it returns the time since since. Every request
+// has a prompt never sent before: under kv a prompt repeated would stay
+// on the engine that cached it (one that became routable first), and an
+// engine that became routable later would never be seen.
 func (s *k8sScenario) waitRouted(what string, since time.Time, want ...string) time.Duration {
 	s.t.Helper()
+	var last map[string]int
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		got := map[string]int{}
-		for i := range 2 * len(want) {
-			code, rep := s.send(i)
+		for range 2 * len(want) {
+			s.mu.Lock()
+			n := 10000 + s.fresh
+			s.fresh++
+			s.mu.Unlock()
+			code, rep := s.send(n)
 			if code != 200 {
 				rep = fmt.Sprint(code)
 			}
@@ -149,8 +160,9 @@ func (s *k8sScenario) waitRouted(what string, since time.Time, want ...string) t
 		if ok {
 			return time.Since(since)
 		}
+		last = got
 	}
-	s.t.Fatalf("%s: requests do not go to exactly %v", what, want)
+	s.t.Fatalf("%s: requests do not go to exactly %v (last round: %v)", what, want, last)
 	return 0
 }
 
