@@ -25,6 +25,17 @@ const (
 // metrics are the EPP's collectors: its view of the request series both
 // fronts share (kvrouter_proxy_*{front="epp"}) and the series only the
 // picker has (kvrouter_epp_*).
+//
+// In shadow mode the shared shadow series
+// (kvrouter_proxy_shadow_*{front="epp"}, frontmetrics.Front.ObserveShadow)
+// get one observation per request picked, recorded with its prompt tokens
+// when the pick is sent to the gateway: the requests whose outcome is
+// later ok, engine_error or client_closed (or protocol_error, for a
+// malformed sequence after the pick). The gateway's retries on the
+// fallbacks and a served endpoint other than the pick add none (the
+// comparison stays with the pick), and neither do the requests answered
+// without a pick: bad_request, no_replica, shed, upstream_error,
+// protocol_error before the pick, and passthrough.
 type metrics struct {
 	*frontmetrics.Front
 	pick        *prometheus.HistogramVec

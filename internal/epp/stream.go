@@ -185,6 +185,9 @@ func (x *exchange) complete(withBody bool) error {
 		x.s.m.PromptTokens.WithLabelValues(pk.Model).Observe(float64(pk.PromptTokens))
 		x.s.m.CachedTokens.WithLabelValues(pk.Model).Observe(float64(pk.CachedTokens))
 	}
+	if pk.Shadow != nil { // once per pick sent, beside prompt_tokens (frontmetrics.Front.ObserveShadow)
+		x.s.m.ObserveShadow(pk.Model, pk.Shadow.Replica == pk.Replica, pk.Shadow.CachedTokens)
+	}
 	x.phase = phasePicked
 	if withBody {
 		return x.sendBody(pk.Body)

@@ -56,6 +56,8 @@ type Set struct {
 	tokenize     *prometheus.HistogramVec
 	tokErrors    *prometheus.CounterVec
 	tokNoEngine  *prometheus.CounterVec
+	shadow       *prometheus.CounterVec   // shadow.go
+	shadowCached *prometheus.HistogramVec // shadow.go
 }
 
 // New builds the Set and registers it on reg (nil: not registered). The
@@ -112,11 +114,12 @@ func New(reg prometheus.Registerer) (*Set, error) {
 			Help: "Requests routed by load because no engine of the model could tokenize them (every render engine down or unreachable), by front; also counted in kvrouter_proxy_tokenize_errors_total.",
 		}, []string{"front", "model"}),
 	}
+	s.shadow, s.shadowCached = newShadow(tokens)
 	if reg == nil {
 		return s, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{s.requests, s.decision, s.promptTokens, s.cachedTokens, s.ttft, s.itl, s.inFlight, s.tokenize, s.tokErrors, s.tokNoEngine} {
+	for _, c := range []prometheus.Collector{s.requests, s.decision, s.promptTokens, s.cachedTokens, s.ttft, s.itl, s.inFlight, s.tokenize, s.tokErrors, s.tokNoEngine, s.shadow, s.shadowCached} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}

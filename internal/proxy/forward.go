@@ -121,10 +121,8 @@ func (s *Server) observeDecision(x *exchange, d Decision) {
 		s.m.promptTokens.WithLabelValues(model).Observe(float64(len(x.tokens)))
 		s.m.cachedTokens.WithLabelValues(model).Observe(float64(d.CachedTokens))
 	}
-	if d.Shadow != nil {
-		agree := strconv.FormatBool(d.Shadow.Replica == d.Replica)
-		s.m.shadowDecisions.WithLabelValues(model, agree).Inc()
-		s.m.shadowCachedTokens.WithLabelValues(model).Observe(float64(d.Shadow.CachedTokens))
+	if d.Shadow != nil { // each attempt, as prompt_tokens (frontmetrics.Front.ObserveShadow)
+		s.m.view.ObserveShadow(model, d.Shadow.Replica == d.Replica, d.Shadow.CachedTokens)
 	}
 }
 

@@ -12,21 +12,19 @@ import (
 // endpoint picker (package frontmetrics, front="http") and the HTTP
 // front's own.
 type metrics struct {
-	front              *frontmetrics.Set   // shared with the EPP (Picker.FrontMetrics)
-	view               *frontmetrics.Front // front="http"
-	requests           *prometheus.CounterVec
-	decision           prometheus.ObserverVec
-	promptTokens       prometheus.ObserverVec
-	cachedTokens       prometheus.ObserverVec
-	ttft               prometheus.ObserverVec
-	itl                prometheus.ObserverVec
-	inFlight           *prometheus.GaugeVec
-	retries            *prometheus.CounterVec
-	tokenize           prometheus.ObserverVec
-	tokenizeErrors     *prometheus.CounterVec
-	tokenizeNoEngine   *prometheus.CounterVec
-	shadowDecisions    *prometheus.CounterVec
-	shadowCachedTokens *prometheus.HistogramVec
+	front            *frontmetrics.Set   // shared with the EPP (Picker.FrontMetrics)
+	view             *frontmetrics.Front // front="http"
+	requests         *prometheus.CounterVec
+	decision         prometheus.ObserverVec
+	promptTokens     prometheus.ObserverVec
+	cachedTokens     prometheus.ObserverVec
+	ttft             prometheus.ObserverVec
+	itl              prometheus.ObserverVec
+	inFlight         *prometheus.GaugeVec
+	retries          *prometheus.CounterVec
+	tokenize         prometheus.ObserverVec
+	tokenizeErrors   *prometheus.CounterVec
+	tokenizeNoEngine *prometheus.CounterVec
 }
 
 // initModel creates one model's series at 0: requests_total for every
@@ -49,9 +47,7 @@ func (m *metrics) initModel(model string, replicas []string, shadow bool) {
 	m.tokenizeErrors.WithLabelValues(model)
 	m.tokenizeNoEngine.WithLabelValues(model)
 	if shadow {
-		m.shadowDecisions.WithLabelValues(model, "true")
-		m.shadowDecisions.WithLabelValues(model, "false")
-		m.shadowCachedTokens.WithLabelValues(model)
+		m.view.InitShadow(model)
 	}
 }
 
@@ -71,7 +67,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	f := fs.Front(frontmetrics.HTTP)
-	tokens := prometheus.ExponentialBuckets(16, 4, 9) // 16 .. 1M tokens
 	m := &metrics{
 		front: fs, view: f, requests: f.Requests, decision: f.Decision, promptTokens: f.PromptTokens,
 		cachedTokens: f.CachedTokens, ttft: f.TTFT, itl: f.ITL, inFlight: f.InFlight,
@@ -80,21 +75,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvrouter_proxy_retries_total",
 			Help: "Attempts retried on another replica, by reason (conn_error, status_429, status_502, status_503).",
 		}, []string{"model", "reason"}),
-		shadowDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvrouter_proxy_shadow_decisions_total",
-			Help: "Shadow mode: requests by whether the shadow policy (kv) chose the replica that served (agree=true|false).",
-		}, []string{"model", "agree"}),
-		shadowCachedTokens: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "kvrouter_proxy_shadow_cached_tokens",
-			Help:    "Shadow mode: prefix-cache hit in tokens the shadow policy (kv) would have found on its choice.",
-			Buckets: tokens,
-		}, []string{"model"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.retries, m.shadowDecisions, m.shadowCachedTokens} {
+	for _, c := range []prometheus.Collector{m.retries} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}

@@ -27,8 +27,18 @@ type Picker struct {
 
 // Picker returns s's routing core for another front: the endpoint picker,
 // whose requests' tokenizer series (kvrouter_proxy_tokenize_*,
-// kvrouter_proxy_tokenizer_unavailable_total) carry front="epp".
-func (s *Server) Picker() *Picker { return &Picker{s: s, front: s.m.front.Front(frontmetrics.EPP)} }
+// kvrouter_proxy_tokenizer_unavailable_total) carry front="epp". The
+// front's shadow series of the models in shadow mode are created at 0
+// (the picker records them: Pick.Shadow).
+func (s *Server) Picker() *Picker {
+	f := s.m.front.Front(frontmetrics.EPP)
+	for name, m := range s.models {
+		if m.cfg.Policy == PolicyShadow {
+			f.InitShadow(name)
+		}
+	}
+	return &Picker{s: s, front: f}
+}
 
 // FrontMetrics is the request metrics set the HTTP front registered, for
 // another front of the same process to take its view of (one Set per
@@ -108,6 +118,10 @@ type Pick struct {
 	APIKey string
 	// Decision is how long routing took (the router's Route calls).
 	Decision time.Duration
+	// Shadow, in shadow mode (policy shadow), is what the kv policy would
+	// have chosen for this request when it was picked; nil otherwise. It is
+	// set once, by Pick: the fallbacks and Served do not change it.
+	Shadow *ShadowDecision
 
 	p     *Picker
 	x     *exchange
@@ -203,7 +217,7 @@ func (p *Picker) Pick(ctx context.Context, in PickInput) (*Pick, *PickError) {
 		return nil, perr()
 	}
 	pk := &Pick{Model: x.req.model, Replica: d.Replica, Addr: EndpointAddr(ep), Body: x.fwd, CachedTokens: d.CachedTokens,
-		PromptTokens: len(x.tokens), Tokenized: x.tokens != nil, Stream: x.req.stream, APIKey: ep.APIKey(), p: p, x: x, ep: ep, d: d}
+		PromptTokens: len(x.tokens), Tokenized: x.tokens != nil, Stream: x.req.stream, APIKey: ep.APIKey(), Shadow: d.Shadow, p: p, x: x, ep: ep, d: d}
 	pk.Fallbacks = p.fallbacks(x, cands, d.Replica)
 	pk.Decision = time.Since(t0)
 	ep.AddInFlight(1)
