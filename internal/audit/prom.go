@@ -99,11 +99,15 @@ func FromPrometheus(ctx context.Context, cfg PromConfig) (Report, error) {
 		set  func(s *Shadow, v float64)
 	}{
 		{"sum by (model) (increase(kvrouter_proxy_shadow_cached_tokens_sum[" + w + "]))", func(s *Shadow, v float64) { s.CachedTokens = v }},
-		// Only the HTTP front records shadow decisions (proxy's
-		// observeDecision): its prompt tokens are the denominator, not the
-		// endpoint picker's (front="epp"); a kvrouter older than the front
-		// label had the HTTP front alone (front="").
-		{"sum by (model) (increase(kvrouter_proxy_prompt_tokens_sum{front=~\"http|\"}[" + w + "])) and on (model) (sum by (model) (kvrouter_proxy_shadow_cached_tokens_count))",
+		// The denominator is the prompt tokens of the fronts that record
+		// shadow decisions (frontmetrics shadow.go: both, in shadow mode),
+		// matched series by series (kvrouter instance, front, model). A
+		// kvrouter from before the shadow series had a front label
+		// recorded them on the HTTP front alone, and one from before the
+		// front label had the HTTP front alone: front="" reads as "http"
+		// on both sides.
+		{"sum by (model) (label_replace(increase(kvrouter_proxy_prompt_tokens_sum[" + w + "]), \"front\", \"http\", \"front\", \"\")" +
+			" and label_replace(kvrouter_proxy_shadow_cached_tokens_count, \"front\", \"http\", \"front\", \"\"))",
 			func(s *Shadow, v float64) { s.PromptTokens = v }},
 	} {
 		vec, err := p.query(ctx, q.expr)
