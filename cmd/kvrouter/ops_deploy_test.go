@@ -178,7 +178,7 @@ func TestDashboardShape(t *testing.T) {
 	if !front {
 		t.Error("no front variable over kvrouter_proxy_requests_total")
 	}
-	shared := regexp.MustCompile(`kvrouter_proxy_(requests_total|decision_duration_seconds|prompt_tokens|predicted_cached_tokens|time_to_first_token_seconds|inter_token_latency_seconds|in_flight_requests|tokenize_duration_seconds|tokenize_errors_total|tokenizer_unavailable_total)[a-z_]*(\{[^}]*\})?`)
+	shared := regexp.MustCompile(`kvrouter_proxy_(requests_total|decision_duration_seconds|prompt_tokens|predicted_cached_tokens|time_to_first_token_seconds|inter_token_latency_seconds|in_flight_requests|tokenize_duration_seconds|tokenize_errors_total|tokenizer_unavailable_total|shadow_decisions_total|shadow_cached_tokens)[a-z_]*(\{[^}]*\})?`)
 	n := 0
 	for _, p := range d.Panels {
 		for _, tg := range p.Targets {
