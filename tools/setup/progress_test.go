@@ -110,3 +110,16 @@ exit 1`)
 		t.Fatalf("exit %d, output %q", code, out)
 	}
 }
+
+// The start line the stubs print is the one tools/k8s-testenv/setup.sh
+// says, which setup.sh relays and takes the build log's path from.
+func TestK8sBuildLineMatchesTestenv(t *testing.T) {
+	b, err := os.ReadFile("../k8s-testenv/setup.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = `say "kube-apiserver: building $KUBE_VERSION from the k8s.io/kubernetes module (about 6 min of CPU, 6-10 min on 2 cores; log $log)"`
+	if !strings.Contains(string(b), want) {
+		t.Fatalf("tools/k8s-testenv/setup.sh no longer says %s", want)
+	}
+}

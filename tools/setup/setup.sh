@@ -142,7 +142,8 @@ step_k8s() {
 	# The first kube-apiserver build takes minutes: relay its start line (what,
 	# how long, its build.log) and then a line every $every seconds until it ends.
 	# A run that finds the binary cached prints nothing here.
-	local out="$cache/k8s-testenv.out" pid rc building="" buildlog="" every="${SETUP_PROGRESS_EVERY:-60}" start next
+	local out pid rc building="" buildlog="" every="${SETUP_PROGRESS_EVERY:-60}" start next missing
+	out="$(mktemp "${TMPDIR:-/tmp}/kvrouter-k8s-testenv.XXXXXX")" || fail "cannot create a temporary file in ${TMPDIR:-/tmp}"
 	GO=go bash "$k8s_testenv" >"$out" 2>&1 &
 	pid=$!
 	start=$SECONDS
@@ -165,10 +166,11 @@ step_k8s() {
 	wait "$pid"
 	rc=$?
 	cat "$out" >>"$log"
-	[ "$rc" = 0 ] ||
-		fail "the Kubernetes test environment is incomplete: $(grep missing "$out" | sed 's/^k8s-testenv: //' | paste -sd';')"
-	[ -n "$building" ] && echo "setup: k8s: kube-apiserver built in $(dur $((SECONDS - start)))"
+	missing="$(grep missing "$out" | sed 's/^k8s-testenv: //' | paste -sd';')"
 	rm -f "$out"
+	[ "$rc" = 0 ] || fail "the Kubernetes test environment is incomplete: $missing"
+	[ -n "$building" ] && echo "setup: k8s: kube-apiserver built in $(dur $((SECONDS - start)))"
+	return 0
 }
 
 # apt_part CMD PKG WHY: installs Debian's PKG (no recommends) unless CMD is on PATH.
