@@ -26,8 +26,12 @@ setup-test:
 setup-demo:
 	@tools/setup/setup.sh demo
 
+# The version `kvrouter version` prints for `make build`: the chart's appVersion (as the image
+# tags), since a build without VCS stamping (GOFLAGS=-buildvcs=false) would print "(devel)".
+VERSION   ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' deploy/helm/kvrouter/Chart.yaml)
+
 build:
-	$(GO) build -o bin/kvrouter ./cmd/kvrouter
+	$(GO) build -ldflags "-X main.buildVersionOverride=$(VERSION)" -o bin/kvrouter ./cmd/kvrouter
 
 fmt:
 	@out=$$(gofmt -l cmd internal tools 2>/dev/null); \

@@ -106,6 +106,16 @@ func parseServeFlags(args []string, getenv func(string) string, sio stdio) (*ser
 		if len(events) > len(engines) || len(replays) > len(engines) {
 			return nil, fmt.Errorf("%w: more --events or --replay than --engine (the n-th belongs to the n-th engine)", errUsage)
 		}
+		// With some engines on events the model uses the event-fed index, which
+		// never sees an engine without them: fewer --events than --engine is a
+		// slip, not a choice (none at all is: the approximate index). Likewise
+		// --replay, which needs --events.
+		if len(events) > 0 && len(events) < len(engines) {
+			return nil, fmt.Errorf("%w: %d --events for %d --engine: give one --events per --engine, in --engine order, or none (the approximate index)", errUsage, len(events), len(engines))
+		}
+		if len(replays) > 0 && len(replays) < len(engines) {
+			return nil, fmt.Errorf("%w: %d --replay for %d --engine: give one --replay per --engine, in --engine order, or none", errUsage, len(replays), len(engines))
+		}
 		m := proxy.ModelConfig{Name: *model, Tokenizer: *tok, Policy: *policy, DisableHitReport: *noHitRepo}
 		for i, u := range engines {
 			e := proxy.EngineConfig{URL: u, EventsQueue: *evQueue}

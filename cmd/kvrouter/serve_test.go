@@ -57,6 +57,8 @@ func TestServeFlagErrors(t *testing.T) {
 		{"nothing", nil, true, "want --config FILE"},
 		{"engine without model", []string{"--engine", "http://a:1"}, true, "want --config"},
 		{"more events than engines", []string{"--model", "m", "--engine", "http://a:1", "--events", "tcp://a:1", "--events", "tcp://b:1"}, true, "more --events"},
+		{"fewer events than engines", []string{"--model", "m", "--engine", "http://a:1", "--engine", "http://b:1", "--engine", "http://c:1", "--events", "tcp://a:1", "--events", "tcp://b:1"}, true, "2 --events for 3 --engine: give one --events per --engine, in --engine order, or none"},
+		{"fewer replays than engines", []string{"--model", "m", "--engine", "http://a:1", "--engine", "http://b:1", "--events", "tcp://a:1", "--events", "tcp://b:1", "--replay", "tcp://a:2"}, true, "1 --replay for 2 --engine: give one --replay per --engine"},
 		{"config and quick form", []string{"--config", good, "--model", "m"}, true, "excludes"},
 		{"bad policy", []string{"--model", "m", "--engine", "http://a:1", "--policy", "best"}, true, `unknown policy "best"`},
 		{"bad url", []string{"--model", "m", "--engine", "a:1"}, true, "want http(s)"},
@@ -267,12 +269,12 @@ func TestServeEventsBind(t *testing.T) {
 func TestServeQuickEventsBind(t *testing.T) {
 	var errb bytes.Buffer
 	sio := stdio{out: &errb, err: &errb}
-	args := []string{"--model", "m", "--engine", "http://a:1", "--engine", "http://b:1", "--events", "tcp://*:5557"}
+	args := []string{"--model", "m", "--engine", "http://a:1", "--engine", "http://b:1", "--events", "tcp://*:5557", "--events", "tcp://*:5558"}
 	fl, err := parseServeFlags(append(args, "--events-bind"), func(string) string { return "" }, sio)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e := fl.cfg.Models[0].Engines; !e[0].EventsBind || e[0].Events != "tcp://*:5557" || e[1].EventsBind {
+	if e := fl.cfg.Models[0].Engines; !e[0].EventsBind || e[0].Events != "tcp://*:5557" || !e[1].EventsBind || e[1].Events != "tcp://*:5558" {
 		t.Fatalf("engines %+v", e)
 	}
 	if _, err := parseServeFlags(args, func(string) string { return "" }, sio); err == nil || !strings.Contains(err.Error(), "events_bind: true binds it") {
@@ -291,7 +293,7 @@ func TestServeQuickEventsBind(t *testing.T) {
 func TestServeQuickEventsQueue(t *testing.T) {
 	var errb bytes.Buffer
 	sio := stdio{out: &errb, err: &errb}
-	args := []string{"--model", "m", "--engine", "http://a:1", "--engine", "http://b:1", "--events", "tcp://127.0.0.1:5557"}
+	args := []string{"--model", "m", "--engine", "http://a:1", "--engine", "http://b:1", "--events", "tcp://127.0.0.1:5557", "--events", "tcp://127.0.0.1:5558"}
 	for _, tc := range []struct {
 		flags []string
 		want  int
@@ -307,5 +309,28 @@ func TestServeQuickEventsQueue(t *testing.T) {
 	_, err := parseServeFlags(append(args, "--events-queue", "-3"), func(string) string { return "" }, sio)
 	if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "events_queue: -3: must be in 1..1048576") {
 		t.Fatalf("--events-queue -3: %v", err)
+	}
+}
+
+// TestServeQuickEventsAllOrNone: the quick form takes one --events per
+// --engine or none (every engine on the approximate index); fewer is refused
+// (TestServeFlagErrors), since the event-fed index never sees the rest.
+func TestServeQuickEventsAllOrNone(t *testing.T) {
+	var errb bytes.Buffer
+	sio := stdio{out: &errb, err: &errb}
+	two := []string{"--model", "m", "--engine", "http://a:1", "--engine", "http://b:1"}
+	fl, err := parseServeFlags(two, func(string) string { return "" }, sio)
+	if err != nil {
+		t.Fatalf("no --events: %v", err)
+	}
+	if e := fl.cfg.Models[0].Engines; len(e) != 2 || e[0].Events != "" || e[1].Events != "" {
+		t.Fatalf("no --events: engines %+v", e)
+	}
+	fl, err = parseServeFlags(append(two, "--events", "tcp://a:5557", "--events", "tcp://b:5557"), func(string) string { return "" }, sio)
+	if err != nil {
+		t.Fatalf("one --events each: %v", err)
+	}
+	if e := fl.cfg.Models[0].Engines; e[0].Events != "tcp://a:5557" || e[1].Events != "tcp://b:5557" {
+		t.Fatalf("one --events each: engines %+v", e)
 	}
 }

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 
@@ -49,6 +51,9 @@ func runTokenize(ctx context.Context, args []string, sio stdio) error {
 	}
 	var req tokenizer.ChatRequest
 	if *chat {
+		if len(bytes.TrimSpace(input)) == 0 {
+			return errors.New(`chat request on stdin: empty; want a JSON object {"messages":[...], ...}`)
+		}
 		if err := json.Unmarshal(input, &req); err != nil {
 			return fmt.Errorf("chat request on stdin: %w", err)
 		}

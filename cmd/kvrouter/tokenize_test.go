@@ -123,12 +123,22 @@ func TestTokenizeErrors(t *testing.T) {
 		{"stray argument", "x", []string{"--tokenizer", qwen3Testdata, "extra"}, 2, "unexpected arguments"},
 		{"missing path", "x", []string{"--tokenizer", qwen3Testdata + "/nope"}, 1, "load tokenizer"},
 		{"bad chat json", `{"messages":`, []string{"--tokenizer", qwen3Testdata, "--chat"}, 1, "chat request on stdin"},
+		{"bare list of messages", `[{"role":"user","content":"Hi"}]`, []string{"--tokenizer", qwen3Testdata, "--chat"}, 1,
+			`kvrouter tokenize: chat request on stdin: malformed chat request: want a JSON object {"messages":[...], "tools":[...], "add_generation_prompt":true, "chat_template_kwargs":{...}}, got an array (a bare list of messages? wrap it as {"messages":[...]})` + "\n"},
+		{"field of the wrong type", `{"messages":[],"add_generation_prompt":"yes"}`, []string{"--tokenizer", qwen3Testdata, "--chat"}, 1,
+			"kvrouter tokenize: chat request on stdin: malformed chat request: add_generation_prompt: want true or false, got a string\n"},
+		{"null", `null`, []string{"--tokenizer", qwen3Testdata, "--chat"}, 1, "got null\n"},
+		{"empty chat", " \n", []string{"--tokenizer", qwen3Testdata, "--chat"}, 1,
+			`kvrouter tokenize: chat request on stdin: empty; want a JSON object {"messages":[...], ...}` + "\n"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			code, stdout, stderr := runCLI(t, tt.stdin, tt.args...)
 			if code != tt.code || !strings.Contains(stderr, tt.stderr) || stdout != "" {
 				t.Errorf("exit %d, stdout %q, stderr %q; want exit %d and %q", code, stdout, stderr, tt.code, tt.stderr)
+			}
+			if strings.Contains(stderr, "Go ") || strings.Contains(stderr, "tokenizer.") {
+				t.Errorf("stderr %q names a Go type", stderr)
 			}
 		})
 	}

@@ -150,11 +150,12 @@ func (p *Peers) Run(ctx context.Context) error {
 		return fmt.Errorf("discovery: peers: %w", err)
 	}
 	update := func() { p.update(inf.GetStore()) }
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { update() },
 		UpdateFunc: func(any, any) { update() },
 		DeleteFunc: func(any) { update() },
-	}); err != nil {
+	})
+	if err != nil {
 		return fmt.Errorf("discovery: peers: %w", err)
 	}
 	defer p.setPlace(1, 0)
@@ -169,8 +170,50 @@ func (p *Peers) Run(ctx context.Context) error {
 		}()
 		inf.RunWithContext(ictx)
 	}()
+	// Once the first list has reached the handler, say whether the own Pod
+	// is among the matches: a selector, namespace or pod_name that misses it
+	// otherwise only shows as a router that never stripes.
+	sctx, stopCheck := context.WithCancel(ctx)
+	checked := make(chan struct{})
+	go func() {
+		defer close(checked)
+		defer func() {
+			if r := recover(); r != nil {
+				p.log.Error("peers own-Pod check panic", "panic", r)
+			}
+		}()
+		if cache.WaitForCacheSync(sctx.Done(), reg.HasSynced) {
+			p.checkOwn(inf.GetStore())
+		}
+	}()
 	<-done
+	stopCheck()
+	<-checked
 	return nil
+}
+
+// checkOwn logs, once after the first list, the Pods the selector matched
+// and, as a warning, when the own Pod (PodName) is not among them, Ready or
+// not: this replica then routes as one router (1, 0) for as long as that
+// lasts.
+func (p *Peers) checkOwn(store cache.Store) {
+	var names []string
+	own := false
+	for _, obj := range store.List() {
+		if pod, ok := obj.(*corev1.Pod); ok {
+			names = append(names, pod.Name)
+			own = own || pod.Name == p.cfg.PodName
+		}
+	}
+	slices.Sort(names)
+	n := len(names)
+	names = names[:min(len(names), 10)] // for the log line
+	if own {
+		p.log.Info("router Pods listed", "matched", n)
+		return
+	}
+	p.log.Warn("own Pod not among the router Pods the peers selector matches; routing as one router (no stripes) until it is: check peers.selector against the Pod's labels, peers.namespace and pod_name (POD_NAME)",
+		"matched", n, "matched_pods", names)
 }
 
 // update recomputes the place from the informer's Pods.

@@ -118,7 +118,10 @@ func (r Result) WriteText(w io.Writer) error {
 		if m.MaxContext > 0 && row.RequestTokens > m.MaxContext {
 			mark, over = " *", true
 		}
-		line := fmt.Sprintf("%s%s\t%s\t%s\t%s\t%s\t%s\t%.2f GiB\t", thousands(int64(row.Context)), mark, thousands(int64(row.RequestTokens)),
+		// The mark goes on the figure that is over: request tokens (context
+		// plus thinking and image tokens), not the context, which may be
+		// exactly max_position_embeddings.
+		line := fmt.Sprintf("%s\t%s%s\t%s\t%s\t%s\t%s\t%.2f GiB\t", thousands(int64(row.Context)), thousands(int64(row.RequestTokens)), mark,
 			thousands(row.PerReplica), thousands(row.PerNode), thousands(row.PerReplicaFP8), thousands(row.PerReplicaPlain), row.KVBytes/GiB)
 		for _, t := range row.Transfer {
 			line += seconds(t.Seconds) + "\t"
@@ -129,7 +132,7 @@ func (r Result) WriteText(w io.Writer) error {
 		return err
 	}
 	if over {
-		fmt.Fprintf(w, "\n* over the model's max_position_embeddings (%s tokens)\n", thousands(int64(m.MaxContext)))
+		fmt.Fprintf(w, "\n* request tokens (context + thinking + image tokens) over the model's max_position_embeddings (%s tokens)\n", thousands(int64(m.MaxContext)))
 	}
 	_, err := fmt.Fprintln(w, "\nTransfer: one request's KV (whole replica, one link, no latency), a lower bound. GiB = 2^30 bytes, GB = 10^9 bytes.")
 	return err

@@ -275,3 +275,38 @@ func TestEngineSimProfileFits(t *testing.T) {
 	}
 	t.Logf("h100-llama3-8b: %d blocks = %.2f GiB of KV; implied reserve %.2f GiB", blocks, float64(blocks)*16*131072/GiB, reserve/GiB)
 }
+
+// TestWriteTextOverMaxContext: the row whose request tokens (context plus
+// the thinking budget) pass max_position_embeddings is marked on its
+// request tokens, the figure that is over, not on its context, which is
+// exactly the limit; without a thinking budget no row is over.
+func TestWriteTextOverMaxContext(t *testing.T) {
+	m := load(t, "llama-3.1-70b-instruct") // max_position_embeddings 131,072
+	for _, tc := range []struct {
+		thinking int
+		marked   string // the row's context and request tokens cells
+	}{{2048, "131,072 133,120 *"}, {0, ""}} {
+		r, err := Compute(Input{Model: m, GPUMemory: 80 * GiB, GPUs: 8, TP: 4, Reserve: 4 * GiB, Thinking: tc.thinking})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b bytes.Buffer
+		if err := r.WriteText(&b); err != nil {
+			t.Fatal(err)
+		}
+		var marked []string
+		for line := range strings.Lines(b.String()) {
+			f := strings.Fields(line)
+			if len(f) > 2 && strings.Contains(line, "GiB  ") && strings.Contains(line, "*") {
+				marked = append(marked, strings.Join(f[:3], " "))
+			}
+		}
+		if got := strings.Join(marked, "; "); got != tc.marked {
+			t.Errorf("thinking %d: marked rows %q, want %q:\n%s", tc.thinking, got, tc.marked, b.String())
+		}
+		foot := "* request tokens (context + thinking + image tokens) over the model's max_position_embeddings (131,072 tokens)"
+		if strings.Contains(b.String(), foot) != (tc.marked != "") {
+			t.Errorf("thinking %d: footnote %q present = %v:\n%s", tc.thinking, foot, !(tc.marked != ""), b.String())
+		}
+	}
+}

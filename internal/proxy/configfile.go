@@ -179,7 +179,7 @@ func ParseConfig(data []byte, getenv func(string) string) (Config, Positions, er
 	var pos Positions
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
-		return cfg, pos, fmt.Errorf("parse config: %w", err)
+		return cfg, pos, fmt.Errorf("parse config: %w", syntaxError(data, err))
 	}
 	pos.root = &root
 	dec := yaml.NewDecoder(bytes.NewReader(data))

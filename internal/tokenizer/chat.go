@@ -58,8 +58,11 @@ type ChatRequest struct {
 func (r *ChatRequest) UnmarshalJSON(data []byte) error {
 	type plain ChatRequest
 	p := plain{AddGenerationPrompt: true}
+	if bytes.Equal(bytes.TrimSpace(data), []byte("null")) {
+		return fmt.Errorf("%w: want %s, got null", ErrBadChat, chatShape)
+	}
 	if err := json.Unmarshal(data, &p); err != nil {
-		return fmt.Errorf("%w: %v", ErrBadChat, err)
+		return fmt.Errorf("%w: %v", ErrBadChat, chatJSONError(data, err))
 	}
 	*r = ChatRequest(p)
 	return nil

@@ -71,7 +71,7 @@ build_apiserver() {
 		set -e
 		export GOFLAGS=-mod=mod
 		local staged="v0.${KUBE_VERSION#v1.}" src="$dir/src" log="$dir/build.log"
-		say "kube-apiserver: building $KUBE_VERSION (about 6 min of CPU; log $log)"
+		say "kube-apiserver: building $KUBE_VERSION from the k8s.io/kubernetes module (about 6 min of CPU, 6-10 min on 2 cores; log $log)"
 		: >"$log"
 		modjson=$("$GO" mod download -json "k8s.io/kubernetes@$KUBE_VERSION" 2>>"$log") || {
 			printf '%s\n' "$modjson" >>"$log"

