@@ -279,6 +279,8 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		}
 		if m.Discovery != nil {
 			bc.Exact = m.Discovery.Defaults.EventsPort > 0
+		} else if bc.Exact {
+			warnEnginesWithoutEvents(m, log)
 		}
 		exact[m.Name] = bc.Exact
 		rtReg := routingprom.Wrap(prometheus.WrapRegistererWith(prometheus.Labels{"model": m.Name}, reg))
@@ -536,5 +538,25 @@ func recovered(what string, f func() error) func() error {
 			}
 		}()
 		return f()
+	}
+}
+
+// warnEnginesWithoutEvents logs one warning per engine of m listed without
+// events while another engine of m has them: the model is then on the
+// event-fed index, which never sees that engine's cache, so it serves with
+// no predicted hits and /ready does not count it (proxy's readiness). The
+// quick form refuses the same mix (one --events per --engine or none);
+// router.yaml accepts it, e.g. while an engine's events are being enabled.
+func warnEnginesWithoutEvents(m proxy.ModelConfig, log *slog.Logger) {
+	for _, e := range m.Engines {
+		if e.Events != "" {
+			continue
+		}
+		name := e.Name
+		if name == "" {
+			name = e.URL
+		}
+		log.Warn("engine without events in a model on the event-fed index: its cache is never seen (no predicted hits) and /ready does not count it; give it events (vLLM --kv-events-config) or remove events from every engine of the model (the approximate index)",
+			"model", m.Name, "engine", name)
 	}
 }

@@ -190,8 +190,10 @@ type EngineConfig struct {
 	// URL is the engine's HTTP base URL, e.g. http://10.0.0.1:8000.
 	URL string `yaml:"url"`
 	// Events is the engine's KV event PUB endpoint, e.g. tcp://10.0.0.1:5557
-	// (vLLM --kv-events-config endpoint); empty: no events (the router uses
-	// its approximate index for this model).
+	// (vLLM --kv-events-config endpoint); empty: no events. A model with no
+	// engine on events uses the approximate index; one with some engines on
+	// events uses the event-fed index, which never sees an engine without
+	// (serve warns at start; /ready does not count it).
 	Events string `yaml:"events"`
 	// EventsBind makes kvrouter bind Events and the engine dial in (vLLM
 	// connects when its --kv-events-config endpoint names a host): Events
