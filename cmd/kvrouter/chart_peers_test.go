@@ -183,7 +183,9 @@ func TestHelmChartPeers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	place := func(sa string) [2]int {
+	// place is the first place Run reports under sa's token, or Place()
+	// when none comes within wait.
+	place := func(sa string, wait time.Duration) [2]int {
 		t.Helper()
 		rc, err := c.ServiceAccountConfig(ctx, ns, sa)
 		if err != nil {
@@ -208,15 +210,17 @@ func TestHelmChartPeers(t *testing.T) {
 		select {
 		case pl := <-got:
 			return pl
-		case <-time.After(2 * time.Second):
+		case <-time.After(wait):
 			n, i := p.Place()
 			return [2]int{n, i}
 		}
 	}
-	if got := place(rb.sa.Name); got != [2]int{2, 1} {
+	// Allowed: the place comes with the first list, 20 s for a loaded
+	// machine (at 2 s the test read the place before it was set).
+	if got := place(rb.sa.Name, 20*time.Second); got != [2]int{2, 1} {
 		t.Errorf("under the chart's ServiceAccount: place %v, want [2 1]", got)
 	}
-	if got := place(rb.sa.Name + "-nolist"); got != [2]int{1, 0} {
+	if got := place(rb.sa.Name+"-nolist", 2*time.Second); got != [2]int{1, 0} {
 		t.Errorf("without list on pods: place %v, want [1 0]", got)
 	}
 }

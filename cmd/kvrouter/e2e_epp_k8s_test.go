@@ -174,7 +174,7 @@ models:
 	d = max(d, waitPicked("pool selects prefill only", setPool(map[string]any{"app": "vllm", "role": "prefill"}), addrB))
 	// pod-a left the pool: its series on both fronts go (the EPP's too,
 	// its requests all ended).
-	e2eEventually(t, 5*time.Second, "no series of pod-a once it left the pool", func() bool {
+	e2eEventually(t, 10*time.Second, "no series of pod-a once it left the pool", func() bool {
 		return !strings.Contains(e2eMetricsText(t, s.url), `replica="pod-a"`)
 	})
 	t.Logf("InferencePool or Pod change to picks: at most %v (polling every 10 ms)", d)
@@ -184,7 +184,7 @@ models:
 	if err := pools.Delete(ctx, "llm", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	e2eEventually(t, 5*time.Second, "no engine once the pool is deleted: 503", func() bool {
+	e2eEventually(t, 20*time.Second, "no engine once the pool is deleted: 503", func() bool {
 		return picks(1)["503"] == 1
 	})
 }

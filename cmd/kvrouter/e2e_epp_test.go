@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"regexp"
@@ -76,7 +77,7 @@ func TestEPPAgainstEngineSims(t *testing.T) {
 				t.Fatalf("no kvrouter_proxy_in_flight_requests{%s} series", f)
 			}
 		}
-		e2eEventually(t, 5*time.Second, "in-flight back to 0", func() bool {
+		e2eEventually(t, 10*time.Second, "in-flight back to 0", func() bool {
 			return e2eMetric(t, s.url, "kvrouter_proxy_in_flight_requests", `front="epp"`) == 0 &&
 				e2eMetric(t, s.url, "kvrouter_proxy_in_flight_requests", `front="http"`) == 0 &&
 				e2eMetric(t, s.url, "kvrouter_routing_in_flight_requests") == 0
@@ -195,10 +196,27 @@ func TestEPPAgainstEngineSims(t *testing.T) {
 			t.Fatal(first)
 		}
 		holder := first.served
-		e2eEventually(t, 5*time.Second, "KV events of the first turn indexed", func() bool {
-			return e2eMetric(t, s.url, "kvrouter_kvindex_entries") > 0
+		var fu engineUsage
+		if err := json.Unmarshal(first.respBody, &fu); err != nil || fu.Usage.PromptTokens == 0 {
+			t.Fatalf("first turn's usage: %v %s", err, first.respBody)
+		}
+		// Wait for every full block of the first turn's prompt in the index
+		// (the sims publish per engine step, the last batch may come a
+		// while after the answer): the HTTP front's route-only answer for
+		// the first turn then predicts them all.
+		want := strconv.Itoa((fu.Usage.PromptTokens - 1) / 16 * 16)
+		e2eEventually(t, 20*time.Second, "KV events of the first turn indexed ("+want+" cached tokens predicted)", func() bool {
+			req, _ := http.NewRequest(http.MethodPost, s.url+"/v1/chat/completions", strings.NewReader(e2eChat(msgs...)))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("X-Kvrouter-Route-Only", "1")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return false
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			return resp.StatusCode == 200 && resp.Header.Get("X-Kvrouter-Cached-Tokens") == want
 		})
-		time.Sleep(300 * time.Millisecond) // the sims publish per engine step; let the last batch land
 		msgs = append(msgs, "It is in Lyon.", "And parcel 99?")
 		r := s.envoy.do(ctx, envoyReq{path: "/v1/chat/completions", body: []byte(e2eChat(msgs...))})
 		if r.immediate != nil || r.status != 200 {

@@ -81,7 +81,11 @@ func startHAProxy(t *testing.T, fronts ...[]*lbRouterProc) []string {
 		t.Skip("haproxy not found (tools/setup/setup.sh test installs Debian's haproxy)")
 	}
 	var b strings.Builder
-	b.WriteString("global\n  maxconn 4096\ndefaults\n  mode http\n  timeout connect 1s\n  timeout client 120s\n  timeout server 120s\n  retries 3\n  option redispatch 1\n  retry-on conn-failure\n  option http-no-delay\n  option http-server-close\n  http-reuse never\n")
+	// timeout check: a router slow to answer /ready on a loaded machine is
+	// not marked down (with all of them down HAProxy answers 503); a killed
+	// one refuses the check's connection at once, so is marked down at the
+	// next check (inter 200ms) all the same.
+	b.WriteString("global\n  maxconn 4096\ndefaults\n  mode http\n  timeout connect 1s\n  timeout check 2s\n  timeout client 120s\n  timeout server 120s\n  retries 3\n  option redispatch 1\n  retry-on conn-failure\n  option http-no-delay\n  option http-server-close\n  http-reuse never\n")
 	var urls []string
 	for i, backends := range fronts {
 		port := e2eFreePort(t)

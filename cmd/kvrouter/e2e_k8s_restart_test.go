@@ -76,10 +76,14 @@ func testRouterRestart(t *testing.T, s *k8sScenario) {
 	bin := e2eBuild(t)
 	r1, _ := s.startRouterProc(bin, "service: vllm")
 
-	var cur atomic.Pointer[routerProc]
-	var id atomic.Int32
-	cur.Store(r1)
-	id.Store(1)
+	// cur is the router clients send to and its number, read in one load:
+	// a request sent to router 1 is never counted as router 2's.
+	type target struct {
+		p  *routerProc
+		id int
+	}
+	var cur atomic.Pointer[target]
+	cur.Store(&target{r1, 1})
 	var mu sync.Mutex
 	var results []result
 	stop := make(chan struct{})
@@ -93,13 +97,16 @@ func testRouterRestart(t *testing.T, s *k8sScenario) {
 					return
 				default:
 				}
-				r, n := cur.Load(), int(id.Load())
-				if r == nil { // no router ready
+				// start is taken before the router is chosen: a request
+				// that started after the kill was sent to router 2.
+				start := time.Now()
+				to := cur.Load()
+				if to == nil { // no router ready
 					time.Sleep(5 * time.Millisecond)
 					continue
 				}
-				res := result{router: n, start: time.Now()}
-				req, _ := http.NewRequest(http.MethodPost, r.url+"/v1/completions",
+				res := result{router: to.id, start: start}
+				req, _ := http.NewRequest(http.MethodPost, to.p.url+"/v1/completions",
 					strings.NewReader(fmt.Sprintf(`{"model":"m","prompt":[%d,%d,3,4],"max_tokens":2}`, w, i)))
 				req.Header.Set("Content-Type", "application/json")
 				req.Header.Set("X-Test-Delay", "100ms")
@@ -116,15 +123,14 @@ func testRouterRestart(t *testing.T, s *k8sScenario) {
 		})
 	}
 	time.Sleep(time.Second)
-	killed := time.Now()
 	cur.Store(nil)
+	killed := time.Now() // after: no request started later goes to router 1
 	if err := r1.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	_ = r1.cmd.Wait()
 	r2, ready := s.startRouterProc(bin, "service: vllm")
-	id.Store(2)
-	cur.Store(r2)
+	cur.Store(&target{r2, 2})
 	time.Sleep(time.Second)
 	close(stop)
 	wg.Wait()

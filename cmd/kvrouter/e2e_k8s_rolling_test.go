@@ -193,7 +193,7 @@ models:
 		}
 	}
 	for _, name := range []string{"kvrouter_proxy_in_flight_requests", "kvrouter_routing_in_flight_requests"} {
-		e2eEventually(t, 5*time.Second, name+" back to 0", func() bool { return e2eMetric(t, r.url, name) == 0 })
+		e2eEventually(t, 10*time.Second, name+" back to 0", func() bool { return e2eMetric(t, r.url, name) == 0 })
 	}
 	t.Logf("rolling replacement of %d discovered engines: %d requests in %v, %d failed; per replica %v", n, len(tr.records), elapsed.Round(time.Millisecond), len(failed), per)
 	t.Logf("EndpointSlice update -> new engine admitted and up: %v; -> old engine not admitted (terminating): %v; -> old engine out of the pool: %v", toUp, toDrain, toGone)

@@ -160,28 +160,46 @@ models:
 		t.Fatalf("with a terminating: %v", got)
 	}
 	at = apply(k8sEndpoint(b, true, true, false))
-	d = max(d, waitRouted("a gone", at, podB))
+	// a gets nothing already (terminating): requests going to b alone say
+	// nothing about the removal, so wait for a to leave the pool.
+	e2eEventually(t, 10*time.Second, "a out of the pool", func() bool {
+		return e2eMetric(t, r.url, "kvrouter_pool_engines", `model="m"`) == 1
+	})
+	d = max(d, time.Since(at))
 	t.Logf("EndpointSlice change to routing change: at most %v (polling every 10 ms)", d)
 	if d > time.Second {
 		t.Errorf("an EndpointSlice change took %v to reach routing, goal 1 s", d)
 	}
-	resp, err := http.Get(r.url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	for l := range strings.Lines(string(body)) {
-		// Every series naming the engine (fleet endpoint=, proxy and
-		// routing replica=, ...) goes with it.
-		if strings.Contains(l, `="`+podA+`"`) {
-			t.Errorf("removed engine %s left a series: %s", podA, strings.TrimSpace(l))
+	// Every series naming the engine (fleet endpoint=, proxy and routing
+	// replica=, ...) goes with it, those its last requests wrote once they
+	// are counted.
+	var left []string
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get(r.url + "/metrics")
+		if err != nil {
+			t.Fatal(err)
 		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		left = left[:0]
+		for l := range strings.Lines(string(body)) {
+			if strings.Contains(l, `="`+podA+`"`) {
+				left = append(left, strings.TrimSpace(l))
+			}
+		}
+		if len(left) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, l := range left {
+		t.Errorf("removed engine %s left a series: %s", podA, l)
 	}
 	if err := cs.DiscoveryV1().EndpointSlices(ns).Delete(ctx, "vllm-a", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if got := replicas(1); got["503"] == 1 {
 			break
 		}

@@ -294,7 +294,7 @@ func TestE2ERollingReplacement(t *testing.T) {
 		}
 	}
 	for _, name := range []string{"kvrouter_proxy_in_flight_requests", "kvrouter_routing_in_flight_requests", "kvrouter_routing_queued_prefill_tokens", "kvrouter_routing_running_decode_tokens"} {
-		e2eEventually(t, 5*time.Second, name+" back to 0", func() bool { return e2eMetric(t, url, name) == 0 })
+		e2eEventually(t, 10*time.Second, name+" back to 0", func() bool { return e2eMetric(t, url, name) == 0 })
 	}
 	if v := e2eMetric(t, url, "kvrouter_routing_lease_underflow_total"); v != 0 {
 		t.Errorf("lease underflow %v", v)

@@ -101,8 +101,8 @@ func readSnap(path string) ([]*kvindex.Snapshot, error) {
 
 // snapTraffic sends chat requests (20 conversations sharing 4 system
 // prompts, growing turn by turn) to url, 6 at a time, until stop is closed.
-// While slow is set, one sender goes on, one request per 50ms.
-func snapTraffic(t *testing.T, url func() string, stop <-chan struct{}, slow *atomic.Bool, sent *atomic.Int64) *sync.WaitGroup {
+// While paused is set, no sender starts a request.
+func snapTraffic(t *testing.T, url func() string, stop <-chan struct{}, paused *atomic.Bool, sent *atomic.Int64) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	words := strings.Fields("the router keeps an index of every block each engine holds and sends a prompt where its prefix is cached already while load stays even across replicas")
 	for w := range 6 {
@@ -115,12 +115,9 @@ func snapTraffic(t *testing.T, url func() string, stop <-chan struct{}, slow *at
 					return
 				default:
 				}
-				if slow.Load() {
-					if w > 0 {
-						time.Sleep(10 * time.Millisecond)
-						continue
-					}
-					time.Sleep(50 * time.Millisecond)
+				if paused.Load() {
+					time.Sleep(10 * time.Millisecond)
+					continue
 				}
 				conv := rng.IntN(20)
 				var sys strings.Builder
@@ -186,8 +183,8 @@ func TestE2ESnapshotRestartIdentical(t *testing.T) {
 	}
 	stop := make(chan struct{})
 	var sent atomic.Int64
-	var slow atomic.Bool
-	traffic := snapTraffic(t, func() string { return a.url }, stop, &slow, &sent)
+	var paused atomic.Bool
+	traffic := snapTraffic(t, func() string { return a.url }, stop, &paused, &sent)
 	defer func() {
 		select {
 		case <-stop:
@@ -202,17 +199,44 @@ func TestE2ESnapshotRestartIdentical(t *testing.T) {
 	for _, e := range []string{"e0", "e1", "e2"} {
 		before[e] = batches(e)
 	}
-	slow.Store(true) // the engines must not publish more than they buffer while B is down
+	// The engines must not publish more than they buffer while B is down,
+	// however long B takes to stop and start again: the clients pause (each
+	// finishes the request it has) and while B is down every engine gets
+	// one request straight from the test, so each publishes a few batches
+	// B misses, whatever A's routing and the machine's speed.
+	paused.Store(true)
 	start := time.Now()
 	b.stop() // writes its snapshot on the way out
 	first, err := readSnap(pathB)
 	if err != nil || len(first) != 1 || len(first[0].Engines) != 3 {
 		t.Fatalf("B's shutdown snapshot: %v", err)
 	}
-	time.Sleep(300 * time.Millisecond) // traffic goes on: B misses batches
+	stopped := map[string]float64{}
+	for i, sim := range sims {
+		e := fmt.Sprintf("e%d", i)
+		stopped[e] = batches(e)
+		body := fmt.Sprintf(`{"model":"m","max_tokens":4,"prompt":"while router B is down, engine %d serves this prompt of its own"}`, i)
+		resp, err := http.Post(sim.url+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("request to engine %s: status %d", e, resp.StatusCode)
+		}
+	}
+	e2eEventually(t, 30*time.Second, "every engine's batches of B's downtime seen by A", func() bool {
+		for e, n := range stopped {
+			if batches(e) <= n {
+				return false
+			}
+		}
+		return true
+	})
 	b = startSnapRouter(t, snapYAML(pathB, sims), "B again")
 	down := time.Since(start)
-	slow.Store(false)
+	paused.Store(false)
 	for _, e := range []string{"e0", "e1", "e2"} {
 		missed := batches(e) - before[e]
 		t.Logf("engine %s: %v batches before B stopped, %v while it was down (%v)", e, before[e], missed, down.Round(time.Millisecond))

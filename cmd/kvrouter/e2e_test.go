@@ -285,15 +285,11 @@ func e2eChat(msgs ...string) string {
 	return string(b)
 }
 
-// e2eFreePort returns a loopback TCP port that was free a moment ago.
+// e2eFreePort returns a loopback TCP port that was free a moment ago,
+// outside the kernel's ephemeral range (pickPort).
 func e2eFreePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return pickPort(t)
 }
 
 // e2eBuild builds this command into dir and returns the binary's path.

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -27,12 +26,7 @@ type eventsPub struct {
 
 func newEventsPub(t *testing.T) *eventsPub {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ep := "tcp://" + ln.Addr().String()
-	ln.Close()
+	ep := fmt.Sprintf("tcp://127.0.0.1:%d", pickPort(t))
 	p := &eventsPub{t: t, sock: zmq4.NewPub(context.Background()), ep: ep}
 	if err := p.sock.Listen(ep); err != nil {
 		t.Fatal(err)

@@ -64,16 +64,19 @@ func testAPIKeySecret(t *testing.T, e *env) {
 
 	// A Pod naming a key that does not exist is left out until it does.
 	e.pod(t, "c", "192.0.2.3", sel, map[string]string{AnnotationAPIKeySecret: "vllm-keys/c"}, true)
-	time.Sleep(300 * time.Millisecond) // several refreshes
+	// Wait for the failed read (c's Pod seen), then several refreshes.
+	for deadline := time.Now().Add(20 * time.Second); testutil.ToFloat64(r.src.m.secretErrors) < 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("kvrouter_discovery_secret_errors_total = %v 20 s after a missing key", testutil.ToFloat64(r.src.m.secretErrors))
+		}
+	}
+	time.Sleep(300 * time.Millisecond)
 	select {
 	case s := <-r.src.Snapshots(): // any snapshot sent meanwhile must leave c out
 		if got := keysOf(s); got != "192.0.2.1:8000=key-a2 192.0.2.2:8000=key-s" {
 			t.Fatalf("with c's key missing: %s", got)
 		}
 	default: // nothing changed: c is not in the last snapshot
-	}
-	if n := testutil.ToFloat64(r.src.m.secretErrors); n < 1 {
-		t.Errorf("kvrouter_discovery_secret_errors_total = %v after a missing key", n)
 	}
 	e.secret(t, "vllm-keys", map[string]string{"a": "key-a2", "shared": "key-s", "c": "key-c"})
 	wait("192.0.2.1:8000=key-a2 192.0.2.2:8000=key-s 192.0.2.3:8000=key-c")

@@ -195,12 +195,20 @@ func TestDropEveryKAndRestart(t *testing.T) {
 	for i := range 6 {
 		post(t, s.url+"/v1/completions", map[string]any{"prompt": fmt.Sprintf("drop %d %s", i, strings.Repeat("d", 32)), "max_tokens": 1})
 	}
-	time.Sleep(50 * time.Millisecond) // let the publisher drain
-	for len(sub.msgs) > 0 {
-		m := <-sub.msgs
-		if seq := binary.BigEndian.Uint64(m.Frames[1]); seq%2 == 1 {
-			t.Fatalf("seq %d should have been dropped", seq)
+	// Drain until the publisher has been quiet for 500 ms: a batch of the
+	// old process read after the restart would pass for the new one's
+	// first (a fixed 50 ms wait let a loaded machine's late batch through).
+	for quiet := time.NewTimer(500 * time.Millisecond); ; {
+		select {
+		case m := <-sub.msgs:
+			if seq := binary.BigEndian.Uint64(m.Frames[1]); seq%2 == 1 {
+				t.Fatalf("seq %d should have been dropped", seq)
+			}
+			quiet.Reset(500 * time.Millisecond)
+			continue
+		case <-quiet.C:
 		}
+		break
 	}
 	if r, b := post(t, s.url+"/admin/restart", nil); r.StatusCode != 200 {
 		t.Fatalf("restart: %d %s", r.StatusCode, b)
@@ -417,11 +425,21 @@ func TestRestartSeenBySubscriber(t *testing.T) {
 			if !got {
 				t.Fatal("no batch before the restart")
 			}
-			time.Sleep(50 * time.Millisecond) // let the last batches arrive
-			for len(updates) > 0 {
-				if u := <-updates; u.Reset != kvevents.ResetNone {
-					t.Fatalf("reset %v before the restart", u.Reset)
+			// Drain until 500 ms pass with no update: a batch of before the
+			// restart arriving after it would count as one published
+			// between the restart and its reset (a fixed 50 ms wait let a
+			// loaded machine's late batch through).
+			for quiet := time.NewTimer(500 * time.Millisecond); ; {
+				select {
+				case u := <-updates:
+					if u.Reset != kvevents.ResetNone {
+						t.Fatalf("reset %v before the restart", u.Reset)
+					}
+					quiet.Reset(500 * time.Millisecond)
+					continue
+				case <-quiet.C:
 				}
+				break
 			}
 
 			if r, b := post(t, s.url+"/admin/restart", nil); r.StatusCode != 200 {

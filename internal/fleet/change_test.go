@@ -82,10 +82,19 @@ func TestAddRemoveWhileRunning(t *testing.T) {
 	if got := seriesOf(t, reg, "c"); len(got) != 0 {
 		t.Fatalf("series of c after Remove and a late report: %v", got)
 	}
-	n := probes("c:1")
-	time.Sleep(100 * time.Millisecond) // five probe intervals
-	if m := probes("c:1"); m > n+1 {   // one probe may have been under way
-		t.Fatalf("c probed %d more times after Remove", m-n)
+	// Run stops c's loops once it sees the change: then five probe
+	// intervals pass with at most the probe that was under way. (A fixed
+	// 100 ms from Remove failed when Run's goroutine was slow to run.)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		n := probes("c:1")
+		time.Sleep(100 * time.Millisecond) // five probe intervals
+		m := probes("c:1")
+		if m <= n+1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("c still probed 10 s after Remove (%d times in 100 ms)", m-n)
+		}
 	}
 
 	if !f.Remove("a:1") {

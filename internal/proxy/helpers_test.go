@@ -274,7 +274,7 @@ type testEndpoint struct{ name, url string }
 // checkDrained asserts that leases and in-flight counters are back to zero.
 func (rg *rig) checkDrained() {
 	rg.t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for {
 		open := rg.router.open.Load()
 		var inflight float64

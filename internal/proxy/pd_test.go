@@ -166,7 +166,7 @@ func readBodyCopy(r *http.Request) ([]byte, error) {
 // back to zero.
 func (rg *pdRig) checkDrained() {
 	rg.t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for {
 		var open int64
 		var inflight float64

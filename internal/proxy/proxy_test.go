@@ -392,13 +392,13 @@ func TestClientCancel(t *testing.T) {
 				}
 				select {
 				case <-rg.engines[0].canceled:
-				case <-time.After(time.Second):
-					t.Fatal("engine request not cancelled within 1s of the client leaving")
+				case <-time.After(10 * time.Second):
+					t.Fatal("engine request not cancelled within 10 s of the client leaving")
 				}
 				<-done
 				cancel()
 				rg.checkDrained()
-				deadline := time.Now().Add(time.Second)
+				deadline := time.Now().Add(10 * time.Second)
 				for rg.outcome("e0", outcomeClientClosed) != 1 {
 					if time.Now().After(deadline) {
 						t.Fatal("client_closed outcome not counted")

@@ -61,7 +61,7 @@ func TestRemovedReplicaSeries(t *testing.T) {
 	if body := readAll(t, resp); len(dataLines(body)) != 4 {
 		t.Fatalf("stream on the removed engine did not finish whole:\n%s", body)
 	}
-	deadline := time.Now().Add(2 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for {
 		nr, _ := rg.seriesOf("kvrouter_proxy_requests_total", "e1")
 		ni, _ := rg.seriesOf("kvrouter_proxy_in_flight_requests", "e1")
