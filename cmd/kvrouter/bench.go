@@ -118,7 +118,7 @@ func runBench(ctx context.Context, args []string, sio stdio) error {
 	asJSON := fs.Bool("json", false, "print the report as JSON instead of a markdown table")
 	htmlPath := fs.String("html", "", "also write a self-contained HTML report with plots to this file")
 	noProgress := fs.Bool("no-progress", false, "no progress bar (it is drawn only when stderr is a terminal anyway)")
-	boundBlocks := fs.Int("bound-blocks", 0, "each engine's num_gpu_blocks (16-token blocks): also report the workload's pooled-cache bound for --bound-engines such engines, as `kvrouter sim` does, and each run's share of it (0: none)")
+	boundBlocks := fs.Int("bound-blocks", 0, "each engine's num_gpu_blocks (16-token blocks): also report the workload's pooled-cache bound for --bound-engines such engines, as kvrouter sim does, and each run's share of it (0: none)")
 	boundEngines := fs.Int("bound-engines", 0, "with --bound-blocks: the engines behind the target (0: the --metrics engines, else the --engines)")
 	if err := parseFlags(fs, args); err != nil {
 		return err

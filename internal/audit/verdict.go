@@ -40,5 +40,5 @@ func measured(m Model) string {
 	if m.GainMeasured {
 		return ", measured by kvrouter in shadow mode"
 	}
-	return fmt.Sprintf(", an upper bound: %d replicas x the hit rate", len(m.Replicas))
+	return fmt.Sprintf(", an upper bound: %d replicas x the hit rate, at most 100%%, less the hit rate", len(m.Replicas))
 }

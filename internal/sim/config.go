@@ -6,6 +6,7 @@ import (
 	"math"
 	"runtime"
 	"slices"
+	"strings"
 	"time"
 
 	"kvrouter/internal/bench/report"
@@ -200,7 +201,7 @@ func (cfg Config) withDefaults() (Config, error) {
 	seen := map[string]bool{}
 	for _, p := range cfg.Policies {
 		if !slices.Contains(Policies(), p) && p != PolicyOracle && (cfg.PD.PrefillReplicas == 0 || !slices.Contains(Arrangements(), p)) {
-			errs = append(errs, fmt.Errorf("unknown policy %q (known: %v)", p, Policies()))
+			errs = append(errs, fmt.Errorf("unknown policy %q (known: %s)", p, strings.Join(Policies(), ", ")))
 		}
 		canon := p
 		if isCacheGreedy(p) {
