@@ -81,11 +81,7 @@ func startHAProxy(t *testing.T, fronts ...[]*lbRouterProc) []string {
 		t.Skip("haproxy not found (tools/setup/setup.sh test installs Debian's haproxy)")
 	}
 	var b strings.Builder
-	// timeout check: a router slow to answer /ready on a loaded machine is
-	// not marked down (with all of them down HAProxy answers 503); a killed
-	// one refuses the check's connection at once, so is marked down at the
-	// next check (inter 200ms) all the same.
-	b.WriteString("global\n  maxconn 4096\ndefaults\n  mode http\n  timeout connect 1s\n  timeout check 2s\n  timeout client 120s\n  timeout server 120s\n  retries 3\n  option redispatch 1\n  retry-on conn-failure\n  option http-no-delay\n  option http-server-close\n  http-reuse never\n")
+	b.WriteString("global\n  maxconn 4096\ndefaults\n  mode http\n  timeout connect 1s\n  timeout client 120s\n  timeout server 120s\n  retries 3\n  option redispatch 1\n  retry-on conn-failure\n  option http-no-delay\n  option http-server-close\n  http-reuse never\n")
 	var urls []string
 	for i, backends := range fronts {
 		port := e2eFreePort(t)
@@ -206,6 +202,12 @@ func TestE2EReplicasBehindHAProxy(t *testing.T) {
 	victim := routers[2]
 	killAt := w.Requests[len(w.Requests)*2/5].At
 	inflight := make(chan float64, 1)
+	// killed is when SIGKILL was sent, from about the run's start (before
+	// it: the run's set-up comes first): on a loaded machine the sleep
+	// ends late, or the goroutine is descheduled while the router is
+	// frozen, and HAProxy sends it requests until the kill.
+	var killed time.Duration
+	runStart := time.Now()
 	go func() {
 		time.Sleep(killAt)
 		// Frozen, it takes no request off its sockets; what HAProxy has
@@ -214,6 +216,7 @@ func TestE2EReplicasBehindHAProxy(t *testing.T) {
 		_ = victim.cmd.Process.Signal(syscall.SIGSTOP)
 		n := establishedTo(t, victim.url)
 		_ = victim.cmd.Process.Signal(syscall.SIGKILL)
+		killed = time.Since(runStart)
 		inflight <- float64(n)
 	}()
 	three := runOne("3 routers (haproxy), one killed", fronts[1])
@@ -245,6 +248,7 @@ func TestE2EReplicasBehindHAProxy(t *testing.T) {
 	// the count are not seen, so the count is a floor, logged) and those
 	// HAProxy sent it before marking it down. None that arrived later.
 	var late []string
+	killAt = max(killAt, killed) // killed is set before the send on inflight
 	for _, smp := range three.Samples {
 		if smp.Err != "" && smp.Arrival > killAt+300*time.Millisecond {
 			late = append(late, fmt.Sprintf("%s at %v: %s", smp.ID, smp.Arrival, smp.Err))
