@@ -51,7 +51,7 @@ deps:
 # flaked, so they run on their own after the rest.
 QUIET_PKGS := ./internal/vllm/kvevents
 race:
-	$(GO) test -race -count=1 -timeout 30m $$($(GO) list $(PKGS) | grep -vx 'kvrouter/internal/vllm/kvevents')
+	$(GO) test -race -count=1 -timeout 45m $$($(GO) list $(PKGS) | grep -vx 'kvrouter/internal/vllm/kvevents')
 	$(GO) test -race -count=1 -timeout 10m $(QUIET_PKGS)
 
 ## fuzz: every Fuzz target for FUZZTIME each (seeds also run in "race").
