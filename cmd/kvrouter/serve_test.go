@@ -21,7 +21,8 @@ func TestServeQuickFlags(t *testing.T) {
 	var errb bytes.Buffer
 	fl, err := parseServeFlags([]string{"--listen", "127.0.0.1:0", "--model", "llama",
 		"--engine", "http://a:8000", "--engine", "http://b:8000", "--engine", "http://c:8000",
-		"--events", "tcp://a:5557", "--events", "tcp://b:5557", "--replay", "tcp://a:5558",
+		"--events", "tcp://a:5557", "--events", "tcp://b:5557", "--events", "tcp://c:5557",
+		"--replay", "tcp://a:5558", "--replay", "tcp://b:5558", "--replay", "tcp://c:5558",
 		"--tokenizer", "none", "--policy", "least_load"}, func(string) string { return "" }, stdio{out: &errb, err: &errb})
 	if err != nil {
 		t.Fatal(err)
@@ -34,7 +35,7 @@ func TestServeQuickFlags(t *testing.T) {
 	if m.Name != "llama" || m.Tokenizer != "none" || m.Policy != "least_load" || len(m.Engines) != 3 {
 		t.Fatalf("%+v", m)
 	}
-	want := [][3]string{{"http://a:8000", "tcp://a:5557", "tcp://a:5558"}, {"http://b:8000", "tcp://b:5557", ""}, {"http://c:8000", "", ""}}
+	want := [][3]string{{"http://a:8000", "tcp://a:5557", "tcp://a:5558"}, {"http://b:8000", "tcp://b:5557", "tcp://b:5558"}, {"http://c:8000", "tcp://c:5557", "tcp://c:5558"}}
 	for i, w := range want {
 		if e := m.Engines[i]; e.URL != w[0] || e.Events != w[1] || e.Replay != w[2] {
 			t.Errorf("engine %d = %+v, want %v", i, e, w)
