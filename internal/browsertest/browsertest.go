@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -42,13 +43,23 @@ func Open(t *testing.T, url string) *Page {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The profile is not t.TempDir: Chromium's helper processes can still
+	// write there for a moment after the browser dies, and t.TempDir's
+	// removal then fails the test ("directory not empty"). Cleanup kills
+	// the whole process group, waits until it is gone, then removes it.
+	profile, err := os.MkdirTemp("", "kvrouter-chromium-")
+	if err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.Command(bin, "--headless=new", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe",
-		"--user-data-dir="+t.TempDir(), "--window-size=1400,1000", "--no-first-run", "--no-default-browser-check",
+		"--user-data-dir="+profile, "--window-size=1400,1000", "--no-first-run", "--no-default-browser-check",
 		"--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-extensions",
 		"--disable-default-apps", "--disable-domain-reliability", "--no-pings", "--metrics-recording-only",
 		"--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1", "about:blank")
-	cmd.ExtraFiles = []*os.File{toChrome, fromChrome} // fd 3: chromium reads, fd 4: it writes
+	cmd.ExtraFiles = []*os.File{toChrome, fromChrome}     // fd 3: chromium reads, fd 4: it writes
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // its helpers join its group
 	if err := cmd.Start(); err != nil {
+		os.RemoveAll(profile)
 		t.Fatal(err)
 	}
 	toChrome.Close()
@@ -70,9 +81,25 @@ func Open(t *testing.T, url string) *Page {
 	}()
 	t.Cleanup(func() {
 		ourW.Close()
-		_ = cmd.Process.Kill()
+		pgid := cmd.Process.Pid
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
 		_ = cmd.Wait()
 		ourR.Close()
+		// The group's other processes are children of the browser, now
+		// reparented; wait (up to 10 s) until none is left.
+		for deadline := time.Now().Add(10 * time.Second); syscall.Kill(-pgid, 0) == nil && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		}
+		var err error
+		for range 50 { // a write in flight when the last helper died
+			if err = os.RemoveAll(profile); err == nil {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if err != nil {
+			t.Errorf("chromium profile %s: %v", profile, err)
+		}
 	})
 	var target struct {
 		TargetID string `json:"targetId"`
