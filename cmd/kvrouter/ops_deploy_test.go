@@ -298,7 +298,16 @@ func TestDashboardAndRulesLive(t *testing.T) {
 		t.Errorf("model variable: %v %v", v, err)
 	}
 	// A number from the fleet: the engines report hits for shared prefixes.
-	hr, err := prom.Query(context.Background(), `model_name:vllm_prefix_cache_hit_rate:ratio_rate5m{model_name="m"}`)
+	// The recording rule has a value only once an evaluation (every 1 s)
+	// has seen two scrapes with traffic: the dashboard's queries above
+	// can have data before that, so poll it too.
+	var hr []promtest.Sample
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		hr, err = prom.Query(context.Background(), `model_name:vllm_prefix_cache_hit_rate:ratio_rate5m{model_name="m"}`)
+		if err != nil || len(hr) == 1 || time.Now().After(deadline) {
+			break
+		}
+	}
 	if err != nil || len(hr) != 1 {
 		t.Fatalf("engine hit rate of m: %v %v", hr, err)
 	}
