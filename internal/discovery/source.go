@@ -227,13 +227,9 @@ func (s *Source) poke() {
 }
 
 // send replaces an unreceived snapshot with snap. Only Run sends, so the
-// channel has room after the drain.
+// channel has room after the drain. The metrics describe snap before it
+// is delivered, so a receiver never reads the previous snapshot's counts.
 func (s *Source) send(snap Snapshot) {
-	select {
-	case <-s.out:
-	default:
-	}
-	s.out <- snap
 	s.m.snapshots.Inc()
 	counts := map[State]int{}
 	for _, e := range snap.Engines {
@@ -242,6 +238,11 @@ func (s *Source) send(snap Snapshot) {
 	for _, st := range []State{StateReady, StateDraining, StateNotReady} {
 		s.m.engines.WithLabelValues(st.String()).Set(float64(counts[st]))
 	}
+	select {
+	case <-s.out:
+	default:
+	}
+	s.out <- snap
 }
 
 // build lists the engines from the informers' caches.
