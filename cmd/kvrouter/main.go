@@ -28,9 +28,6 @@ type stdio struct {
 	out, err io.Writer
 }
 
-// errNotBuilt marks a subcommand whose issue has not landed yet.
-var errNotBuilt = errors.New("not built yet")
-
 func commands() []command {
 	return []command{
 		{"serve", "run the OpenAI-compatible router", runServe},

@@ -29,7 +29,7 @@ func documentedMetrics(t *testing.T) []string {
 	t.Helper()
 	files, _ := filepath.Glob("../../docs/*.md")
 	files = append(files, "../../README.md")
-	full := regexp.MustCompile("kvrouter_[a-z0-9_]*[a-z0-9]\\b")
+	full := regexp.MustCompile(`kvrouter_[a-z0-9_]*[a-z0-9]\b`)
 	tick := regexp.MustCompile("`([^`]+)`")
 	seen := map[string]bool{}
 	for _, f := range files {

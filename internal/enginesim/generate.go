@@ -18,7 +18,6 @@ type choiceState struct {
 	blockIDs  []int32
 	done      bool
 	reason    string
-	roleSent  bool
 }
 
 // generate serves /v1/completions and /v1/chat/completions.

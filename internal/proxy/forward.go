@@ -22,7 +22,6 @@ import (
 var (
 	errFirstByteTimeout = errors.New("first-byte timeout")
 	errIdleTimeout      = errors.New("idle timeout")
-	errClientGone       = errors.New("client disconnected")
 )
 
 // maxReroutes bounds the decisions of one request made void by engines

@@ -69,7 +69,7 @@ func FuzzLastEventEnd(f *testing.F) {
 // not per chunk), and stop ends it.
 func TestWatchdog(t *testing.T) {
 	const firstByte, idle = 500 * time.Millisecond, 100 * time.Millisecond
-	run := func(t *testing.T, steps []time.Duration) (error, time.Duration) {
+	run := func(t *testing.T, steps []time.Duration) (time.Duration, error) {
 		var cause error
 		var at time.Duration
 		synctest.Test(t, func(t *testing.T) {
@@ -83,7 +83,7 @@ func TestWatchdog(t *testing.T) {
 			}
 			<-ctx.Done()
 		})
-		return cause, at
+		return at, cause
 	}
 	for _, tc := range []struct {
 		name  string
@@ -96,7 +96,7 @@ func TestWatchdog(t *testing.T) {
 		{"chunks then silence", []time.Duration{10 * time.Millisecond, 40 * time.Millisecond, 40 * time.Millisecond, 99 * time.Millisecond}, errIdleTimeout, 289 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cause, at := run(t, tc.steps)
+			at, cause := run(t, tc.steps)
 			if cause != tc.want || at != tc.at {
 				t.Errorf("canceled with %v at %v, want %v at %v", cause, at, tc.want, tc.at)
 			}

@@ -65,12 +65,12 @@ func parseDecoder(raw json.RawMessage) error {
 			Decoders []json.RawMessage `json:"decoders"`
 		}
 		if err := json.Unmarshal(raw, &s); err != nil {
-			return fmt.Errorf("Sequence: %w", err)
+			return fmt.Errorf("%s: %w", t.Type, err)
 		}
 		for i, d := range s.Decoders {
 			var dt typed
 			if err := json.Unmarshal(d, &dt); err != nil || dt.Type != "ByteLevel" {
-				return fmt.Errorf("Sequence[%d]: type %q not supported", i, dt.Type)
+				return fmt.Errorf("%s[%d]: type %q not supported", t.Type, i, dt.Type)
 			}
 		}
 		return nil

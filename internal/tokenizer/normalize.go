@@ -2,7 +2,6 @@ package tokenizer
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 	"unicode"
@@ -40,13 +39,13 @@ func parseNormalizer(raw json.RawMessage) (normalizer, error) {
 			Normalizers []json.RawMessage `json:"normalizers"`
 		}
 		if err := json.Unmarshal(raw, &s); err != nil {
-			return nil, fmt.Errorf("Sequence: %w", err)
+			return nil, fmt.Errorf("%s: %w", t.Type, err)
 		}
 		var seq seqNorm
 		for i, r := range s.Normalizers {
 			n, err := parseNormalizer(r)
 			if err != nil {
-				return nil, fmt.Errorf("Sequence[%d]: %w", i, err)
+				return nil, fmt.Errorf("%s[%d]: %w", t.Type, i, err)
 			}
 			if n != nil {
 				seq = append(seq, n)
@@ -58,7 +57,7 @@ func parseNormalizer(raw json.RawMessage) (normalizer, error) {
 			Prepend string `json:"prepend"`
 		}
 		if err := json.Unmarshal(raw, &p); err != nil {
-			return nil, fmt.Errorf("Prepend: %w", err)
+			return nil, fmt.Errorf("%s: %w", t.Type, err)
 		}
 		return prependNorm(p.Prepend), nil
 	case "Replace":
@@ -70,10 +69,10 @@ func parseNormalizer(raw json.RawMessage) (normalizer, error) {
 			Content string `json:"content"`
 		}
 		if err := json.Unmarshal(raw, &p); err != nil {
-			return nil, fmt.Errorf("Replace: %w", err)
+			return nil, fmt.Errorf("%s: %w", t.Type, err)
 		}
 		if p.Pattern.String == nil {
-			return nil, errors.New("Replace: only a String pattern is supported")
+			return nil, fmt.Errorf("%s: only a String pattern is supported", t.Type)
 		}
 		return replaceNorm{from: *p.Pattern.String, to: p.Content}, nil
 	case "Strip":
@@ -82,7 +81,7 @@ func parseNormalizer(raw json.RawMessage) (normalizer, error) {
 			Right bool `json:"strip_right"`
 		}
 		if err := json.Unmarshal(raw, &p); err != nil {
-			return nil, fmt.Errorf("Strip: %w", err)
+			return nil, fmt.Errorf("%s: %w", t.Type, err)
 		}
 		return stripNorm{left: p.Left, right: p.Right}, nil
 	default:

@@ -31,12 +31,12 @@ func parsePostProcessor(raw json.RawMessage) (post, error) {
 			Processors []json.RawMessage `json:"processors"`
 		}
 		if err := json.Unmarshal(raw, &s); err != nil {
-			return p, fmt.Errorf("Sequence: %w", err)
+			return p, fmt.Errorf("%s: %w", t.Type, err)
 		}
 		for i, r := range s.Processors {
 			q, err := parsePostProcessor(r)
 			if err != nil {
-				return p, fmt.Errorf("Sequence[%d]: %w", i, err)
+				return p, fmt.Errorf("%s[%d]: %w", t.Type, i, err)
 			}
 			p.prefix = append(append([]uint32(nil), q.prefix...), p.prefix...)
 			p.suffix = append(p.suffix, q.suffix...)
