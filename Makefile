@@ -12,12 +12,26 @@ export KVROUTER_LLAMA3_NPM ?= $(KVROUTER_CACHE)/llama3/node_modules
 # helm, built by set-up, for the chart tests.
 export KVROUTER_HELM ?= $(KVROUTER_CACHE)/bin/helm
 
-.PHONY: test fmt vet deps race fuzz bench demo build clean setup-test setup-demo k8s-testenv manifests
+.PHONY: test check staticcheck fmt vet deps race fuzz bench demo build clean setup-test setup-demo k8s-testenv manifests
 
 ## test: everything CI runs: set-up, gofmt, vet, import rules, race tests, short fuzzing.
 test: setup-test
 	@start=$$(date +%s); $(MAKE) --no-print-directory fmt vet deps race fuzz && \
 		echo "make test: passed in $$(( $$(date +%s) - start )) s after set-up"
+
+## check: the quick tier for the edit loop: gofmt, vet, staticcheck, import rules and the
+## tests under -short, which skip every test needing root or a part set-up installs (Debian
+## packages, npm files, helm, kube-apiserver). No root, no race detector; a few minutes.
+check:
+	@start=$$(date +%s); $(MAKE) --no-print-directory fmt vet staticcheck deps && \
+		KVROUTER_LLAMA3_NPM= KVROUTER_HELM= $(GO) test -short -count=1 -timeout 15m $(PKGS) && \
+		echo "make check: passed in $$(( $$(date +%s) - start )) s"
+
+# staticcheck, pinned; go run builds it once into Go's build cache.
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+staticcheck:
+	@$(GO) run $(STATICCHECK) -version >/dev/null 2>&1 || echo "staticcheck: building $(STATICCHECK) (once, a minute or two)"
+	$(GO) run $(STATICCHECK) $(PKGS)
 
 ## setup-test, setup-demo: install what the tests or the demo need (idempotent; see tools/setup/setup.sh).
 setup-test:

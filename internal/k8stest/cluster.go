@@ -57,11 +57,14 @@ const (
 )
 
 // Start runs etcd and kube-apiserver for the test and stops them and
-// removes their files on t.Cleanup. It skips (or fails, see RequiredEnv)
-// when a binary is missing, and fails when the control plane does not come
+// removes their files on t.Cleanup. It skips under -short, skips (or fails,
+// see RequiredEnv) when a binary is missing, and fails when the control plane does not come
 // up within two minutes.
 func Start(t testing.TB, opt Options) *Cluster {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: starts etcd and kube-apiserver")
+	}
 	bins, err := findBinaries()
 	if err != nil {
 		unavailable(t, err.Error(), fixBinaries)

@@ -78,9 +78,13 @@ func findBinaries() (binaries, error) {
 	return b, errors.Join(errs...)
 }
 
-// requireRoot skips or fails t unless the process is root and has ip(8).
+// requireRoot skips or fails t unless the process is root and has ip(8);
+// it always skips under -short.
 func requireRoot(t testing.TB) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: needs root for network namespaces")
+	}
 	if os.Geteuid() != 0 {
 		unavailable(t, "network namespaces need root", fixRoot)
 	}

@@ -375,12 +375,19 @@ func TestHTMLLabelsInside(t *testing.T) {
 	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// Every <text> the page holds, so the wait below ends only once all
+	// of them are laid out, not at the first one.
+	want := strings.Count(buf.String(), "<text ")
+	if want < 60 {
+		t.Fatalf("the report has %d <text> elements; the wide-value plots need at least 60", want)
+	}
 	page := browsertest.Open(t, "file://"+path)
 	var out struct {
+		Ready   string
 		Texts   int
 		Outside []string
 	}
-	js := `(() => { const out = {Texts: 0, Outside: []};
+	js := `(() => { const out = {Ready: document.readyState, Texts: 0, Outside: []};
 	  for (const svg of document.querySelectorAll("svg")) {
 	    const s = svg.getBoundingClientRect();
 	    for (const t of svg.querySelectorAll("text")) {
@@ -390,13 +397,19 @@ func TestHTMLLabelsInside(t *testing.T) {
 	    }
 	  }
 	  return out; })()`
-	deadline := time.Now().Add(10 * time.Second)
-	for out.Texts == 0 && time.Now().Before(deadline) {
+	// Headless Chromium on a busy machine can still be parsing the page
+	// when it first answers: poll until the document is complete and
+	// every text is there.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
 		page.Eval(js, &out)
-		time.Sleep(50 * time.Millisecond)
-	}
-	if out.Texts < 60 {
-		t.Fatalf("%d texts measured", out.Texts)
+		if out.Ready == "complete" && out.Texts == want {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("page not fully rendered after 30 s: readyState %q, %d of %d texts", out.Ready, out.Texts, want)
+		}
+		time.Sleep(50 * time.Millisecond) // poll interval
 	}
 	if len(out.Outside) > 0 {
 		t.Errorf("%d of %d texts outside their plot: %q", len(out.Outside), out.Texts, out.Outside)
