@@ -84,7 +84,9 @@ func TestSoakLongPrompts(t *testing.T) {
 		after = n
 	}
 	if testing.Short() {
-		after = 40
+		// Still more batches after warm-up than the bound holds (~106),
+		// so the buffer must have dropped some: 40 published only ~98.
+		after = 60
 	}
 	s := startServer(t, Config{
 		Core: CoreConfig{NumGPUBlocks: 4096, MaxModelLen: 32768},
