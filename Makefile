@@ -92,7 +92,9 @@ manifests:
 
 ## demo: 4 engine-sims and kvrouter on loopback, Mooncake trace slice, round_robin vs kv.
 demo: setup-demo
-	$(GO) run ./cmd/kvrouter demo
+	@echo "demo: compiling kvrouter into bin/ (the first build compiles every dependency: several minutes on 2 cores)"
+	@$(GO) build -ldflags "-X main.buildVersionOverride=$(VERSION)" -o bin/kvrouter ./cmd/kvrouter
+	bin/kvrouter demo
 
 clean:
 	rm -rf bin

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -159,7 +160,28 @@ func runDemo(ctx context.Context, args []string, sio stdio) error {
 	if err := setPooledBounds(ctx, rep, w, *engines, *blocks); err != nil {
 		return err
 	}
-	return writeReport(rep, *asJSON, *htmlPath, sio)
+	if err := writeReport(rep, *asJSON, *htmlPath, sio); err != nil {
+		return err
+	}
+	warnBehind(sio.err, runs, *speed)
+	return nil
+}
+
+// warnBehind says, for each run whose replay fell behind the trace, that
+// this machine could not keep pace, so its row measures the machine's load
+// more than the policy and need not agree with the published results.
+func warnBehind(w io.Writer, runs []*report.Run, speed float64) {
+	behind := false
+	for _, r := range runs {
+		if r.FellBehind() {
+			behind = true
+			fmt.Fprintf(w, "demo: %s: this machine could not keep pace with the trace: %d of %d requests were sent more than %v late (up to %v)\n",
+				r.Policy, r.LateSends, len(r.Samples), report.LateAfter, r.MaxLateness.Round(time.Millisecond))
+		}
+	}
+	if behind {
+		fmt.Fprintf(w, "demo: the replay fell behind, so the table above reflects this machine's load, not only the policies; run it on a quieter machine or slow the trace (--speed %g)\n", speed/2)
+	}
 }
 
 // setPooledBounds adds the replayed workload's hit-rate bound and

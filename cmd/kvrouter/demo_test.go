@@ -5,6 +5,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"kvrouter/internal/bench/report"
 )
 
 // TestDemoSmall runs the demo on a few requests: engine-sims and kvrouter
@@ -34,5 +37,29 @@ func TestDemoSmall(t *testing.T) {
 	}
 	if !strings.Contains(errs, "HTML report written to "+html+"\n") {
 		t.Fatalf("stderr does not name the report's absolute path %s:\n%s", html, errs)
+	}
+}
+
+// TestDemoWarnsWhenBehind checks that the demo names each run whose replay
+// sent more than one request in twenty late, and says nothing when every
+// run kept pace.
+func TestDemoWarnsWhenBehind(t *testing.T) {
+	run := func(name string, n, late int) *report.Run {
+		return &report.Run{Policy: name, Samples: make([]report.Sample, n), LateSends: late, MaxLateness: 1234 * time.Millisecond}
+	}
+	var b strings.Builder
+	warnBehind(&b, []*report.Run{run("round_robin", 100, 5), run("kv", 100, 0)}, 10)
+	if b.Len() != 0 {
+		t.Fatalf("runs that kept pace (5 of 100 late at most) drew a warning: %q", b.String())
+	}
+	warnBehind(&b, []*report.Run{run("round_robin", 100, 6), run("kv", 100, 40)}, 10)
+	for _, want := range []string{
+		"round_robin: this machine could not keep pace with the trace: 6 of 100 requests were sent more than 50ms late (up to 1.234s)",
+		"kv: this machine could not keep pace with the trace: 40 of 100",
+		"the replay fell behind", "--speed 5",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("warning lacks %q:\n%s", want, b.String())
+		}
 	}
 }

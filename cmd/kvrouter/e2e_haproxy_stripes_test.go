@@ -24,7 +24,7 @@ import (
 // run (30 req/s) one router process is
 // killed (SIGKILL) mid-run: the only failed requests are those it had in
 // flight (as TestE2EReplicasBehindHAProxy). The hit rates and goodputs are
-// logged for docs/measurement.md ("Router replicas, live: stripes"); the
+// logged for docs/results/2026-12-01-measurements.md ("Router replicas, live: stripes"); the
 // test requires, at 30 req/s, no failed request elsewhere, and every run's
 // hit rate within 0.9 of one router's.
 func TestE2EStripesBehindHAProxy(t *testing.T) {

@@ -88,7 +88,7 @@ func TestSimJSONAndHTML(t *testing.T) {
 	}
 	// 2 replicas scaled to 3, 1,999 usable blocks each; every request
 	// succeeds, so a share is the hit rates' ratio (the bound is a
-	// reference, not a ceiling: kv may exceed it, see docs/measurement.md).
+	// reference, not a ceiling: kv may exceed it, see docs/results/2026-12-01-measurements.md).
 	b := rep.PooledBound
 	if b == nil || b.GPUBlocks != 3*1999 || b.HitRate <= 0 {
 		t.Fatalf("pooled bound %+v", b)

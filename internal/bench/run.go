@@ -124,6 +124,8 @@ type runner struct {
 	itl      report.Histogram
 	sent     int
 	errs     int
+	late     int           // requests sent more than report.LateAfter after their time
+	maxLate  time.Duration // the largest such delay
 }
 
 // Run replays w open-loop under cfg and returns the measurements. client
@@ -167,6 +169,7 @@ func Run(ctx context.Context, cfg Config, w *workload.Workload, client *http.Cli
 	}
 	c.replay(ctx, w)
 	run.Samples, run.ITL = c.samples, c.itl
+	run.LateSends, run.MaxLateness = c.late, c.maxLate
 	if okBefore {
 		if after, ok := c.scrapeAll(ctx); ok {
 			d := after.sub(before)
@@ -205,6 +208,10 @@ func (c *runner) replay(ctx context.Context, w *workload.Workload) {
 			now := time.Since(start)
 			c.record(-1, result{s: report.Sample{ID: r.ID, Arrival: now, End: now, PromptTokens: r.InputTokens(), Err: "overload"}})
 			continue
+		}
+		if late := time.Since(start) - r.At; late > report.LateAfter {
+			c.late++
+			c.maxLate = max(c.maxLate, late)
 		}
 		replica := ""
 		if c.cfg.Policy != PolicyRouter {

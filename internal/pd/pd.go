@@ -122,7 +122,7 @@ const (
 	// DefaultWholeMaxQueue is Rule.WholeMaxQueue's default: a prefill
 	// engine with at most 1 s of prefill queued (half the default TTFT
 	// target; 2.5 prefills of 8,192 tokens at 20,000 tokens per second)
-	// may serve a request whole. Measured in docs/measurement.md (P/D):
+	// may serve a request whole. Measured in docs/results/2026-12-01-measurements.md (P/D):
 	// 250 ms left the TCP 4 + 4 split at 94.4% of aggregated, 1 s 95.6%.
 	DefaultWholeMaxQueue = time.Second
 )

@@ -49,7 +49,7 @@ func pickMin(d *Decision, cands []Candidate, rng *lockedRand) Decision {
 // pickMinStriped is pickMin; with striped, ties of equal load go to the
 // lower stripe rank (Candidate.Stripe: several router replicas; reason
 // "tie_stripe") before the random draw. Only kv uses it: measured in
-// docs/measurement.md, stripes help kv in every regime but least_load's
+// docs/results/2026-12-01-measurements.md, stripes help kv in every regime but least_load's
 // request-count ties not (hot_prefix at 8 routers: 102.0 -> 94.7 req/s).
 func pickMinStriped(d *Decision, cands []Candidate, rng *lockedRand, striped bool) Decision {
 	best := 0

@@ -24,7 +24,7 @@ import "math"
 // time to first token), while splitting a conversation also spends the
 // other replica's prefill on a second copy of its prefix and leaves the next
 // turn two places to miss (measured against the pooled-cache bound in
-// docs/measurement.md). A prefix several replicas hold (a shared system
+// docs/results/2026-12-01-measurements.md). A prefix several replicas hold (a shared system
 // prompt) buys no stickiness, and the load cap spreads one that only one
 // replica holds yet every client wants. With several router replicas
 // (Config.Routers) the stripe slack then sends near-equal choices to this

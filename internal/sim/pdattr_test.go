@@ -89,7 +89,7 @@ func ruleBefore(r *pd.Rule, in pd.Inputs) pd.Verdict {
 	return v
 }
 
-// TestPDMatrix is the measurement of docs/measurement.md (P/D, every
+// TestPDMatrix is the measurement of docs/results/2026-12-01-measurements.md (P/D, every
 // link): aggregated, disaggregated, conditional before (two paths: the
 // whole path off, whole_max_queue -1) and after (three paths), on
 // identical arrivals, each summarized under the default and the tight SLO,

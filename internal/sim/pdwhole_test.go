@@ -12,7 +12,7 @@ import (
 // prefills on all 8 GPUs; with two paths conditional disaggregation can
 // prefill only on its 4 decode engines or through a 1.07 s pull, and
 // trails (87.9% of aggregated); the third path, the whole request on an
-// idle prefill engine, brings it within 5% (95.6%, docs/measurement.md).
+// idle prefill engine, brings it within 5% (95.6%, docs/results/2026-12-01-measurements.md).
 func TestPDSimWholePath(t *testing.T) {
 	sc, err := BuildScenario("long_prompt", ScenarioOptions{Replicas: 8, Load: 0.7, Requests: 800, Seed: 1})
 	if err != nil {

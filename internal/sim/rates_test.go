@@ -15,7 +15,7 @@ import (
 // engines' rate) or learned from the engines' counters starting from the
 // mis-set value. Learned must come within 3% of known goodput and beat
 // mis-set. (Full trace, same setup: known 4.12, learned 4.06, mis-set 3.84
-// req/s; docs/measurement.md.)
+// req/s; docs/results/2026-12-01-measurements.md.)
 func TestLearnedRatesHeterogeneousFleet(t *testing.T) {
 	if testing.Short() {
 		t.Skip("simulates 1,000 Mooncake requests three times")

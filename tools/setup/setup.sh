@@ -53,6 +53,11 @@ need_cmd() { command -v "$1" >/dev/null 2>&1 || fail "$1 is not installed ($2)";
 
 step_go() {
 	need_cmd go "Go 1.26 or later must be on PATH; it fetches ${GOTOOLCHAIN:-its} toolchain itself"
+	# Offline checks: when the toolchain or a module is not cached yet, say that
+	# the download (minutes on a fresh machine) is under way.
+	if ! GOPROXY=off quiet go version || ! (cd "$root" && GOPROXY=off quiet go mod download); then
+		echo "setup: go: downloading ${GOTOOLCHAIN:-the Go toolchain} and the modules in go.mod (first time only; log $log)"
+	fi
 	quiet go version || fail "cannot get the Go toolchain ${GOTOOLCHAIN:-} from the Go module proxy (log: $log)"
 	(cd "$root" && quiet go mod download) || fail "cannot download the Go modules in go.mod from the Go module proxy (log: $log)"
 }

@@ -60,7 +60,24 @@ type Run struct {
 	// EngineHitRate is the engines' own hit rate (prefix_cache_hits_total /
 	// queries_total deltas); NaN when not measured.
 	EngineHitRate float64
+	// LateSends counts requests a live replay sent more than LateAfter
+	// after their time in the trace: the client could not keep pace, so
+	// the offered load was lower and burstier than the trace's. Always 0
+	// in the simulator.
+	LateSends int
+	// MaxLateness is the largest delay between a request's time in the
+	// trace and its sending (0 when every request went on time).
+	MaxLateness time.Duration
 }
+
+// LateAfter is how long after its time in the trace a live replay may send
+// a request before it counts in Run.LateSends.
+const LateAfter = 50 * time.Millisecond
+
+// FellBehind reports whether more than one request in twenty was sent late:
+// the replay did not follow the trace and its latencies measure the
+// machine's load as much as the policy.
+func (r *Run) FellBehind() bool { return r.LateSends*20 > len(r.Samples) }
 
 // SLO is the service level that goodput counts against.
 type SLO struct {
