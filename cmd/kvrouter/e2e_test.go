@@ -47,8 +47,19 @@ func e2eFaults(f enginesim.Faults) e2eSimOpt { return func(c *enginesim.Config) 
 func e2eProfile(p string) e2eSimOpt          { return func(c *enginesim.Config) { c.Core.Profile = p } }
 func e2eMaxModelLen(n int) e2eSimOpt         { return func(c *enginesim.Config) { c.Core.MaxModelLen = n } }
 
+// skipE2EShort skips t under -short (make check): end-to-end tests start
+// engine-sims and routers, in this process or as processes, and take
+// minutes together on two cores. make test runs them.
+func skipE2EShort(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: end-to-end test (engine-sims and a router)")
+	}
+}
+
 func startE2ESim(t *testing.T, opts ...e2eSimOpt) *e2eSim {
 	t.Helper()
+	skipE2EShort(t)
 	cfg := enginesim.Config{
 		Core:            enginesim.CoreConfig{Profile: enginesim.ProfileFast, MaxModelLen: 32768, NumGPUBlocks: 4096},
 		ServedModelName: "m",
@@ -295,6 +306,7 @@ func e2eFreePort(t *testing.T) int {
 // e2eBuild builds this command into dir and returns the binary's path.
 func e2eBuild(t *testing.T) string {
 	t.Helper()
+	skipE2EShort(t)
 	bin := filepath.Join(t.TempDir(), "kvrouter")
 	out, err := exec.CommandContext(t.Context(), "go", "build", "-o", bin, ".").CombinedOutput()
 	if err != nil {
@@ -338,6 +350,7 @@ func kvEventsConfig(host string, events, replay int, extra string) string {
 // test ends, or at the returned e2eSim's stop: interrupt, kill after 10 s.
 func startSimProc(t *testing.T, bin string, o simProcOpts, args ...string) *e2eSim {
 	t.Helper()
+	skipE2EShort(t)
 	port := e2eFreePort(t)
 	cmd := exec.Command(bin, append([]string{"engine-sim", "--host", "127.0.0.1", "--port", strconv.Itoa(port), "--log-level", "warn"}, args...)...)
 	if o.env != nil {

@@ -254,6 +254,7 @@ type eppStack struct {
 // gRPC readiness check serves; opts change the flags before the build.
 func startEPP(t testing.TB, yaml string, maxInFlight int64, opts ...func(*eppFlags)) *eppStack {
 	t.Helper()
+	skipE2EShort(t)
 	cfg, pos, err := proxy.ParseConfig([]byte(yaml), func(string) string { return "" })
 	if err != nil {
 		t.Fatalf("%v\n%s", err, yaml)
