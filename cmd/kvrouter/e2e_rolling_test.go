@@ -210,8 +210,25 @@ func TestE2ERollingReplacement(t *testing.T) {
 	began := time.Now()
 	tr.start(4, 4)
 	stopTraffic := sync.OnceFunc(func() { close(tr.stop); tr.wg.Wait() })
-	t.Cleanup(stopTraffic)             // a failed check must not leave the clients running
-	time.Sleep(500 * time.Millisecond) // every old engine holds some cache
+	t.Cleanup(stopTraffic) // a failed check must not leave the clients running
+	// Every old engine holds some cache before the replacement starts.
+	waitServed := func(what string, ms []member) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			per, all := map[string]int{}, true
+			for _, m := range ms {
+				per[m.name] = tr.served(m.name)
+				all = all && per[m.name] > 0
+			}
+			if all {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 30 s; requests answered per engine: %v", what, per)
+			}
+		}
+	}
+	waitServed("every old engine answered a request", fleet)
 	hup := func() time.Time {
 		t.Helper()
 		at := time.Now()
@@ -264,7 +281,9 @@ func TestE2ERollingReplacement(t *testing.T) {
 		}
 		gone.sim.stop()
 	}
-	time.Sleep(300 * time.Millisecond) // traffic on the new fleet alone
+	// Traffic on the new fleet alone, until every new engine has answered
+	// (the check below).
+	waitServed("every new engine answered a request", fleet)
 	stopTraffic()
 	for name, at := range hupAt {
 		if first, ok := tr.firstTo(name); ok {
