@@ -122,7 +122,19 @@ func testRouterRestart(t *testing.T, s *k8sScenario) {
 			}
 		})
 	}
-	time.Sleep(time.Second)
+	// Router 1 answers some requests before it is killed.
+	answered := func(router int, replica string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for _, r := range results {
+			if r.router == router && r.ok && (replica == "" || r.replica == replica) {
+				n++
+			}
+		}
+		return n
+	}
+	e2eEventually(t, 30*time.Second, "router 1 answered 8 requests", func() bool { return answered(1, "") >= 8 })
 	cur.Store(nil)
 	killed := time.Now() // after: no request started later goes to router 1
 	if err := r1.cmd.Process.Kill(); err != nil {
@@ -131,7 +143,10 @@ func testRouterRestart(t *testing.T, s *k8sScenario) {
 	_ = r1.cmd.Wait()
 	r2, ready := s.startRouterProc(bin, "service: vllm")
 	cur.Store(&target{r2, 2})
-	time.Sleep(time.Second)
+	// Router 2 picks up both engines (checked below).
+	e2eEventually(t, 30*time.Second, "router 2 answered on e0 and e1", func() bool {
+		return answered(2, "e0") > 0 && answered(2, "e1") > 0
+	})
 	close(stop)
 	wg.Wait()
 

@@ -131,7 +131,24 @@ models:
 	defer tr.client.CloseIdleConnections()
 	began := time.Now()
 	tr.start(4, 4)
-	time.Sleep(300 * time.Millisecond)
+	// waitServed polls until every engine of es has answered a request.
+	waitServed := func(what string, es []*rollEngine) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			per, all := map[string]int{}, true
+			for _, e := range es {
+				per[e.pod] = tr.served(e.pod)
+				all = all && per[e.pod] > 0
+			}
+			if all {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 30 s; requests answered per engine: %v", what, per)
+			}
+		}
+	}
+	waitServed("every old engine answered a request", old)
 	var toUp, toDrain, toGone []time.Duration
 	drainedAt := map[string]time.Time{}
 	live := append([]*rollEngine(nil), old...)
@@ -164,7 +181,7 @@ models:
 		})
 		gone.stop()
 	}
-	time.Sleep(200 * time.Millisecond)
+	waitServed("every new engine answered a request", live) // traffic on the new fleet alone
 	close(tr.stop)
 	tr.wg.Wait()
 	elapsed := time.Since(began)

@@ -244,7 +244,10 @@ func TestE2ESnapshotRestartIdentical(t *testing.T) {
 			t.Fatalf("engine %s published %v batches while B was down: want 1..%d (the replay buffer covers the gap)", e, missed, buffer/2)
 		}
 	}
-	time.Sleep(500 * time.Millisecond)
+	// Live traffic after B is back: two more requests per sender, so B
+	// applies new batches on top of what it replayed.
+	resumed := sent.Load()
+	e2eEventually(t, 30*time.Second, "12 requests after B came back", func() bool { return sent.Load() >= resumed+12 })
 	close(stop)
 	traffic.Wait()
 	if t.Failed() {

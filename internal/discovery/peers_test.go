@@ -80,7 +80,7 @@ func waitPlacesSince(t *testing.T, start time.Time, what string, rs []*peerRun, 
 		}
 		if ok {
 			took := time.Since(start)
-			time.Sleep(200 * time.Millisecond)
+			time.Sleep(200 * time.Millisecond) // absence: no replica moves on from want
 			for k, r := range rs {
 				if r.last() != want[k] {
 					t.Fatalf("%s: replica %d moved on to %v", what, k, r.last())
@@ -168,7 +168,7 @@ func TestPeers(t *testing.T) {
 // Pod name or namespace is refused, naming each.
 func TestPeersNoAPIServer(t *testing.T) {
 	r := startPeers(t, &rest.Config{Host: "http://127.0.0.1:1"}, PeersConfig{Namespace: "ns", Selector: "app=kvrouter", PodName: "kvrouter-a"})
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // absence: nothing answers, so nothing may change the place
 	if n, i := r.p.Place(); n != 1 || i != 0 {
 		t.Errorf("Place() = %d, %d without an API server, want 1, 0", n, i)
 	}

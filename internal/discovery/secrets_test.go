@@ -70,7 +70,7 @@ func testAPIKeySecret(t *testing.T, e *env) {
 			t.Fatalf("kvrouter_discovery_secret_errors_total = %v 20 s after a missing key", testutil.ToFloat64(r.src.m.secretErrors))
 		}
 	}
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // absence: no snapshot meanwhile may include c
 	select {
 	case s := <-r.src.Snapshots(): // any snapshot sent meanwhile must leave c out
 		if got := keysOf(s); got != "192.0.2.1:8000=key-a2 192.0.2.2:8000=key-s" {

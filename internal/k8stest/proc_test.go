@@ -25,7 +25,7 @@ func TestProcSurvivesEndedThreads(t *testing.T) {
 		wg.Wait()
 		runtime.Gosched()
 	}
-	time.Sleep(100 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // absence: a parent-death signal, if sent, has arrived by now
 	if p.exited() {
 		t.Fatalf("the child died with a thread of the test binary: %v", p.err)
 	}

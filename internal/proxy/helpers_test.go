@@ -151,7 +151,7 @@ func (e *engine) serve(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 		if gap > 0 {
-			time.Sleep(gap)
+			time.Sleep(gap) // the engine's pace between events: the delay under test
 		}
 	}
 	if !noDone {

@@ -398,7 +398,7 @@ func TestPDCancel(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		go func() {
 			for rg.engine("p0").requests.Load() == 0 {
-				time.Sleep(time.Millisecond)
+				time.Sleep(time.Millisecond) // poll: the prefill leg reached p0
 			}
 			cancel()
 		}()

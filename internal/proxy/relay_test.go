@@ -78,7 +78,7 @@ func TestWatchdog(t *testing.T) {
 			wd := newWatchdog(func(err error) { cancel(err); cause, at = err, time.Since(start) }, firstByte, idle)
 			defer wd.stop()
 			for _, d := range steps {
-				time.Sleep(d)
+				time.Sleep(d) // synctest's virtual clock: the delay under test, exact
 				wd.progress(time.Now())
 			}
 			<-ctx.Done()
@@ -107,10 +107,10 @@ func TestWatchdog(t *testing.T) {
 			fired := false
 			wd := newWatchdog(func(error) { fired = true }, firstByte, idle)
 			wd.progress(time.Now())
-			time.Sleep(50 * time.Millisecond)
+			time.Sleep(50 * time.Millisecond) // virtual time (synctest)
 			wd.progress(time.Now())
 			wd.stop()
-			time.Sleep(10 * time.Second)
+			time.Sleep(10 * time.Second) // virtual: far past every timeout
 			if fired {
 				t.Error("a stopped watchdog canceled")
 			}

@@ -308,6 +308,7 @@ func equalIDs(a, b []uint32) bool {
 // again, one line says so.
 func TestRemoteNoRenderLoggedOnce(t *testing.T) {
 	var render atomic.Bool
+	var waiting atomic.Int64 // requests held at the missing render endpoint
 	release := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.ReadAll(r.Body)
@@ -317,7 +318,9 @@ func TestRemoteNoRenderLoggedOnce(t *testing.T) {
 		case render.Load():
 			io.WriteString(w, `[{"request_id":"x","token_ids":[7],"sampling_params":{}}]`)
 		default:
+			waiting.Add(1)
 			<-release // every request of the burst is in flight before any answer
+			waiting.Add(-1)
 			w.WriteHeader(http.StatusNotFound)
 			io.WriteString(w, `{"detail":"Not Found"}`)
 		}
@@ -339,14 +342,22 @@ func TestRemoteNoRenderLoggedOnce(t *testing.T) {
 	burst := func(n int) {
 		t.Helper()
 		var wg sync.WaitGroup
+		var done atomic.Int64
 		for range n {
 			wg.Go(func() {
+				defer done.Add(1)
 				if ids, err := r.Completion(context.Background(), "x", true); err != nil || !equalIDs(ids, []uint32{7}) {
 					t.Errorf("Completion = %v, %v", ids, err)
 				}
 			})
 		}
-		time.Sleep(50 * time.Millisecond) // let the burst reach the engine
+		// Every request of the burst is either held at the engine or done
+		// (answered another way) before the engine answers any.
+		for deadline := time.Now().Add(10 * time.Second); waiting.Load()+done.Load() < int64(n); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("burst of %d: %d held at the engine, %d done after 10 s", n, waiting.Load(), done.Load())
+			}
+		}
 		close(release)
 		wg.Wait()
 		release = make(chan struct{})
