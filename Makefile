@@ -23,6 +23,7 @@ test: setup-test
 ## tests under -short, which skip every test needing root or a part set-up installs (Debian
 ## packages, npm files, helm, kube-apiserver). No root, no race detector; a few minutes.
 check:
+	@echo "make check: the first run compiles every package and test binary: several minutes"
 	@start=$$(date +%s); $(MAKE) --no-print-directory fmt vet staticcheck deps && \
 		KVROUTER_LLAMA3_NPM= KVROUTER_HELM= $(GO) test -short -count=1 -timeout 15m $(PKGS) && \
 		echo "make check: passed in $$(( $$(date +%s) - start )) s"
@@ -30,8 +31,8 @@ check:
 # staticcheck, pinned; go run builds it once into Go's build cache.
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 staticcheck:
-	@$(GO) run $(STATICCHECK) -version >/dev/null 2>&1 || echo "staticcheck: building $(STATICCHECK) (once, a minute or two)"
-	$(GO) run $(STATICCHECK) $(PKGS)
+	@echo "staticcheck: $(STATICCHECK) (the first run downloads and compiles it: a few minutes)"
+	@$(GO) run $(STATICCHECK) $(PKGS)
 
 ## setup-test, setup-demo: install what the tests or the demo need (idempotent; see tools/setup/setup.sh).
 setup-test:
