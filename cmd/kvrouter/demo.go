@@ -28,6 +28,9 @@ type demoEngine struct {
 	URL    string // http://127.0.0.1:PORT
 	Events string // KV event PUB endpoint, tcp://127.0.0.1:PORT
 	Replay string // replay ROUTER endpoint
+	// srv is the engine-sim, for its timing lag (nil for engines not
+	// started by the demo).
+	srv *enginesim.Server
 }
 
 // routerFactory starts a kvrouter in this process, routing among engines
@@ -147,12 +150,14 @@ func runDemo(ctx context.Context, args []string, sio stdio) error {
 	log := slog.New(slog.NewTextHandler(sio.err, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	fmt.Fprintf(sio.err, "demo: %d engine-sims, %d Mooncake requests over %.0f s, policies %s\n", *engines, len(w.Requests), w.Info().DurationS, *policies)
 	var runs []*report.Run
+	var paces []demoPace
 	for _, p := range splitList(*policies) {
-		run, err := demoRun(ctx, p, *engines, *blocks, w, sio, log)
+		pace, err := demoRun(ctx, p, *engines, *blocks, w, sio, log)
 		if err != nil {
 			return fmt.Errorf("policy %s: %w", p, err)
 		}
-		runs = append(runs, run)
+		runs = append(runs, pace.run)
+		paces = append(paces, pace)
 	}
 	rep := report.New(fmt.Sprintf("kvrouter demo: Mooncake slice, %d engine-sims", *engines), w.Info(), runs,
 		report.SLO{TTFT: 2 * time.Second / 10, ITL: 100 * time.Millisecond / 10})
@@ -163,20 +168,41 @@ func runDemo(ctx context.Context, args []string, sio stdio) error {
 	if err := writeReport(rep, *asJSON, *htmlPath, sio); err != nil {
 		return err
 	}
-	warnBehind(sio.err, runs, *speed)
+	warnBehind(sio.err, paces, *speed)
 	return nil
 }
 
-// warnBehind says, for each run whose replay fell behind the trace, that
-// this machine could not keep pace, so its row measures the machine's load
-// more than the policy and need not agree with the published results.
-func warnBehind(w io.Writer, runs []*report.Run, speed float64) {
+// demoPace is one policy's run and how far its engines fell behind their
+// timing model: lag is the clock time their steps took beyond the modelled
+// duration, summed over the engines.
+type demoPace struct {
+	run           *report.Run
+	lag, modelled time.Duration
+}
+
+// enginesBehind reports whether the engines' steps took more than a quarter
+// longer than modelled: the machine could not run them at the trace's pace.
+// Below that is the ordinary cost of sub-millisecond steps (Go timers fire
+// some tens of microseconds late, and the step itself computes).
+func (p demoPace) enginesBehind() bool { return p.modelled > 0 && p.lag*4 > p.modelled }
+
+// warnBehind says, for each run whose replay or engines fell behind the
+// trace, that this machine could not keep pace, so its row measures the
+// machine's load more than the policy and need not agree with the
+// published results.
+func warnBehind(w io.Writer, paces []demoPace, speed float64) {
 	behind := false
-	for _, r := range runs {
+	for _, p := range paces {
+		r := p.run
 		if r.FellBehind() {
 			behind = true
 			fmt.Fprintf(w, "demo: %s: this machine could not keep pace with the trace: %d of %d requests were sent more than %v late (up to %v)\n",
 				r.Policy, r.LateSends, len(r.Samples), report.LateAfter, r.MaxLateness.Round(time.Millisecond))
+		}
+		if p.enginesBehind() {
+			behind = true
+			fmt.Fprintf(w, "demo: %s: this machine could not keep pace with the trace: the engines' steps took %.0f%% longer than their timing model (%v beyond %v)\n",
+				r.Policy, 100*float64(p.lag)/float64(p.modelled), p.lag.Round(time.Millisecond), p.modelled.Round(time.Millisecond))
 		}
 	}
 	if behind {
@@ -202,7 +228,7 @@ func setPooledBounds(ctx context.Context, rep *report.Report, w *workload.Worklo
 
 // demoRun starts cold engines and a kvrouter with policy in front of them,
 // replays w through the router and stops everything.
-func demoRun(ctx context.Context, policy string, n, blocks int, w *workload.Workload, sio stdio, log *slog.Logger) (*report.Run, error) {
+func demoRun(ctx context.Context, policy string, n, blocks int, w *workload.Workload, sio stdio, log *slog.Logger) (demoPace, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	g, gctx := errgroup.WithContext(ctx)
@@ -211,7 +237,7 @@ func demoRun(ctx context.Context, policy string, n, blocks int, w *workload.Work
 		e, err := startDemoEngine(gctx, g, i, blocks, log)
 		if err != nil {
 			cancel()
-			return nil, errors.Join(err, g.Wait())
+			return demoPace{}, errors.Join(err, g.Wait())
 		}
 		engines[i] = e
 	}
@@ -222,18 +248,24 @@ func demoRun(ctx context.Context, policy string, n, blocks int, w *workload.Work
 	url, stop, err := startRouter(gctx, policy, engines, log)
 	if err != nil {
 		cancel()
-		return nil, errors.Join(err, g.Wait())
+		return demoPace{}, errors.Join(err, g.Wait())
 	}
 	cfg := bench.Config{Name: policy, Model: demoModel, Targets: []string{url}, Policy: bench.PolicyRouter, Metrics: urls, Timeout: 2 * time.Minute}
 	if bench.IsTerminal(sio.err) {
 		cfg.Progress = sio.err
 	}
 	run, err := bench.Run(gctx, cfg, w, nil, log)
+	pace := demoPace{run: run}
+	for _, e := range engines {
+		lag, modelled := e.srv.TimingLag()
+		pace.lag += lag
+		pace.modelled += modelled
+	}
 	if stop != nil {
 		err = errors.Join(err, stop())
 	}
 	cancel()
-	return run, errors.Join(err, g.Wait())
+	return pace, errors.Join(err, g.Wait())
 }
 
 // startDemoEngine starts engine-sim i on a loopback port with KV events
@@ -265,6 +297,7 @@ func startDemoEngine(ctx context.Context, g *errgroup.Group, i, blocks int, log 
 		URL:    "http://" + ln.Addr().String(),
 		Events: loopback(pub),
 		Replay: loopback(replay),
+		srv:    srv,
 	}, nil
 }
 

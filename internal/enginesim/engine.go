@@ -132,6 +132,10 @@ type engine struct {
 	outs      []Output
 	pd        *pdState       // nil without a KV connector
 	wg        sync.WaitGroup // transfer timers (pdserver.go)
+	// modelled sums the modelled durations of the steps run (ns); late
+	// sums the clock time they took beyond that (ns): the core's own
+	// compute and timers firing late on a busy machine.
+	modelled, late atomic.Int64
 }
 
 // send delivers c to the loop; it fails when the loop is gone or ctx ends.
@@ -182,6 +186,7 @@ func (e *engine) run(ctx context.Context) error {
 		if !e.drainCommands(ctx) {
 			return nil
 		}
+		stepStart := e.clock.Now()
 		res := e.core.Step()
 		start := e.clock.Now()
 		if len(res.Transfers) > 0 {
@@ -220,6 +225,10 @@ func (e *engine) run(ctx context.Context) error {
 				e.apply(ctx, c)
 			case <-e.clock.After(rem):
 			}
+		}
+		e.modelled.Add(int64(d))
+		if over := e.clock.Now().Sub(stepStart) - d; over > 0 {
+			e.late.Add(int64(over))
 		}
 		if epoch != e.epoch { // restarted during the step: its results are gone
 			continue

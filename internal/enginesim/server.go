@@ -290,6 +290,23 @@ func (s *Server) start(ctx context.Context, g *errgroup.Group) error {
 	return nil
 }
 
+// TimingLag returns, summed over this endpoint's data-parallel ranks, the
+// modelled duration of the engine steps run so far and the clock time they
+// took beyond it. On a machine that keeps pace lag stays a small share of
+// modelled; when the engine goroutine waits for a CPU it grows, and the
+// engine serves more slowly than its timing profile says.
+func (s *Server) TimingLag() (lag, modelled time.Duration) {
+	ranks := s.ranks
+	if ranks == nil {
+		ranks = []*Server{s}
+	}
+	for _, r := range ranks {
+		lag += time.Duration(r.eng.late.Load())
+		modelled += time.Duration(r.eng.modelled.Load())
+	}
+	return lag, modelled
+}
+
 // KVEventsAddrs waits until the publisher's sockets are up and returns
 // their bound addresses (empty when connecting or without replay).
 func (s *Server) KVEventsAddrs(ctx context.Context) (pub, replay string, err error) {
