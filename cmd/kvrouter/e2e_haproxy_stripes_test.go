@@ -108,7 +108,7 @@ func TestE2EStripesBehindHAProxy(t *testing.T) {
 	killAt := w.Requests[len(w.Requests)*2/5].At
 	inflight := make(chan int, 1)
 	go func() {
-		time.Sleep(killAt)
+		time.Sleep(killAt) // at that point of the trace: pacing the kill to the replay
 		_ = victim.cmd.Process.Signal(syscall.SIGSTOP)
 		n := establishedTo(t, victim.url)
 		_ = victim.cmd.Process.Signal(syscall.SIGKILL)

@@ -209,7 +209,7 @@ func TestE2EReplicasBehindHAProxy(t *testing.T) {
 	var killed time.Duration
 	runStart := time.Now()
 	go func() {
-		time.Sleep(killAt)
+		time.Sleep(killAt) // at that point of the trace: pacing the kill to the replay
 		// Frozen, it takes no request off its sockets; what HAProxy has
 		// sent it is in flight on it: one connection each (plus at most
 		// one health check).
