@@ -165,14 +165,22 @@ func runLoad(b *testing.B, streams int, noop bool) (loadResult, procUse) {
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
+	sc := bufio.NewScanner(stdout)
 	defer func() {
 		stdin.Close()
+		// What the child prints after its result (its test failures).
+		var rest strings.Builder
+		for sc.Scan() {
+			if rest.Len() < 8<<10 {
+				rest.WriteString(sc.Text())
+				rest.WriteByte('\n')
+			}
+		}
 		_, _ = io.Copy(io.Discard, stdout)
 		if err := cmd.Wait(); err != nil {
-			b.Errorf("load generator: %v", err)
+			b.Errorf("load generator: %v\n%s", err, rest.String())
 		}
 	}()
-	sc := bufio.NewScanner(stdout)
 	line := func(prefix string) string {
 		for sc.Scan() {
 			if v, ok := strings.CutPrefix(sc.Text(), prefix); ok {
