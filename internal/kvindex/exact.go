@@ -44,6 +44,7 @@ type Exact struct {
 	keyBuf  []Key
 	warmBuf []warmItem
 	warmAt  int // next warmBuf item removed() consumes
+	warmEnd int // warmBuf items before it are warmed (warmWindow)
 	// warmFrom is the entry count from which Apply runs the warm passes
 	// (warmMin).
 	warmFrom int

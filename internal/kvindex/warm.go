@@ -16,13 +16,14 @@ import "kvrouter/internal/vllm"
 // tests change).
 const warmMin = 1 << 16
 
-// warmRemovals touches, for every BlockRemoved hash of b, its source-table
-// slot, then its entry, then its key's key-table slot. It first gathers the
-// removals into x.warmBuf, so that each pass is a short loop over a compact
-// array: the processor then has many more of its loads in flight than a loop
-// over the batch's events would allow. Caller holds x.mu.
+// warmRemovals gathers every BlockRemoved hash of b into x.warmBuf, so that
+// the passes of warmWindow run over a compact array: the processor then has
+// many more of its loads in flight than a loop over the batch's events would
+// allow. The passes run a window of warmChunk removals at a time, just
+// before removed() reaches it (warmSlot), so that what they load is still
+// in the caches when it is used. Caller holds x.mu.
 func (x *Exact) warmRemovals(id ReplicaID, rank int32, b *vllm.Batch) {
-	x.warmBuf, x.warmAt = x.warmBuf[:0], 0
+	x.warmBuf, x.warmAt, x.warmEnd = x.warmBuf[:0], 0, 0
 	if x.st.n < x.warmFrom {
 		return
 	}
@@ -37,18 +38,33 @@ func (x *Exact) warmRemovals(id ReplicaID, rank int32, b *vllm.Batch) {
 		if !ok || st.srcs[src].tab.n == 0 {
 			continue
 		}
-		mask := uint64(st.srcs[src].tab.size() - 1)
 		for _, h := range ev.BlockHashes {
-			buf = append(buf, warmItem{h: uint64(h), src: src, slot: uint32(mix(uint64(h)) & mask)})
+			buf = append(buf, warmItem{h: uint64(h), src: src})
 		}
 	}
 	x.warmBuf = buf
-	if len(buf) == 0 {
-		return
-	}
+}
+
+// warmChunk is the number of removals warmWindow warms at once: enough
+// loads in flight to cover a miss's latency, few enough that what they load
+// stays in the caches until used.
+const warmChunk = 64
+
+// warmWindow touches, for the gathered removals [x.warmEnd, +warmChunk),
+// their source-table slot, then their entry, then their key's key-table
+// slot, and records what it found for warmSlot. Caller holds x.mu.
+func (x *Exact) warmWindow() {
+	st := &x.st
+	lo := x.warmEnd
+	hi := min(len(x.warmBuf), lo+warmChunk)
+	x.warmEnd = hi
+	buf := x.warmBuf[lo:hi]
 	var sink uint64
-	for _, w := range buf {
-		sink += uint64(st.srcs[w.src].tab.b[5*w.slot])
+	for k := range buf {
+		w := &buf[k]
+		if t := &st.srcs[w.src].tab; t.size() > 0 {
+			sink += uint64(t.b[5*(mix(w.h)&uint64(t.size()-1))])
+		}
 	}
 	kmask := uint64(st.keys.size() - 1)
 	for k := range buf {
@@ -106,6 +122,9 @@ func (x *Exact) warmStores(src uint32, hs []vllm.BlockHash, keys []Key) {
 func (x *Exact) warmSlot(src uint32, h uint64) int {
 	if x.warmAt >= len(x.warmBuf) {
 		return -1
+	}
+	if x.warmAt >= x.warmEnd {
+		x.warmWindow()
 	}
 	w := &x.warmBuf[x.warmAt]
 	if w.h != h || w.src != src {

@@ -29,10 +29,18 @@ func TestWarmLargeIndex(t *testing.T) {
 	if n := x.Stats().Entries; n < warmMin {
 		t.Fatalf("%d entries: below warmMin, the passes would not run", n)
 	}
-	hs0, toks0 := chain(0)
+	hs0, _ := chain(0)
 	var evs []vllm.Event
-	for j := per - 1; j >= 0; j-- {
-		evs = append(evs, removedEv("", hs0[j]))
+	// Chains 0, 2 and 3: more removals than one warmChunk window.
+	gone := []int{0, 2, 3}
+	for _, c := range gone {
+		hs, _ := chain(c)
+		for j := per - 1; j >= 0; j-- {
+			evs = append(evs, removedEv("", hs[j]))
+		}
+	}
+	if len(gone)*per <= warmChunk {
+		t.Fatalf("%d removals fit one warm window of %d", len(gone)*per, warmChunk)
 	}
 	evs = append(evs, removedEv("", 1<<40))
 	g := 7
@@ -44,12 +52,16 @@ func TestWarmLargeIndex(t *testing.T) {
 	before := x.Stats()
 	x.Apply("e", batch(0, evs...))
 	s := x.Stats()
-	if s.Removed-before.Removed != per || s.UnknownRemoved-before.UnknownRemoved != 2 || s.Entries != before.Entries {
+	if s.Removed-before.Removed != int64(len(gone)*per) || s.UnknownRemoved-before.UnknownRemoved != 2 ||
+		s.Entries != before.Entries-int64((len(gone)-1)*per) {
 		t.Fatalf("removed %d, unknown %d, entries %d -> %d", s.Removed-before.Removed,
 			s.UnknownRemoved-before.UnknownRemoved, before.Entries, s.Entries)
 	}
-	if m := lookupOf(x, "e", toks0, Extras{}); m.Blocks() != 0 {
-		t.Errorf("removed chain: %+v", m)
+	for _, c := range gone {
+		_, toks := chain(c)
+		if m := lookupOf(x, "e", toks, Extras{}); m.Blocks() != 0 {
+			t.Errorf("removed chain %d: %+v", c, m)
+		}
 	}
 	if m := lookupOf(x, "e", toksN, Extras{}); m.GPU != per {
 		t.Errorf("stored chain: %+v", m)

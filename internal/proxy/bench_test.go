@@ -9,6 +9,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	rtmetrics "runtime/metrics"
@@ -54,10 +56,17 @@ import (
 // CPU over the proxied phase's wall time, which stretches past its 2.02 s
 // when streams start late (proxied-s).
 //
+// proxy=noop runs the same load through net/http/httputil's ReverseProxy
+// (flushing every write, no parsing or routing) instead of kvrouter: the
+// added latency of any Go reverse proxy on this machine, so what kvrouter
+// adds beyond it is its own (on a CPU-starved machine both tails are the
+// scheduler's).
+//
 //	go test -run '^$' -bench AddedLatency -benchtime 1x ./internal/proxy/
 func BenchmarkAddedLatency(b *testing.B) {
 	for _, n := range []int{100, 1000} {
-		b.Run(fmt.Sprintf("streams=%d", n), func(b *testing.B) { benchAddedLatency(b, n) })
+		b.Run(fmt.Sprintf("streams=%d", n), func(b *testing.B) { benchAddedLatency(b, n, false) })
+		b.Run(fmt.Sprintf("streams=%d/proxy=noop", n), func(b *testing.B) { benchAddedLatency(b, n, true) })
 	}
 }
 
@@ -77,12 +86,12 @@ type loadResult struct {
 	ProxiedElapsed time.Duration `json:"proxied_elapsed"`
 }
 
-func benchAddedLatency(b *testing.B, streams int) {
+func benchAddedLatency(b *testing.B, streams int, noop bool) {
 	var res loadResult
 	var use procUse
 	b.ReportAllocs()
 	for b.Loop() {
-		res, use = runLoad(b, streams)
+		res, use = runLoad(b, streams, noop)
 	}
 	ms := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
 	perEvent := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 / float64(max(res.Events, 1)) }
@@ -138,9 +147,10 @@ func (u procUse) sub(v procUse) procUse {
 	return procUse{cpu: u.cpu - v.cpu, sys: u.sys - v.sys, gc: u.gc - v.gc, reads: u.reads - v.reads, writes: u.writes - v.writes}
 }
 
-// runLoad starts the load generator, serves kvrouter in front of its
-// engine, and returns its report and this process's use meanwhile.
-func runLoad(b *testing.B, streams int) (loadResult, procUse) {
+// runLoad starts the load generator, serves kvrouter (noop: a plain
+// httputil.ReverseProxy) in front of its engine, and returns its report and
+// this process's use meanwhile.
+func runLoad(b *testing.B, streams int, noop bool) (loadResult, procUse) {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestLoadGenerator$", "-test.count=1")
 	cmd.Env = append(os.Environ(), loadEnv+"="+strconv.Itoa(streams))
 	cmd.Stderr = os.Stderr
@@ -155,14 +165,22 @@ func runLoad(b *testing.B, streams int) (loadResult, procUse) {
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
+	sc := bufio.NewScanner(stdout)
 	defer func() {
 		stdin.Close()
+		// What the child prints after its result (its test failures).
+		var rest strings.Builder
+		for sc.Scan() {
+			if rest.Len() < 8<<10 {
+				rest.WriteString(sc.Text())
+				rest.WriteByte('\n')
+			}
+		}
 		_, _ = io.Copy(io.Discard, stdout)
 		if err := cmd.Wait(); err != nil {
-			b.Errorf("load generator: %v", err)
+			b.Errorf("load generator: %v\n%s", err, rest.String())
 		}
 	}()
-	sc := bufio.NewScanner(stdout)
 	line := func(prefix string) string {
 		for sc.Scan() {
 			if v, ok := strings.CutPrefix(sc.Text(), prefix); ok {
@@ -173,10 +191,22 @@ func runLoad(b *testing.B, streams int) (loadResult, procUse) {
 		return ""
 	}
 	engineURL := line("engine ")
-	srv := newBenchServer(b, engineURL, nil)
-	front := httptest.NewServer(srv.Handler())
+	var h http.Handler
+	if noop {
+		u, err := url.Parse(engineURL)
+		if err != nil {
+			b.Fatal(err)
+		}
+		tr := &http.Transport{MaxIdleConnsPerHost: streams, DisableCompression: true}
+		defer tr.CloseIdleConnections()
+		h = &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) { r.SetURL(u) }, Transport: tr, FlushInterval: -1}
+	} else {
+		srv := newBenchServer(b, engineURL, nil)
+		defer srv.closeIdle()
+		h = srv.Handler()
+	}
+	front := httptest.NewServer(h)
 	defer front.Close()
-	defer srv.closeIdle()
 	u0 := procSample()
 	if _, err := fmt.Fprintf(stdin, "proxy %s\n", front.URL); err != nil {
 		b.Fatal(err)

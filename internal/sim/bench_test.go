@@ -9,7 +9,7 @@ import (
 // BenchmarkRun simulates the Mooncake conversation trace with the default
 // policies (round_robin, least_load, kv, cache_greedy), in parallel on
 // GOMAXPROCS. The issue's goal is replicas=64/requests=24062 (the trace
-// twice) in at most 10 s. Run:
+// twice) in at most 10 s; cpu-s/run is the process CPU time per run. Run:
 //
 //	go test -run '^$' -bench BenchmarkRun -benchtime 1x ./internal/sim/
 func BenchmarkRun(b *testing.B) {
@@ -33,13 +33,16 @@ func BenchmarkRun(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.ReportAllocs()
+			cpu := cpuTime()
 			for b.Loop() {
 				if _, err := Run(b.Context(), Config{Replicas: c.replicas}, w); err != nil {
 					b.Fatal(err)
 				}
 			}
+			cpu = cpuTime() - cpu
 			b.ReportMetric(float64(len(w.Requests)*b.N)/b.Elapsed().Seconds(), "requests/s")
 			b.ReportMetric(b.Elapsed().Seconds()/float64(b.N), "s/run")
+			b.ReportMetric(cpu.Seconds()/float64(b.N), "cpu-s/run")
 		})
 	}
 }
@@ -47,7 +50,9 @@ func BenchmarkRun(b *testing.B) {
 // BenchmarkPolicy runs the issue's workload (the Mooncake trace twice,
 // 24,062 requests, 64 replicas) with one policy at a time, as
 // `kvrouter sim --scenario mooncake --replicas 64 --repeat 2 --policies P`
-// does (pipelined when a core is free). The goal is at most 10 s a run:
+// does (pipelined when a core is free). The goal is at most 10 s a run;
+// cpu-s/run is the process's CPU time (user+system, both goroutines) per
+// run, which a busy machine moves far less than s/run:
 //
 //	go test -run '^$' -bench 'BenchmarkPolicy/policy=kv' -benchtime 1x ./internal/sim/
 func BenchmarkPolicy(b *testing.B) {
@@ -55,13 +60,16 @@ func BenchmarkPolicy(b *testing.B) {
 	for _, p := range DefaultPolicies() {
 		b.Run("policy="+p, func(b *testing.B) {
 			b.ReportAllocs()
+			cpu := cpuTime()
 			for b.Loop() {
 				if _, err := Run(b.Context(), Config{Replicas: 64, Policies: []string{p}}, w); err != nil {
 					b.Fatal(err)
 				}
 			}
+			cpu = cpuTime() - cpu
 			b.ReportMetric(float64(len(w.Requests)*b.N)/b.Elapsed().Seconds(), "requests/s")
 			b.ReportMetric(b.Elapsed().Seconds()/float64(b.N), "s/run")
+			b.ReportMetric(cpu.Seconds()/float64(b.N), "cpu-s/run")
 		})
 	}
 }
