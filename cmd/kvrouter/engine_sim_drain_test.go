@@ -214,4 +214,3 @@ func TestEngineSimDrain(t *testing.T) {
 		t.Logf("SIGTERM -> stream cut %v after %d chunks, exit %v", r.at.Sub(t0).Round(time.Millisecond), r.chunks, took.Round(time.Millisecond))
 	})
 }
-
