@@ -302,7 +302,9 @@ func (s *Source) badAnnotation(pod, key, value string, err error) {
 	}
 }
 
-// logChange logs engines added, removed or changed state.
+// logChange logs engines added, removed, replaced (another Pod at the
+// same address) or changed: one line per changed field (state, settings,
+// role, API key; never the key itself).
 func (s *Source) logChange(old, cur []Engine) {
 	prev := make(map[string]Engine, len(old))
 	for _, e := range old {
@@ -311,16 +313,24 @@ func (s *Source) logChange(old, cur []Engine) {
 	for _, e := range cur {
 		p, ok := prev[e.Addr]
 		delete(prev, e.Addr)
-		switch {
-		case !ok:
+		if !ok {
 			s.log.Info("engine discovered", "engine", e.Name, "addr", e.Addr, "state", e.State.String())
-		case p.State != e.State:
+			continue
+		}
+		if p.Name != e.Name {
+			s.log.Info("engine replaced: another pod at its address", "engine", e.Name, "addr", e.Addr, "state", e.State.String(), "was", p.Name)
+			continue
+		}
+		if p.State != e.State {
 			s.log.Info("engine state", "engine", e.Name, "addr", e.Addr, "state", e.State.String(), "was", p.State.String())
-		case p.Settings != e.Settings:
+		}
+		if p.Settings != e.Settings {
 			s.log.Info("engine settings changed", "engine", e.Name, "addr", e.Addr)
-		case p.Role != e.Role:
+		}
+		if p.Role != e.Role {
 			s.log.Info("engine role changed", "engine", e.Name, "addr", e.Addr, "role", e.Role, "was", p.Role)
-		case p != e:
+		}
+		if p.APIKey != e.APIKey {
 			s.log.Info("engine API key changed", "engine", e.Name, "addr", e.Addr)
 		}
 	}
