@@ -1,12 +1,17 @@
 package discovery
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -172,4 +177,123 @@ func must(b []byte, err error) []byte {
 		panic(err)
 	}
 	return b
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and the test reading it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestAPIServerOutageCatchUp: discovery under the router's ServiceAccount
+// (the Role in deploy/, RBAC on), with Pod annotations (two watchers: the
+// EndpointSlices and the Pods). kube-apiserver stops for 12 s, long enough
+// for client-go's default backoff to have grown to several seconds; one
+// change per watcher is made meanwhile in etcd (a slice deleted, an
+// endpoint's Pod deleted). Once kube-apiserver answers /readyz again, both
+// changes must reach the snapshot within 1 s: a watcher retries at most
+// 0.3 s after a failure (retryCap with its jitter), the watch that cannot
+// resume after the restart re-lists at once, and a refusal by the new
+// server's authorizer before its cache loads costs one more retry, so
+// 0.6 s of delays at most plus a few requests. No refusal is logged above
+// Debug.
+func TestAPIServerOutageCatchUp(t *testing.T) {
+	t.Parallel()
+	c := k8stest.Start(t, k8stest.Options{RBAC: true})
+	e := newEnv(t, c, "outage")
+	role, rb := rbacObjects(t, e.ns)
+	if _, err := e.cs.RbacV1().Roles(e.ns).Create(e.ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.cs.RbacV1().RoleBindings(e.ns).Create(e.ctx, rb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := c.ServiceAccountConfig(e.ctx, e.ns, rb.Subjects[0].Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ip := range []string{"192.0.2.1", "192.0.2.2", "192.0.2.3"} {
+		e.pod(t, "pod-"+strings.ReplaceAll(ip, ".", "-"), ip, map[string]string{"app": "vllm"}, nil, true)
+	}
+	e.apply(t, endpointSlice(e.ns, "vllm-a", "vllm", 8000, readyEP("192.0.2.1"), readyEP("192.0.2.2")))
+	e.apply(t, endpointSlice(e.ns, "vllm-c", "vllm", 8000, readyEP("192.0.2.3")))
+
+	logs := &syncBuffer{}
+	reg := prometheus.NewRegistry()
+	src, err := New(Config{Namespace: e.ns, Service: "vllm", PodAnnotations: true}, rc,
+		slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{src: src, reg: reg, done: make(chan error, 1)}
+	go func() { r.done <- src.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-r.done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("discovery log:\n%s", logs.String())
+		}
+	})
+	r.waitAddrs(t, "192.0.2.1:8000=ready", "192.0.2.2:8000=ready", "192.0.2.3:8000=ready")
+	errs0, lists0 := testutil.ToFloat64(src.m.watchErrors), testutil.ToFloat64(src.m.lists)
+
+	c.StopAPIServer()
+	stopped := time.Now()
+	for _, key := range []string{"/registry/endpointslices/" + e.ns + "/vllm-c", "/registry/pods/" + e.ns + "/pod-192-0-2-2"} {
+		if n, err := c.EtcdDelete(e.ctx, key); err != nil || n != 1 {
+			t.Fatalf("EtcdDelete %s = %d, %v; want 1 key", key, n, err)
+		}
+	}
+	// The outage lasts 12 s; nothing can reach the source meanwhile.
+	const outage = 12 * time.Second
+	for time.Since(stopped) < outage {
+		select {
+		case s := <-src.Snapshots():
+			t.Fatalf("snapshot during the outage: %s", show(s))
+		case err := <-r.done:
+			t.Fatalf("Run returned during the outage: %v", err)
+		case <-time.After(outage - time.Since(stopped)):
+		}
+	}
+	failed := testutil.ToFloat64(src.m.watchErrors) - errs0
+	if err := c.StartAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	r.waitAddrs(t, "192.0.2.1:8000=ready")
+	took := time.Since(back)
+	t.Logf("outage %v, %v failed tries during it; both changes in the snapshot %v after kube-apiserver answered /readyz; %v re-lists",
+		back.Sub(stopped).Round(time.Millisecond), failed, took.Round(time.Millisecond), testutil.ToFloat64(src.m.lists)-lists0)
+	if took > time.Second {
+		t.Errorf("caught up %v after kube-apiserver was back, want <= 1 s", took.Round(time.Millisecond))
+	}
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if (strings.Contains(line, "forbidden") || strings.Contains(line, "Unauthorized")) && !strings.Contains(line, "level=DEBUG") {
+			t.Errorf("a refusal logged above Debug: %s", line)
+		}
+		if strings.Contains(line, "level=ERROR") {
+			t.Errorf("an error logged: %s", line)
+		}
+	}
+	if n := strings.Count(logs.String(), "forbidden"); n > 0 {
+		t.Logf("%d refusal lines at Debug", n)
+	}
+	// The source keeps watching.
+	e.apply(t, endpointSlice(e.ns, "vllm-a", "vllm", 8000, readyEP("192.0.2.1"), readyEP("192.0.2.3")))
+	r.waitAddrs(t, "192.0.2.1:8000=ready", "192.0.2.3:8000=ready")
 }

@@ -125,19 +125,16 @@ func (s *Source) Run(ctx context.Context) error {
 		return err
 	}
 	var synced atomic.Bool
-	var sliceInf, podInf cache.SharedIndexInformer
+	var sliceInf, podInf *watcher
 	if s.cfg.Service != "" {
 		sel := discoveryv1.LabelServiceName + "=" + s.cfg.Service
 		api := s.client.DiscoveryV1().EndpointSlices(s.cfg.Namespace)
-		sliceInf = s.informer(&discoveryv1.EndpointSlice{}, sel,
+		sliceInf = s.informer(&discoveryv1.EndpointSlice{}, sel, nil,
 			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return api.List(ctx, o) },
 			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return api.Watch(ctx, o) })
 	}
 	if s.cfg.PodAnnotations {
-		var err error
-		if podInf, err = s.podInformer(); err != nil {
-			return err
-		}
+		podInf = s.podInformer()
 	}
 	stopped := func() error {
 		if parent.Err() != nil {
@@ -186,17 +183,20 @@ func (s *Source) Run(ctx context.Context) error {
 	}
 }
 
-// informer makes a shared informer over one namespace's objects matching
-// selector, counting the full lists answered.
-func (s *Source) informer(obj runtime.Object, selector string,
+// informer makes a watcher of one namespace's objects matching selector,
+// trimmed by transform (nil: kept whole), counting the full lists
+// answered; every change pokes the snapshot loop.
+func (s *Source) informer(obj runtime.Object, selector string, transform cache.TransformFunc,
 	list func(context.Context, metav1.ListOptions) (runtime.Object, error),
-	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) cache.SharedIndexInformer {
+	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) *watcher {
+	var w *watcher
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.LabelSelector = selector
 			obj, err := list(ctx, o)
 			if err == nil {
 				s.m.lists.Inc()
+				s.recovered(w)
 			}
 			return obj, err
 		},
@@ -205,7 +205,8 @@ func (s *Source) informer(obj runtime.Object, selector string,
 			return watchFn(ctx, o)
 		},
 	}
-	return cache.NewSharedIndexInformerWithOptions(plainList{lw}, obj, cache.SharedIndexInformerOptions{ResyncPeriod: s.cfg.Resync})
+	w = newWatcher(plainList{lw}, obj, s.cfg.Resync, transform, s.poke)
+	return w
 }
 
 // plainList makes the informer list with a List call, not with client-go's
@@ -246,7 +247,7 @@ func (s *Source) send(snap Snapshot) {
 }
 
 // build lists the engines from the informers' caches.
-func (s *Source) build(b *builder, sliceInf, podInf cache.SharedIndexInformer) []Engine {
+func (s *Source) build(b *builder, sliceInf, podInf *watcher) []Engine {
 	var pods []*corev1.Pod
 	var podByName map[string]*corev1.Pod
 	if podInf != nil {
@@ -339,35 +340,25 @@ func (s *Source) logChange(old, cur []Engine) {
 	}
 }
 
-// startInformers sets up each informer (nil ones skipped) the same way and
-// runs it on wg until ictx ends: watch errors are counted; before the first
+// startInformers sets up each watcher (nil ones skipped) the same way and
+// runs it on wg until ictx ends: failures are counted; before the first
 // sync (synced false) one refused as forbidden or unauthorized (and not
 // found, with notFoundFatal: a CRD that is not installed) cancels the run
-// with an error naming the resource; any other error, or any later, goes
-// to client-go's default handler (logged, retried with backoff); every add,
-// update and delete pokes the snapshot loop; an informer's panic cancels
-// the run instead of crossing the goroutine.
-func (s *Source) startInformers(ictx context.Context, cancel context.CancelCauseFunc, wg *sync.WaitGroup, synced *atomic.Bool, notFoundFatal bool, infs ...cache.SharedIndexInformer) error {
+// with an error naming the resource; any other failure, or any later, is
+// logged (watchFailed) and retried within the bounded delay (watcher.go);
+// a watcher's panic cancels the run instead of crossing the goroutine.
+func (s *Source) startInformers(ictx context.Context, cancel context.CancelCauseFunc, wg *sync.WaitGroup, synced *atomic.Bool, notFoundFatal bool, infs ...*watcher) error {
 	for _, inf := range infs {
 		if inf == nil {
 			continue
 		}
-		if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+		inf.onError = func(ctx context.Context, err error) {
 			s.m.watchErrors.Inc()
 			if !synced.Load() && (apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) || (notFoundFatal && apierrors.IsNotFound(err))) {
-				cancel(fmt.Errorf("discovery: %s in namespace %s: %w", r.TypeDescription(), s.cfg.Namespace, err))
+				cancel(fmt.Errorf("discovery: %s in namespace %s: %w", inf.TypeDescription(), s.cfg.Namespace, err))
 				return
 			}
-			cache.DefaultWatchErrorHandler(ctx, r, err)
-		}); err != nil {
-			return fmt.Errorf("discovery: %w", err)
-		}
-		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(any) { s.poke() },
-			UpdateFunc: func(any, any) { s.poke() },
-			DeleteFunc: func(any) { s.poke() },
-		}); err != nil {
-			return fmt.Errorf("discovery: %w", err)
+			s.watchFailed(inf, err)
 		}
 		wg.Go(func() {
 			defer func() {
@@ -375,14 +366,66 @@ func (s *Source) startInformers(ictx context.Context, cancel context.CancelCause
 					cancel(fmt.Errorf("discovery: informer panic: %v", p))
 				}
 			}()
-			inf.RunWithContext(ictx)
+			inf.Run(ictx)
 		})
 	}
 	return nil
 }
 
-// hasSynced is the HasSynced of each non-nil informer.
-func hasSynced(infs ...cache.SharedIndexInformer) []cache.InformerSynced {
+// quietRefusal is how long a list or watch refused as forbidden or
+// unauthorized after the first sync is logged at Debug only: a kube-apiserver
+// that has just started refuses until its authorization cache has loaded
+// (once per restart). Refused for longer, it is a warning (RBAC changed).
+const quietRefusal = 10 * time.Second
+
+// watchFailed logs a failure that ended a watcher's list and watch: the
+// first of a run of failures at Warn (a refusal at Debug until it has
+// lasted quietRefusal, then Warn once), the rest of the run at Debug (they
+// are counted in kvrouter_discovery_watch_errors_total); a watch that could
+// not resume is the normal way to a re-list and logged at Debug.
+func (s *Source) watchFailed(w *watcher, err error) {
+	kind := w.TypeDescription()
+	if resumeFailed(err) {
+		s.log.Debug("discovery: watch cannot resume; re-listing", "type", kind, "err", err)
+		return
+	}
+	now := time.Now()
+	w.mu.Lock()
+	if w.failures == 0 {
+		w.failSince = now
+	}
+	w.failures++
+	n, since, warned := w.failures, w.failSince, w.warned
+	refused := apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err)
+	loud := !warned && (!refused || now.Sub(since) >= quietRefusal)
+	w.warned = w.warned || loud
+	w.mu.Unlock()
+	if loud {
+		s.log.Warn("discovery: list or watch failed; retrying every 0.3 s at most, serving the last engine set meanwhile",
+			"type", kind, "failures", n, "for", now.Sub(since).Round(time.Millisecond), "err", err)
+		return
+	}
+	s.log.Debug("discovery: list or watch failed; retrying", "type", kind, "failures", n, "err", err)
+}
+
+// recovered notes a list answered: after a run of failures it logs how
+// long they lasted.
+func (s *Source) recovered(w *watcher) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	n, since := w.failures, w.failSince
+	w.failures, w.warned = 0, false
+	w.mu.Unlock()
+	if n > 0 {
+		s.log.Info("discovery: listed again after failures", "type", w.TypeDescription(), "failures", n,
+			"for", time.Since(since).Round(time.Millisecond))
+	}
+}
+
+// hasSynced is the HasSynced of each non-nil watcher.
+func hasSynced(infs ...*watcher) []cache.InformerSynced {
 	var out []cache.InformerSynced
 	for _, inf := range infs {
 		if inf != nil {
@@ -392,15 +435,11 @@ func hasSynced(infs ...cache.SharedIndexInformer) []cache.InformerSynced {
 	return out
 }
 
-// podInformer is an informer on the namespace's Pods matching
+// podInformer is a watcher of the namespace's Pods matching
 // Config.Selector, trimmed to what discovery reads (trimPod).
-func (s *Source) podInformer() (cache.SharedIndexInformer, error) {
+func (s *Source) podInformer() *watcher {
 	api := s.client.CoreV1().Pods(s.cfg.Namespace)
-	inf := s.informer(&corev1.Pod{}, s.cfg.Selector,
+	return s.informer(&corev1.Pod{}, s.cfg.Selector, trimPod,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return api.List(ctx, o) },
 		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return api.Watch(ctx, o) })
-	if err := inf.SetTransform(trimPod); err != nil {
-		return nil, fmt.Errorf("discovery: %w", err)
-	}
-	return inf, nil
 }
