@@ -196,7 +196,7 @@ func (s *Source) informer(obj runtime.Object, selector string, transform cache.T
 			obj, err := list(ctx, o)
 			if err == nil {
 				s.m.lists.Inc()
-				s.recovered(w)
+				w.listed(s.log)
 			}
 			return obj, err
 		},
@@ -345,7 +345,7 @@ func (s *Source) logChange(old, cur []Engine) {
 // sync (synced false) one refused as forbidden or unauthorized (and not
 // found, with notFoundFatal: a CRD that is not installed) cancels the run
 // with an error naming the resource; any other failure, or any later, is
-// logged (watchFailed) and retried within the bounded delay (watcher.go);
+// logged (watcher.failed) and retried within the bounded delay (watcher.go);
 // a watcher's panic cancels the run instead of crossing the goroutine.
 func (s *Source) startInformers(ictx context.Context, cancel context.CancelCauseFunc, wg *sync.WaitGroup, synced *atomic.Bool, notFoundFatal bool, infs ...*watcher) error {
 	for _, inf := range infs {
@@ -358,7 +358,7 @@ func (s *Source) startInformers(ictx context.Context, cancel context.CancelCause
 				cancel(fmt.Errorf("discovery: %s in namespace %s: %w", inf.TypeDescription(), s.cfg.Namespace, err))
 				return
 			}
-			s.watchFailed(inf, err)
+			inf.failed(s.log, err)
 		}
 		wg.Go(func() {
 			defer func() {
@@ -370,58 +370,6 @@ func (s *Source) startInformers(ictx context.Context, cancel context.CancelCause
 		})
 	}
 	return nil
-}
-
-// quietRefusal is how long a list or watch refused as forbidden or
-// unauthorized after the first sync is logged at Debug only: a kube-apiserver
-// that has just started refuses until its authorization cache has loaded
-// (once per restart). Refused for longer, it is a warning (RBAC changed).
-const quietRefusal = 10 * time.Second
-
-// watchFailed logs a failure that ended a watcher's list and watch: the
-// first of a run of failures at Warn (a refusal at Debug until it has
-// lasted quietRefusal, then Warn once), the rest of the run at Debug (they
-// are counted in kvrouter_discovery_watch_errors_total); a watch that could
-// not resume is the normal way to a re-list and logged at Debug.
-func (s *Source) watchFailed(w *watcher, err error) {
-	kind := w.TypeDescription()
-	if resumeFailed(err) {
-		s.log.Debug("discovery: watch cannot resume; re-listing", "type", kind, "err", err)
-		return
-	}
-	now := time.Now()
-	w.mu.Lock()
-	if w.failures == 0 {
-		w.failSince = now
-	}
-	w.failures++
-	n, since, warned := w.failures, w.failSince, w.warned
-	refused := apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err)
-	loud := !warned && (!refused || now.Sub(since) >= quietRefusal)
-	w.warned = w.warned || loud
-	w.mu.Unlock()
-	if loud {
-		s.log.Warn("discovery: list or watch failed; retrying every 0.3 s at most, serving the last engine set meanwhile",
-			"type", kind, "failures", n, "for", now.Sub(since).Round(time.Millisecond), "err", err)
-		return
-	}
-	s.log.Debug("discovery: list or watch failed; retrying", "type", kind, "failures", n, "err", err)
-}
-
-// recovered notes a list answered: after a run of failures it logs how
-// long they lasted.
-func (s *Source) recovered(w *watcher) {
-	if w == nil {
-		return
-	}
-	w.mu.Lock()
-	n, since := w.failures, w.failSince
-	w.failures, w.warned = 0, false
-	w.mu.Unlock()
-	if n > 0 {
-		s.log.Info("discovery: listed again after failures", "type", w.TypeDescription(), "failures", n,
-			"for", time.Since(since).Round(time.Millisecond))
-	}
 }
 
 // hasSynced is the HasSynced of each non-nil watcher.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -184,4 +185,56 @@ func (n *notifyStore) Replace(list []any, rv string) error {
 func (n *notifyStore) Resync() error {
 	n.changed()
 	return nil
+}
+
+// quietRefusal is how long a list or watch refused as forbidden or
+// unauthorized after the first sync is logged at Debug only: a kube-apiserver
+// that has just started refuses until its authorization cache has loaded
+// (once per restart). Refused for longer, it is a warning (RBAC changed).
+const quietRefusal = 10 * time.Second
+
+// failed logs a failure that ended a watcher's list and watch: the
+// first of a run of failures at Warn (a refusal at Debug until it has
+// lasted quietRefusal, then Warn once), the rest of the run at Debug (they
+// are counted in kvrouter_discovery_watch_errors_total); a watch that could
+// not resume is the normal way to a re-list and logged at Debug.
+func (w *watcher) failed(log *slog.Logger, err error) {
+	kind := w.TypeDescription()
+	if resumeFailed(err) {
+		log.Debug("discovery: watch cannot resume; re-listing", "type", kind, "err", err)
+		return
+	}
+	now := time.Now()
+	w.mu.Lock()
+	if w.failures == 0 {
+		w.failSince = now
+	}
+	w.failures++
+	n, since, warned := w.failures, w.failSince, w.warned
+	refused := apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err)
+	loud := !warned && (!refused || now.Sub(since) >= quietRefusal)
+	w.warned = w.warned || loud
+	w.mu.Unlock()
+	if loud {
+		log.Warn("discovery: list or watch failed; retrying every 0.3 s at most, serving the last engine set meanwhile",
+			"type", kind, "failures", n, "for", now.Sub(since).Round(time.Millisecond), "err", err)
+		return
+	}
+	log.Debug("discovery: list or watch failed; retrying", "type", kind, "failures", n, "err", err)
+}
+
+// listed notes a list answered: after a run of failures it logs how long
+// they lasted. Nil w does nothing (a list before the watcher was made).
+func (w *watcher) listed(log *slog.Logger) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	n, since := w.failures, w.failSince
+	w.failures, w.warned = 0, false
+	w.mu.Unlock()
+	if n > 0 {
+		log.Info("discovery: listed again after failures", "type", w.TypeDescription(), "failures", n,
+			"for", time.Since(since).Round(time.Millisecond))
+	}
 }
