@@ -105,7 +105,7 @@ func (s *Source) Snapshots() <-chan Snapshot { return s.out }
 // error wrapping ErrForbidden that names them. Before the first sync a
 // list or watch refused as forbidden or unauthorized (missing RBAC, bad
 // token) ends Run with that error; other failures, and any later, are logged,
-// counted, and retried by the informers with backoff.
+// counted, and retried within 0.3 s (watcher.go).
 func (s *Source) Run(ctx context.Context) error {
 	if !s.started.CompareAndSwap(false, true) {
 		return errors.New("discovery: Run called twice")
@@ -209,7 +209,7 @@ func (s *Source) informer(obj runtime.Object, selector string, transform cache.T
 	return w
 }
 
-// plainList makes the informer list with a List call, not with client-go's
+// plainList makes the reflector list with a List call, not with client-go's
 // WatchList stream (a watch that sends the initial state). One Service's
 // EndpointSlices or one selector's Pods are small; a List behaves the same
 // on every API server (WatchList falls back to List over etcd 3.4) and
