@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -270,15 +271,48 @@ func TestAPIServerOutageCatchUp(t *testing.T) {
 		case <-time.After(outage - time.Since(stopped)):
 		}
 	}
-	failed := testutil.ToFloat64(src.m.watchErrors) - errs0
-	if err := c.StartAPIServer(); err != nil {
-		t.Fatal(err)
+	// When kube-apiserver accepts connections again (it answers some
+	// requests before /readyz is 200).
+	listening := make(chan time.Time, 1)
+	pollCtx, stopPoll := context.WithCancel(e.ctx)
+	go func() {
+		host := strings.TrimPrefix(c.URL(), "https://")
+		for pollCtx.Err() == nil {
+			if conn, err := net.DialTimeout("tcp", host, time.Second); err == nil {
+				conn.Close()
+				listening <- time.Now()
+				return
+			}
+			time.Sleep(5 * time.Millisecond) // polling a port: no event to wait on
+		}
+	}()
+	type started struct {
+		at  time.Time
+		err error
 	}
-	back := time.Now()
+	ready := make(chan started, 1)
+	go func() {
+		err := c.StartAPIServer() // returns once /readyz is 200 (polled every 200 ms)
+		ready <- started{time.Now(), err}
+	}()
+	// Snapshots are read as they come, while kube-apiserver starts.
 	r.waitAddrs(t, "192.0.2.1:8000=ready")
-	took := time.Since(back)
-	t.Logf("outage %v, %v failed tries during it; both changes in the snapshot %v after kube-apiserver answered /readyz; %v re-lists",
-		back.Sub(stopped).Round(time.Millisecond), failed, took.Round(time.Millisecond), testutil.ToFloat64(src.m.lists)-lists0)
+	caught := time.Now()
+	st := <-ready
+	if st.err != nil {
+		t.Fatal(st.err)
+	}
+	stopPoll()
+	var listen time.Time
+	select {
+	case listen = <-listening:
+	default:
+	}
+	back := st.at
+	took := caught.Sub(back) // negative: caught up before /readyz said so
+	t.Logf("outage %v (stop to /readyz); %v failed list-and-watches, %v re-lists; both changes in the snapshot %v after kube-apiserver answered /readyz (%v after it accepted connections)",
+		back.Sub(stopped).Round(time.Millisecond), testutil.ToFloat64(src.m.watchErrors)-errs0, testutil.ToFloat64(src.m.lists)-lists0,
+		took.Round(time.Millisecond), caught.Sub(listen).Round(time.Millisecond))
 	if took > time.Second {
 		t.Errorf("caught up %v after kube-apiserver was back, want <= 1 s", took.Round(time.Millisecond))
 	}
