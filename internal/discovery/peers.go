@@ -136,22 +136,18 @@ func (p *Peers) Run(ctx context.Context) error {
 	api := p.client.CoreV1().Pods(p.cfg.Namespace)
 	sel := p.cfg.Selector
 	var w *watcher
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+	w = newWatcher(watchSpec{
+		obj: &corev1.Pod{},
+		list: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.LabelSelector = sel
-			obj, err := api.List(ctx, o)
-			if err == nil {
-				w.listed(p.log)
-			}
-			return obj, err
+			return api.List(ctx, o)
 		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+		watch: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			o.LabelSelector = sel
 			return api.Watch(ctx, o)
 		},
-	}
-	w = newWatcher(plainList{lw}, &corev1.Pod{}, p.cfg.Resync, trimPod, func() { p.update(w.GetStore()) })
-	w.onError = func(_ context.Context, err error) { w.failed(p.log, err) }
+		resync: p.cfg.Resync, transform: trimPod, changed: func() { p.update(w.GetStore()) }, log: p.log,
+	})
 	defer p.setPlace(1, 0)
 	ictx := klog.NewContext(ctx, logr.FromSlogHandler(p.log.Handler()))
 	done := make(chan struct{})

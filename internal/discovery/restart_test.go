@@ -209,7 +209,8 @@ func (s *syncBuffer) String() string {
 // resume after the restart re-lists at once, and a refusal by the new
 // server's authorizer before its cache loads costs one more retry, so
 // 0.6 s of delays at most plus a few requests. No refusal is logged above
-// Debug.
+// Debug; the outage is logged once per watch when it starts and when it
+// ends.
 func TestAPIServerOutageCatchUp(t *testing.T) {
 	t.Parallel()
 	c := k8stest.Start(t, k8stest.Options{RBAC: true})
@@ -326,6 +327,12 @@ func TestAPIServerOutageCatchUp(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), "forbidden"); n > 0 {
 		t.Logf("%d refusal lines at Debug", n)
+	}
+	// The outage is told once per watch at Warn, its end at Info.
+	for _, want := range []string{`level=WARN msg="discovery: list or watch failed`, `level=INFO msg="discovery: API server answering again after failures"`} {
+		if n := strings.Count(logs.String(), want); n != 2 {
+			t.Errorf("%d lines %s, want one per watch", n, want)
+		}
 	}
 	// The source keeps watching.
 	e.apply(t, endpointSlice(e.ns, "vllm-a", "vllm", 8000, readyEP("192.0.2.1"), readyEP("192.0.2.3")))

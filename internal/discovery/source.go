@@ -185,28 +185,23 @@ func (s *Source) Run(ctx context.Context) error {
 
 // informer makes a watcher of one namespace's objects matching selector,
 // trimmed by transform (nil: kept whole), counting the full lists
-// answered; every change pokes the snapshot loop.
+// answered and the failures; every change pokes the snapshot loop.
 func (s *Source) informer(obj runtime.Object, selector string, transform cache.TransformFunc,
 	list func(context.Context, metav1.ListOptions) (runtime.Object, error),
 	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) *watcher {
-	var w *watcher
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+	return newWatcher(watchSpec{
+		obj: obj,
+		list: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.LabelSelector = selector
-			obj, err := list(ctx, o)
-			if err == nil {
-				s.m.lists.Inc()
-				w.listed(s.log)
-			}
-			return obj, err
+			return list(ctx, o)
 		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+		watch: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			o.LabelSelector = selector
 			return watchFn(ctx, o)
 		},
-	}
-	w = newWatcher(plainList{lw}, obj, s.cfg.Resync, transform, s.poke)
-	return w
+		resync: s.cfg.Resync, transform: transform, changed: s.poke,
+		listed: s.m.lists.Inc, failed: func(error) { s.m.watchErrors.Inc() }, log: s.log,
+	})
 }
 
 // plainList makes the reflector list with a List call, not with client-go's
@@ -340,12 +335,12 @@ func (s *Source) logChange(old, cur []Engine) {
 	}
 }
 
-// startInformers sets up each watcher (nil ones skipped) the same way and
-// runs it on wg until ictx ends: failures are counted; before the first
-// sync (synced false) one refused as forbidden or unauthorized (and not
-// found, with notFoundFatal: a CRD that is not installed) cancels the run
-// with an error naming the resource; any other failure, or any later, is
-// logged (watcher.failed) and retried within the bounded delay (watcher.go);
+// startInformers runs each watcher (nil ones skipped) on wg until ictx
+// ends: before the first sync (synced false) a failure refused as
+// forbidden or unauthorized (and not found, with notFoundFatal: a CRD that
+// is not installed) cancels the run with an error naming the resource; any
+// other failure, or any later, is counted, logged and retried within the
+// bounded delay (watcher.go);
 // a watcher's panic cancels the run instead of crossing the goroutine.
 func (s *Source) startInformers(ictx context.Context, cancel context.CancelCauseFunc, wg *sync.WaitGroup, synced *atomic.Bool, notFoundFatal bool, infs ...*watcher) error {
 	for _, inf := range infs {
@@ -353,12 +348,9 @@ func (s *Source) startInformers(ictx context.Context, cancel context.CancelCause
 			continue
 		}
 		inf.onError = func(ctx context.Context, err error) {
-			s.m.watchErrors.Inc()
 			if !synced.Load() && (apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) || (notFoundFatal && apierrors.IsNotFound(err))) {
 				cancel(fmt.Errorf("discovery: %s in namespace %s: %w", inf.TypeDescription(), s.cfg.Namespace, err))
-				return
 			}
-			inf.failed(s.log, err)
 		}
 		wg.Go(func() {
 			defer func() {

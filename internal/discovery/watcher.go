@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -39,22 +40,41 @@ func retryBackoff() *wait.Backoff {
 	return &wait.Backoff{Duration: retryFirst, Factor: 2, Jitter: retryJitter, Cap: retryCap, Steps: math.MaxInt32}
 }
 
+// watchSpec is what a watcher watches and whom it tells.
+type watchSpec struct {
+	obj       runtime.Object // the kind, e.g. &corev1.Pod{}
+	list      func(context.Context, metav1.ListOptions) (runtime.Object, error)
+	watch     func(context.Context, metav1.ListOptions) (watch.Interface, error)
+	resync    time.Duration       // 0: none
+	transform cache.TransformFunc // trims each object before it is stored; nil: kept whole
+	changed   func()              // after every change to the store
+	listed    func()              // after every list answered; nil: none
+	failed    func(err error)     // after every failure (counted once); nil: none
+	log       *slog.Logger        // failures and recoveries (failed, answered)
+}
+
 // watcher lists and watches one kind of object into a store: client-go's
 // Reflector (list, then watch from the list's resource version, watch
 // again while it can resume), run in a loop of its own that re-lists after
 // any failure within the bounded retry delay. It stands in for a
 // SharedIndexInformer, whose reflector's backoff cannot be set, and calls
 // changed after every change to the store (adds, updates, deletes, a
-// re-list, a resync), from which the caller rebuilds its view.
+// re-list, a resync), from which the caller rebuilds its view. Every
+// failure, of a list or watch call (the reflector retries a watch that
+// cannot start by itself, within the same bounded delay) or one that ended
+// a list-and-watch, is counted once (spec.failed) and logged (failed).
 type watcher struct {
-	r       *cache.Reflector
-	store   *notifyStore
-	delay   retryDelay
+	spec  watchSpec
+	r     *cache.Reflector
+	store *notifyStore
+	delay retryDelay
+	// onError, when set, hears every failure that ended a list-and-watch,
+	// before the retry (Source: refusals before the first sync are fatal).
 	onError func(ctx context.Context, err error)
 
-	// A run of failures, for the log (Source.watchFailed, recovered).
 	mu        sync.Mutex
-	failures  int
+	lastCall  error // the last failed call's error, not to count it twice
+	failures  int   // the current run of failures, for the log
 	failSince time.Time
 	warned    bool
 }
@@ -74,13 +94,39 @@ func (d *retryDelay) next(now time.Time) time.Duration {
 	return d.b.Step()
 }
 
-// newWatcher makes a watcher of obj's kind through lw. transform (nil:
-// none) trims each object before it is stored; onError (nil: ignored)
-// hears every failure that ended a list-and-watch, before the retry.
-func newWatcher(lw cache.ListerWatcher, obj runtime.Object, resync time.Duration, transform cache.TransformFunc, changed func()) *watcher {
-	st := &notifyStore{Store: cache.NewStore(cache.MetaNamespaceKeyFunc), transform: transform, changed: changed}
-	r := cache.NewReflectorWithOptions(lw, obj, st, cache.ReflectorOptions{ResyncPeriod: resync, Backoff: retryBackoff()})
-	return &watcher{r: r, store: st}
+// newWatcher makes a watcher as spec says. It lists with List calls
+// (plainList).
+func newWatcher(spec watchSpec) *watcher {
+	if spec.log == nil {
+		spec.log = slog.New(slog.DiscardHandler)
+	}
+	w := &watcher{spec: spec}
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			obj, err := spec.list(ctx, o)
+			if err != nil {
+				w.callFailed(err)
+				return obj, err
+			}
+			if spec.listed != nil {
+				spec.listed()
+			}
+			w.answered()
+			return obj, nil
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			wi, err := spec.watch(ctx, o)
+			if err != nil {
+				w.callFailed(err)
+				return wi, err
+			}
+			w.answered()
+			return wi, nil
+		},
+	}
+	w.store = &notifyStore{Store: cache.NewStore(cache.MetaNamespaceKeyFunc), transform: spec.transform, changed: spec.changed}
+	w.r = cache.NewReflectorWithOptions(plainList{lw}, spec.obj, w.store, cache.ReflectorOptions{ResyncPeriod: spec.resync, Backoff: retryBackoff()})
+	return w
 }
 
 // GetStore is the watched objects (after the first list: HasSynced).
@@ -104,8 +150,17 @@ func (w *watcher) Run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if err != nil && w.onError != nil {
-			w.onError(ctx, err)
+		if err != nil {
+			w.mu.Lock()
+			seen := w.lastCall != nil && errors.Is(err, w.lastCall)
+			w.lastCall = nil
+			w.mu.Unlock()
+			if !seen {
+				w.noteFailure(err)
+			}
+			if w.onError != nil {
+				w.onError(ctx, err)
+			}
 		}
 		if quick = err != nil && resumeFailed(err) && !quick; quick {
 			continue
@@ -118,6 +173,22 @@ func (w *watcher) Run(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// callFailed notes a list or watch call that failed.
+func (w *watcher) callFailed(err error) {
+	w.mu.Lock()
+	w.lastCall = err
+	w.mu.Unlock()
+	w.noteFailure(err)
+}
+
+// noteFailure counts err and logs it (failed).
+func (w *watcher) noteFailure(err error) {
+	if w.spec.failed != nil {
+		w.spec.failed(err)
+	}
+	w.failed(err)
 }
 
 // resumeFailed reports whether err says a watch cannot resume from its
@@ -193,12 +264,13 @@ func (n *notifyStore) Resync() error {
 // (once per restart). Refused for longer, it is a warning (RBAC changed).
 const quietRefusal = 10 * time.Second
 
-// failed logs a failure that ended a watcher's list and watch: the
-// first of a run of failures at Warn (a refusal at Debug until it has
+// failed logs a failure of a list or watch: the first of a run of
+// failures at Warn (a refusal at Debug until it has
 // lasted quietRefusal, then Warn once), the rest of the run at Debug (they
 // are counted in kvrouter_discovery_watch_errors_total); a watch that could
 // not resume is the normal way to a re-list and logged at Debug.
-func (w *watcher) failed(log *slog.Logger, err error) {
+func (w *watcher) failed(err error) {
+	log := w.spec.log
 	kind := w.TypeDescription()
 	if resumeFailed(err) {
 		log.Debug("discovery: watch cannot resume; re-listing", "type", kind, "err", err)
@@ -216,25 +288,23 @@ func (w *watcher) failed(log *slog.Logger, err error) {
 	w.warned = w.warned || loud
 	w.mu.Unlock()
 	if loud {
-		log.Warn("discovery: list or watch failed; retrying every 0.3 s at most, serving the last engine set meanwhile",
+		log.Warn("discovery: list or watch failed; retrying every 0.3 s at most, keeping what was listed last meanwhile",
 			"type", kind, "failures", n, "for", now.Sub(since).Round(time.Millisecond), "err", err)
 		return
 	}
 	log.Debug("discovery: list or watch failed; retrying", "type", kind, "failures", n, "err", err)
 }
 
-// listed notes a list answered: after a run of failures it logs how long
-// they lasted. Nil w does nothing (a list before the watcher was made).
-func (w *watcher) listed(log *slog.Logger) {
-	if w == nil {
-		return
-	}
+// answered notes a list or watch the API server answered: after a run of
+// failures it logs how long they lasted.
+func (w *watcher) answered() {
+	log := w.spec.log
 	w.mu.Lock()
 	n, since := w.failures, w.failSince
 	w.failures, w.warned = 0, false
 	w.mu.Unlock()
 	if n > 0 {
-		log.Info("discovery: listed again after failures", "type", w.TypeDescription(), "failures", n,
+		log.Info("discovery: API server answering again after failures", "type", w.TypeDescription(), "failures", n,
 			"for", time.Since(since).Round(time.Millisecond))
 	}
 }
