@@ -42,8 +42,9 @@ func helmBin(t *testing.T) string {
 
 // TestHelmChart lints the chart, renders it with the default values and
 // the production-stack example, checks that each rendered router.yaml is
-// a valid kvrouter configuration, and applies them and the plain manifests
-// of deploy/manifests with `kubectl apply --dry-run=server` to a real
+// a valid kvrouter configuration, and applies them, the plain manifests
+// of deploy/manifests and the engine example deploy/kubernetes/vllm-engines.yaml
+// with `kubectl apply --dry-run=server` to a real
 // kube-apiserver in RBAC mode; then runs discovery under the chart's own
 // RBAC (testChartRBAC).
 func TestHelmChart(t *testing.T) {
@@ -147,6 +148,8 @@ func TestHelmChart(t *testing.T) {
 	for _, f := range manifests {
 		files["manifests/"+filepath.Base(f)] = f
 	}
+	// The engine example (vLLM Pods that drain; docs/kubernetes.md).
+	files["kubernetes/vllm-engines.yaml"] = filepath.Join("..", "..", "deploy", "kubernetes", "vllm-engines.yaml")
 	for name, f := range files {
 		got := run(kubectl, "--server", rc.Host, "--token", rc.BearerToken, "--certificate-authority", rc.CAFile,
 			"apply", "--dry-run=server", "-f", f)

@@ -73,6 +73,7 @@ func parseEngineSimFlags(args []string, getenv func(string) string, sio stdio) (
 		kvLinkGBps = fs.Float64("kv-link-gbps", 0, "measured link bandwidth in GB/s, overriding --kv-link (engine-sim only)")
 		kvShape    = fs.String("kv-model-shape", "32,8,128,2", "model KV shape layers,kv_heads,head_dim,dtype_bytes for the KV bytes per token (default Llama-3.1-8B bf16: 128 KiB; engine-sim only)")
 		vocab      = fs.Int("vocab-size", 0, "token ids must be below this (default 128256, or 262144 with --tokenizer)")
+		shutdown   = fs.Int("shutdown-timeout", 0, "seconds to drain on SIGTERM or SIGINT (vllm serve --shutdown-timeout): new connections refused, new requests 503, requests in flight finish, the rest aborted after this; 0 (vLLM's default) aborts them at once")
 		f          enginesim.Faults
 		loras      listFlag
 		logLevel   slog.Level
@@ -105,6 +106,9 @@ func parseEngineSimFlags(args []string, getenv func(string) string, sio stdio) (
 	}
 
 	var errs []error
+	if *shutdown < 0 {
+		errs = append(errs, fmt.Errorf("--shutdown-timeout %d: want seconds >= 0", *shutdown))
+	}
 	if *port < 0 || *port > 65535 {
 		errs = append(errs, fmt.Errorf("--port %d: want 0..65535 (0 picks a free one)", *port))
 	}
@@ -140,6 +144,7 @@ func parseEngineSimFlags(args []string, getenv func(string) string, sio stdio) (
 		DataParallelSize:      *dpSize,
 		NoPromptTokensDetails: !*details,
 		Faults:                f,
+		ShutdownTimeout:       time.Duration(*shutdown) * time.Second,
 	}
 	if cfg.ServedModelName == "" {
 		cfg.ServedModelName = *model

@@ -72,7 +72,7 @@ func TestEngineSimFlags(t *testing.T) {
 		"--num-gpu-blocks-override", "5000", "--max-model-len", "8192", "--max-num-seqs", "64",
 		"--kv-events-config", `{"enable_kv_cache_events":true,"endpoint":"tcp://*:5557","topic":"t"}`,
 		"--prefix-caching-hash-algo", "sha256_cbor", "--lora-modules", "ad=/path", "--enable-prompt-tokens-details=false",
-		"--kv-events-buffer-bytes", "1048576",
+		"--kv-events-buffer-bytes", "1048576", "--shutdown-timeout", "30",
 	}, func(k string) string { return env[k] }, stdio{err: io.Discard})
 	if err != nil {
 		t.Fatal(err)
@@ -81,7 +81,7 @@ func TestEngineSimFlags(t *testing.T) {
 	if c.Addr != "127.0.0.1:0" || c.ServedModelName != "m" || c.Core.BlockSize != 32 || c.Core.NumGPUBlocks != 5000 ||
 		c.Core.MaxModelLen != 8192 || c.Core.MaxNumSeqs != 64 || !c.KVEvents.EnableKVCacheEvents || c.KVEvents.Topic != "t" ||
 		c.HashAlgo != "sha256_cbor" || len(c.LoRAModules) != 1 || c.LoRAModules[0] != "ad" || !c.NoPromptTokensDetails ||
-		c.KVEvents.BufferBytes != 1<<20 || c.KVEvents.QueueBytes != enginesim.DefaultQueueBytes {
+		c.KVEvents.BufferBytes != 1<<20 || c.KVEvents.QueueBytes != enginesim.DefaultQueueBytes || c.ShutdownTimeout != 30*time.Second {
 		t.Fatalf("config %+v", c)
 	}
 	// PYTHONHASHSEED=0 makes the hasher vLLM's seeded one: NONE_HASH of "0".
@@ -102,6 +102,7 @@ func TestEngineSimFlags(t *testing.T) {
 		{[]string{"--port", "x"}, ""},
 		{[]string{"--port", "-5"}, "--port -5: want 0..65535"},
 		{[]string{"--port", "65536"}, "--port 65536"},
+		{[]string{"--shutdown-timeout", "-1"}, "--shutdown-timeout -1: want seconds >= 0"},
 		{[]string{"--kv-events-buffer-bytes", "0"}, "--kv-events-buffer-bytes 0"},
 		{[]string{"--kv-events-queue-bytes", "-1"}, "--kv-events-queue-bytes -1"},
 		{[]string{"extra"}, ""},

@@ -483,9 +483,10 @@ func (ts *tokenSource) engine(ep *fleet.Endpoint, log *slog.Logger, reg promethe
 	return et, probe, nil
 }
 
-// connectedEngines returns the engines whose KV event streams are all
-// connected (kvrouter_vllm_connected == 1 on rank 0 and on every other rank
-// that has a series).
+// connectedEngines returns the engines with a KV event subscriber (a
+// kvrouter_vllm_connected series), true for those whose streams are all
+// connected (1 on rank 0 and on every other rank that has a series), false
+// for the others (proxy.Deps.EventsConnected).
 func connectedEngines(g prometheus.Gatherer) map[string]bool {
 	mfs, err := g.Gather()
 	if err != nil {
@@ -515,7 +516,7 @@ func connectedEngines(g prometheus.Gatherer) map[string]bool {
 		}
 	}
 	for e := range down {
-		delete(up, e)
+		up[e] = false
 	}
 	return up
 }

@@ -3,9 +3,11 @@
 //
 // A Source watches one namespace, either the EndpointSlices
 // (discovery.k8s.io/v1) of a Service (label kubernetes.io/service-name) or
-// the Pods matching a label selector, with client-go informers: a list,
-// then a watch, re-listed whenever the watch cannot resume (an API server
-// restart, a compacted resource version), plus a periodic resync. Each
+// the Pods matching a label selector, with client-go's Reflector: a list,
+// then a watch, re-listed at once whenever the watch cannot resume (an API
+// server restart, a compacted resource version), plus a periodic resync;
+// a failed list or watch is retried within 0.3 s (watcher.go), so changes
+// made while the API server was down arrive soon after it is back. Each
 // snapshot is rebuilt from the informers' caches, never patched from
 // events, so an endpoint deleted while the watch was broken cannot survive
 // a re-list (vLLM production-stack #656, "zombie IPs").
@@ -32,8 +34,8 @@
 // role.go). Before its informers start, Run checks with a SelfSubjectAccessReview per call
 // that the API server will allow what it calls (ErrForbidden otherwise).
 //
-// Run owns the informers and their goroutines and returns after all of
-// them stopped. Snapshots delivers each changed snapshot on a channel of
+// Run owns the watches and their goroutines and returns after all of them
+// stopped. Snapshots delivers each changed snapshot on a channel of
 // capacity one: a snapshot not yet received is replaced by the newer one,
 // so a slow consumer sees the latest state and never blocks the watch.
 // docs/kubernetes.md gives the RBAC, the annotations and measured latency.

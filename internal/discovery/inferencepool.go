@@ -48,24 +48,16 @@ func (s *Source) runPool(ctx context.Context) error {
 
 	pools := s.dyn.Resource(InferencePoolResource).Namespace(s.cfg.Namespace)
 	byName := fields.OneTermEqualSelector("metadata.name", s.cfg.InferencePool).String()
-	poolInf := cache.NewSharedIndexInformerWithOptions(plainList{&cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+	poolInf := s.informer(&unstructured.Unstructured{}, "", nil,
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.FieldSelector = byName
-			obj, err := pools.List(ctx, o)
-			if err == nil {
-				s.m.lists.Inc()
-			}
-			return obj, err
+			return pools.List(ctx, o)
 		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			o.FieldSelector = byName
 			return pools.Watch(ctx, o)
-		},
-	}}, &unstructured.Unstructured{}, cache.SharedIndexInformerOptions{ResyncPeriod: s.cfg.Resync})
-	podInf, err := s.podInformer()
-	if err != nil {
-		return err
-	}
+		})
+	podInf := s.podInformer()
 	var synced atomic.Bool
 	// NotFound before the first sync: the CRD is not installed.
 	if err := s.startInformers(ictx, cancel, &wg, &synced, true, poolInf, podInf); err != nil {
@@ -99,7 +91,7 @@ func (s *Source) runPool(ctx context.Context) error {
 }
 
 // poolEngines builds the engines from the cached pool and Pods.
-func (s *Source) poolEngines(poolInf, podInf cache.SharedIndexInformer) []Engine {
+func (s *Source) poolEngines(poolInf, podInf *watcher) []Engine {
 	pool, err := s.cachedPool(poolInf)
 	if err != nil {
 		s.skipped("inferencepool "+s.cfg.Namespace+"/"+s.cfg.InferencePool, err.Error())
@@ -171,7 +163,7 @@ func portEngine(e Engine, i int) Engine {
 }
 
 // cachedPool decodes the informer's pool into the upstream API type.
-func (s *Source) cachedPool(inf cache.SharedIndexInformer) (*infv1.InferencePool, error) {
+func (s *Source) cachedPool(inf *watcher) (*infv1.InferencePool, error) {
 	obj, ok, err := inf.GetStore().GetByKey(s.cfg.Namespace + "/" + s.cfg.InferencePool)
 	if err != nil || !ok {
 		return nil, fmt.Errorf("it does not exist (yet)")

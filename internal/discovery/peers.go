@@ -37,7 +37,7 @@ type PeersConfig struct {
 	// PodName is this replica's own Pod (kvrouter serve: default the
 	// POD_NAME environment variable, the downward API's metadata.name).
 	PodName string `yaml:"pod_name"`
-	// Resync is the informer's resync period (default 5m).
+	// Resync is the watch's resync period (default 5m).
 	Resync time.Duration `yaml:"resync"`
 	// Kubeconfig as in Config (empty: in-cluster).
 	Kubeconfig string `yaml:"kubeconfig"`
@@ -73,8 +73,8 @@ func (c PeersConfig) Validate() error {
 // order, each time that changes. While the own Pod is not among them (not
 // yet Ready, terminating, not listed) or before the first list, the place
 // is (1, 0): one router, no stripes. A watch that fails later keeps the
-// last place (the Pods are most likely unchanged) while client-go retries
-// with backoff. Nothing here blocks routing or makes it fail. Safe for
+// last place (the Pods are most likely unchanged) while it retries (at
+// most 0.3 s apart, then a re-list). Nothing here blocks routing or makes it fail. Safe for
 // concurrent use; Run may be called once.
 type Peers struct {
 	cfg     PeersConfig
@@ -126,8 +126,8 @@ func (p *Peers) Place() (routers, index int) {
 }
 
 // Run watches the router Pods until ctx ends and returns nil once its
-// informer has stopped. Errors (forbidden, API server down) are logged
-// and retried; they never end Run. On return the place goes back to
+// watch has stopped. Errors (forbidden, API server down) are logged and
+// retried within 0.3 s (watcher.go); they never end Run. On return the place goes back to
 // (1, 0).
 func (p *Peers) Run(ctx context.Context) error {
 	if !p.started.CompareAndSwap(false, true) {
@@ -135,29 +135,19 @@ func (p *Peers) Run(ctx context.Context) error {
 	}
 	api := p.client.CoreV1().Pods(p.cfg.Namespace)
 	sel := p.cfg.Selector
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+	var w *watcher
+	w = newWatcher(watchSpec{
+		obj: &corev1.Pod{},
+		list: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.LabelSelector = sel
 			return api.List(ctx, o)
 		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+		watch: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			o.LabelSelector = sel
 			return api.Watch(ctx, o)
 		},
-	}
-	inf := cache.NewSharedIndexInformerWithOptions(plainList{lw}, &corev1.Pod{}, cache.SharedIndexInformerOptions{ResyncPeriod: p.cfg.Resync})
-	if err := inf.SetTransform(trimPod); err != nil {
-		return fmt.Errorf("discovery: peers: %w", err)
-	}
-	update := func() { p.update(inf.GetStore()) }
-	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { update() },
-		UpdateFunc: func(any, any) { update() },
-		DeleteFunc: func(any) { update() },
+		resync: p.cfg.Resync, transform: trimPod, changed: func() { p.update(w.GetStore()) }, log: p.log,
 	})
-	if err != nil {
-		return fmt.Errorf("discovery: peers: %w", err)
-	}
 	defer p.setPlace(1, 0)
 	ictx := klog.NewContext(ctx, logr.FromSlogHandler(p.log.Handler()))
 	done := make(chan struct{})
@@ -165,12 +155,12 @@ func (p *Peers) Run(ctx context.Context) error {
 		defer close(done)
 		defer func() {
 			if r := recover(); r != nil {
-				p.log.Error("peers informer panic; routing as one router", "panic", r)
+				p.log.Error("peers watch panic; routing as one router", "panic", r)
 			}
 		}()
-		inf.RunWithContext(ictx)
+		w.Run(ictx)
 	}()
-	// Once the first list has reached the handler, say whether the own Pod
+	// Once the first list has reached the store, say whether the own Pod
 	// is among the matches: a selector, namespace or pod_name that misses it
 	// otherwise only shows as a router that never stripes.
 	sctx, stopCheck := context.WithCancel(ctx)
@@ -182,8 +172,8 @@ func (p *Peers) Run(ctx context.Context) error {
 				p.log.Error("peers own-Pod check panic", "panic", r)
 			}
 		}()
-		if cache.WaitForCacheSync(sctx.Done(), reg.HasSynced) {
-			p.checkOwn(inf.GetStore())
+		if cache.WaitForCacheSync(sctx.Done(), w.HasSynced) {
+			p.checkOwn(w.GetStore())
 		}
 	}()
 	<-done

@@ -1,12 +1,18 @@
 package discovery
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
+	"net"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -172,4 +178,163 @@ func must(b []byte, err error) []byte {
 		panic(err)
 	}
 	return b
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and the test reading it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestAPIServerOutageCatchUp: discovery under the router's ServiceAccount
+// (the Role in deploy/, RBAC on), with Pod annotations (two watchers: the
+// EndpointSlices and the Pods). kube-apiserver stops for 12 s, long enough
+// for client-go's default backoff to have grown to several seconds; one
+// change per watcher is made meanwhile in etcd (a slice deleted, an
+// endpoint's Pod deleted). Once kube-apiserver answers /readyz again, both
+// changes must reach the snapshot within 1 s: a watcher retries at most
+// 0.3 s after a failure (retryCap with its jitter), the watch that cannot
+// resume after the restart re-lists at once, and a refusal by the new
+// server's authorizer before its cache loads costs one more retry, so
+// 0.6 s of delays at most plus a few requests. No refusal is logged above
+// Debug; the outage is logged once per watch when it starts and when it
+// ends.
+func TestAPIServerOutageCatchUp(t *testing.T) {
+	t.Parallel()
+	c := k8stest.Start(t, k8stest.Options{RBAC: true})
+	e := newEnv(t, c, "outage")
+	role, rb := rbacObjects(t, e.ns)
+	if _, err := e.cs.RbacV1().Roles(e.ns).Create(e.ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.cs.RbacV1().RoleBindings(e.ns).Create(e.ctx, rb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := c.ServiceAccountConfig(e.ctx, e.ns, rb.Subjects[0].Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ip := range []string{"192.0.2.1", "192.0.2.2", "192.0.2.3"} {
+		e.pod(t, "pod-"+strings.ReplaceAll(ip, ".", "-"), ip, map[string]string{"app": "vllm"}, nil, true)
+	}
+	e.apply(t, endpointSlice(e.ns, "vllm-a", "vllm", 8000, readyEP("192.0.2.1"), readyEP("192.0.2.2")))
+	e.apply(t, endpointSlice(e.ns, "vllm-c", "vllm", 8000, readyEP("192.0.2.3")))
+
+	logs := &syncBuffer{}
+	reg := prometheus.NewRegistry()
+	src, err := New(Config{Namespace: e.ns, Service: "vllm", PodAnnotations: true}, rc,
+		slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{src: src, reg: reg, done: make(chan error, 1)}
+	go func() { r.done <- src.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-r.done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("discovery log:\n%s", logs.String())
+		}
+	})
+	r.waitAddrs(t, "192.0.2.1:8000=ready", "192.0.2.2:8000=ready", "192.0.2.3:8000=ready")
+	errs0, lists0 := testutil.ToFloat64(src.m.watchErrors), testutil.ToFloat64(src.m.lists)
+
+	c.StopAPIServer()
+	stopped := time.Now()
+	for _, key := range []string{"/registry/endpointslices/" + e.ns + "/vllm-c", "/registry/pods/" + e.ns + "/pod-192-0-2-2"} {
+		if n, err := c.EtcdDelete(e.ctx, key); err != nil || n != 1 {
+			t.Fatalf("EtcdDelete %s = %d, %v; want 1 key", key, n, err)
+		}
+	}
+	// The outage lasts 12 s; nothing can reach the source meanwhile.
+	const outage = 12 * time.Second
+	for time.Since(stopped) < outage {
+		select {
+		case s := <-src.Snapshots():
+			t.Fatalf("snapshot during the outage: %s", show(s))
+		case err := <-r.done:
+			t.Fatalf("Run returned during the outage: %v", err)
+		case <-time.After(outage - time.Since(stopped)):
+		}
+	}
+	// When kube-apiserver accepts connections again (it answers some
+	// requests before /readyz is 200).
+	listening := make(chan time.Time, 1)
+	pollCtx, stopPoll := context.WithCancel(e.ctx)
+	go func() {
+		host := strings.TrimPrefix(c.URL(), "https://")
+		for pollCtx.Err() == nil {
+			if conn, err := net.DialTimeout("tcp", host, time.Second); err == nil {
+				conn.Close()
+				listening <- time.Now()
+				return
+			}
+			time.Sleep(5 * time.Millisecond) // polling a port: no event to wait on
+		}
+	}()
+	type started struct {
+		at  time.Time
+		err error
+	}
+	ready := make(chan started, 1)
+	go func() {
+		err := c.StartAPIServer() // returns once /readyz is 200 (polled every 200 ms)
+		ready <- started{time.Now(), err}
+	}()
+	// Snapshots are read as they come, while kube-apiserver starts.
+	r.waitAddrs(t, "192.0.2.1:8000=ready")
+	caught := time.Now()
+	st := <-ready
+	if st.err != nil {
+		t.Fatal(st.err)
+	}
+	stopPoll()
+	var listen time.Time
+	select {
+	case listen = <-listening:
+	default:
+	}
+	back := st.at
+	took := caught.Sub(back) // negative: caught up before /readyz said so
+	t.Logf("outage %v (stop to /readyz); %v failed list-and-watches, %v re-lists; both changes in the snapshot %v after kube-apiserver answered /readyz (%v after it accepted connections)",
+		back.Sub(stopped).Round(time.Millisecond), testutil.ToFloat64(src.m.watchErrors)-errs0, testutil.ToFloat64(src.m.lists)-lists0,
+		took.Round(time.Millisecond), caught.Sub(listen).Round(time.Millisecond))
+	if took > time.Second {
+		t.Errorf("caught up %v after kube-apiserver was back, want <= 1 s", took.Round(time.Millisecond))
+	}
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if (strings.Contains(line, "forbidden") || strings.Contains(line, "Unauthorized")) && !strings.Contains(line, "level=DEBUG") {
+			t.Errorf("a refusal logged above Debug: %s", line)
+		}
+		if strings.Contains(line, "level=ERROR") {
+			t.Errorf("an error logged: %s", line)
+		}
+	}
+	if n := strings.Count(logs.String(), "forbidden"); n > 0 {
+		t.Logf("%d refusal lines at Debug", n)
+	}
+	// The outage is told once per watch at Warn, its end at Info.
+	for _, want := range []string{`level=WARN msg="discovery: list or watch failed`, `level=INFO msg="discovery: API server answering again after failures"`} {
+		if n := strings.Count(logs.String(), want); n != 2 {
+			t.Errorf("%d lines %s, want one per watch", n, want)
+		}
+	}
+	// The source keeps watching.
+	e.apply(t, endpointSlice(e.ns, "vllm-a", "vllm", 8000, readyEP("192.0.2.1"), readyEP("192.0.2.3")))
+	r.waitAddrs(t, "192.0.2.1:8000=ready", "192.0.2.3:8000=ready")
 }

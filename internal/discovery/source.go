@@ -105,7 +105,7 @@ func (s *Source) Snapshots() <-chan Snapshot { return s.out }
 // error wrapping ErrForbidden that names them. Before the first sync a
 // list or watch refused as forbidden or unauthorized (missing RBAC, bad
 // token) ends Run with that error; other failures, and any later, are logged,
-// counted, and retried by the informers with backoff.
+// counted, and retried within 0.3 s (watcher.go).
 func (s *Source) Run(ctx context.Context) error {
 	if !s.started.CompareAndSwap(false, true) {
 		return errors.New("discovery: Run called twice")
@@ -125,19 +125,16 @@ func (s *Source) Run(ctx context.Context) error {
 		return err
 	}
 	var synced atomic.Bool
-	var sliceInf, podInf cache.SharedIndexInformer
+	var sliceInf, podInf *watcher
 	if s.cfg.Service != "" {
 		sel := discoveryv1.LabelServiceName + "=" + s.cfg.Service
 		api := s.client.DiscoveryV1().EndpointSlices(s.cfg.Namespace)
-		sliceInf = s.informer(&discoveryv1.EndpointSlice{}, sel,
+		sliceInf = s.informer(&discoveryv1.EndpointSlice{}, sel, nil,
 			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return api.List(ctx, o) },
 			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return api.Watch(ctx, o) })
 	}
 	if s.cfg.PodAnnotations {
-		var err error
-		if podInf, err = s.podInformer(); err != nil {
-			return err
-		}
+		podInf = s.podInformer()
 	}
 	stopped := func() error {
 		if parent.Err() != nil {
@@ -186,29 +183,28 @@ func (s *Source) Run(ctx context.Context) error {
 	}
 }
 
-// informer makes a shared informer over one namespace's objects matching
-// selector, counting the full lists answered.
-func (s *Source) informer(obj runtime.Object, selector string,
+// informer makes a watcher of one namespace's objects matching selector,
+// trimmed by transform (nil: kept whole), counting the full lists
+// answered and the failures; every change pokes the snapshot loop.
+func (s *Source) informer(obj runtime.Object, selector string, transform cache.TransformFunc,
 	list func(context.Context, metav1.ListOptions) (runtime.Object, error),
-	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) cache.SharedIndexInformer {
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) *watcher {
+	return newWatcher(watchSpec{
+		obj: obj,
+		list: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.LabelSelector = selector
-			obj, err := list(ctx, o)
-			if err == nil {
-				s.m.lists.Inc()
-			}
-			return obj, err
+			return list(ctx, o)
 		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+		watch: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			o.LabelSelector = selector
 			return watchFn(ctx, o)
 		},
-	}
-	return cache.NewSharedIndexInformerWithOptions(plainList{lw}, obj, cache.SharedIndexInformerOptions{ResyncPeriod: s.cfg.Resync})
+		resync: s.cfg.Resync, transform: transform, changed: s.poke,
+		listed: s.m.lists.Inc, failed: func(error) { s.m.watchErrors.Inc() }, log: s.log,
+	})
 }
 
-// plainList makes the informer list with a List call, not with client-go's
+// plainList makes the reflector list with a List call, not with client-go's
 // WatchList stream (a watch that sends the initial state). One Service's
 // EndpointSlices or one selector's Pods are small; a List behaves the same
 // on every API server (WatchList falls back to List over etcd 3.4) and
@@ -246,7 +242,7 @@ func (s *Source) send(snap Snapshot) {
 }
 
 // build lists the engines from the informers' caches.
-func (s *Source) build(b *builder, sliceInf, podInf cache.SharedIndexInformer) []Engine {
+func (s *Source) build(b *builder, sliceInf, podInf *watcher) []Engine {
 	var pods []*corev1.Pod
 	var podByName map[string]*corev1.Pod
 	if podInf != nil {
@@ -302,7 +298,9 @@ func (s *Source) badAnnotation(pod, key, value string, err error) {
 	}
 }
 
-// logChange logs engines added, removed or changed state.
+// logChange logs engines added, removed, replaced (another Pod at the
+// same address) or changed: one line per changed field (state, settings,
+// role, API key; never the key itself).
 func (s *Source) logChange(old, cur []Engine) {
 	prev := make(map[string]Engine, len(old))
 	for _, e := range old {
@@ -311,16 +309,24 @@ func (s *Source) logChange(old, cur []Engine) {
 	for _, e := range cur {
 		p, ok := prev[e.Addr]
 		delete(prev, e.Addr)
-		switch {
-		case !ok:
+		if !ok {
 			s.log.Info("engine discovered", "engine", e.Name, "addr", e.Addr, "state", e.State.String())
-		case p.State != e.State:
+			continue
+		}
+		if p.Name != e.Name {
+			s.log.Info("engine replaced: another pod at its address", "engine", e.Name, "addr", e.Addr, "state", e.State.String(), "was", p.Name)
+			continue
+		}
+		if p.State != e.State {
 			s.log.Info("engine state", "engine", e.Name, "addr", e.Addr, "state", e.State.String(), "was", p.State.String())
-		case p.Settings != e.Settings:
+		}
+		if p.Settings != e.Settings {
 			s.log.Info("engine settings changed", "engine", e.Name, "addr", e.Addr)
-		case p.Role != e.Role:
+		}
+		if p.Role != e.Role {
 			s.log.Info("engine role changed", "engine", e.Name, "addr", e.Addr, "role", e.Role, "was", p.Role)
-		case p != e:
+		}
+		if p.APIKey != e.APIKey {
 			s.log.Info("engine API key changed", "engine", e.Name, "addr", e.Addr)
 		}
 	}
@@ -329,35 +335,22 @@ func (s *Source) logChange(old, cur []Engine) {
 	}
 }
 
-// startInformers sets up each informer (nil ones skipped) the same way and
-// runs it on wg until ictx ends: watch errors are counted; before the first
-// sync (synced false) one refused as forbidden or unauthorized (and not
-// found, with notFoundFatal: a CRD that is not installed) cancels the run
-// with an error naming the resource; any other error, or any later, goes
-// to client-go's default handler (logged, retried with backoff); every add,
-// update and delete pokes the snapshot loop; an informer's panic cancels
-// the run instead of crossing the goroutine.
-func (s *Source) startInformers(ictx context.Context, cancel context.CancelCauseFunc, wg *sync.WaitGroup, synced *atomic.Bool, notFoundFatal bool, infs ...cache.SharedIndexInformer) error {
+// startInformers runs each watcher (nil ones skipped) on wg until ictx
+// ends: before the first sync (synced false) a failure refused as
+// forbidden or unauthorized (and not found, with notFoundFatal: a CRD that
+// is not installed) cancels the run with an error naming the resource; any
+// other failure, or any later, is counted, logged and retried within the
+// bounded delay (watcher.go);
+// a watcher's panic cancels the run instead of crossing the goroutine.
+func (s *Source) startInformers(ictx context.Context, cancel context.CancelCauseFunc, wg *sync.WaitGroup, synced *atomic.Bool, notFoundFatal bool, infs ...*watcher) error {
 	for _, inf := range infs {
 		if inf == nil {
 			continue
 		}
-		if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
-			s.m.watchErrors.Inc()
+		inf.onError = func(ctx context.Context, err error) {
 			if !synced.Load() && (apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) || (notFoundFatal && apierrors.IsNotFound(err))) {
-				cancel(fmt.Errorf("discovery: %s in namespace %s: %w", r.TypeDescription(), s.cfg.Namespace, err))
-				return
+				cancel(fmt.Errorf("discovery: %s in namespace %s: %w", inf.TypeDescription(), s.cfg.Namespace, err))
 			}
-			cache.DefaultWatchErrorHandler(ctx, r, err)
-		}); err != nil {
-			return fmt.Errorf("discovery: %w", err)
-		}
-		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(any) { s.poke() },
-			UpdateFunc: func(any, any) { s.poke() },
-			DeleteFunc: func(any) { s.poke() },
-		}); err != nil {
-			return fmt.Errorf("discovery: %w", err)
 		}
 		wg.Go(func() {
 			defer func() {
@@ -365,14 +358,14 @@ func (s *Source) startInformers(ictx context.Context, cancel context.CancelCause
 					cancel(fmt.Errorf("discovery: informer panic: %v", p))
 				}
 			}()
-			inf.RunWithContext(ictx)
+			inf.Run(ictx)
 		})
 	}
 	return nil
 }
 
-// hasSynced is the HasSynced of each non-nil informer.
-func hasSynced(infs ...cache.SharedIndexInformer) []cache.InformerSynced {
+// hasSynced is the HasSynced of each non-nil watcher.
+func hasSynced(infs ...*watcher) []cache.InformerSynced {
 	var out []cache.InformerSynced
 	for _, inf := range infs {
 		if inf != nil {
@@ -382,15 +375,11 @@ func hasSynced(infs ...cache.SharedIndexInformer) []cache.InformerSynced {
 	return out
 }
 
-// podInformer is an informer on the namespace's Pods matching
+// podInformer is a watcher of the namespace's Pods matching
 // Config.Selector, trimmed to what discovery reads (trimPod).
-func (s *Source) podInformer() (cache.SharedIndexInformer, error) {
+func (s *Source) podInformer() *watcher {
 	api := s.client.CoreV1().Pods(s.cfg.Namespace)
-	inf := s.informer(&corev1.Pod{}, s.cfg.Selector,
+	return s.informer(&corev1.Pod{}, s.cfg.Selector, trimPod,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return api.List(ctx, o) },
 		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return api.Watch(ctx, o) })
-	if err := inf.SetTransform(trimPod); err != nil {
-		return nil, fmt.Errorf("discovery: %w", err)
-	}
-	return inf, nil
 }

@@ -79,6 +79,14 @@ type Config struct {
 	// previous_response_id (vLLM: VLLM_ENABLE_RESPONSES_API_STORE=1; off,
 	// store is ignored). See responses.go.
 	ResponsesStore bool
+	// ShutdownTimeout is vllm serve --shutdown-timeout: when Serve's ctx
+	// ends, the listener closes at once (new connections are refused),
+	// requests arriving on open connections get 503, and the requests in
+	// flight run to their end for up to this long; those still running
+	// then are aborted (their streams end without [DONE]). 0, vLLM's
+	// default, aborts them at once (vLLM's "abort" mode,
+	// vllm/entrypoints/launchers/launcher.py handle_shutdown).
+	ShutdownTimeout time.Duration
 }
 
 // Server is a simulated vLLM engine: the OpenAI HTTP API, /metrics, and the
@@ -229,26 +237,37 @@ func (s *Server) Run(ctx context.Context) error {
 // Serve binds the KV-event sockets, then serves HTTP on ln, runs the
 // engine loop and the KV-event publisher, and returns when ctx ends (nil)
 // or one of them fails, after all stopped; a bind error returns at once.
+// When ctx ends it drains first for up to Config.ShutdownTimeout (drain).
 // It closes ln.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	g, ctx := errgroup.WithContext(ctx)
+	// run carries the engine loops, the publisher and the requests: it
+	// ends when one of them fails, or after ctx ends and the drain is over.
+	run, stop := context.WithCancel(context.WithoutCancel(ctx))
+	defer stop()
+	g, run := errgroup.WithContext(run)
+	gate := &drainGate{next: s.mux}
 	hs := &http.Server{
-		Handler:           s.mux,
+		Handler:           gate,
 		ReadHeaderTimeout: 10 * time.Second,
-		BaseContext:       func(net.Listener) context.Context { return ctx },
+		BaseContext:       func(net.Listener) context.Context { return run },
 	}
 	for _, rs := range s.all() {
-		if err := rs.start(ctx, g); err != nil {
+		if err := rs.start(run, g); err != nil {
 			ln.Close()
-			cancel()
+			stop()
 			_ = g.Wait() // the ranks started before this one
 			return err
 		}
 	}
 	g.Go(func() error {
-		<-ctx.Done()
+		select {
+		case <-run.Done(): // a part failed
+		case <-ctx.Done():
+			if s.cfg.ShutdownTimeout > 0 {
+				s.drain(hs, gate)
+			}
+		}
+		stop() // aborts what is still in flight
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if err := hs.Shutdown(sctx); err != nil {
@@ -272,6 +291,45 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		return nil
 	})
 	return g.Wait()
+}
+
+// drain is vLLM's "drain" shutdown mode: the listener closes (new
+// connections are refused), requests on open connections get 503, and it
+// returns once every request in flight has finished, or after
+// Config.ShutdownTimeout, whichever is first. The engine keeps stepping
+// meanwhile.
+func (s *Server) drain(hs *http.Server, gate *drainGate) {
+	gate.draining.Store(true)
+	t0 := time.Now()
+	s.log.Info("engine-sim draining: new requests refused, requests in flight finish",
+		"in_flight", gate.inFlight.Load(), "shutdown_timeout", s.cfg.ShutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil {
+		s.log.Warn("engine-sim shutdown timeout: aborting the requests still in flight",
+			"in_flight", gate.inFlight.Load(), "after", time.Since(t0).Round(time.Millisecond))
+		return
+	}
+	s.log.Info("engine-sim drained", "after", time.Since(t0).Round(time.Millisecond))
+}
+
+// drainGate counts the requests in flight and, once draining, answers
+// every new request 503 and closes its connection.
+type drainGate struct {
+	next     http.Handler
+	draining atomic.Bool
+	inFlight atomic.Int64
+}
+
+func (d *drainGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if d.draining.Load() {
+		w.Header().Set("Connection", "close")
+		writeError(w, http.StatusServiceUnavailable, "the server is shutting down")
+		return
+	}
+	d.inFlight.Add(1)
+	defer d.inFlight.Add(-1)
+	d.next.ServeHTTP(w, r)
 }
 
 // start binds the KV-event sockets, then starts the publisher and the

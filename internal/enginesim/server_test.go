@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -508,4 +509,48 @@ func TestRecoverErr(t *testing.T) {
 	if err := recoverErr("x", func() error { return nil }); err != nil {
 		t.Errorf("nil: got %v", err)
 	}
+}
+
+// TestDrainGate: once draining, every new request is answered 503 in
+// vLLM's error shape and its connection closed, without reaching the
+// handler; before, requests pass and are counted while in flight.
+func TestDrainGate(t *testing.T) {
+	inside := make(chan int64, 1)
+	var g *drainGate
+	g = &drainGate{next: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		inside <- g.inFlight.Load()
+		w.WriteHeader(http.StatusNoContent)
+	})}
+	rec := httptest.NewRecorder()
+	g.ServeHTTP(rec, mustRequest(t))
+	if rec.Code != http.StatusNoContent || <-inside != 1 || g.inFlight.Load() != 0 {
+		t.Fatalf("before draining: status %d, in flight after %d", rec.Code, g.inFlight.Load())
+	}
+	g.draining.Store(true)
+	rec = httptest.NewRecorder()
+	g.ServeHTTP(rec, mustRequest(t))
+	var body struct {
+		Error struct {
+			Type string `json:"type"`
+			Code int    `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || rec.Code != http.StatusServiceUnavailable ||
+		body.Error.Type != "ServiceUnavailableError" || body.Error.Code != 503 || rec.Header().Get("Connection") != "close" {
+		t.Fatalf("draining: status %d, Connection %q, body %s (%v)", rec.Code, rec.Header().Get("Connection"), rec.Body.String(), err)
+	}
+	select {
+	case <-inside:
+		t.Fatal("a request reached the handler while draining")
+	default:
+	}
+}
+
+func mustRequest(t *testing.T) *http.Request {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, "http://engine/v1/completions", strings.NewReader(`{"prompt":"hi"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return req
 }

@@ -322,6 +322,10 @@ func (b *Backend) Apply(u kvevents.Update) {
 	g.exact.ApplyMarked(name, u.Rank, u.Reset != kvevents.ResetNone, &u.Batch, at)
 }
 
+// Exact reports whether the model routes with the event-fed index
+// (kvindex.Exact) rather than the approximate one; GET /ready shows it.
+func (b *Backend) Exact() bool { return b.cur.Load().exact != nil }
+
 // UsesText implements textRouter: true when the serving policy is
 // prefix_chars.
 func (b *Backend) UsesText() bool { return b.cur.Load().serving == "prefix_chars" }

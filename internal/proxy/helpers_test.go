@@ -223,7 +223,17 @@ type rigOption func(*Config, *fleet.Config)
 
 func newRig(t *testing.T, n int, opts ...rigOption) *rig {
 	t.Helper()
+	return newRigRouter(t, n, nil, opts...)
+}
+
+// newRigRouter is newRig with router as model m's Router (nil: the rig's
+// testRouter).
+func newRigRouter(t *testing.T, n int, router Router, opts ...rigOption) *rig {
+	t.Helper()
 	rg := &rig{t: t, router: &testRouter{}, reg: prometheus.NewRegistry()}
+	if router == nil {
+		router = rg.router
+	}
 	var eps []testEndpoint
 	for i := range n {
 		e := newEngine(t, fmt.Sprintf("e%d", i))
@@ -253,7 +263,7 @@ func newRig(t *testing.T, n int, opts ...rigOption) *rig {
 		defer rg.mu.Unlock()
 		return maps.Clone(rg.connected)
 	}
-	srv, err := New(cfg, Deps{Fleet: fl, Routers: map[string]Router{"m": rg.router}, Gatherer: rg.reg, EventsConnected: events}, nil, rg.reg)
+	srv, err := New(cfg, Deps{Fleet: fl, Routers: map[string]Router{"m": router}, Gatherer: rg.reg, EventsConnected: events}, nil, rg.reg)
 	if err != nil {
 		t.Fatal(err)
 	}

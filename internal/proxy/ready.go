@@ -40,15 +40,27 @@ type engineReady struct {
 	Ready bool `json:"ready"`
 }
 
-// exact reports whether the model routes with the event-fed index: when any
-// of its engines has an events endpoint (as cmd/kvrouter builds it).
-func (m ModelConfig) exact() bool {
+// exact reports whether the model routes with the event-fed index: what
+// its router says when it can (a Backend: indexKind), else whether any
+// engine router.yaml lists has an events endpoint (as cmd/kvrouter builds
+// it). Engines from discovery are listed nowhere in the config, so only the
+// router knows for them.
+func (s *Server) exact(m ModelConfig) bool {
+	if r, ok := s.deps.Routers[m.Name].(indexKind); ok {
+		return r.Exact()
+	}
 	for _, e := range m.Engines {
 		if e.Events != "" {
 			return true
 		}
 	}
 	return false
+}
+
+// indexKind is a Router that tells which index it routes with.
+type indexKind interface {
+	// Exact reports whether it is the event-fed index.
+	Exact() bool
 }
 
 // readiness evaluates GET /ready. An engine is ready when it is up, has
@@ -67,7 +79,7 @@ func (s *Server) readiness(all bool) readiness {
 		out.Mode = "all"
 	}
 	for _, mc := range s.cfg.Models {
-		exact := mc.exact()
+		exact := s.exact(mc)
 		mr := modelReadies{Model: mc.Name, Index: "approx"}
 		if exact {
 			mr.Index = "exact"
@@ -76,11 +88,14 @@ func (s *Server) readiness(all bool) readiness {
 		allReady := len(states) > 0
 		for j, st := range states {
 			er := engineReady{Name: st.Name, Up: st.Up, Probed: st.Probed, Panic: st.Panic, ModelMissing: st.ModelMissing, Events: "none"}
-			if j < len(mc.Engines) && mc.Engines[j].Events != "" {
+			// An engine has an event stream when its subscriber reports one
+			// (listed or discovered) or router.yaml gives it an endpoint.
+			up, subscribed := connected[st.Name]
+			switch {
+			case up:
+				er.Events = "connected"
+			case subscribed || j < len(mc.Engines) && mc.Engines[j].Events != "":
 				er.Events = "disconnected"
-				if connected[st.Name] {
-					er.Events = "connected"
-				}
 			}
 			er.Ready = st.Routable() && (!exact || er.Events == "connected")
 			mr.Ready = mr.Ready || er.Ready

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"kvrouter/internal/discovery"
 	"kvrouter/internal/fleet"
 )
 
@@ -111,4 +112,50 @@ func TestInFlightSeriesFromStart(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatal(resp.Status)
 	}
+}
+
+// discovered turns the rig's group into a discovered one: router.yaml
+// lists no engines (the fleet still has them, as the pool adds them).
+func discovered(c *Config, _ *fleet.Config) {
+	c.Models[0].Engines = nil
+	c.Models[0].Discovery = &discovery.Config{Namespace: "ns", Service: "vllm"}
+}
+
+// TestReadyDiscovered: for a group whose engines come from discovery,
+// /ready reports the index its router uses and each engine's event stream
+// as its subscriber reports it, not what router.yaml (which lists no
+// engines) would suggest.
+func TestReadyDiscovered(t *testing.T) {
+	t.Run("exact index, events", func(t *testing.T) {
+		b, err := NewBackend(BackendConfig{Model: "m", Replicas: []string{"e0", "e1"}, Exact: true}, nil, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rg := newRigRouter(t, 2, b, discovered)
+		rg.mu.Lock()
+		rg.connected = map[string]bool{"e0": true, "e1": false} // e1's subscriber not connected
+		rg.mu.Unlock()
+		code, rd := rg.getReady("")
+		if code != 200 || rd.Models[0].Index != "exact" || len(rd.Models[0].Engines) != 2 ||
+			rd.Models[0].Engines[0].Events != "connected" || !rd.Models[0].Engines[0].Ready ||
+			rd.Models[0].Engines[1].Events != "disconnected" || rd.Models[0].Engines[1].Ready {
+			t.Fatalf("%d %+v", code, rd)
+		}
+		rg.mu.Lock()
+		rg.connected = map[string]bool{"e0": false, "e1": false}
+		rg.mu.Unlock()
+		if code, rd := rg.getReady(""); code != 503 || rd.Models[0].Engines[0].Events != "disconnected" {
+			t.Fatalf("no stream connected: %d %+v", code, rd)
+		}
+	})
+	t.Run("approx index, no events", func(t *testing.T) {
+		b, err := NewBackend(BackendConfig{Model: "m", Replicas: []string{"e0"}}, nil, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rg := newRigRouter(t, 1, b, discovered)
+		if code, rd := rg.getReady(""); code != 200 || rd.Models[0].Index != "approx" || rd.Models[0].Engines[0].Events != "none" {
+			t.Fatalf("%d %+v", code, rd)
+		}
+	})
 }

@@ -31,9 +31,10 @@ type Deps struct {
 	// Tokenizers turn requests into token ids, per model name; a missing or
 	// nil entry means tokenizer "none".
 	Tokenizers map[string]Tokenizer
-	// EventsConnected, when not nil, returns the engines (by name) whose KV
-	// event stream is connected now; GET /ready calls it once per request.
-	// Nil: no engine counts as connected.
+	// EventsConnected, when not nil, returns the engines (by name) that
+	// have a KV event subscriber, true for those whose stream is connected
+	// now (every rank), false for the others; GET /ready calls it once per
+	// request. Nil: no engine counts as connected.
 	EventsConnected func() map[string]bool
 	// EngineTLS verifies https:// engines (its RootCAs); nil: the system's
 	// roots.
