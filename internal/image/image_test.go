@@ -84,7 +84,7 @@ func TestWriteArchive(t *testing.T) {
 		t.Fatalf("index entry %+v", m)
 	}
 	var manifest struct {
-		MediaType string `json:"mediaType"`
+		MediaType string                  `json:"mediaType"`
 		Config    struct{ Digest string } `json:"config"`
 		Layers    []struct {
 			MediaType, Digest string

@@ -262,7 +262,9 @@ func (c *Cluster) stop() {
 
 // URL is kube-apiserver's base URL, https://BIND_ADDRESS:PORT (default
 // https://127.0.0.1:PORT).
-func (c *Cluster) URL() string { return "https://" + net.JoinHostPort(c.opt.BindAddress, strconv.Itoa(c.port)) }
+func (c *Cluster) URL() string {
+	return "https://" + net.JoinHostPort(c.opt.BindAddress, strconv.Itoa(c.port))
+}
 
 // Config is a rest.Config for the administrator (system:masters). The
 // server's certificate is checked against the one kube-apiserver wrote to
