@@ -567,8 +567,11 @@ func (n *Node) deletePods() {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	zero := int64(0)
-	nss, _ := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
-	if nss != nil {
+	nss, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return // kube-apiserver is down: stopRuntime removes the containers
+	}
+	{
 		for _, ns := range nss.Items {
 			_ = cs.CoreV1().Pods(ns.Name).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
 			// Controllers would make new Pods: remove them first.
@@ -620,6 +623,25 @@ func (n *Node) stopRuntime() {
 	}
 	killShims(n.sock)
 	unmountUnder(n.dir)
+	removeCgroups()
+}
+
+// removeCgroups removes the kubelet's kubepods cgroups (cgroup v1: one
+// tree per controller), deepest first; only empty ones can go.
+func removeCgroups() {
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods*")
+	for _, root := range roots {
+		var dirs []string
+		_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			_ = syscall.Rmdir(dirs[i])
+		}
+	}
 }
 
 // killShims kills the containerd shims serving the socket sock (their

@@ -137,6 +137,7 @@ resources:
 
 	engines := c.podNames(ctx, engineSel)
 	t.Run("Serve", func(t *testing.T) {
+		c := c.with(t)
 		byReplica := map[string]int{}
 		for i := range 40 {
 			r := c.complete(ctx, routers[i%2], fmt.Sprintf("request %d: tell me about the number %d", i, i*7919), 8)
@@ -154,6 +155,7 @@ resources:
 	})
 
 	t.Run("Affinity", func(t *testing.T) {
+		c := c.with(t)
 		long := strings.Repeat("You are a careful assistant who answers about Kubernetes routing. ", 60)
 		first := c.complete(ctx, routers[0], long+"Question 0?", 4)
 		if first.err != nil || first.status != 200 {
@@ -169,6 +171,7 @@ resources:
 	})
 
 	t.Run("Scale", func(t *testing.T) {
+		c := c.with(t)
 		before := c.podNames(ctx, engineSel)
 		t0 := time.Now()
 		c.scaleEngines(ctx, 3)
@@ -212,6 +215,7 @@ resources:
 	})
 
 	t.Run("DeleteEngineUnderLoad", func(t *testing.T) {
+		c := c.with(t)
 		if !drain {
 			t.Skip("engine-sim has no --shutdown-timeout (graceful drain on SIGTERM) in this tree: streams on a deleted engine Pod would be cut")
 		}
@@ -219,10 +223,12 @@ resources:
 	})
 
 	t.Run("RollingUpdate", func(t *testing.T) {
+		c := c.with(t)
 		c.rollingUpdate(ctx, helm, values)
 	})
 
 	t.Run("APIServerRestart", func(t *testing.T) {
+		c := c.with(t)
 		c.apiServerRestart(ctx)
 	})
 
@@ -240,6 +246,13 @@ type cluster struct {
 	t    *testing.T
 	node *k8stest.Node
 	cs   kubernetes.Interface
+}
+
+// with is c for subtest t.
+func (c *cluster) with(t *testing.T) *cluster {
+	cc := *c
+	cc.t = t
+	return &cc
 }
 
 // waitFor polls cond every 100 ms until it holds; it fails the test with
