@@ -571,14 +571,12 @@ func (n *Node) deletePods() {
 	if err != nil {
 		return // kube-apiserver is down: stopRuntime removes the containers
 	}
-	{
-		for _, ns := range nss.Items {
-			_ = cs.CoreV1().Pods(ns.Name).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
-			// Controllers would make new Pods: remove them first.
-			_ = cs.AppsV1().Deployments(ns.Name).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
-			_ = cs.AppsV1().ReplicaSets(ns.Name).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
-			_ = cs.CoreV1().Pods(ns.Name).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
-		}
+	for _, ns := range nss.Items {
+		_ = cs.CoreV1().Pods(ns.Name).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
+		// Controllers would make new Pods: remove them first.
+		_ = cs.AppsV1().Deployments(ns.Name).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
+		_ = cs.AppsV1().ReplicaSets(ns.Name).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
+		_ = cs.CoreV1().Pods(ns.Name).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
 	}
 	for ctx.Err() == nil {
 		out, err := n.Ctr("tasks", "ls", "-q")
