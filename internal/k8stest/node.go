@@ -120,6 +120,9 @@ type Node struct {
 	// netnsBefore are the network namespaces that existed before the node
 	// started; those made since (by the CNI for Pods) are removed at the end.
 	netnsBefore map[string]bool
+	// ipForward is net.ipv4.ip_forward before the node started: the CNI
+	// bridge plugin switches it on, and the node's end restores it.
+	ipForward []byte
 }
 
 // StartNode starts a node for the test and removes all of it on t.Cleanup:
@@ -139,6 +142,7 @@ func StartNode(t testing.TB, opt NodeOptions) *Node {
 	}
 	t.Cleanup(unlock)
 	n := &Node{dir: t.TempDir(), bins: nb, procs: map[string]*proc{}, netnsBefore: netnsNames()}
+	n.ipForward, _ = os.ReadFile(ipForwardPath)
 	// A crashed run may have left the bridge or the rule: both are ours.
 	n.removeNetwork()
 	t.Cleanup(n.removeNetwork)
@@ -266,6 +270,9 @@ func (n *Node) removeNetwork() {
 		}
 	}
 	_ = exec.Command("ip", "link", "del", NodeBridge).Run()
+	if len(n.ipForward) > 0 {
+		_ = os.WriteFile(ipForwardPath, n.ipForward, 0o644)
+	}
 	for name := range netnsNames() {
 		if !n.netnsBefore[name] && strings.HasPrefix(name, "cni-") {
 			p := filepath.Join("/var/run/netns", name)
@@ -274,6 +281,8 @@ func (n *Node) removeNetwork() {
 		}
 	}
 }
+
+const ipForwardPath = "/proc/sys/net/ipv4/ip_forward"
 
 // splitRule splits an iptables -S line into arguments (its comment is
 // quoted only when it has spaces, which ours has not).
