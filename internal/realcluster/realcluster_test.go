@@ -662,7 +662,7 @@ func (c *cluster) rollingUpdate(ctx context.Context, helm, values string) {
 	before, _, _ := c.readyPods(ctx, routerSel)
 	t0 := time.Now()
 	if out, err := exec.CommandContext(ctx, helm, "upgrade", release, "../../deploy/helm/kvrouter", "--namespace", ns,
-		"--kubeconfig", c.node.Kubeconfig(), "--values", values, "--set", "podAnnotations.rollout=2").CombinedOutput(); err != nil {
+		"--kubeconfig", c.node.Kubeconfig(), "--values", values, "--set-string", "podAnnotations.rollout=2").CombinedOutput(); err != nil {
 		l.end()
 		t.Fatalf("helm upgrade: %v\n%s", err, out)
 	}
