@@ -184,22 +184,25 @@ resources:
 			}
 		}
 		t.Logf("RESULT scale 2 -> 3: the new engine %s routable on both routers %.2f s after the scale call", fresh, up.Seconds())
-		// A request reaches it: new prompts spread by load over engines
-		// holding nothing of them.
-		c.waitFor(ctx, "a request on the new engine "+fresh, 60*time.Second, func() (bool, string) {
+		// A request reaches it: new prompts (distinct from their first
+		// block on, so no engine holds any of them) spread by load.
+		t1, rounds := time.Now(), 0
+		c.waitFor(ctx, "a request on the new engine "+fresh, 90*time.Second, func() (bool, string) {
 			var wg sync.WaitGroup
-			got := make([]string, 4)
-			for i := range 4 {
+			got := make([]string, 6)
+			rounds++
+			for i := range got {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					r := c.complete(ctx, routers[i%2], fmt.Sprintf("spread %d %d", time.Now().UnixNano(), i), 16)
+					r := c.complete(ctx, routers[i%2], fmt.Sprintf("%d-%d: spread over the engines", time.Now().UnixNano(), i), 32)
 					got[i] = r.replica
 				}()
 			}
 			wg.Wait()
 			return contains(got, fresh), fmt.Sprint(got)
 		})
+		t.Logf("the new engine served a request in round %d of 6 concurrent requests, %.2f s after it was routable", rounds, time.Since(t1).Seconds())
 		t0 = time.Now()
 		c.scaleEngines(ctx, 1)
 		left := c.waitRoutable(ctx, routers, 1, 2*time.Minute)
@@ -210,8 +213,10 @@ resources:
 				t.Fatalf("after scale-down, request %d: status %d, replica %q, want %s (%v)", i, r.status, r.replica, left[0], r.err)
 			}
 		}
+		t0 = time.Now()
 		c.scaleEngines(ctx, 2)
 		c.waitRoutable(ctx, routers, 2, 2*time.Minute)
+		t.Logf("scale 1 -> 2: routable %.2f s after the scale call", time.Since(t0).Seconds())
 	})
 
 	t.Run("DeleteEngineUnderLoad", func(t *testing.T) {
