@@ -12,7 +12,7 @@ export KVROUTER_LLAMA3_NPM ?= $(KVROUTER_CACHE)/llama3/node_modules
 # helm, built by set-up, for the chart tests.
 export KVROUTER_HELM ?= $(KVROUTER_CACHE)/bin/helm
 
-.PHONY: test check staticcheck fmt vet deps race fuzz bench demo build clean setup-test setup-demo k8s-testenv manifests
+.PHONY: test check staticcheck fmt vet deps race fuzz bench demo build image clean setup-test setup-demo k8s-testenv manifests
 
 ## test: everything CI runs: set-up, gofmt, vet, import rules, race tests, short fuzzing.
 test: setup-test
@@ -47,6 +47,17 @@ VERSION   ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p'
 
 build:
 	$(GO) build -ldflags "-X main.buildVersionOverride=$(VERSION)" -o bin/kvrouter ./cmd/kvrouter
+
+## image: bin/kvrouter-VERSION.oci.tar, an OCI image archive of the static binary (internal/image),
+## built without Docker; load it with ctr/docker/podman or push it with skopeo (docs/kubernetes.md).
+IMAGE      ?= kvrouter:$(VERSION)
+IMAGE_FILE ?= bin/kvrouter-$(VERSION).oci.tar
+CA_CERTS   ?= $(wildcard /etc/ssl/certs/ca-certificates.crt)
+image:
+	CGO_ENABLED=0 GOOS=linux $(GO) build -trimpath -ldflags "-s -w -X main.buildVersionOverride=$(VERSION)" -o bin/kvrouter-linux ./cmd/kvrouter
+	$(GO) run ./tools/image -binary bin/kvrouter-linux -path /usr/local/bin/kvrouter -ref $(IMAGE) -o $(IMAGE_FILE) \
+		-port 8080/tcp -cmd serve,--listen,:8080,--config,/etc/kvrouter/router.yaml -version $(VERSION) $(if $(CA_CERTS),-ca-certs $(CA_CERTS))
+	@echo "wrote $(IMAGE_FILE) ($(IMAGE))"
 
 fmt:
 	@out=$$(gofmt -l cmd internal tools 2>/dev/null); \

@@ -12,6 +12,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -32,6 +33,11 @@ import (
 type Options struct {
 	// RBAC runs --authorization-mode RBAC; false runs AlwaysAllow.
 	RBAC bool
+	// BindAddress is the address kube-apiserver listens on and advertises;
+	// default 127.0.0.1. A node's Pods need one they can reach (StartNode).
+	BindAddress string
+	// ServiceCIDR is --service-cluster-ip-range; default 10.0.0.0/24.
+	ServiceCIDR string
 }
 
 // Cluster is an etcd and a kube-apiserver on loopback. Safe for concurrent
@@ -68,6 +74,12 @@ func Start(t testing.TB, opt Options) *Cluster {
 	bins, err := findBinaries()
 	if err != nil {
 		unavailable(t, err.Error(), fixBinaries)
+	}
+	if opt.BindAddress == "" {
+		opt.BindAddress = "127.0.0.1"
+	}
+	if opt.ServiceCIDR == "" {
+		opt.ServiceCIDR = "10.0.0.0/24"
 	}
 	c := &Cluster{dir: t.TempDir(), bins: bins, opt: opt}
 	t.Cleanup(c.stop)
@@ -183,14 +195,14 @@ func (c *Cluster) StartAPIServer() error {
 	}
 	p, err := startProc("kube-apiserver", filepath.Join(c.dir, "kube-apiserver.log"), c.bins.apiserver,
 		"--etcd-servers", c.etcdURL,
-		"--bind-address", "127.0.0.1", "--secure-port", strconv.Itoa(c.port),
+		"--bind-address", c.opt.BindAddress, "--secure-port", strconv.Itoa(c.port),
 		"--cert-dir", filepath.Join(c.dir, "certs"),
 		"--token-auth-file", filepath.Join(c.dir, "tokens.csv"),
 		"--authorization-mode", mode,
 		"--service-account-issuer", "https://kubernetes.default.svc",
 		"--service-account-key-file", filepath.Join(c.dir, "sa.pub"),
 		"--service-account-signing-key-file", filepath.Join(c.dir, "sa.key"),
-		"--service-cluster-ip-range", "10.0.0.0/24")
+		"--service-cluster-ip-range", c.opt.ServiceCIDR)
 	if err != nil {
 		return err
 	}
@@ -251,8 +263,11 @@ func (c *Cluster) stop() {
 	}
 }
 
-// URL is kube-apiserver's base URL, https://127.0.0.1:PORT.
-func (c *Cluster) URL() string { return "https://127.0.0.1:" + strconv.Itoa(c.port) }
+// URL is kube-apiserver's base URL, https://BIND_ADDRESS:PORT (default
+// https://127.0.0.1:PORT).
+func (c *Cluster) URL() string {
+	return "https://" + net.JoinHostPort(c.opt.BindAddress, strconv.Itoa(c.port))
+}
 
 // Config is a rest.Config for the administrator (system:masters). The
 // server's certificate is checked against the one kube-apiserver wrote to

@@ -17,6 +17,11 @@
 // this process; Command runs a program inside it (ip netns exec). The
 // namespace and its links are deleted on t.Cleanup.
 //
+// StartNode adds kube-controller-manager, kube-scheduler and a kubelet with
+// its own containerd (runc, the CNI bridge plugin on 10.214.0.0/24, a DNAT
+// rule for the kubernetes Service) to such a control plane, so that Pods
+// of imported images run; one node at a time per machine.
+//
 // The binaries come from tools/k8s-testenv/setup.sh (make k8s-testenv):
 // etcd from PATH (Debian's etcd-server) or $KVROUTER_ETCD, kube-apiserver
 // from $KVROUTER_KUBE_APISERVER or the cache the script fills,

@@ -122,4 +122,59 @@ func TestK8sBuildLineMatchesTestenv(t *testing.T) {
 	if !strings.Contains(string(b), want) {
 		t.Fatalf("tools/k8s-testenv/setup.sh no longer says %s", want)
 	}
+	const node = `say "kubelet, kube-scheduler and kube-controller-manager: building $KUBE_VERSION from the k8s.io/kubernetes module (about 3 min of CPU after kube-apiserver's build, 3-8 min on 2 cores; log $log)"`
+	if !strings.Contains(string(b), node) {
+		t.Fatalf("tools/k8s-testenv/setup.sh no longer says %s", node)
+	}
+}
+
+// The node's build after kube-apiserver's is announced and reported the
+// same way, the first build's end line coming before it.
+func TestK8sNodeBuildProgress(t *testing.T) {
+	out, code := runK8sStep(t, `echo "k8s-testenv: kube-apiserver: building v1.37.2 from the k8s.io/kubernetes module (about 6 min of CPU, 6-10 min on 2 cores; log /b.log)"
+i=0
+until grep -q 'still building kube-apiserver' "$SETUP_OUT"; do
+	i=$((i + 1)); [ "$i" -gt 1200 ] && exit 1
+	sleep 0.1
+done
+echo "k8s-testenv: kube-apiserver: /cache/k8s/v1.37.2/kube-apiserver"
+echo "k8s-testenv: kubelet, kube-scheduler and kube-controller-manager: building v1.37.2 from the k8s.io/kubernetes module (about 3 min of CPU after kube-apiserver's build, 3-8 min on 2 cores; log /b.log)"
+i=0
+until grep -q 'still building kubelet' "$SETUP_OUT"; do
+	i=$((i + 1)); [ "$i" -gt 1200 ] && exit 1
+	sleep 0.1
+done
+echo "k8s-testenv: kubelet: /cache/k8s/v1.37.2/kubelet"`)
+	if code != 0 {
+		t.Fatalf("exit %d, output %q", code, out)
+	}
+	var kinds []string
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		switch {
+		case strings.HasPrefix(l, "setup: k8s: building kube-apiserver v1.37.2 "):
+			kinds = append(kinds, "start apiserver")
+		case strings.HasPrefix(l, "setup: k8s: still building kube-apiserver, "):
+			if kinds[len(kinds)-1] != "progress apiserver" {
+				kinds = append(kinds, "progress apiserver")
+			}
+		case strings.HasPrefix(l, "setup: k8s: kube-apiserver built in "):
+			kinds = append(kinds, "end apiserver")
+		case l == "setup: k8s: building kubelet, kube-scheduler and kube-controller-manager v1.37.2 from the k8s.io/kubernetes module (about 3 min of CPU after kube-apiserver's build, 3-8 min on 2 cores; log /b.log)":
+			kinds = append(kinds, "start node")
+		case strings.HasPrefix(l, "setup: k8s: still building kubelet, kube-scheduler and kube-controller-manager, ") && strings.HasSuffix(l, " so far (log /b.log)"):
+			if kinds[len(kinds)-1] != "progress node" {
+				kinds = append(kinds, "progress node")
+			}
+		case strings.HasPrefix(l, "setup: k8s: kubelet, kube-scheduler and kube-controller-manager built in "):
+			kinds = append(kinds, "end node")
+		case l == "setup (test): ready":
+			kinds = append(kinds, "ready")
+		default:
+			t.Fatalf("unexpected line %q in %q", l, out)
+		}
+	}
+	want := "start apiserver,progress apiserver,end apiserver,start node,progress node,end node,ready"
+	if strings.Join(kinds, ",") != want {
+		t.Fatalf("lines %v, want %s; output %q", kinds, want, out)
+	}
 }

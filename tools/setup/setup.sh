@@ -19,8 +19,10 @@
 #   haproxy   Debian's haproxy: the front balancer of the several-replicas
 #             test (cmd/kvrouter TestE2EReplicasBehindHAProxy)
 #   k8s       Debian's kubernetes-client (kubectl), etcd and kube-apiserver
-#             for the Kubernetes tests (tools/k8s-testenv/setup.sh;
-#             skipped with SETUP_NO_K8S=1)
+#             for the Kubernetes tests, and for the real-node test kubelet,
+#             kube-scheduler, kube-controller-manager, Debian's containerd,
+#             runc, containernetworking-plugins and iptables
+#             (tools/k8s-testenv/setup.sh; skipped with SETUP_NO_K8S=1)
 #   prometheus Debian's prometheus (prometheus, promtool): the dashboard,
 #             alert-rule and audit tests (internal/ops)
 #   chromium  Debian's chromium, headless: the /ui page test (internal/ui)
@@ -31,9 +33,10 @@
 # K8S_TESTENV [tools/k8s-testenv/setup.sh], SETUP_PROGRESS_EVERY [60]: the
 # seconds between "still building kube-apiserver" lines.
 #
-# The one long step is the first kube-apiserver build (about 6 minutes of CPU,
-# 6-10 minutes on 2 busy cores): set-up says so when it starts, naming the
-# build's own log, then prints a line every minute until it is done.
+# The long steps are the first kube-apiserver build (about 6 minutes of CPU,
+# 6-10 minutes on 2 busy cores) and then kubelet, kube-scheduler and
+# kube-controller-manager (about 3 more): set-up says so when each starts,
+# naming the build's own log, then prints a line every minute until it is done.
 set -uo pipefail
 
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -144,37 +147,48 @@ step_k8s() {
 		quiet apt-get install -y -q kubernetes-client || { quiet apt-get update -q && quiet apt-get install -y -q kubernetes-client; } ||
 			fail "cannot install Debian's kubernetes-client (kubectl) with apt-get (log: $log)"
 	fi
-	# The first kube-apiserver build takes minutes: relay its start line (what,
-	# how long, its build.log) and then a line every $every seconds until it ends.
-	# A run that finds the binary cached prints nothing here.
-	local out pid rc building="" buildlog="" every="${SETUP_PROGRESS_EVERY:-60}" start next missing
+	# The first builds take minutes (kube-apiserver, then the node's kubelet, kube-scheduler
+	# and kube-controller-manager): relay each start line (what, how long, its build.log) and
+	# then a line every $every seconds until it ends. A run that finds them cached prints
+	# nothing here.
+	local out pid rc what="" buildlog="" every="${SETUP_PROGRESS_EVERY:-60}" start next missing seen=0
 	out="$(mktemp "${TMPDIR:-/tmp}/kvrouter-k8s-testenv.XXXXXX")" || fail "cannot create a temporary file in ${TMPDIR:-/tmp}"
 	GO=go bash "$k8s_testenv" >"$out" 2>&1 &
 	pid=$!
 	start=$SECONDS
 	next=$every
+	# relay: announces the builds the script started since the last call (whole lines only),
+	# each ending the one before.
+	relay() {
+		local n w rest
+		n=$(wc -l <"$out")
+		[ "$n" -gt "$seen" ] || return 0
+		while IFS=$'\t' read -r w rest; do
+			[ -n "$what" ] && echo "setup: k8s: $what built in $(dur $((SECONDS - start)))"
+			what="$w"
+			echo "setup: k8s: building $what $rest"
+			buildlog="$(echo "$rest" | sed -n 's/.*; log \(.*\))$/\1/p')"
+			start=$SECONDS
+			next=$every
+		done < <(sed -n "$((seen + 1)),${n}p" "$out" | sed -n 's/^k8s-testenv: \([^:]*\): building /\1\t/p')
+		seen=$n
+	}
 	while kill -0 "$pid" 2>/dev/null; do
-		if [ -z "$building" ]; then
-			building="$(sed -n 's/^k8s-testenv: kube-apiserver: building /building kube-apiserver /p' "$out")"
-			if [ -n "$building" ]; then
-				echo "setup: k8s: $building"
-				buildlog="$(echo "$building" | sed -n 's/.*; log \(.*\))$/\1/p')"
-				start=$SECONDS
-				next=$every
-			fi
-		elif [ $((SECONDS - start)) -ge "$next" ]; then
-			echo "setup: k8s: still building kube-apiserver, $(dur "$next") so far (log ${buildlog:-$log})"
+		relay
+		if [ -n "$what" ] && [ $((SECONDS - start)) -ge "$next" ]; then
+			echo "setup: k8s: still building $what, $(dur "$next") so far (log ${buildlog:-$log})"
 			next=$((next + every))
 		fi
 		sleep 0.5
 	done
 	wait "$pid"
 	rc=$?
+	relay
 	cat "$out" >>"$log"
 	missing="$(grep missing "$out" | sed 's/^k8s-testenv: //' | paste -sd';')"
 	rm -f "$out"
 	[ "$rc" = 0 ] || fail "the Kubernetes test environment is incomplete: $missing"
-	[ -n "$building" ] && echo "setup: k8s: kube-apiserver built in $(dur $((SECONDS - start)))"
+	[ -n "$what" ] && echo "setup: k8s: $what built in $(dur $((SECONDS - start)))"
 	return 0
 }
 
