@@ -299,7 +299,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		if ts.failover != nil {
 			toks[m.Name] = ts.failover
 		}
-		parts := &engineParts{model: m.Name, backend: b, tokens: ts, subs: subMetrics, log: log, reg: reg, probes: map[string]*tokenizer.Probe{}}
+		parts := &engineParts{model: m.Name, backend: b, tokens: ts, subs: subMetrics, maxMsg: cfg.EventsMaxMessageBytes, log: log, reg: reg, probes: map[string]*tokenizer.Probe{}}
 		p, err := pool.New(pool.Deps{Model: m.Name, Fleet: hookedFleet{Fleet: flt, model: m.Name, srv: &srvRef}, Replicas: b, Parts: parts.build}, log, reg)
 		if err != nil {
 			errs = append(errs, err)
