@@ -231,6 +231,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 	fcfg.EjectAfterServerErrors, fcfg.EjectAfterBackpressure = h.EjectAfterServerErrors, h.EjectAfterBackpressure
 	fcfg.BackoffBase, fcfg.BackoffMax = h.BackoffBase, h.BackoffMax
 	fcfg.EjectAfterProbeTimeouts, fcfg.PanicThreshold, fcfg.ModelsInterval = h.EjectAfterProbeTimeouts, h.PanicThreshold, h.ModelsInterval
+	fcfg.StallAfter = h.StallAfter
 	fcfg.TLS = tlsCfg.engines
 	var page *ui.UI // set once the fleet exists, before anything runs
 	fcfg.OnMetrics = func(ep *fleet.Endpoint, m enginemetrics.Metrics) {

@@ -86,6 +86,12 @@ type HealthConfig struct {
 	// 30s; negative disables): an engine that does not list its model's
 	// name is not ready.
 	ModelsInterval time.Duration `yaml:"models_interval"`
+	// StallAfter is how long a request may wait for the start of its
+	// answer while its engine shows no sign of life (no byte on any
+	// request, no probe or scrape answered, for at least 1.5
+	// scrape_interval) before the engine takes no new requests, until it
+	// answers again (fleet.Config.StallAfter; default 1s, negative: off).
+	StallAfter time.Duration `yaml:"stall_after"`
 }
 
 // TLSConfig holds certificate files in PEM.
