@@ -364,17 +364,28 @@ func (b *Backend) Route(in *RouteInput) (Decision, error) {
 		return Decision{}, fmt.Errorf("model %q: %w", b.cfg.Model, err)
 	}
 	out := Decision{
-		Replica:      d.Name,
-		Policy:       d.Policy,
-		CachedTokens: cachedTokens(d, g.blockSize, len(in.Tokens)),
-		Release:      lease.Release,
-		Failed:       lease.Failed,
-		FirstToken:   lease.FirstToken,
-		Shadow:       shadow,
-		Explain:      explanation(d, g, len(in.Tokens)),
+		Replica:           d.Name,
+		Policy:            d.Policy,
+		CachedTokens:      cachedTokens(d, g.blockSize, len(in.Tokens)),
+		IndexCachedTokens: engineHit(d.IndexBlocks, g.blockSize, len(in.Tokens)),
+		Release:           lease.Release,
+		Failed:            lease.Failed,
+		FirstToken:        lease.FirstToken,
+		Shadow:            shadow,
+		Explain:           explanation(d, g, len(in.Tokens)),
 	}
 	b.setRank(&out)
 	return out, nil
+}
+
+// SetIndexTrusted implements indexTruster: whether the policy sees the
+// index's entries of engine (all its data-parallel ranks) in this
+// generation of the group (routing.Router.SetIndexTrusted).
+func (b *Backend) SetIndexTrusted(engine string, ok bool) {
+	g := b.cur.Load()
+	for _, name := range b.replicaNames(engine) {
+		g.router.SetIndexTrusted(name, ok)
+	}
 }
 
 // shadowDecision is what the shadow kv policy would choose for req now, by

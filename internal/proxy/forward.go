@@ -114,7 +114,7 @@ func (s *Server) forward(x *exchange) {
 // observeDecision records the decision's predictions.
 func (s *Server) observeDecision(x *exchange, d Decision) {
 	s.holds.Hold(&x.held, d.Replica)
-	x.replica, x.cached = d.Replica, d.CachedTokens
+	x.replica, x.cached, x.indexCached = d.Replica, d.CachedTokens, d.IndexCachedTokens
 	s.traceDecision(x, d)
 	model := x.req.model
 	if x.tokens != nil {
@@ -197,8 +197,12 @@ func (s *Server) try(x *exchange, ep *fleet.Endpoint, d Decision, canRetry bool)
 		return true
 	}
 	defer resp.Body.Close()
+	x.hit = hitReport{}
 	s.relay(x, ep, ctx, wd, resp, d.FirstToken, failed)
 	ok = status/100 == 2 && x.outcome == outcomeOK
+	if ok && x.tokens != nil && x.hit.seen {
+		s.trust.observe(x.m.router, x.req.model, ep.Name(), x.indexCached, x.hit.cached)
+	}
 	return false
 }
 
