@@ -132,6 +132,7 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 		var engines []string
 		for _, ep := range deps.Fleet.Endpoints(mc.Name) {
 			engines = append(engines, ep.Name())
+			s.trust.init(ep.Name())
 		}
 		s.fm.initModel(mc, engines)
 	}

@@ -102,8 +102,6 @@ func (t *trust) observe(r Router, model, replica string, predicted, reported int
 	if st == nil {
 		st = &trustState{}
 		t.reps[replica] = st
-		t.out.WithLabelValues(replica).Set(0)
-		t.changes.WithLabelValues(replica)
 	}
 	miss := predicted-reported >= missSlack && reported < predicted/2
 	if miss {
@@ -128,6 +126,16 @@ func (t *trust) observe(r Router, model, replica string, predicted, reported int
 		t.log.Info("engine's reported cached tokens agree with its KV events again; its index entries are trusted",
 			"model", model, "replica", replica, "agreeing_in_a_row", st.agrees)
 	}
+}
+
+// init creates replica's series at 0 (an engine present at start, or
+// added while serving).
+func (t *trust) init(replica string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.errs.WithLabelValues(replica)
+	t.out.WithLabelValues(replica).Set(0)
+	t.changes.WithLabelValues(replica)
 }
 
 // forget deletes replica's state and series (the engine left the fleet).

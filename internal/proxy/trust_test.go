@@ -31,6 +31,7 @@ func TestTrustStreaks(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := &trustRouter{}
+	tr.init("e0")
 	steps := []struct {
 		predicted, reported int
 		calls               int // SetIndexTrusted calls so far
@@ -99,7 +100,8 @@ func TestHitReport(t *testing.T) {
 }
 
 // FuzzHitReport: any answer bytes, JSON or event stream, are read without
-// panic, and a report is only taken from a usage object.
+// panic; bytes without "prompt_tokens_details" give no report, and reading
+// the same bytes again gives the same one.
 func FuzzHitReport(f *testing.F) {
 	f.Add([]byte(`{"usage":{"prompt_tokens_details":{"cached_tokens":352}}}`), false)
 	f.Add([]byte("data: {\"usage\":{\"prompt_tokens_details\":{\"cached_tokens\":16}}}\n\n"), true)
@@ -107,8 +109,13 @@ func FuzzHitReport(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte, sse bool) {
 		var h hitReport
 		h.note(b, sse)
-		if h.seen && !bytes.Contains(b, []byte("usage")) {
-			t.Fatalf("report from %q without usage", b)
+		if h.seen && !bytes.Contains(b, detailsKey) {
+			t.Fatalf("report from %q without prompt_tokens_details", b)
+		}
+		h2 := h
+		h2.note(b, sse)
+		if h2 != h {
+			t.Fatalf("second reading of %q: %+v, first %+v", b, h2, h)
 		}
 	})
 }
