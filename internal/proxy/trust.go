@@ -155,13 +155,20 @@ type hitReport struct {
 	cached int
 }
 
-var detailsKey = []byte(`"prompt_tokens_details"`)
+var (
+	detailsKey = []byte(`"prompt_tokens_details"`)
+	// detailsProbe finds detailsKey's candidates: its first byte, rare in
+	// streamed chunks (unlike a quote), keeps the scan of an event without
+	// usage at a few ns.
+	detailsProbe = []byte(`_tokens_details"`)
+)
 
 // note reads the usage of b: a JSON answer, or whole events of a stream
 // (each "data:" line that carries prompt_tokens_details). Cheap when b has
-// no usage details (one bytes.Contains).
+// no usage details (one bytes.Contains for a needle whose first byte is
+// rare).
 func (h *hitReport) note(b []byte, sse bool) {
-	if !bytes.Contains(b, detailsKey) {
+	if !bytes.Contains(b, detailsProbe) || !bytes.Contains(b, detailsKey) {
 		return
 	}
 	if !sse {
