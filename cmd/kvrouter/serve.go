@@ -231,6 +231,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 	fcfg.EjectAfterServerErrors, fcfg.EjectAfterBackpressure = h.EjectAfterServerErrors, h.EjectAfterBackpressure
 	fcfg.BackoffBase, fcfg.BackoffMax = h.BackoffBase, h.BackoffMax
 	fcfg.EjectAfterProbeTimeouts, fcfg.PanicThreshold, fcfg.ModelsInterval = h.EjectAfterProbeTimeouts, h.PanicThreshold, h.ModelsInterval
+	fcfg.StallAfter = h.StallAfter
 	fcfg.TLS = tlsCfg.engines
 	var page *ui.UI // set once the fleet exists, before anything runs
 	fcfg.OnMetrics = func(ep *fleet.Endpoint, m enginemetrics.Metrics) {
@@ -299,7 +300,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		if ts.failover != nil {
 			toks[m.Name] = ts.failover
 		}
-		parts := &engineParts{model: m.Name, backend: b, tokens: ts, subs: subMetrics, log: log, reg: reg, probes: map[string]*tokenizer.Probe{}}
+		parts := &engineParts{model: m.Name, backend: b, tokens: ts, subs: subMetrics, maxMsg: cfg.EventsMaxMessageBytes, log: log, reg: reg, probes: map[string]*tokenizer.Probe{}}
 		p, err := pool.New(pool.Deps{Model: m.Name, Fleet: hookedFleet{Fleet: flt, model: m.Name, srv: &srvRef}, Replicas: b, Parts: parts.build}, log, reg)
 		if err != nil {
 			errs = append(errs, err)

@@ -27,6 +27,7 @@ type engineParts struct {
 	backend *proxy.Backend
 	tokens  *tokenSource
 	subs    *kvevents.SubscriberMetrics
+	maxMsg  int64 // events_max_message_bytes (0: kvevents' default)
 	log     *slog.Logger
 	reg     prometheus.Registerer
 
@@ -41,7 +42,7 @@ func (g *engineParts) build(e pool.Engine, ep *fleet.Endpoint) ([]pool.Part, err
 		sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{
 			Engine: e.Name, Endpoint: e.Events, ReplayEndpoint: e.Replay, DPSize: e.DPSize,
 			Bind: e.EventsBind, Topic: e.Topic, IdleCheck: e.IdleCheck, QueueSize: e.QueueSize,
-			Resume: g.backend.Resume(e.Name),
+			MaxMessageBytes: g.maxMsg, Resume: g.backend.Resume(e.Name),
 		}, g.log, g.subs)
 		if err != nil {
 			return nil, &partError{field: "events", err: err}

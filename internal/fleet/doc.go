@@ -14,6 +14,12 @@
 // (Config.BackoffBase doubling up to Config.BackoffMax, reset after a
 // healthy probe) and, when probes are on, only once a probe succeeds.
 //
+// A stalled endpoint (stall.go) is held out too: one whose request, recorded
+// by Endpoint.Await, has waited Config.StallAfter (default 1s) for the start
+// of its answer while the engine showed no sign of life (Endpoint.Heard: no
+// byte on any request, no probe or scrape answered) for the stall window. It
+// counts as down for timeouts and is back at its next sign of life.
+//
 // Panic mode (Envoy's panic threshold): when fewer than
 // Config.PanicThreshold (default 0.5) of a model's endpoints are up,
 // Healthy also returns the ones down for timeouts alone, so a fleet whose
@@ -31,8 +37,9 @@
 // makes the endpoint not ready for it (EndpointState.ModelMissing, the
 // gauge kvrouter_fleet_model_not_served, one log line naming the configured
 // and the served names), and each card's max_model_len is kept for
-// Endpoint.MaxModelLen. Run starts one goroutine per endpoint and loop and
-// returns only after all of them have returned.
+// Endpoint.MaxModelLen. Run starts one goroutine per endpoint and loop, and
+// one that checks every endpoint for stalls (unless StallAfter is negative),
+// and returns only after all of them have returned.
 //
 // Fleet and Endpoint are safe for concurrent use. Times are seconds of
 // wall-clock time from Config.Now.

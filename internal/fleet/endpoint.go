@@ -111,6 +111,9 @@ type Endpoint struct {
 	// had them (see restartedLocked); nil before.
 	counters map[string]float64
 
+	// stall is the stall detector's state (stall.go).
+	stall stallState
+
 	// lora is the vllm:lora_requests_info of the last scrape that had it
 	// (loraslots.go); nil before.
 	lora atomic.Pointer[enginemetrics.LoRAInfo]
@@ -148,11 +151,15 @@ func (e *Endpoint) InFlight() int64 { return e.inFlight.Load() }
 // returns the new count.
 func (e *Endpoint) AddInFlight(d int64) int64 { return e.inFlight.Add(d) }
 
-// usable reports whether the endpoint may take traffic at now, whether,
+// usable reports whether the endpoint may take traffic at now (not
+// ejected, not stalled), whether,
 // if not, it is down for timeouts only (soft), and when it may be
 // re-admitted. Without probes (noProbe), a down endpoint comes back once
 // its backoff has passed.
 func (e *Endpoint) usable(now time.Time, noProbe bool) (up, soft bool, until time.Time) {
+	if e.stall.stalled.Load() {
+		return false, true, now // back at its next sign of life (stall.go)
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if !e.down {

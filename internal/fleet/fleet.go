@@ -86,6 +86,12 @@ type Config struct {
 	// ejection (default 1s); it doubles per ejection without a healthy probe
 	// in between, up to BackoffMax (default 30s).
 	BackoffBase, BackoffMax time.Duration
+	// StallAfter is how long a request may wait for the start of its answer
+	// while the engine shows no sign of life (no byte on any request, no
+	// probe or scrape answered; for at least 1.5 ScrapeInterval) before
+	// the engine is held out of routing as stalled, until its next sign of
+	// life (stall.go). Default 1s; negative: off.
+	StallAfter time.Duration
 	// OnMetrics, if not nil, receives each successful scrape of an
 	// endpoint's /metrics (load gauges, block size, number of GPU blocks).
 	// It is called from Run's goroutines and must not block.
@@ -118,6 +124,7 @@ func DefaultConfig() Config {
 		ModelsInterval:          30 * time.Second,
 		BackoffBase:             time.Second,
 		BackoffMax:              30 * time.Second,
+		StallAfter:              time.Second,
 		Now:                     time.Now,
 	}
 }
@@ -132,6 +139,9 @@ func (c *Config) fillDefaults() {
 	}
 	if c.ScrapeInterval == 0 {
 		c.ScrapeInterval = d.ScrapeInterval
+	}
+	if c.StallAfter == 0 {
+		c.StallAfter = d.StallAfter
 	}
 	if c.EjectAfterServerErrors == 0 {
 		c.EjectAfterServerErrors = d.EjectAfterServerErrors

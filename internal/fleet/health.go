@@ -99,6 +99,9 @@ func (f *Fleet) Run(ctx context.Context) error {
 		}
 		return stop
 	}
+	if f.cfg.StallAfter > 0 {
+		wg.Go(guard("stall watch", &Endpoint{name: "every endpoint"}, func() { f.watchStalls(ctx) }))
+	}
 	running := map[*Endpoint]context.CancelFunc{}
 	for {
 		now := map[*Endpoint]bool{}
@@ -162,6 +165,7 @@ func (f *Fleet) probe(ctx context.Context, ep *Endpoint) {
 	var changed, reason string
 	switch {
 	case err == nil:
+		ep.Heard(now)
 		ep.probeTimeouts = 0
 		if ep.down && !now.Before(ep.downUntil) {
 			ep.down, ep.soft, ep.probed = false, false, true

@@ -33,6 +33,7 @@ func (m *metrics) initEndpoint(ep *Endpoint) {
 	}
 	m.ejections.WithLabelValues(name, "probe")
 	m.ejections.WithLabelValues(name, "probe_timeout")
+	m.ejections.WithLabelValues(name, "stall")
 	for _, r := range []string{"ok", "error", "timeout"} {
 		m.probes.WithLabelValues(name, r)
 	}
@@ -65,7 +66,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"endpoint"}),
 		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_fleet_ejections_total",
-			Help: "Endpoints taken down, by reason (conn_error, timeout, server_error, backpressure, probe, probe_timeout).",
+			Help: "Endpoints taken down, by reason (conn_error, timeout, server_error, backpressure, probe, probe_timeout, stall: requests waited while it showed no sign of life).",
 		}, []string{"endpoint", "reason"}),
 		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_fleet_probes_total",

@@ -24,6 +24,7 @@ func (f *Fleet) scrape(ctx context.Context, ep *Endpoint) {
 		f.log.Debug("scrape failed", "endpoint", ep.name, "err", err)
 		return
 	}
+	ep.Heard(f.cfg.Now())
 	f.withMetrics(ep, func(m *metrics) { m.scrapes.WithLabelValues(ep.name, "ok").Inc() })
 	if name, from, to, ok := ep.restarted(m); ok {
 		f.withMetrics(ep, func(m *metrics) { m.restarts.WithLabelValues(ep.name).Inc() })

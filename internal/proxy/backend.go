@@ -3,6 +3,7 @@ package proxy
 import (
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -67,6 +68,10 @@ type Backend struct {
 	// pending are the engines' parts of a snapshot not yet in the index
 	// (under repMu; snapshot.go).
 	pending map[string]*kvindex.Snapshot
+
+	// distrusted are the engines whose index entries the policy ignores
+	// (SetIndexTrusted; under repMu), applied to every rebuilt generation.
+	distrusted map[string]bool
 
 	// replicas are the group's engine names, replaced whole by AddReplica
 	// and RemoveReplica (under mu, so a rebuild sees a consistent list).
@@ -157,9 +162,15 @@ func (b *Backend) build(blockSize int) (*generation, error) {
 		}
 	}
 	g.router = r
+	b.repMu.Lock()
+	distrusted := maps.Clone(b.distrusted)
+	b.repMu.Unlock()
 	for _, name := range *b.replicas.Load() {
 		for _, rn := range b.replicaNames(name) {
 			r.AddReplica(rn)
+			if distrusted[name] {
+				r.SetIndexTrusted(rn, false)
+			}
 		}
 	}
 	if g.approx != nil {
@@ -368,17 +379,40 @@ func (b *Backend) Route(in *RouteInput) (Decision, error) {
 		return Decision{}, fmt.Errorf("model %q: %w", b.cfg.Model, err)
 	}
 	out := Decision{
-		Replica:      d.Name,
-		Policy:       d.Policy,
-		CachedTokens: cachedTokens(d, g.blockSize, len(in.Tokens)),
-		Release:      lease.Release,
-		Failed:       lease.Failed,
-		FirstToken:   lease.FirstToken,
-		Shadow:       shadow,
-		Explain:      explanation(d, g, len(in.Tokens)),
+		Replica:           d.Name,
+		Policy:            d.Policy,
+		CachedTokens:      cachedTokens(d, g.blockSize, len(in.Tokens)),
+		IndexCachedTokens: engineHit(d.IndexBlocks, g.blockSize, len(in.Tokens)),
+		Release:           lease.Release,
+		Failed:            lease.Failed,
+		FirstToken:        lease.FirstToken,
+		Shadow:            shadow,
+		Explain:           explanation(d, g, len(in.Tokens)),
 	}
 	b.setRank(&out)
 	return out, nil
+}
+
+// SetIndexTrusted implements indexTruster: whether the policy sees the
+// index's entries of engine (all its data-parallel ranks) in this
+// generation of the group (routing.Router.SetIndexTrusted).
+func (b *Backend) SetIndexTrusted(engine string, ok bool) {
+	b.mu.Lock() // no rebuild in between: the new generation sees the set
+	defer b.mu.Unlock()
+	b.repMu.Lock()
+	if b.distrusted == nil {
+		b.distrusted = map[string]bool{}
+	}
+	if ok {
+		delete(b.distrusted, engine)
+	} else {
+		b.distrusted[engine] = true
+	}
+	b.repMu.Unlock()
+	g := b.cur.Load()
+	for _, name := range b.replicaNames(engine) {
+		g.router.SetIndexTrusted(name, ok)
+	}
 }
 
 // shadowDecision is what the shadow kv policy would choose for req now, by
@@ -543,6 +577,7 @@ func (b *Backend) RemoveReplica(name string) {
 	b.repMu.Lock()
 	delete(b.reports, name)
 	delete(b.dp, name)
+	delete(b.distrusted, name)
 	b.repMu.Unlock()
 	for _, rn := range names {
 		b.cur.Load().router.RemoveReplica(rn)

@@ -46,6 +46,11 @@ type Config struct {
 	// and namespace default to POD_NAME and POD_NAMESPACE). Nil: the
 	// static routing.routers and router_index.
 	Peers *discovery.PeersConfig `yaml:"peers"`
+	// EventsMaxMessageBytes bounds one ZeroMQ message read from any
+	// engine's KV event, replay or bound events port
+	// (kvevents.SubscriberConfig.MaxMessageBytes: 4096..2^40; 0: default
+	// 128 MiB); a peer that exceeds it has its connection closed.
+	EventsMaxMessageBytes int64 `yaml:"events_max_message_bytes"`
 	// Models are the model groups served; at least one.
 	Models []ModelConfig `yaml:"models"`
 }
@@ -81,6 +86,12 @@ type HealthConfig struct {
 	// 30s; negative disables): an engine that does not list its model's
 	// name is not ready.
 	ModelsInterval time.Duration `yaml:"models_interval"`
+	// StallAfter is how long a request may wait for the start of its
+	// answer while its engine shows no sign of life (no byte on any
+	// request, no probe or scrape answered, for at least 1.5
+	// scrape_interval) before the engine takes no new requests, until it
+	// answers again (fleet.Config.StallAfter; default 1s, negative: off).
+	StallAfter time.Duration `yaml:"stall_after"`
 }
 
 // TLSConfig holds certificate files in PEM.
@@ -419,6 +430,9 @@ func (c *Config) Validate() error {
 	var errs []error
 	if c.BodyLimit < 0 {
 		errs = append(errs, ferr("must be positive", "body_limit"))
+	}
+	if n := c.EventsMaxMessageBytes; n != 0 && (n < kvevents.MinMaxMessageBytes || n > kvevents.MaxMaxMessageBytes) {
+		errs = append(errs, ferr(fmt.Sprintf("%d: must be in %d..%d (0: default %d)", n, kvevents.MinMaxMessageBytes, int64(kvevents.MaxMaxMessageBytes), kvevents.DefaultMaxMessageBytes), "events_max_message_bytes"))
 	}
 	if len(c.Models) == 0 {
 		errs = append(errs, ferr("at least one model is required", "models"))

@@ -113,7 +113,7 @@ func (s *Server) forward(x *exchange) {
 // observeDecision records the decision's predictions.
 func (s *Server) observeDecision(x *exchange, d Decision) {
 	s.holds.Hold(&x.held, d.Replica)
-	x.replica, x.cached = d.Replica, d.CachedTokens
+	x.replica, x.cached, x.indexCached = d.Replica, d.CachedTokens, d.IndexCachedTokens
 	s.traceDecision(x, d)
 	model := x.req.model
 	if x.tokens != nil {
@@ -174,6 +174,7 @@ func (s *Server) try(x *exchange, ep *fleet.Endpoint, d Decision, canRetry bool)
 	if err != nil {
 		return s.upstreamFailed(x, ep, ctx, err, canRetry)
 	}
+	wd.heard(time.Now()) // the answer started: the engine is not stalled
 	status := resp.StatusCode
 	legStatus = status
 	s.deps.Fleet.Report(ep, fleet.OutcomeOf(status))
@@ -195,8 +196,12 @@ func (s *Server) try(x *exchange, ep *fleet.Endpoint, d Decision, canRetry bool)
 		return true
 	}
 	defer resp.Body.Close()
+	x.hit = hitReport{}
 	s.relay(x, ep, ctx, wd, resp, d.FirstToken, failed)
 	ok = status/100 == 2 && x.outcome == outcomeOK
+	if ok && x.tokens != nil && x.hit.seen {
+		s.trust.observe(x.m.router, x.req.model, ep.Name(), x.indexCached, x.hit.cached)
+	}
 	return false
 }
 
@@ -211,9 +216,12 @@ func (s *Server) startAttempt(x *exchange, ep *fleet.Endpoint) (ctx context.Cont
 	inflight := s.m.inFlight.WithLabelValues(ep.Name())
 	inflight.Inc()
 	ep.AddInFlight(1)
+	answered := ep.Await(time.Now()) // stall detection (fleet/stall.go)
 	ctx, cancel := context.WithCancelCause(x.r.Context())
 	wd = newWatchdog(cancel, x.m.cfg.Timeouts.FirstByte, x.m.cfg.Timeouts.Idle)
+	wd.ep, wd.answered = ep, answered
 	return ctx, wd, func() {
+		answered()
 		wd.stop()
 		cancel(nil)
 		ep.AddInFlight(-1)
@@ -259,6 +267,11 @@ type watchdog struct {
 	last    atomic.Int64 // time of the last progress, ns since base
 	first   atomic.Bool
 	stopped atomic.Bool
+	// ep hears of every chunk, and answered ends the attempt's wait for an
+	// answer (fleet stall detection); nil in tests that make a bare
+	// watchdog.
+	ep       *fleet.Endpoint
+	answered func()
 }
 
 func newWatchdog(cancel context.CancelCauseFunc, firstByte, idle time.Duration) *watchdog {
@@ -283,11 +296,21 @@ func newWatchdog(cancel context.CancelCauseFunc, firstByte, idle time.Duration) 
 // progress notes that body bytes arrived at now and restarts the idle
 // clock.
 func (w *watchdog) progress(now time.Time) {
+	w.heard(now)
 	w.last.Store(int64(now.Sub(w.base)))
 	if !w.first.Load() {
 		w.first.Store(true)
 		w.t.Reset(w.idle)
 	}
+}
+
+// heard tells the fleet the engine answered at now (headers or bytes).
+func (w *watchdog) heard(now time.Time) {
+	if w.ep == nil {
+		return
+	}
+	w.ep.Heard(now)
+	w.answered()
 }
 
 func (w *watchdog) stop() {

@@ -47,11 +47,15 @@ type exchange struct {
 	held    []string // replicas whose series this exchange holds (Server.holds)
 	// front is the front whose tokenizer series count the request: nil
 	// for the HTTP front's own, the EPP's view for a Picker's.
-	front   *frontmetrics.Front
-	cached  int
-	status  int    // status answered to the client
-	outcome string // requests_total outcome label
-	retries int
+	front  *frontmetrics.Front
+	cached int
+	// indexCached is what the index said the chosen engine holds, in
+	// tokens, trusted or not; hit is what the engine reported (trust.go).
+	indexCached int
+	hit         hitReport
+	status      int    // status answered to the client
+	outcome     string // requests_total outcome label
+	retries     int
 	// abort: the response is broken after its first byte and is not an
 	// event stream; the handler ends the connection (http.ErrAbortHandler).
 	abort bool

@@ -42,6 +42,7 @@ type engine struct {
 	errEvent  bool          // after the first event, an error event as vLLM sends it, then [DONE]
 	gap       time.Duration // pause between events
 	step      chan struct{} // when set, wait for a token before each event
+	frozen    chan struct{} // when set, every request (/health too) waits until it is closed: a stopped process
 	bodies    [][]byte
 	headers   []http.Header
 
@@ -82,6 +83,16 @@ func (e *engine) lastHeader() http.Header {
 }
 
 func (e *engine) serve(w http.ResponseWriter, r *http.Request) {
+	e.mu.Lock()
+	frozen := e.frozen
+	e.mu.Unlock()
+	if frozen != nil {
+		select {
+		case <-frozen:
+		case <-r.Context().Done():
+			return
+		}
+	}
 	switch r.URL.Path {
 	case "/health":
 		return

@@ -98,9 +98,16 @@ func (s *Server) relay(x *exchange, ep *fleet.Endpoint, ctx context.Context, wd 
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
 	var err error
+	var body io.Reader = resp.Body
+	var kept *capBuffer // a non-streaming answer, for its usage (trust.go)
+	if !sse && resp.StatusCode/100 == 2 && x.tokens != nil {
+		kept = &capBuffer{max: maxUsageBody}
+		body = io.TeeReader(resp.Body, kept)
+		defer func() { x.hit.note(kept.b, false) }()
+	}
 	if sse {
 		var done bool
-		done, err = s.copyEvents(x, wd, resp.Body, *bp, firstToken, failed)
+		done, err = s.copyEvents(x, wd, body, *bp, firstToken, failed)
 		if err == nil && !done && resp.StatusCode < 300 {
 			// vLLM ends every successful stream with data: [DONE]; an
 			// engine stopped mid-generation (SIGTERM) closes cleanly
@@ -108,9 +115,9 @@ func (s *Server) relay(x *exchange, ep *fleet.Endpoint, ctx context.Context, wd 
 			err = errNoDone
 		}
 	} else if x.route != nil {
-		err = copyFiltered(x, wd, resp.Body, firstToken)
+		err = copyFiltered(x, wd, body, firstToken)
 	} else {
-		err = copyBody(x.w, wd, resp.Body, *bp, firstToken)
+		err = copyBody(x.w, wd, body, *bp, firstToken)
 	}
 	if err == nil {
 		if x.streamErr {
@@ -214,6 +221,7 @@ func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byt
 			}
 			if end > 0 {
 				done = endsWithDone(chunk[:end]) || x.req.kind == kindResponses && endsResponse(chunk[:end])
+				x.hit.note(chunk[:end], true)
 				if !x.streamErr && hasErrorEvent(chunk[:end]) {
 					x.streamErr = true
 					failed()
@@ -241,6 +249,7 @@ func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byt
 		if rerr == io.EOF {
 			if len(pending) > 0 { // a final event without its blank line
 				done = endsWithDone(pending) || x.req.kind == kindResponses && endsResponse(pending)
+				x.hit.note(pending, true)
 				if x.route != nil {
 					pending = x.filter(pending)
 				}

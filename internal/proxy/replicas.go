@@ -15,6 +15,7 @@ func (s *Server) ReplicaAdded(model, replica string) {
 	s.holds.Locked(func() {
 		s.m.inFlight.WithLabelValues(replica).Add(0)
 		s.m.initReplica(model, replica)
+		s.trust.init(replica)
 	})
 }
 

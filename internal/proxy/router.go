@@ -71,6 +71,10 @@ type Decision struct {
 	Policy string
 	// CachedTokens is the predicted prefix-cache hit on Replica, in tokens.
 	CachedTokens int
+	// IndexCachedTokens is the hit the index predicts on Replica from what
+	// it holds there, whether or not the policy trusted it (trust.go); 0
+	// when the router has no index.
+	IndexCachedTokens int
 	// DPRank, when HasDPRank, is the data-parallel rank of Replica chosen
 	// (an engine with dp_size > 1): sent in the X-data-parallel-rank header.
 	DPRank    int

@@ -72,6 +72,7 @@ type Server struct {
 	removed   []func(replica string)
 	tr        *tracing.Tracing
 	fm        *featureMetrics // adapters, route aliases
+	trust     *trust          // index trust per engine (trust.go)
 	loads     adapterLoads    // LoRA adapter loads under way
 
 	// learned are client-chosen response ids (responsepin.go).
@@ -124,10 +125,15 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 	if s.fm, err = newFeatureMetrics(reg); err != nil {
 		return nil, err
 	}
+	if s.trust, err = newTrust(s.log, reg, func(r string) bool { return deps.Fleet.Endpoint(r) != nil }); err != nil {
+		return nil, err
+	}
+	s.removed = append(s.removed, s.trust.forget)
 	for _, mc := range cfg.Models {
 		var engines []string
 		for _, ep := range deps.Fleet.Endpoints(mc.Name) {
 			engines = append(engines, ep.Name())
+			s.trust.init(ep.Name())
 		}
 		s.fm.initModel(mc, engines)
 	}

@@ -26,6 +26,9 @@ type replica struct {
 	id      kvindex.ReplicaID
 	healthy atomic.Bool
 	gone    atomic.Bool
+	// distrusted: the index's view of this replica is ignored (its
+	// candidates get no Match) until SetIndexTrusted(name, true).
+	distrusted atomic.Bool
 
 	inFlight, queuedPrefill, runningDecode, activeTokens atomic.Int64
 	decisions                                            atomic.Int64

@@ -166,6 +166,21 @@ func (r *Router) SetHealthy(name string, ok bool) {
 	}
 }
 
+// SetIndexTrusted sets whether policies see what the index holds for name
+// (default true). A distrusted replica's candidates carry no Match, so it
+// competes by load alone, while Decision.IndexBlocks still reports what the
+// index holds there (to tell when index and engine agree again). Unknown
+// names are ignored.
+func (r *Router) SetIndexTrusted(name string, ok bool) {
+	if rep := r.get(name); rep != nil {
+		rep.distrusted.Store(!ok)
+	}
+}
+
+// heldBlocks is m's leading run less its predicted blocks: what the index
+// says the engine holds (GPU, CPU or storage).
+func heldBlocks(m kvindex.Match) int { return m.Blocks() - int(m.Predicted) }
+
 // SetRates sets name's prefill and decode throughput in tokens/s (values
 // <= 0 keep the current ones).
 func (r *Router) SetRates(name string, prefill, decode float64) {
@@ -225,6 +240,9 @@ func (r *Router) Route(req *Request) (Decision, *Lease, error) {
 		return d, nil, fmt.Errorf("routing: policy %s chose no candidate", r.cfg.Policy)
 	}
 	rep := reps[d.Index]
+	if int(rep.id) < len(s.matches) {
+		d.IndexBlocks = heldBlocks(s.matches[rep.id])
+	}
 	var mr matchRouter
 	var pred kvindex.Prediction
 	if r.ix != nil && len(keys) > 0 {
@@ -278,13 +296,16 @@ func (r *Router) Evaluate(req *Request, p Policy) (Decision, error) {
 	}
 	s := r.bufs.Get().(*scratch)
 	defer r.bufs.Put(s)
-	cands, _, _ := r.candidates(req, s)
+	cands, reps, _ := r.candidates(req, s)
 	if len(cands) == 0 {
 		return Decision{Policy: r.cfg.Policy, Index: -1}, ErrNoReplica
 	}
 	d := EvaluatePolicy(p, req, cands)
 	if d.Index < 0 || d.Index >= len(cands) {
 		return d, fmt.Errorf("routing: policy %s chose no candidate", d.Policy)
+	}
+	if id := reps[d.Index].id; int(id) < len(s.matches) {
+		d.IndexBlocks = heldBlocks(s.matches[id])
 	}
 	return d, nil
 }
@@ -339,7 +360,7 @@ func (r *Router) candidates(req *Request, s *scratch) ([]Candidate, []*replica, 
 	if r.ix != nil && len(keys) > 0 {
 		s.matches = r.ix.Lookup(keys, s.matches)
 		for i := range cands {
-			if int(cands[i].ID) < len(s.matches) {
+			if int(cands[i].ID) < len(s.matches) && !reps[i].distrusted.Load() {
 				cands[i].Match = s.matches[cands[i].ID]
 			}
 		}

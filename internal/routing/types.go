@@ -123,6 +123,12 @@ type Decision struct {
 	Reason string
 	// Terms has one entry per candidate, in candidate order.
 	Terms []Terms
+	// IndexBlocks is the chosen replica's leading blocks the index says it
+	// holds (not merely predicted), whether or not the policy saw them: it
+	// differs
+	// from Chosen().CachedBlocks when the replica's index is distrusted
+	// (Router.SetIndexTrusted). Set by Router.Route and Router.Evaluate.
+	IndexBlocks int
 }
 
 // Chosen returns the chosen candidate's terms (zero Terms when none).

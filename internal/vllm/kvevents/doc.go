@@ -29,6 +29,11 @@
 // SubscriberConfig.Resume, and each rank's first connection replays from
 // there, checked as a reconnection.
 //
+// Every connection (live, bound or replay) reads through a limitConn
+// (framelimit.go): a ZMTP message larger than MaxMessageBytes (default
+// 128 MiB) or of more than 64 frames is refused at its frame header, before
+// zmq4 allocates the frame, and the connection is closed and counted.
+//
 // Goroutines start only in Subscriber.Run, which returns after they have all
 // exited. Metrics (kvrouter_vllm_*, labels engine and rank) live in a
 // SubscriberMetrics shared by all subscribers of one registry.

@@ -30,6 +30,7 @@ type SubscriberMetrics struct {
 	reconnects    *prometheus.CounterVec
 	rejectedConns *prometheus.CounterVec
 	idleChecks    *prometheus.CounterVec
+	oversized     *prometheus.CounterVec
 	recovered     *prometheus.CounterVec
 	overflows     *prometheus.CounterVec
 	connected     *prometheus.GaugeVec
@@ -58,6 +59,7 @@ type SubscriberMetrics struct {
 //	kvrouter_vllm_reconnects_total         connections to the engine lost and re-established
 //	kvrouter_vllm_rejected_conns_total     bind mode: engine connections closed at accept because the rank had max_conns open
 //	kvrouter_vllm_idle_checks_total        idle checks: replay asked for batches after the last applied one (counted in replays_total only when they delivered)
+//	kvrouter_vllm_oversized_messages_total connections closed because a message exceeded max_message_bytes (events, replay or bound port)
 //	kvrouter_vllm_connected                1 while a live connection is up
 //	kvrouter_vllm_lag_seconds              histogram of now - batch ts for live batches
 func NewSubscriberMetrics(reg prometheus.Registerer) (*SubscriberMetrics, error) {
@@ -85,6 +87,7 @@ func NewSubscriberMetrics(reg prometheus.Registerer) (*SubscriberMetrics, error)
 		reconnects:    counter("reconnects_total", "Connections to the engine lost and re-established."),
 		rejectedConns: counter("rejected_conns_total", "Bind mode: engine connections closed at accept because the rank already had max_conns open."),
 		idleChecks:    counter("idle_checks_total", "Idle checks: the replay endpoint asked for batches after the last applied one, after idle_check without live events."),
+		oversized:     counter("oversized_messages_total", "Connections closed because a ZMTP message exceeded max_message_bytes (live, replay or bound port)."),
 		connected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kvrouter_vllm_connected", Help: "1 while the live event connection to the engine rank is up.",
 		}, er),
@@ -112,7 +115,7 @@ func NewSubscriberMetrics(reg prometheus.Registerer) (*SubscriberMetrics, error)
 func (m *SubscriberMetrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.batches, m.events, m.blocksStored, m.blocksRemoved, m.gaps,
 		m.replays, m.replayErrors, m.unrecoverable, m.restarts, m.queueDrops, m.malformed,
-		m.duplicates, m.reconnects, m.rejectedConns, m.idleChecks, m.recovered, m.overflows, m.connected, m.lag}
+		m.duplicates, m.reconnects, m.rejectedConns, m.idleChecks, m.oversized, m.recovered, m.overflows, m.connected, m.lag}
 }
 
 // deleteEngine removes every series of one engine.
@@ -133,6 +136,7 @@ func (m *SubscriberMetrics) deleteEngine(engine string) {
 	m.reconnects.DeletePartialMatch(l)
 	m.rejectedConns.DeletePartialMatch(l)
 	m.idleChecks.DeletePartialMatch(l)
+	m.oversized.DeletePartialMatch(l)
 	m.recovered.DeletePartialMatch(l)
 	m.overflows.DeletePartialMatch(l)
 	m.connected.DeletePartialMatch(l)
@@ -143,7 +147,7 @@ func (m *SubscriberMetrics) deleteEngine(engine string) {
 type rankMetrics struct {
 	batches, blocksStored, blocksRemoved, gaps, replays, replayErrors,
 	unrecoverable, restarts, queueDrops, malformed, duplicates, reconnects, rejectedConns, idleChecks,
-	queueRecovered, overflowResets prometheus.Counter
+	queueRecovered, overflowResets, oversized prometheus.Counter
 	stored, removed, cleared prometheus.Counter // events by type
 	connected                prometheus.Gauge
 	lag                      prometheus.Observer
@@ -166,6 +170,7 @@ func (m *SubscriberMetrics) forRank(engine string, rank int) *rankMetrics {
 		reconnects:     m.reconnects.WithLabelValues(engine, r),
 		rejectedConns:  m.rejectedConns.WithLabelValues(engine, r),
 		idleChecks:     m.idleChecks.WithLabelValues(engine, r),
+		oversized:      m.oversized.WithLabelValues(engine, r),
 		queueRecovered: m.recovered.WithLabelValues(engine, r),
 		overflowResets: m.overflows.WithLabelValues(engine, r),
 		stored:         m.events.WithLabelValues(engine, r, vllm.BlockStored.String()),

@@ -63,12 +63,16 @@ type liveMsg struct {
 }
 
 func (s *Subscriber) newRank(i int) *rank {
-	return &rank{
+	r := &rank{
 		s: s, idx: i, ep: s.live[i], replay: s.replay[i],
 		log:  s.log.With("rank", i, "endpoint", rankEndpoint(s.cfg.Endpoint, i)),
 		m:    s.m.forRank(s.cfg.Engine, i),
 		wake: make(chan struct{}, 1),
 	}
+	if r.replay != nil {
+		r.replay.limit = r.frameLimit("replay")
+	}
+	return r
 }
 
 // resume starts rank r's stream after pos, as if the batch at pos.Seq
@@ -93,7 +97,7 @@ func (r *rank) dialLoop(ctx context.Context, in chan<- liveMsg) error {
 			backoff = min(2*backoff, cfg.ReconnectMax)
 		}
 		dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
-		c, err := dialZMTP(dctx, r.ep, zmq4.Sub)
+		c, err := dialZMTP(dctx, r.ep, zmq4.Sub, r.frameLimit("events"))
 		cancel()
 		if err == nil {
 			if err = c.subscribe(cfg.Topic); err != nil {
@@ -155,7 +159,7 @@ func (r *rank) acceptLoop(ctx context.Context, ln net.Listener, in chan<- liveMs
 		g.Go(guard("conn", func() error {
 			defer r.accepted.Add(-1)
 			hctx, cancel := context.WithTimeout(gctx, r.s.cfg.DialTimeout)
-			c, err := openZMTP(hctx, nc, zmq4.Sub, true)
+			c, err := openZMTP(hctx, nc, zmq4.Sub, true, r.frameLimit("events"))
 			cancel()
 			if err == nil {
 				if err = c.subscribe(r.s.cfg.Topic); err != nil {
@@ -454,6 +458,19 @@ func (r *rank) setPending(why ResetReason) {
 	if r.pending == ResetNone {
 		r.pending = why
 	}
+}
+
+// frameLimit bounds the messages of one of this rank's connections
+// (socket: "events" or "replay") by SubscriberConfig.MaxMessageBytes; a
+// peer that exceeds it is counted in oversized_messages and logged, and
+// its connection closed (the dial or accept loop then goes on as after any
+// broken connection, a replay fails).
+func (r *rank) frameLimit(socket string) frameLimit {
+	return frameLimit{max: r.s.cfg.MaxMessageBytes, refused: func(remote string, err error) {
+		r.count(&r.s.stats.oversized, r.m.oversized)
+		r.log.Warn("engine connection closed: ZMTP message too large", "socket", socket, "remote", remote,
+			"max_message_bytes", r.s.cfg.MaxMessageBytes, "err", err)
+	}}
 }
 
 func (r *rank) count(a *atomic.Uint64, c interface{ Inc() }) {

@@ -30,6 +30,8 @@ type replayer struct {
 	// skipped, as the SUB socket skips such live messages. The 3-frame form
 	// carries no topic and is never filtered.
 	topic string
+	// limit bounds the replies (set by the rank before its first request).
+	limit frameLimit
 }
 
 // replayResult summarises one replay request.
@@ -115,7 +117,7 @@ const dialRetryFor = 500 * time.Millisecond
 func (r *replayer) dial(ctx context.Context) (*zmtpConn, error) {
 	give := time.Now().Add(dialRetryFor)
 	for {
-		c, err := dialZMTP(ctx, r.ep, zmq4.Dealer)
+		c, err := dialZMTP(ctx, r.ep, zmq4.Dealer, r.limit)
 		if err == nil || ctx.Err() != nil || time.Now().After(give) {
 			return c, err
 		}

@@ -129,6 +129,14 @@ type SubscriberConfig struct {
 	// counted (kvrouter_vllm_rejected_conns_total); those already open keep
 	// going. Default 4.
 	MaxConns int `yaml:"max_conns"`
+	// MaxMessageBytes bounds one ZMTP message read from the engine's event,
+	// replay or bound port (the sum of its frames' bodies; at most 64
+	// frames): a peer whose frame header would exceed it has its
+	// connection closed before anything is allocated for the frame, is
+	// logged and counted (kvrouter_vllm_oversized_messages_total), and is
+	// reconnected to (connect mode) or may dial in again (bind mode).
+	// 4096..2^40; default DefaultMaxMessageBytes.
+	MaxMessageBytes int64 `yaml:"max_message_bytes"`
 	// QueueSize bounds the Updates waiting for the consumer, shared by the
 	// engine's ranks: 1..MaxQueueSize. A batch that finds it full is caught
 	// up later by replay (see overflow.go). Default DefaultQueueSize.
@@ -189,6 +197,9 @@ func (c SubscriberConfig) withDefaults() SubscriberConfig {
 	if c.QueueSize == 0 {
 		c.QueueSize = DefaultQueueSize
 	}
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = DefaultMaxMessageBytes
+	}
 	if c.ReplayTimeout == 0 {
 		c.ReplayTimeout = 5 * time.Second
 	}
@@ -233,13 +244,16 @@ type SubscriberStats struct {
 	// one ResetOverflow). Omitted when 0.
 	QueueRecovered uint64 `json:"queue_recovered,omitempty"`
 	OverflowResets uint64 `json:"overflow_resets,omitempty"`
+	// Oversized counts connections closed because a message exceeded
+	// MaxMessageBytes. Omitted when 0.
+	Oversized uint64 `json:"oversized_messages,omitempty"`
 }
 
 // stats mirrors SubscriberStats with atomics.
 type stats struct {
 	batches, events, blocksStored, blocksRemoved, gaps, replays, replayErrors,
 	unrecoverable, restarts, queueDrops, malformed, duplicates, reconnects, rejectedConns, idleChecks,
-	queueRecovered, overflowResets atomic.Uint64
+	queueRecovered, overflowResets, oversized atomic.Uint64
 }
 
 // Subscriber follows one vLLM engine's KV events: one live subscription per
@@ -290,6 +304,9 @@ func NewSubscriber(cfg SubscriberConfig, log *slog.Logger, m *SubscriberMetrics)
 	}
 	if cfg.QueueSize < 1 || cfg.QueueSize > MaxQueueSize {
 		errs = append(errs, fmt.Errorf("queue_size %d: want 1..%d", cfg.QueueSize, MaxQueueSize))
+	}
+	if cfg.MaxMessageBytes < MinMaxMessageBytes || cfg.MaxMessageBytes > MaxMaxMessageBytes {
+		errs = append(errs, fmt.Errorf("max_message_bytes %d: want %d..%d", cfg.MaxMessageBytes, MinMaxMessageBytes, int64(MaxMaxMessageBytes)))
 	}
 	if cfg.ReplayTimeout < 0 || cfg.DialTimeout < 0 || cfg.ReconnectMin < 0 || cfg.ReconnectMax < cfg.ReconnectMin {
 		errs = append(errs, errors.New("timeouts must be positive and reconnect_max >= reconnect_min"))
@@ -397,6 +414,7 @@ func (s *Subscriber) Stats() SubscriberStats {
 		Restarts: t.restarts.Load(), QueueDrops: t.queueDrops.Load(), Malformed: t.malformed.Load(),
 		Duplicates: t.duplicates.Load(), Reconnects: t.reconnects.Load(), RejectedConns: t.rejectedConns.Load(),
 		IdleChecks: t.idleChecks.Load(), QueueRecovered: t.queueRecovered.Load(), OverflowResets: t.overflowResets.Load(),
+		Oversized: t.oversized.Load(),
 	}
 }
 

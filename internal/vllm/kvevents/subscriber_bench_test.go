@@ -48,7 +48,7 @@ func BenchmarkSubscriberLoopback(b *testing.B) {
 			close(accepted)
 			return
 		}
-		c, err := openZMTP(context.Background(), nc, zmq4.Pub, true)
+		c, err := openZMTP(context.Background(), nc, zmq4.Pub, true, frameLimit{})
 		if err != nil {
 			close(accepted)
 			return

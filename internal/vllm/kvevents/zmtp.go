@@ -99,12 +99,32 @@ type zmtpConn struct {
 	zc *zmq4.Conn
 }
 
+// frameLimit bounds what a connection may read (framelimit.go): max bytes
+// per ZMTP message (0: no bound); refused, if not nil, is told once when a
+// peer exceeds it, with the peer's address.
+type frameLimit struct {
+	max     int64
+	refused func(remote string, err error)
+}
+
 // openZMTP performs the ZMTP 3.0 greeting and NULL handshake as a socket of
-// type typ on nc. The handshake is bounded by ctx.
-func openZMTP(ctx context.Context, nc net.Conn, typ zmq4.SocketType, server bool) (*zmtpConn, error) {
+// type typ on nc, reading through a limitConn when lim.max > 0 (from the
+// greeting on, so the handshake's commands are bounded too). The handshake
+// is bounded by ctx.
+func openZMTP(ctx context.Context, nc net.Conn, typ zmq4.SocketType, server bool, lim frameLimit) (*zmtpConn, error) {
 	stop := context.AfterFunc(ctx, func() { nc.Close() })
 	defer stop()
-	zc, err := zmq4.Open(nc, null.Security(), typ, nil, server, nil)
+	var rw net.Conn = nc
+	if lim.max > 0 {
+		remote := nc.RemoteAddr().String()
+		rw = newLimitConn(nc, lim.max, func(err error) {
+			nc.Close()
+			if lim.refused != nil {
+				lim.refused(remote, err)
+			}
+		})
+	}
+	zc, err := zmq4.Open(rw, null.Security(), typ, nil, server, nil)
 	if err != nil {
 		nc.Close()
 		if ctx.Err() != nil {
@@ -115,14 +135,14 @@ func openZMTP(ctx context.Context, nc net.Conn, typ zmq4.SocketType, server bool
 	return &zmtpConn{nc: nc, zc: zc}, nil
 }
 
-// dialZMTP dials ep and opens a ZMTP session as typ.
-func dialZMTP(ctx context.Context, ep zmtpEndpoint, typ zmq4.SocketType) (*zmtpConn, error) {
+// dialZMTP dials ep and opens a ZMTP session as typ, bounded by lim.
+func dialZMTP(ctx context.Context, ep zmtpEndpoint, typ zmq4.SocketType, lim frameLimit) (*zmtpConn, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, ep.network, ep.addr)
 	if err != nil {
 		return nil, err
 	}
-	return openZMTP(ctx, nc, typ, false)
+	return openZMTP(ctx, nc, typ, false, lim)
 }
 
 // recv returns the next user message, answering and skipping ZMTP commands

@@ -1,0 +1,133 @@
+package proxy
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"kvrouter/internal/fleet"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// gathered returns the value of the counter or gauge name with labels
+// (name=value pairs) in reg, or -1 when there is none.
+func gathered(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				if !slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool {
+					return l.GetName() == labels[i] && l.GetValue() == labels[i+1]
+				}) {
+					continue next
+				}
+			}
+			if c := m.GetCounter(); c != nil {
+				return c.GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	return -1
+}
+
+// waitCond polls cond every 5ms for up to 10s.
+func waitCond(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// healthyNames lists the endpoints the fleet would route model m to now.
+func healthyNames(fl *fleet.Fleet) []string {
+	eps, _, _ := fl.Healthy(nil, "m")
+	var out []string
+	for _, ep := range eps {
+		out = append(out, ep.Name())
+	}
+	return out
+}
+
+// TestStalledEngineSkipped: engine e0 stops answering anything (a stopped
+// process: connections accepted, no byte back, /health included) while a
+// request waits on it. Within StallAfter (1s, the default) plus the check
+// period the fleet holds it out: new requests go to e1, and the stall is
+// counted and e0's endpoint_up is 0. When e0 answers again (the waiting
+// request gets its answer) it is routed again at once.
+func TestStalledEngineSkipped(t *testing.T) {
+	rg := newRig(t, 2, func(_ *Config, f *fleet.Config) { f.ModelsInterval = -1 })
+	ctx, cancel := context.WithCancel(context.Background())
+	runDone := make(chan error, 1)
+	go func() { runDone <- rg.fleet.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-runDone
+	}()
+
+	frozen := make(chan struct{})
+	var unfreeze sync.Once
+	t.Cleanup(func() { unfreeze.Do(func() { close(frozen) }) }) // before the rig's: its servers wait for their requests
+	rg.engines[0].set(func(e *engine) { e.frozen = frozen })
+	waited := make(chan string, 1)
+	sent := time.Now()
+	go func() { // the first candidate, e0, gets it and holds it
+		resp := rg.post("/v1/completions", `{"model":"m","prompt":"hi"}`)
+		readAll(t, resp)
+		waited <- resp.Header.Get("X-Kvrouter-Replica")
+	}()
+	var last []string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if last = healthyNames(rg.fleet); !slices.Contains(last, "e0") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("e0 still routed 10s after it stopped answering; healthy %v", last)
+		}
+	}
+	took := time.Since(sent)
+	t.Logf("e0 held out %v after the request was sent", took)
+	if took < time.Second {
+		t.Errorf("e0 held out after %v, before StallAfter (1s)", took)
+	}
+	if !slices.Equal(last, []string{"e1"}) {
+		t.Fatalf("healthy %v, want [e1]", last)
+	}
+	resp := rg.post("/v1/completions", `{"model":"m","prompt":"hi"}`)
+	if body := readAll(t, resp); resp.StatusCode != 200 || resp.Header.Get("X-Kvrouter-Replica") != "e1" {
+		t.Fatalf("new request: %d from %q (%s), want 200 from e1", resp.StatusCode, resp.Header.Get("X-Kvrouter-Replica"), body)
+	}
+	if got := gathered(t, rg.reg, "kvrouter_fleet_ejections_total", "endpoint", "e0", "reason", "stall"); got != 1 {
+		t.Errorf("kvrouter_fleet_ejections_total{endpoint=e0,reason=stall} = %v, want 1", got)
+	}
+	if !rg.fleet.Endpoint("e0").Stalled() || gathered(t, rg.reg, "kvrouter_fleet_endpoint_up", "endpoint", "e0") != 0 {
+		t.Errorf("e0: Stalled() %v, endpoint_up %v; want true, 0", rg.fleet.Endpoint("e0").Stalled(), gathered(t, rg.reg, "kvrouter_fleet_endpoint_up", "endpoint", "e0"))
+	}
+
+	unfreeze.Do(func() { close(frozen) }) // e0 answers the waiting request: a sign of life
+	if got := <-waited; got != "e0" {
+		t.Fatalf("the held request was answered by %q, want e0", got)
+	}
+	waitCond(t, "e0 routed again", func() bool { return slices.Contains(healthyNames(rg.fleet), "e0") })
+	if up := gathered(t, rg.reg, "kvrouter_fleet_endpoint_up", "endpoint", "e0"); up != 1 {
+		t.Errorf("e0 endpoint_up %v after recovery, want 1", up)
+	}
+	if got := gathered(t, rg.reg, "kvrouter_fleet_ejections_total", "endpoint", "e0", "reason", "stall"); got != 1 {
+		t.Errorf("stall ejections after recovery = %v, want 1", got)
+	}
+}
