@@ -41,12 +41,6 @@ type exchange struct {
 	route   *AliasConfig
 	usage   routeUsage
 	fwd     []byte   // the body sent upstream
-	// bodyHeld is the body_budget the request's body holds (body.go),
-	// given back by finish.
-	bodyHeld int64
-	// enginePath is the path and query a request naming a response id is
-	// sent to (responseget.go).
-	enginePath string
 	tokens  []uint32 // nil when unknown
 	replica string   // last replica tried
 	held    []string // replicas whose series this exchange holds (Server.holds)
@@ -81,6 +75,13 @@ type exchange struct {
 	// (mediakeys.go); media is what its chat parts carry (media.go).
 	mm    []kvindex.MMItem
 	media mediaScan
+
+	// bodyHeld is the body_budget the request's body holds (body.go),
+	// given back by finish.
+	bodyHeld int64
+	// enginePath is the path and query a request naming a response id is
+	// sent to (responseget.go).
+	enginePath string
 }
 
 // Outcome labels of kvrouter_proxy_requests_total (front="http"), from
