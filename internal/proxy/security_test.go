@@ -24,7 +24,7 @@ func openAIError(t *testing.T, what string, resp *http.Response, body string, st
 	t.Helper()
 	var e errorBody
 	if err := json.Unmarshal([]byte(body), &e); err != nil || resp.StatusCode != status || e.Error.Type != typ || e.Error.Code != status || e.Error.Message == "" {
-		t.Fatalf("%s: %d %q, want %d with an OpenAI error of type %s", what, resp.StatusCode, body, status, typ)
+		t.Fatalf("%s: %d %q, want %d with an OpenAI error of type %s", what, resp.StatusCode, truncate(body, 400), status, typ)
 	}
 	return e.Error
 }
