@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -47,6 +48,9 @@ type ListenerConfig struct {
 	// ReservedConnections are accepted past MaxConnections for GET /health
 	// and GET /ready only (default 32; negative: none).
 	ReservedConnections int `yaml:"reserved_connections"`
+	// MaxHeaderBytes bounds a request's line and headers, in bytes
+	// (default 64 KiB); larger ones are answered 431 by net/http.
+	MaxHeaderBytes int `yaml:"max_header_bytes"`
 }
 
 // defaultListener returns the listener defaults.
@@ -57,6 +61,7 @@ func defaultListener() ListenerConfig {
 		IdleTimeout:         60 * time.Second,
 		MaxConnections:      8192,
 		ReservedConnections: 32,
+		MaxHeaderBytes:      64 << 10,
 	}
 }
 
@@ -72,6 +77,9 @@ func (l *ListenerConfig) fillDefaults(d ListenerConfig) {
 	}
 	if l.MaxConnections == 0 {
 		l.MaxConnections = d.MaxConnections
+	}
+	if l.MaxHeaderBytes == 0 {
+		l.MaxHeaderBytes = d.MaxHeaderBytes
 	}
 	switch {
 	case l.ReservedConnections == 0:
@@ -93,6 +101,9 @@ func (l *ListenerConfig) validate() []error {
 	}
 	if l.MaxConnections < 0 {
 		errs = append(errs, ferr("must be positive", "http", "max_connections"))
+	}
+	if l.MaxHeaderBytes < 0 {
+		errs = append(errs, ferr("must be positive", "http", "max_header_bytes"))
 	}
 	return errs
 }
@@ -239,6 +250,7 @@ func (s *Server) serve(ctx context.Context, ln net.Listener, name string, h http
 		Handler:           lim.guard(h),
 		ReadHeaderTimeout: orDefault(lc.HeaderTimeout, defaultListener().HeaderTimeout),
 		IdleTimeout:       orDefault(lc.IdleTimeout, defaultListener().IdleTimeout),
+		MaxHeaderBytes:    cmp.Or(max(lc.MaxHeaderBytes, 0), defaultListener().MaxHeaderBytes),
 		ErrorLog:          slog.NewLogLogger(s.log.With("listener", name).Handler(), slog.LevelWarn),
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 		ConnContext:       lim.connContext,

@@ -129,6 +129,22 @@ func TestListenerClosesIdleConnections(t *testing.T) {
 	})
 }
 
+// Headers over http.max_header_bytes are refused (431) instead of held.
+func TestListenerHeaderBytes(t *testing.T) {
+	rg := newRig(t, 1, func(c *Config, _ *fleet.Config) { c.HTTP.MaxHeaderBytes = 8 << 10 })
+	c := dial(t, rg.runFront())
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	fmt.Fprintf(c, "GET /health HTTP/1.1\r\nHost: kvrouter\r\nX-Big: %s\r\n\r\n", strings.Repeat("b", 100<<10))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Fatalf("GET /health with 100 KiB of headers: %d, want 431", resp.StatusCode)
+	}
+}
+
 // At max_connections, /health and /ready still answer on reserved
 // connections (then close), other requests there get an OpenAI-shaped 503
 // with Retry-After, and past the reserve connections are closed at once.
