@@ -37,18 +37,12 @@ func (s *Server) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 			message: fmt.Sprintf("invalid response id %q: want 1 to %d letters, digits, '_' or '-' (vLLM's ids are resp_ and 32 hex digits)", truncate(id, maxEcho), maxResponseID)}, outcomeBadRequest)
 		return
 	}
-	query, err := url.ParseQuery(r.URL.RawQuery)
+	p, err := responseEnginePath(id, strings.HasSuffix(r.Pattern, "/cancel"), r.URL.RawQuery)
 	if err != nil {
 		s.fail(x, badRequest("", "malformed query string: "+err.Error()), outcomeBadRequest)
 		return
 	}
-	x.enginePath = responsesPath + "/" + id
-	if strings.HasSuffix(r.Pattern, "/cancel") {
-		x.enginePath += "/cancel"
-	}
-	if len(query) > 0 {
-		x.enginePath += "?" + query.Encode()
-	}
+	x.enginePath = p
 	var all []string
 	byName := map[string]*fleet.Endpoint{}
 	var retry time.Duration
@@ -115,6 +109,25 @@ func (s *Server) askByID(x *exchange, ep *fleet.Endpoint, more bool) bool {
 	}
 	s.relay(x, ep, ctx, wd, resp, nil, func() {})
 	return false
+}
+
+// responseEnginePath returns the engine's path and query for a request
+// naming the valid response id: /v1/responses/{id}, then /cancel when
+// cancel, then the client's query parsed and encoded again (an error when
+// it does not parse).
+func responseEnginePath(id string, cancel bool, rawQuery string) (string, error) {
+	query, err := url.ParseQuery(rawQuery)
+	if err != nil {
+		return "", err
+	}
+	p := responsesPath + "/" + id
+	if cancel {
+		p += "/cancel"
+	}
+	if len(query) > 0 {
+		p += "?" + query.Encode()
+	}
+	return p, nil
 }
 
 // maxResponseID bounds a response id's length, in bytes.

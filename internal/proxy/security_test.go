@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -388,4 +389,35 @@ func TestStreamsFromMisbehavingEngine(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzResponseEnginePath: an id validResponseID accepts, with any query,
+// always makes an engine URL whose path is /v1/responses/{id} exactly (no
+// other segment, no dot segment) and whose query is what the client sent,
+// parsed; hasTransferParams never panics.
+func FuzzResponseEnginePath(f *testing.F) {
+	for _, s := range []string{"resp_0123456789abcdef0123456789abcdef", "..%2f..%2freset_prefix_cache%3f", "../x", "a?b", "a#b", "a/b", "", "%2e%2e"} {
+		f.Add(s, "stream=true&starting_after=3")
+	}
+	f.Fuzz(func(t *testing.T, id, rawQuery string) {
+		_ = hasTransferParams([]byte(id))
+		if !validResponseID(id) {
+			return
+		}
+		p, err := responseEnginePath(id, false, rawQuery)
+		if err != nil {
+			return
+		}
+		q, _ := url.ParseQuery(rawQuery)
+		u, err := url.Parse("http://engine:8000" + p)
+		if err != nil {
+			t.Fatalf("id %q: %v", id, err)
+		}
+		if u.Path != responsesPath+"/"+id || u.RawPath != "" || u.Fragment != "" || id == "." || id == ".." {
+			t.Fatalf("id %q query %q: engine path %q (raw %q, fragment %q)", id, rawQuery, u.Path, u.RawPath, u.Fragment)
+		}
+		if got := u.Query(); got.Encode() != q.Encode() {
+			t.Fatalf("query %q became %q", q.Encode(), got.Encode())
+		}
+	})
 }
