@@ -34,8 +34,8 @@ type Config struct {
 	// MiB, DefaultBodyLimit); larger bodies are answered 413.
 	BodyLimit int64 `yaml:"body_limit"`
 	// BodyBudget bounds the bytes of request bodies held at once by all
-	// requests together (default 512 MiB); a body that does not fit is
-	// answered 503 with Retry-After.
+	// requests together (default 512 MiB, or BodyLimit when larger); a body
+	// that does not fit is answered 503 with Retry-After.
 	BodyBudget int64 `yaml:"body_budget"`
 	// HTTP bounds the connections of the listeners (listener.go).
 	HTTP ListenerConfig `yaml:"http"`
@@ -312,7 +312,7 @@ func (c *Config) FillDefaults(getenv func(string) string) {
 		c.BodyLimit = d.BodyLimit
 	}
 	if c.BodyBudget == 0 {
-		c.BodyBudget = d.BodyBudget
+		c.BodyBudget = max(d.BodyBudget, c.BodyLimit)
 	}
 	c.HTTP.fillDefaults(d.HTTP)
 	if c.DrainTimeout == 0 {
