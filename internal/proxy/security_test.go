@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	rtmetrics "runtime/metrics"
 	"strings"
 	"sync"
 	"testing"
@@ -420,4 +421,37 @@ func FuzzResponseEnginePath(f *testing.F) {
 			t.Fatalf("query %q became %q", q.Encode(), got.Encode())
 		}
 	})
+}
+
+// After a burst of large bodies the memory goes back to the OS within
+// seconds (the runtime alone keeps it for minutes): the released heap
+// grows by most of what the bodies held.
+func TestBodyBurstReturnsMemory(t *testing.T) {
+	const size, n = 12 << 20, 6
+	rg := newRig(t, 1, func(c *Config, _ *fleet.Config) { c.HTTP.BodyIdleTimeout = time.Minute })
+	addr := rg.runFront()
+	held := func() float64 { return testutil.ToFloat64(rg.srv.lm.bodies) }
+	part := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("a", size-100)
+	var uploads []net.Conn
+	for range n {
+		uploads = append(uploads, startUpload(t, addr, size, part))
+	}
+	pollGauge(t, "kvrouter_proxy_body_held_bytes with the uploads stalled", n*size, held)
+	released := func() float64 {
+		s := []rtmetrics.Sample{{Name: "/memory/classes/heap/released:bytes"}}
+		rtmetrics.Read(s)
+		return float64(s[0].Value.Uint64())
+	}
+	before := released()
+	for _, c := range uploads {
+		c.Close()
+	}
+	pollGauge(t, "kvrouter_proxy_body_held_bytes after the uploads left", 0, held)
+	deadline := time.Now().Add(30 * time.Second)
+	for released()-before < n*size/2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("released heap grew by %.0f MiB in 30 s after %d MiB of bodies were freed, want at least half", (released()-before)/(1<<20), n*size>>20)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
