@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -454,4 +455,84 @@ func TestBodyBurstReturnsMemory(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// FuzzHasTransferParams: on every valid JSON object, the top-level scan
+// agrees with encoding/json reading the first kv_transfer_params key (the
+// router refuses repeated keys before, ambiguousKey); it never panics on
+// anything.
+func FuzzHasTransferParams(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","kv_transfer_params":{"do_remote_prefill":true}}`,
+		`{"model":"m","kv_transfer_param\u0073":{}}`,
+		`{"kv_transfer_params":null}`,
+		`{"a":{"kv_transfer_params":1},"b":["kv_transfer_params"]}`,
+		`{"s":"\"kv_transfer_params\":1","t":"\\"}`,
+		` { "x" : [ 1 , { "y" : "z" } ] , "kv_transfer_params" : 0 } `,
+		`{"k\u0076_transfer_params":"x"}`,
+		`[1,2]`, `{`, `{"a":}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got := hasTransferParams(b)
+		if !json.Valid(b) {
+			return
+		}
+		want := false
+		dec := json.NewDecoder(bytes.NewReader(b))
+		if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+			if got {
+				t.Fatalf("%q: true for a non-object", b)
+			}
+			return
+		}
+		for dec.More() {
+			tok, err := dec.Token()
+			if err != nil {
+				t.Fatalf("%q: %v", b, err)
+			}
+			var v json.RawMessage
+			if err := dec.Decode(&v); err != nil {
+				t.Fatalf("%q: %v", b, err)
+			}
+			if tok == "kv_transfer_params" {
+				want = !isNull(v)
+				break
+			}
+		}
+		if got != want {
+			t.Fatalf("%q: hasTransferParams %v, encoding/json %v", b, got, want)
+		}
+	})
+}
+
+// BenchmarkHasTransferParams: the top-level scan of a 64 KiB chat body
+// whose text is escaped (\uXXXX, as Python's json.dumps sends non-ASCII),
+// beside encoding/json reading the one field.
+//
+//	go test -run XXX -bench HasTransferParams -count 6 ./internal/proxy
+func BenchmarkHasTransferParams(b *testing.B) {
+	body := []byte(`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat(`\u4f60\u597d `, 64<<10/13) + `"}],"max_tokens":16}`)
+	b.Run("scan", func(b *testing.B) {
+		b.SetBytes(int64(len(body)))
+		b.ReportAllocs()
+		for b.Loop() {
+			if hasTransferParams(body) {
+				b.Fatal("found")
+			}
+		}
+	})
+	b.Run("encoding_json", func(b *testing.B) {
+		b.SetBytes(int64(len(body)))
+		b.ReportAllocs()
+		for b.Loop() {
+			var top struct {
+				P json.RawMessage `json:"kv_transfer_params"`
+			}
+			if json.Unmarshal(body, &top) != nil || !isNull(top.P) {
+				b.Fatal("found")
+			}
+		}
+	})
 }
