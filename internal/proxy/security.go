@@ -62,13 +62,19 @@ func (s *Server) adminRoutes() http.Handler {
 
 // dropClientControls removes a client's rank header from every request
 // before a handler sees it (engine requests copy the client's headers),
-// unless ClientsConfig allows it.
+// unless ClientsConfig allows it. With an admin listener it also refuses
+// x-kvrouter-route-only on the main one: the decision it answers is
+// /v1/route's, which lives there.
 func (s *Server) dropClientControls(h http.Handler) http.Handler {
-	if s.cfg.Clients.AllowDPRank {
+	if s.cfg.Clients.AllowDPRank && s.cfg.AdminListen == "" {
 		return h
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if _, ok := r.Header[RankHeader]; ok {
+		if s.cfg.AdminListen != "" && r.Header.Get("X-Kvrouter-Route-Only") != "" {
+			badRequest("", "x-kvrouter-route-only is answered on the admin listener only (POST /v1/route on admin_listen)").write(w)
+			return
+		}
+		if _, ok := r.Header[RankHeader]; ok && !s.cfg.Clients.AllowDPRank {
 			r.Header.Del(RankHeader)
 			s.lm.clients.WithLabelValues("dp_rank").Inc()
 		}

@@ -302,6 +302,11 @@ func TestIntrospectionAndEcho(t *testing.T) {
 		openAIError(t, "GET /metrics on the main listener", resp, body, http.StatusNotFound, typeNotFound)
 		resp = rg.post("/v1/route", chatBody)
 		openAIError(t, "POST /v1/route on the main listener", resp, readAll(t, resp), http.StatusNotFound, typeNotFound)
+		resp = rg.post("/v1/chat/completions", chatBody, "X-Kvrouter-Route-Only", "1")
+		openAIError(t, "x-kvrouter-route-only on the main listener", resp, readAll(t, resp), http.StatusBadRequest, typeInvalidRequest)
+		if n := rg.engines[0].requests.Load(); n != 0 {
+			t.Errorf("engine saw %d requests, want 0", n)
+		}
 		admin := "http://" + rg.runListener(rg.srv.RunAdmin)
 		if resp, body := get(t, rg, admin+"/metrics", ""); resp.StatusCode != 200 || !strings.Contains(body, "kvrouter_proxy_connections{listener=\"admin\"} 1") {
 			t.Fatalf("GET /metrics on the admin listener: %d", resp.StatusCode)
