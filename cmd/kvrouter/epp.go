@@ -117,6 +117,12 @@ func runEPP(ctx context.Context, args []string, sio stdio) error {
 		app.close()
 		return err
 	}
+	if err := app.listenAdmin(); err != nil {
+		ln.Close()
+		gln.Close()
+		app.close()
+		return err
+	}
 	fmt.Fprintf(sio.err, "kvrouter epp: ext_proc on %s, HTTP on %s\n", gln.Addr(), ln.Addr())
 	return runEPPApp(ctx, app, fl, ln, gln, log)
 }

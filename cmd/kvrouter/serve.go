@@ -74,6 +74,11 @@ func parseServeFlags(args []string, getenv func(string) string, sio stdio) (*ser
 		engineCA  = fs.String("engine-ca", "", "PEM CA file that verifies https:// engines instead of the system's roots (overrides the file's tls.engine_ca_file)")
 		evQueue   = fs.Int("events-queue", 0, "quick form: KV event batches per engine that may wait for the index (default 1024; more are caught up by replay)")
 		poll      = fs.Duration("config-poll", defaultConfigPoll, "how often to read --config for a changed content and reload it (0: only on SIGHUP)")
+		admin     = fs.String("admin-listen", "", "serve /metrics, /ui and /v1/route on this second address only, e.g. 127.0.0.1:9090 (overrides the file's admin_listen)")
+		maxConns  = fs.Int("max-connections", 0, "open client connections per listener (default 8192; overrides the file's http.max_connections)")
+		hdrTO     = fs.Duration("header-timeout", 0, "wait for a request's headers (default 10s; overrides http.header_timeout)")
+		bodyTO    = fs.Duration("body-idle-timeout", 0, "wait for each next part of a request body (default 30s; overrides http.body_idle_timeout)")
+		idleTO    = fs.Duration("idle-timeout", 0, "close a keep-alive connection idle this long (default 60s; overrides http.idle_timeout)")
 	)
 	fs.Var(&engines, "engine", "quick form: engine base URL, e.g. http://10.0.0.1:8000 (repeatable)")
 	fs.Var(&events, "events", "quick form: KV events endpoint of the n-th --engine, e.g. tcp://10.0.0.1:5557 (repeatable, in --engine order)")
@@ -143,6 +148,20 @@ func parseServeFlags(args []string, getenv func(string) string, sio stdio) (*ser
 		if *engineCA != "" {
 			c.TLS.EngineCAFile = *engineCA
 		}
+		if *admin != "" {
+			c.AdminListen = *admin
+		}
+		if *maxConns > 0 {
+			c.HTTP.MaxConnections = *maxConns
+		}
+		for _, d := range []struct {
+			flag time.Duration
+			dst  *time.Duration
+		}{{*hdrTO, &c.HTTP.HeaderTimeout}, {*bodyTO, &c.HTTP.BodyIdleTimeout}, {*idleTO, &c.HTTP.IdleTimeout}} {
+			if d.flag > 0 {
+				*d.dst = d.flag
+			}
+		}
 	}
 	out.override(&out.cfg)
 	return out, nil
@@ -171,11 +190,19 @@ func runServe(ctx context.Context, args []string, sio stdio) error {
 		app.close()
 		return err
 	}
+	if err := app.listenAdmin(); err != nil {
+		ln.Close()
+		app.close()
+		return err
+	}
 	scheme := "http"
 	if app.tls {
 		scheme = "https"
 	}
 	fmt.Fprintf(sio.err, "kvrouter serve: listening on %s://%s\n", scheme, ln.Addr())
+	if app.admin != nil {
+		fmt.Fprintf(sio.err, "kvrouter serve: admin listening on %s://%s\n", scheme, app.admin.Addr())
+	}
 	return app.run(ctx, ln)
 }
 
@@ -187,13 +214,23 @@ func serve(ctx context.Context, fl *serveFlags, ln net.Listener, log *slog.Logge
 		ln.Close()
 		return err
 	}
+	if err := app.listenAdmin(); err != nil {
+		ln.Close()
+		app.close()
+		return err
+	}
 	return app.run(ctx, ln)
 }
 
 // serveApp is a built router, not yet serving.
 type serveApp struct {
-	// run serves on ln until ctx ends, then drains; it owns ln.
+	// run serves on ln (and admin, when listenAdmin opened it) until ctx
+	// ends, then drains; it owns ln and admin.
 	run func(ctx context.Context, ln net.Listener) error
+	// adminAddr is router.yaml's admin_listen; admin its listener once
+	// listenAdmin opened it.
+	adminAddr string
+	admin     net.Listener
 	// close releases what was built when run will not be called.
 	close func()
 	// tls: run serves HTTPS.
@@ -397,9 +434,21 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		}
 	}
 
-	run := func(ctx context.Context, ln net.Listener) error {
+	app := &serveApp{tls: tlsCfg.listener != nil, srv: srv, reg: reg, flt: flt, exact: exact, adminAddr: cfg.AdminListen}
+	app.close = func() {
+		stopTracing()
+		closePools()
+		if app.admin != nil {
+			app.admin.Close()
+		}
+	}
+	app.run = func(ctx context.Context, ln net.Listener) error {
+		admin := app.admin
 		if tlsCfg.listener != nil {
 			ln = tls.NewListener(ln, tlsCfg.listener)
+			if admin != nil {
+				admin = tls.NewListener(admin, tlsCfg.listener)
+			}
 		}
 		g, gctx := errgroup.WithContext(ctx)
 		g.Go(recovered("fleet", func() error { return ignoreCanceled(flt.Run(gctx)) }))
@@ -407,6 +456,9 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 			g.Go(recovered("engines", func() error { return ignoreCanceled(run(gctx)) }))
 		}
 		g.Go(recovered("proxy", func() error { return srv.Run(gctx, ln) }))
+		if admin != nil {
+			g.Go(recovered("admin", func() error { return srv.RunAdmin(gctx, admin) }))
+		}
 		defer stopTracing() // after the drain: the last requests' spans go out
 		g.Go(recovered("snapshot", func() error { return snapshotLoop(gctx, cfg.Snapshot, backends, log) }))
 		err := g.Wait()
@@ -420,7 +472,20 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		}
 		return err
 	}
-	return &serveApp{run: run, close: func() { stopTracing(); closePools() }, tls: tlsCfg.listener != nil, srv: srv, reg: reg, flt: flt, exact: exact}, nil
+	return app, nil
+}
+
+// listenAdmin opens the admin listener when admin_listen is set.
+func (a *serveApp) listenAdmin() error {
+	if a.adminAddr == "" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", a.adminAddr)
+	if err != nil {
+		return fmt.Errorf("admin_listen: %w", err)
+	}
+	a.admin = ln
+	return nil
 }
 
 // tokenSource is a model's tokenizer: a failover over its engines' token

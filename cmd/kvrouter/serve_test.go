@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -333,5 +335,45 @@ func TestServeQuickEventsAllOrNone(t *testing.T) {
 	}
 	if e := fl.cfg.Models[0].Engines; e[0].Events != "tcp://a:5557" || e[1].Events != "tcp://b:5557" {
 		t.Fatalf("one --events each: engines %+v", e)
+	}
+}
+
+// The listener flags override router.yaml; with admin_listen, /metrics
+// leaves the main listener for the admin one, and both listeners count
+// their connections.
+func TestServeAdminListen(t *testing.T) {
+	var errb bytes.Buffer
+	fl, err := parseServeFlags([]string{"--model", "m", "--engine", "http://a:8000", "--tokenizer", "none",
+		"--admin-listen", "127.0.0.1:9999", "--max-connections", "77", "--header-timeout", "3s",
+		"--body-idle-timeout", "4s", "--idle-timeout", "5s"}, func(string) string { return "" }, stdio{out: &errb, err: &errb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := fl.cfg.HTTP; fl.cfg.AdminListen != "127.0.0.1:9999" || h.MaxConnections != 77 || h.HeaderTimeout != 3*time.Second ||
+		h.BodyIdleTimeout != 4*time.Second || h.IdleTimeout != 5*time.Second || h.ReservedConnections != 32 {
+		t.Fatalf("flags not applied: admin %q, http %+v", fl.cfg.AdminListen, h)
+	}
+
+	admin := fmt.Sprintf("127.0.0.1:%d", pickPort(t))
+	base := startServe(t, fmt.Sprintf("admin_listen: %q\nmodels:\n  - name: m\n    tokenizer: none\n    engines: [{url: \"http://127.0.0.1:1\"}]\n", admin), slog.New(slog.DiscardHandler))
+	get := func(url string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, _ := get(base + "/metrics"); code != http.StatusNotFound {
+		t.Errorf("GET /metrics on the main listener: %d, want 404", code)
+	}
+	code, body := get("http://" + admin + "/metrics")
+	if code != 200 || !strings.Contains(body, `kvrouter_proxy_connections{listener="admin"}`) {
+		t.Fatalf("GET /metrics on the admin listener: %d", code)
+	}
+	if code, _ := get("http://" + admin + "/health"); code != 200 {
+		t.Errorf("GET /health on the admin listener: %d", code)
 	}
 }

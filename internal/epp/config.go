@@ -48,6 +48,14 @@ type Config struct {
 	// DrainTimeout bounds a graceful stop: streams in flight get this long
 	// to end (default 30s).
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
+	// HandshakeTimeout bounds a new connection's HTTP/2 handshake (default
+	// 10s; grpc.ConnectionTimeout): a client that connects and sends
+	// nothing is closed after it.
+	HandshakeTimeout time.Duration `yaml:"handshake_timeout"`
+	// IdleTimeout closes a connection without a stream for this long
+	// (default 5m; keepalive.ServerParameters.MaxConnectionIdle, with a
+	// GOAWAY the gateway reconnects after).
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
 }
 
 // FillDefaults fills zero fields.
@@ -64,6 +72,12 @@ func (c *Config) FillDefaults() {
 	if c.DrainTimeout == 0 {
 		c.DrainTimeout = 30 * time.Second
 	}
+	if c.HandshakeTimeout == 0 {
+		c.HandshakeTimeout = 10 * time.Second
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = 5 * time.Minute
+	}
 }
 
 // Validate reports every problem at once (nil: fine).
@@ -74,6 +88,12 @@ func (c Config) Validate() error {
 	}
 	if c.DrainTimeout < 0 {
 		errs = append(errs, fmt.Errorf("epp: drain_timeout %s is negative", c.DrainTimeout))
+	}
+	if c.HandshakeTimeout < 0 {
+		errs = append(errs, fmt.Errorf("epp: handshake_timeout %s is negative", c.HandshakeTimeout))
+	}
+	if c.IdleTimeout < 0 {
+		errs = append(errs, fmt.Errorf("epp: idle_timeout %s is negative", c.IdleTimeout))
 	}
 	return errors.Join(errs...)
 }

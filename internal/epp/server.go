@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
 	"kvrouter/internal/frontmetrics"
@@ -131,7 +132,8 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) (err 
 // flight get Config.DrainTimeout to end before they are cut. It returns
 // nil after a stop, or the listener's error.
 func (s *Server) Run(ctx context.Context, ln net.Listener) error {
-	g := grpc.NewServer()
+	g := grpc.NewServer(grpc.ConnectionTimeout(s.cfg.HandshakeTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: s.cfg.IdleTimeout}))
 	s.Register(g)
 	errc := make(chan error, 1)
 	go func() { errc <- g.Serve(ln) }()

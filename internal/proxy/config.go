@@ -25,9 +25,23 @@ type Config struct {
 	// APIKey, when set, is required from clients as "Authorization: Bearer
 	// ..." on /v1/*. The environment variable KVROUTER_API_KEY overrides it.
 	APIKey string `yaml:"api_key"`
-	// BodyLimit is the largest request body accepted, in bytes (default 32
-	// MiB); larger bodies are answered 413.
+	// AdminListen, when set, is a second listen address serving the
+	// introspection paths (/metrics, /ui, /v1/route) beside /health and
+	// /ready; the main listener then no longer serves them (security.go).
+	// Empty: they are served on Listen, behind APIKey when it is set.
+	AdminListen string `yaml:"admin_listen"`
+	// BodyLimit is the largest request body accepted, in bytes (default 16
+	// MiB, DefaultBodyLimit); larger bodies are answered 413.
 	BodyLimit int64 `yaml:"body_limit"`
+	// BodyBudget bounds the bytes of request bodies held at once by all
+	// requests together (default 512 MiB, or BodyLimit when larger); a body
+	// that does not fit is answered 503 with Retry-After.
+	BodyBudget int64 `yaml:"body_budget"`
+	// HTTP bounds the connections of the listeners (listener.go).
+	HTTP ListenerConfig `yaml:"http"`
+	// Clients says which engine controls clients may set themselves
+	// (security.go); by default none.
+	Clients ClientsConfig `yaml:"clients"`
 	// DrainTimeout bounds graceful shutdown: after the listener closes,
 	// requests in flight get this long to finish (default 30s).
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
@@ -270,8 +284,10 @@ const PolicyShadow = "shadow"
 func DefaultConfig() Config {
 	return Config{
 		Listen:       ":8080",
-		BodyLimit:    32 << 20,
+		BodyLimit:    DefaultBodyLimit,
+		BodyBudget:   512 << 20,
 		DrainTimeout: 30 * time.Second,
+		HTTP:         defaultListener(),
 	}
 }
 
@@ -306,6 +322,10 @@ func (c *Config) FillDefaults(getenv func(string) string) {
 	if c.BodyLimit == 0 {
 		c.BodyLimit = d.BodyLimit
 	}
+	if c.BodyBudget == 0 {
+		c.BodyBudget = max(d.BodyBudget, c.BodyLimit)
+	}
+	c.HTTP.fillDefaults(d.HTTP)
 	if c.DrainTimeout == 0 {
 		c.DrainTimeout = d.DrainTimeout
 	}
@@ -434,6 +454,12 @@ func (c *Config) Validate() error {
 	if n := c.EventsMaxMessageBytes; n != 0 && (n < kvevents.MinMaxMessageBytes || n > kvevents.MaxMaxMessageBytes) {
 		errs = append(errs, ferr(fmt.Sprintf("%d: must be in %d..%d (0: default %d)", n, kvevents.MinMaxMessageBytes, int64(kvevents.MaxMaxMessageBytes), kvevents.DefaultMaxMessageBytes), "events_max_message_bytes"))
 	}
+	if c.BodyBudget < 0 {
+		errs = append(errs, ferr("must be positive", "body_budget"))
+	} else if c.BodyBudget > 0 && c.BodyBudget < c.BodyLimit {
+		errs = append(errs, ferr(fmt.Sprintf("%d is less than body_limit %d: a body of the largest size could never be read", c.BodyBudget, c.BodyLimit), "body_budget"))
+	}
+	errs = append(errs, c.HTTP.validate()...)
 	if len(c.Models) == 0 {
 		errs = append(errs, ferr("at least one model is required", "models"))
 	}

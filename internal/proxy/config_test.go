@@ -72,7 +72,7 @@ models:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if dm := d.Models[0]; d.Listen != ":8080" || d.BodyLimit != 32<<20 || dm.Policy != "kv" || dm.Tokenizer != "render" || dm.Retries != 1 ||
+	if dm := d.Models[0]; d.Listen != ":8080" || d.BodyLimit != DefaultBodyLimit || dm.Policy != "kv" || dm.Tokenizer != "render" || dm.Retries != 1 ||
 		dm.Timeouts.FirstByte != 5*time.Minute || dm.ShadowServe != "round_robin" {
 		t.Errorf("defaults: %+v %+v", d, dm)
 	}

@@ -41,6 +41,15 @@
 // their configured name and carry the request id; causes (addresses,
 // socket errors) go only to the log line.
 //
+// Limits (listener.go, body.go, security.go; docs/security.md): header,
+// body-idle and keep-alive timeouts, a cap on open connections with a
+// reserve for /health and /ready, a per-request body limit and a budget of
+// body bytes held at once (503 with Retry-After past it), validated
+// response ids, a client's X-Data-Parallel-Rank dropped and its
+// kv_transfer_params refused unless Config.Clients allows them, /metrics
+// behind the API key, and an optional admin listener (RunAdmin) for the
+// introspection paths.
+//
 // Disaggregated prefill and decode (pd.go, docs/pd.md): in a model group
 // whose engines have roles, the same handler plans each request (local on
 // a decode engine, or a prefill leg on a prefill engine then a decode leg
@@ -48,6 +57,7 @@
 // which in x-kvrouter-path.
 //
 // Times are seconds; token counts are tokens. A Server is safe for
-// concurrent use; it starts goroutines only in Run (the listener and
-// net/http's per-connection goroutines), which returns after draining.
+// concurrent use; it starts goroutines only in Run and RunAdmin (the
+// listener and net/http's per-connection goroutines), which return after
+// draining.
 package proxy

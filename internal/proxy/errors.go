@@ -52,8 +52,12 @@ type errorDetail struct {
 	Code    int     `json:"code"`
 }
 
+// maxMessage bounds an error message, in bytes: a safety net behind the
+// cut of each echoed input (maxEcho).
+const maxMessage = 4 << 10
+
 func (e *apiError) body() []byte {
-	d := errorDetail{Message: e.message, Type: e.typ, Code: e.status}
+	d := errorDetail{Message: truncate(e.message, maxMessage), Type: e.typ, Code: e.status}
 	if e.param != "" {
 		d.Param = &e.param
 	}

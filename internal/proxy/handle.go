@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"mime"
 	"net/http"
@@ -80,6 +79,13 @@ type exchange struct {
 	// (mediakeys.go); media is what its chat parts carry (media.go).
 	mm    []kvindex.MMItem
 	media mediaScan
+
+	// bodyHeld is the body_budget the request's body holds (body.go),
+	// given back by finish.
+	bodyHeld int64
+	// enginePath is the path and query a request naming a response id is
+	// sent to (responseget.go).
+	enginePath string
 }
 
 // Outcome labels of kvrouter_proxy_requests_total (front="http"), from
@@ -147,29 +153,6 @@ func (s *Server) prepare(x *exchange, k kind) bool {
 	return ok && s.parse(x, k, body)
 }
 
-func (s *Server) readBody(x *exchange) ([]byte, bool) {
-	if e := checkContentType(x.r.Header.Get("Content-Type")); e != nil {
-		s.fail(x, e, outcomeBadRequest)
-		return nil, false
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(x.w, x.r.Body, s.cfg.BodyLimit))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			s.fail(x, &apiError{status: http.StatusRequestEntityTooLarge, typ: typeInvalidRequest,
-				message: fmt.Sprintf("request body larger than %d bytes", s.cfg.BodyLimit)}, outcomeBadRequest)
-			return nil, false
-		}
-		if x.r.Context().Err() != nil {
-			x.outcome, x.status = outcomeClientClosed, 499
-			return nil, false
-		}
-		s.fail(x, badRequest("", "reading request body: "+err.Error()), outcomeBadRequest)
-		return nil, false
-	}
-	return body, true
-}
-
 // checkContentType accepts what vLLM (FastAPI) reads as JSON: no
 // Content-Type, application/json, or application/*+json. Anything else
 // (text/plain, curl -d's form type) is a 400, as vLLM answers it.
@@ -192,6 +175,9 @@ func (s *Server) parse(x *exchange, k kind, body []byte) bool {
 	if aerr == nil {
 		req, aerr = s.applyAlias(x, k, req, body)
 	}
+	if aerr == nil {
+		aerr = s.refuseClientControls(body)
+	}
 	if aerr != nil {
 		s.fail(x, aerr, outcomeBadRequest)
 		return false
@@ -205,7 +191,7 @@ func (s *Server) parse(x *exchange, k kind, body []byte) bool {
 	}
 	if !ok {
 		s.fail(x, &apiError{status: http.StatusNotFound, typ: typeNotFound, param: "model",
-			message: fmt.Sprintf("The model `%s` does not exist.", req.model)}, outcomeBadRequest)
+			message: fmt.Sprintf("The model `%s` does not exist.", truncate(req.model, maxEcho))}, outcomeBadRequest)
 		return false
 	}
 	x.m = m
@@ -423,6 +409,7 @@ func (s *Server) finish(x *exchange) {
 		x.outcome = outcomeOK
 	}
 	s.observeRoute(x)
+	s.bodies.give(x.bodyHeld)
 	s.m.requests.WithLabelValues(label, x.replica, x.outcome).Inc()
 	s.holds.Release(&x.held)
 	lvl := slog.LevelInfo

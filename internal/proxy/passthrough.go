@@ -73,7 +73,7 @@ func (s *Server) servePassthrough(w http.ResponseWriter, r *http.Request) {
 	}
 	if !ok {
 		s.fail(x, &apiError{status: http.StatusNotFound, typ: typeNotFound, param: "model",
-			message: fmt.Sprintf("The model `%s` does not exist.", name)}, outcomeBadRequest)
+			message: fmt.Sprintf("The model `%s` does not exist.", truncate(name, maxEcho))}, outcomeBadRequest)
 		return
 	}
 	x.m, x.req = m, &request{model: m.cfg.Name, body: body}

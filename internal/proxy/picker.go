@@ -151,7 +151,7 @@ func (p *Picker) Pick(ctx context.Context, in PickInput) (*Pick, *PickError) {
 	}
 	k, ok := inferenceKind(in.Path)
 	if !ok {
-		s.fail(x, &apiError{status: http.StatusNotFound, typ: typeNotFound, message: fmt.Sprintf("no route for POST %s", in.Path)}, outcomeBadRequest)
+		s.fail(x, &apiError{status: http.StatusNotFound, typ: typeNotFound, message: fmt.Sprintf("no route for POST %s", truncate(in.Path, maxEcho))}, outcomeBadRequest)
 		return nil, perr()
 	}
 	if s.cfg.APIKey != "" && x.r.Header.Get("Authorization") != "Bearer "+s.cfg.APIKey {

@@ -89,6 +89,11 @@ func (s *Server) relay(x *exchange, ep *fleet.Endpoint, ctx context.Context, wd 
 	}
 	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	sse := mt == "text/event-stream"
+	if sse {
+		// The router may end the stream with its own error event: the
+		// engine's length (an empty stream's 0) would forbid it.
+		h.Del("Content-Length")
+	}
 	x.w.WriteHeader(resp.StatusCode)
 	if sse {
 		// The engine opened its stream: let the client see it open too.

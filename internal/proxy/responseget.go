@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
+	"strings"
 	"time"
 
 	"kvrouter/internal/fleet"
@@ -19,12 +21,28 @@ import (
 // client-chosen id first, then every healthy engine of every model in the
 // id's order while they answer 404. The query string is kept; the answer
 // is relayed as it comes.
+//
+// The engine's path is built from the parsed parts only: an id of vLLM's
+// alphabet (validResponseID) and the query re-encoded, so that no
+// client-sent "..", "/" or "?" (percent-encoded or not) reaches the engine
+// as path structure.
 func (s *Server) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 	x := &exchange{w: w, r: r, id: requestID(r), start: s.deps.Now()}
 	w.Header().Set("X-Request-Id", x.id)
 	defer s.finish(x)
 	id := r.PathValue("id")
 	x.req = &request{kind: kindResponses, model: modelUnknown}
+	if !validResponseID(id) {
+		s.fail(x, &apiError{status: http.StatusBadRequest, typ: typeInvalidRequest, param: "response_id",
+			message: fmt.Sprintf("invalid response id %q: want 1 to %d letters, digits, '_' or '-' (vLLM's ids are resp_ and 32 hex digits)", truncate(id, maxEcho), maxResponseID)}, outcomeBadRequest)
+		return
+	}
+	p, err := responseEnginePath(id, strings.HasSuffix(r.Pattern, "/cancel"), r.URL.RawQuery)
+	if err != nil {
+		s.fail(x, badRequest("", "malformed query string: "+err.Error()), outcomeBadRequest)
+		return
+	}
+	x.enginePath = p
 	var all []string
 	byName := map[string]*fleet.Endpoint{}
 	var retry time.Duration
@@ -73,11 +91,7 @@ func (s *Server) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 func (s *Server) askByID(x *exchange, ep *fleet.Endpoint, more bool) bool {
 	ctx, wd, end := s.startAttempt(x, ep)
 	defer end()
-	u := ep.URL() + x.r.URL.Path
-	if x.r.URL.RawQuery != "" {
-		u += "?" + x.r.URL.RawQuery
-	}
-	req, err := http.NewRequestWithContext(ctx, x.r.Method, u, http.NoBody)
+	req, err := http.NewRequestWithContext(ctx, x.r.Method, ep.URL()+x.enginePath, http.NoBody)
 	if err != nil {
 		s.fail(x, serverError(err.Error()), outcomeUpstream)
 		return false
@@ -95,4 +109,46 @@ func (s *Server) askByID(x *exchange, ep *fleet.Endpoint, more bool) bool {
 	}
 	s.relay(x, ep, ctx, wd, resp, nil, func() {})
 	return false
+}
+
+// responseEnginePath returns the engine's path and query for a request
+// naming the valid response id: /v1/responses/{id}, then /cancel when
+// cancel, then the client's query parsed and encoded again (an error when
+// it does not parse).
+func responseEnginePath(id string, cancel bool, rawQuery string) (string, error) {
+	query, err := url.ParseQuery(rawQuery)
+	if err != nil {
+		return "", err
+	}
+	p := responsesPath + "/" + id
+	if cancel {
+		p += "/cancel"
+	}
+	if len(query) > 0 {
+		p += "?" + query.Encode()
+	}
+	return p, nil
+}
+
+// maxResponseID bounds a response id's length, in bytes.
+const maxResponseID = 256
+
+// validResponseID reports whether id may name a response: 1 to
+// maxResponseID ASCII letters, digits, '_' and '-'. That holds vLLM's own
+// ids ("resp_" + uuid4().hex: ResponsesRequest.request_id's default in
+// vllm/entrypoints/openai/responses/protocol.py, random_uuid in
+// vllm/utils), the router's (mintResponseID) and uuid-shaped client ids;
+// a client-chosen request_id outside it cannot be retrieved through the
+// router.
+func validResponseID(id string) bool {
+	if id == "" || len(id) > maxResponseID {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
 }

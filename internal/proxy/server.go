@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"crypto/rand"
 	"crypto/tls"
 	"encoding/hex"
@@ -64,6 +63,12 @@ type Server struct {
 	pdm     *pdMetrics
 	models  map[string]*model
 	handler http.Handler
+	// admin serves Config.AdminListen (nil when it is not set); lm are
+	// the listeners' metrics, bodies the body_budget (listener.go,
+	// body.go).
+	admin  http.Handler
+	lm     *listenerMetrics
+	bodies *bodyBudget
 	// holds counts the exchanges writing each replica's series
 	// (replicas.go); removed are the other fronts' hooks
 	// (Picker.OnReplicaRemoved), under removedMu.
@@ -140,6 +145,10 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 	if s.pdm, err = newPDMetrics(reg); err != nil {
 		return nil, err
 	}
+	if s.lm, err = newListenerMetrics(reg); err != nil {
+		return nil, err
+	}
+	s.bodies = &bodyBudget{max: cfg.BodyBudget, held: s.lm.bodies}
 	// Every series of a known label set exists from the start (0), not
 	// from its first event: alerts see 0, not "no data".
 	m.requests.WithLabelValues(modelUnknown, "", outcomeBadRequest)
@@ -154,7 +163,10 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 			s.pdm.initModel(mc.Name)
 		}
 	}
-	s.handler = s.routes()
+	s.handler = s.routes(cfg.AdminListen == "")
+	if cfg.AdminListen != "" {
+		s.admin = s.adminRoutes()
+	}
 	return s, nil
 }
 
@@ -174,7 +186,10 @@ func newTransport(t TimeoutsConfig, tc *tls.Config) *http.Transport {
 	}
 }
 
-func (s *Server) routes() http.Handler {
+// routes is the main listener's handler; introspection: whether it
+// serves /metrics, /ui and /v1/route (no admin listener), behind the API
+// key when one is set.
+func (s *Server) routes(introspection bool) http.Handler {
 	mux := http.NewServeMux()
 	allow := map[string][]string{} // path -> methods served
 	handle := func(method, path string, h http.Handler) {
@@ -190,17 +205,19 @@ func (s *Server) routes() http.Handler {
 	handle("POST", responsesPath, s.auth(s.serveResponses))
 	handle("GET", responsesPath+"/{id}", s.auth(s.serveResponseByID))
 	handle("POST", responsesPath+"/{id}/cancel", s.auth(s.serveResponseByID))
-	handle("POST", "/v1/route", s.auth(s.serveRoute))
+	if introspection {
+		handle("POST", "/v1/route", s.auth(s.serveRoute))
+	}
 	for _, p := range passthroughPaths { // passthrough.go
 		handle("POST", p, s.auth(s.servePassthrough))
 	}
 	handle("GET", "/v1/models", s.auth(s.serveModels))
 	handle("GET", "/health", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) }))
 	handle("GET", "/ready", http.HandlerFunc(s.serveReady))
-	if s.deps.Gatherer != nil {
-		handle("GET", "/metrics", promhttp.HandlerFor(s.deps.Gatherer, promhttp.HandlerOpts{}))
+	if s.deps.Gatherer != nil && introspection {
+		handle("GET", "/metrics", s.auth(promhttp.HandlerFor(s.deps.Gatherer, promhttp.HandlerOpts{}).ServeHTTP))
 	}
-	if s.deps.UI != nil {
+	if s.deps.UI != nil && introspection {
 		handle("GET", "/ui", s.deps.UI)
 		mux.Handle("GET /ui/", s.deps.UI)
 	}
@@ -213,9 +230,9 @@ func (s *Server) routes() http.Handler {
 				message: fmt.Sprintf("method %s not allowed on %s (allowed: %s)", r.Method, r.URL.Path, strings.Join(methods, ", "))}).write(w)
 			return
 		}
-		(&apiError{status: http.StatusNotFound, typ: typeNotFound, message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)}).write(w)
+		(&apiError{status: http.StatusNotFound, typ: typeNotFound, message: fmt.Sprintf("no route for %s %s", truncate(r.Method, maxEcho), truncate(r.URL.Path, maxEcho))}).write(w)
 	})
-	return mux
+	return s.dropClientControls(mux)
 }
 
 // Handler returns the server's HTTP handler (for tests and embedding).
@@ -234,37 +251,6 @@ func (s *Server) auth(h http.HandlerFunc) http.HandlerFunc {
 		}
 		h(w, r)
 	}
-}
-
-// Run serves on ln until ctx is done, then stops accepting, lets requests
-// in flight finish for up to Config.DrainTimeout, closes what is left and
-// returns. It returns nil after a drain, or the listener's error.
-func (s *Server) Run(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{
-		Handler:           s.handler,
-		ReadHeaderTimeout: 30 * time.Second,
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
-		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		s.closeIdle()
-		return fmt.Errorf("serve: %w", err)
-	case <-ctx.Done():
-	}
-	s.log.Info("draining", "timeout", s.cfg.DrainTimeout)
-	dctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
-	defer cancel()
-	err := srv.Shutdown(dctx)
-	if err != nil {
-		s.log.Warn("drain deadline passed, closing connections", "err", err)
-		_ = srv.Close()
-	}
-	<-errc
-	s.closeIdle()
-	return nil
 }
 
 func (s *Server) closeIdle() {

@@ -1,0 +1,193 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"runtime/debug"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// DefaultBodyLimit is the default Config.BodyLimit, in bytes: 16 MiB, twice
+// what the largest context vLLM serves today needs as a request body. A
+// prompt of 1,048,576 tokens (max_model_len of the longest-context models,
+// e.g. Qwen2.5-*-Instruct-1M) sent as token ids takes at most 8 bytes per
+// token with Python's json.dumps separators (ids of 6 digits for a
+// vocabulary under 1M, then ", "): 8 MiB. As text it is about 4 bytes per
+// token in English; CJK text escaped as \uXXXX takes about 6 bytes per
+// character at about 1.5 characters per token: 9 MiB. The other half leaves
+// room for images as data URLs (media limits apply to those separately).
+const DefaultBodyLimit = 16 << 20
+
+// bodyChunk is the first buffer for a body of unknown length (chunked),
+// and the smallest step it grows by.
+const bodyChunk = 32 << 10
+
+// Returning memory after a burst of bodies. The runtime's background
+// scavenger hands freed pages back to the OS slowly: measured on this
+// router, 34 bodies of 15 MiB freed at once left 561 of 572 MB resident
+// four minutes later (docs/results/2026-12-04-body-budget.md). So when the
+// bodies held fall from a peak of at least releaseAbove to an eighth of
+// it, the budget calls release (debug.FreeOSMemory: a forced GC, then the
+// free pages returned) in a goroutine of its own, at most once per
+// releaseEvery: a cost of one GC cycle per burst, never per request.
+const (
+	releaseAbove = 64 << 20
+	releaseEvery = 10 * time.Second
+)
+
+// bodyBudget bounds the bytes of request bodies held at once
+// (Config.BodyBudget): a request takes the buffer it reads into before
+// reading, and finish gives it back. Safe for concurrent use.
+type bodyBudget struct {
+	max  int64 // <= 0: no bound
+	used atomic.Int64
+	held prometheus.Gauge
+	// release returns free memory to the OS (nil: debug.FreeOSMemory);
+	// peak is the most held since the last release, last its time in
+	// unix nanoseconds, releasing set while a release runs.
+	release   func()
+	peak      atomic.Int64
+	last      atomic.Int64
+	releasing atomic.Bool
+}
+
+// take reserves n bytes; false when they do not fit.
+func (b *bodyBudget) take(n int64) bool {
+	for {
+		u := b.used.Load()
+		if b.max > 0 && u+n > b.max {
+			return false
+		}
+		if b.used.CompareAndSwap(u, u+n) {
+			b.held.Set(float64(u + n))
+			for p := b.peak.Load(); u+n > p && !b.peak.CompareAndSwap(p, u+n); p = b.peak.Load() {
+			}
+			return true
+		}
+	}
+}
+
+// give returns n bytes taken, and starts a release after a burst.
+func (b *bodyBudget) give(n int64) {
+	if n == 0 {
+		return
+	}
+	u := b.used.Add(-n)
+	b.held.Set(float64(u))
+	p := b.peak.Load()
+	if p < releaseAbove || u > p/8 || time.Now().UnixNano()-b.last.Load() < int64(releaseEvery) || !b.releasing.CompareAndSwap(false, true) {
+		return
+	}
+	b.peak.Store(u)
+	b.last.Store(time.Now().UnixNano())
+	release := b.release
+	if release == nil {
+		release = debug.FreeOSMemory
+	}
+	go func() {
+		defer b.releasing.Store(false)
+		release()
+	}()
+}
+
+// readBody reads the request body whole within Config.BodyLimit, holding
+// Config.BodyBudget for its buffer (x.bodyHeld, given back by finish), and
+// waiting at most HTTP.BodyIdleTimeout for each part of it. A body with a
+// Content-Length is read into one buffer of that size; one without grows
+// its buffer by doubling, the budget taken before each growth. It answers
+// the client and returns false on any failure: 413 over the limit (at
+// once for a declared length), 503 with Retry-After when the budget is
+// spent, 408 when the client stops sending, 400 otherwise.
+func (s *Server) readBody(x *exchange) ([]byte, bool) {
+	if e := checkContentType(x.r.Header.Get("Content-Type")); e != nil {
+		s.fail(x, e, outcomeBadRequest)
+		return nil, false
+	}
+	limit := s.cfg.BodyLimit
+	cl := x.r.ContentLength // -1: unknown
+	tooLarge := func() ([]byte, bool) {
+		s.lm.bodyRej.WithLabelValues("too_large").Inc()
+		x.w.Header().Set("Connection", "close") // the rest is not read
+		s.fail(x, &apiError{status: http.StatusRequestEntityTooLarge, typ: typeInvalidRequest,
+			message: fmt.Sprintf("request body larger than %d bytes", limit)}, outcomeBadRequest)
+		return nil, false
+	}
+	if cl > limit {
+		return tooLarge()
+	}
+	size := int64(bodyChunk)
+	if cl >= 0 {
+		size = cl
+	}
+	if !s.holdBody(x, size) {
+		return nil, false
+	}
+	buf := make([]byte, 0, size)
+	rc := http.NewResponseController(x.w)
+	idle := orDefault(s.cfg.HTTP.BodyIdleTimeout, defaultListener().BodyIdleTimeout)
+	defer func() { _ = rc.SetReadDeadline(time.Time{}) }() // streams outlive the body
+	for cl < 0 || int64(len(buf)) < cl {
+		if len(buf) == cap(buf) {
+			if int64(len(buf)) > limit {
+				return tooLarge()
+			}
+			n := min(int64(cap(buf))*2, limit+1)
+			if !s.holdBody(x, n) {
+				return nil, false
+			}
+			grown := make([]byte, len(buf), n)
+			copy(grown, buf)
+			s.bodies.give(int64(cap(buf))) // the old buffer is garbage now
+			x.bodyHeld -= int64(cap(buf))
+			buf = grown
+		}
+		_ = rc.SetReadDeadline(time.Now().Add(idle)) // unsupported: the server's own limits
+		n, err := x.r.Body.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == nil {
+			continue
+		}
+		if err == io.EOF {
+			break
+		}
+		var ne net.Error
+		switch {
+		case errors.As(err, &ne) && ne.Timeout():
+			// Before the context check: net/http cancels the request's
+			// context on any read error of its connection.
+			s.lm.bodyRej.WithLabelValues("idle").Inc()
+			x.w.Header().Set("Connection", "close")
+			s.fail(x, &apiError{status: http.StatusRequestTimeout, typ: typeInvalidRequest,
+				message: fmt.Sprintf("request body: nothing received for %v (http.body_idle_timeout)", idle)}, outcomeBadRequest)
+		case x.r.Context().Err() != nil:
+			x.outcome, x.status = outcomeClientClosed, 499
+		default:
+			s.fail(x, badRequest("", "reading request body: "+err.Error()), outcomeBadRequest)
+		}
+		return nil, false
+	}
+	if int64(len(buf)) > limit {
+		return tooLarge()
+	}
+	return buf, true
+}
+
+// holdBody takes n more bytes of the body budget for x; when they do not
+// fit it answers 503 with Retry-After and returns false.
+func (s *Server) holdBody(x *exchange, n int64) bool {
+	if s.bodies.take(n) {
+		x.bodyHeld += n
+		return true
+	}
+	s.lm.bodyRej.WithLabelValues("budget").Inc()
+	x.w.Header().Set("Connection", "close") // the body is not read
+	s.fail(x, &apiError{status: http.StatusServiceUnavailable, typ: typeServiceUnavailable, retryAfter: time.Second,
+		message: fmt.Sprintf("the router holds too many request bodies (body_budget %d bytes): retry later", s.bodies.max)}, outcomeBadRequest)
+	return false
+}

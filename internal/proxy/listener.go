@@ -1,0 +1,286 @@
+package proxy
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Limits of the router's own listeners (docs/security.md, "HTTP
+// listener"). An idle or slow client holds a connection, and with it a file
+// descriptor, only for a bounded time, and the number of open connections
+// is capped below the process's file limit, so that the router keeps its
+// descriptors for engines, event sockets, snapshots and its probes' answers.
+//
+// Past max_connections a connection is still accepted into a small
+// reserve, where it may ask GET /health or GET /ready once (the
+// connection is closed after the answer); any other request there gets a
+// 503 with Retry-After. Past the reserve too, a connection is closed as
+// soon as it is accepted. Kubernetes probes thus keep their answers while
+// clients are refused, and the kernel's accept queue never fills.
+
+// ListenerConfig bounds the connections of the HTTP listeners (the main
+// and the admin one, each on its own count). A zero field means the
+// default in its comment.
+type ListenerConfig struct {
+	// HeaderTimeout bounds the wait for a request's headers, from the
+	// connection's accept or the previous answer (default 10s).
+	HeaderTimeout time.Duration `yaml:"header_timeout"`
+	// BodyIdleTimeout bounds the wait for each next part of a request
+	// body (default 30s): a client that stops sending mid-body is answered
+	// 408 and its connection closed. A body of any length may take any
+	// time while it keeps coming.
+	BodyIdleTimeout time.Duration `yaml:"body_idle_timeout"`
+	// IdleTimeout closes a keep-alive connection after this long without
+	// a request (default 60s).
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// MaxConnections caps the open client connections (default 8192);
+	// keep it well below the process's file descriptor limit (each
+	// request also holds a connection to an engine).
+	MaxConnections int `yaml:"max_connections"`
+	// ReservedConnections are accepted past MaxConnections for GET /health
+	// and GET /ready only (default 32; negative: none).
+	ReservedConnections int `yaml:"reserved_connections"`
+	// MaxHeaderBytes bounds a request's line and headers, in bytes
+	// (default 64 KiB); larger ones are answered 431 by net/http.
+	MaxHeaderBytes int `yaml:"max_header_bytes"`
+}
+
+// defaultListener returns the listener defaults.
+func defaultListener() ListenerConfig {
+	return ListenerConfig{
+		HeaderTimeout:       10 * time.Second,
+		BodyIdleTimeout:     30 * time.Second,
+		IdleTimeout:         60 * time.Second,
+		MaxConnections:      8192,
+		ReservedConnections: 32,
+		MaxHeaderBytes:      64 << 10,
+	}
+}
+
+func (l *ListenerConfig) fillDefaults(d ListenerConfig) {
+	if l.HeaderTimeout == 0 {
+		l.HeaderTimeout = d.HeaderTimeout
+	}
+	if l.BodyIdleTimeout == 0 {
+		l.BodyIdleTimeout = d.BodyIdleTimeout
+	}
+	if l.IdleTimeout == 0 {
+		l.IdleTimeout = d.IdleTimeout
+	}
+	if l.MaxConnections == 0 {
+		l.MaxConnections = d.MaxConnections
+	}
+	if l.MaxHeaderBytes == 0 {
+		l.MaxHeaderBytes = d.MaxHeaderBytes
+	}
+	switch {
+	case l.ReservedConnections == 0:
+		l.ReservedConnections = d.ReservedConnections
+	case l.ReservedConnections < 0:
+		l.ReservedConnections = -1 // none; kept non-zero so a refill keeps it
+	}
+}
+
+func (l *ListenerConfig) validate() []error {
+	var errs []error
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"header_timeout", l.HeaderTimeout}, {"body_idle_timeout", l.BodyIdleTimeout}, {"idle_timeout", l.IdleTimeout}} {
+		if d.v < 0 {
+			errs = append(errs, ferr("must be positive", "http", d.name))
+		}
+	}
+	if l.MaxConnections < 0 {
+		errs = append(errs, ferr("must be positive", "http", "max_connections"))
+	}
+	if l.MaxHeaderBytes < 0 {
+		errs = append(errs, ferr("must be positive", "http", "max_header_bytes"))
+	}
+	return errs
+}
+
+// Listener names, the label of the connection series.
+const (
+	listenerMain  = "main"
+	listenerAdmin = "admin"
+)
+
+// connLimit counts one listener's open connections (http.Server's
+// ConnContext and ConnState hooks) and decides, per accepted connection,
+// whether it is served, reserved (probes only) or closed. Safe for
+// concurrent use.
+type connLimit struct {
+	max, reserve int64
+	open         atomic.Int64
+	gauge        prometheus.Gauge
+	rejected     *prometheus.CounterVec // by reason
+}
+
+// connSlotKey marks, in a connection's context, a connection accepted into
+// the reserve.
+type connSlotKey struct{}
+
+// connContext counts a new connection; one past the cap and the reserve
+// is closed at once (the server then reports it closed, which uncounts it).
+func (l *connLimit) connContext(ctx context.Context, c net.Conn) context.Context {
+	n := l.open.Add(1)
+	l.gauge.Set(float64(n))
+	switch {
+	case n > l.max+l.reserve:
+		l.rejected.WithLabelValues("max_connections").Inc()
+		_ = c.Close()
+	case n > l.max:
+		return context.WithValue(ctx, connSlotKey{}, true)
+	}
+	return ctx
+}
+
+// connState uncounts a connection that closed or was taken over.
+func (l *connLimit) connState(_ net.Conn, st http.ConnState) {
+	if st == http.StateClosed || st == http.StateHijacked {
+		l.gauge.Set(float64(l.open.Add(-1)))
+	}
+}
+
+// guard serves requests of reserved connections: GET (or HEAD) /health
+// and /ready, then the connection closes; anything else is a 503.
+func (l *connLimit) guard(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Context().Value(connSlotKey{}) == nil {
+			h.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("Connection", "close")
+		if (r.Method == http.MethodGet || r.Method == http.MethodHead) && (r.URL.Path == "/health" || r.URL.Path == "/ready") {
+			h.ServeHTTP(w, r)
+			return
+		}
+		l.rejected.WithLabelValues("reserved").Inc()
+		(&apiError{status: http.StatusServiceUnavailable, typ: typeServiceUnavailable, retryAfter: time.Second,
+			message: fmt.Sprintf("too many open connections (http.max_connections %d): retry later", l.max)}).write(w)
+	})
+}
+
+// listenerMetrics are the listeners' collectors.
+type listenerMetrics struct {
+	conns    *prometheus.GaugeVec
+	rejected *prometheus.CounterVec
+	bodies   prometheus.Gauge
+	bodyRej  *prometheus.CounterVec
+	clients  *prometheus.CounterVec
+}
+
+func newListenerMetrics(reg prometheus.Registerer) (*listenerMetrics, error) {
+	m := &listenerMetrics{
+		conns: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kvrouter_proxy_connections",
+			Help: "Open client connections, by listener (main, admin).",
+		}, []string{"listener"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_proxy_connections_rejected_total",
+			Help: "Client connections or requests refused for http.max_connections, by listener and reason (max_connections: closed at accept; reserved: a request other than /health or /ready on a reserved connection).",
+		}, []string{"listener", "reason"}),
+		bodies: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvrouter_proxy_body_held_bytes",
+			Help: "Bytes of request bodies held at once (bounded by body_budget).",
+		}),
+		bodyRej: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_proxy_body_rejected_total",
+			Help: "Request bodies refused, by reason (budget: 503, body_budget full; too_large: 413, over body_limit; idle: 408, body_idle_timeout).",
+		}, []string{"reason"}),
+		clients: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_proxy_client_controls_total",
+			Help: "Engine controls a client sent without clients.allow_* (dp_rank: header dropped; kv_transfer_params: request refused 400).",
+		}, []string{"control"}),
+	}
+	for _, l := range []string{listenerMain, listenerAdmin} {
+		m.conns.WithLabelValues(l)
+		for _, r := range []string{"max_connections", "reserved"} {
+			m.rejected.WithLabelValues(l, r)
+		}
+	}
+	for _, r := range []string{"budget", "too_large", "idle"} {
+		m.bodyRej.WithLabelValues(r)
+	}
+	for _, c := range []string{"dp_rank", "kv_transfer_params"} {
+		m.clients.WithLabelValues(c)
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.conns, m.rejected, m.bodies, m.bodyRej, m.clients} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// Run serves the main listener on ln until ctx is done, then stops
+// accepting, lets requests in flight finish for up to Config.DrainTimeout,
+// closes what is left and returns. It returns nil after a drain, or the
+// listener's error.
+func (s *Server) Run(ctx context.Context, ln net.Listener) error {
+	return s.serve(ctx, ln, listenerMain, s.handler)
+}
+
+// RunAdmin serves the admin listener (Config.AdminListen: /metrics, /ui,
+// /v1/route, /health, /ready) on ln until ctx is done, as Run does.
+func (s *Server) RunAdmin(ctx context.Context, ln net.Listener) error {
+	return s.serve(ctx, ln, listenerAdmin, s.admin)
+}
+
+func (s *Server) serve(ctx context.Context, ln net.Listener, name string, h http.Handler) error {
+	lc := s.cfg.HTTP
+	lim := &connLimit{max: int64(lc.MaxConnections), reserve: int64(max(lc.ReservedConnections, 0)),
+		gauge: s.lm.conns.WithLabelValues(name), rejected: s.lm.rejected.MustCurryWith(prometheus.Labels{"listener": name})}
+	if lim.max <= 0 {
+		lim.max = int64(defaultListener().MaxConnections)
+	}
+	srv := &http.Server{
+		Handler:           lim.guard(h),
+		ReadHeaderTimeout: orDefault(lc.HeaderTimeout, defaultListener().HeaderTimeout),
+		IdleTimeout:       orDefault(lc.IdleTimeout, defaultListener().IdleTimeout),
+		MaxHeaderBytes:    cmp.Or(max(lc.MaxHeaderBytes, 0), defaultListener().MaxHeaderBytes),
+		ErrorLog:          slog.NewLogLogger(s.log.With("listener", name).Handler(), slog.LevelWarn),
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+		ConnContext:       lim.connContext,
+		ConnState:         lim.connState,
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		s.closeIdle()
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	s.log.Info("draining", "listener", name, "timeout", s.cfg.DrainTimeout)
+	dctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
+	defer cancel()
+	err := srv.Shutdown(dctx)
+	if err != nil {
+		s.log.Warn("drain deadline passed, closing connections", "listener", name, "err", err)
+		_ = srv.Close()
+	}
+	<-errc
+	s.closeIdle()
+	return nil
+}
+
+// orDefault returns d when v is not positive.
+func orDefault(v, d time.Duration) time.Duration {
+	if v <= 0 {
+		return d
+	}
+	return v
+}

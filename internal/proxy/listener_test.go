@@ -1,0 +1,207 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"kvrouter/internal/fleet"
+)
+
+// runFront serves rg's Server with Run on a loopback TCP listener (the
+// listener limits apply there, not under httptest) and returns its
+// address; the test's end drains it.
+func (rg *rig) runFront() string {
+	rg.t.Helper()
+	return rg.runListener(rg.srv.Run)
+}
+
+func (rg *rig) runListener(run func(context.Context, net.Listener) error) string {
+	rg.t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		rg.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, ln) }()
+	rg.t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			rg.t.Errorf("Run: %v", err)
+		}
+	})
+	return ln.Addr().String()
+}
+
+// dial opens a TCP connection to addr, closed at the test's end.
+func dial(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// roundTrip writes a raw HTTP/1.1 request on c and reads the answer.
+func roundTrip(t *testing.T, c net.Conn, br *bufio.Reader, method, path string) (*http.Response, string) {
+	t.Helper()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := fmt.Fprintf(c, "%s %s HTTP/1.1\r\nHost: kvrouter\r\n\r\n", method, path); err != nil {
+		t.Fatalf("%s %s: write: %v", method, path, err)
+	}
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, string(b)
+}
+
+// waitClosed waits until the server closes c (a read ends with EOF or a
+// reset), failing after limit.
+func waitClosed(t *testing.T, c net.Conn, limit time.Duration, what string) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(limit))
+	buf := make([]byte, 512)
+	for {
+		_, err := c.Read(buf)
+		if err == nil {
+			continue
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatalf("%s: connection still open after %v", what, limit)
+		}
+		return
+	}
+}
+
+// pollGauge waits for read() to return want.
+func pollGauge(t *testing.T, what string, want float64, read func() float64) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got := read()
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v, want %v", what, got, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// An idle client loses its connection after header_timeout (nothing sent)
+// or idle_timeout (after an answer, keep-alive); real TCP on loopback.
+func TestListenerClosesIdleConnections(t *testing.T) {
+	rg := newRig(t, 1, func(c *Config, _ *fleet.Config) {
+		c.HTTP.HeaderTimeout = 300 * time.Millisecond
+		c.HTTP.IdleTimeout = 300 * time.Millisecond
+	})
+	addr := rg.runFront()
+	silent := dial(t, addr)
+	keep := dial(t, addr)
+	br := bufio.NewReader(keep)
+	if resp, _ := roundTrip(t, keep, br, "GET", "/health"); resp.StatusCode != 200 || resp.Close {
+		t.Fatalf("GET /health: %d (close %v), want 200 on a kept-alive connection", resp.StatusCode, resp.Close)
+	}
+	// Generous bounds (a loaded machine): the defaults before this limit
+	// kept both for 30 s.
+	waitClosed(t, silent, 10*time.Second, "connection that sent nothing")
+	waitClosed(t, keep, 10*time.Second, "idle keep-alive connection")
+	pollGauge(t, "kvrouter_proxy_connections{listener=main}", 0, func() float64 {
+		return testutil.ToFloat64(rg.srv.lm.conns.WithLabelValues(listenerMain))
+	})
+}
+
+// Headers over http.max_header_bytes are refused (431) instead of held.
+func TestListenerHeaderBytes(t *testing.T) {
+	rg := newRig(t, 1, func(c *Config, _ *fleet.Config) { c.HTTP.MaxHeaderBytes = 8 << 10 })
+	c := dial(t, rg.runFront())
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	fmt.Fprintf(c, "GET /health HTTP/1.1\r\nHost: kvrouter\r\nX-Big: %s\r\n\r\n", strings.Repeat("b", 100<<10))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Fatalf("GET /health with 100 KiB of headers: %d, want 431", resp.StatusCode)
+	}
+}
+
+// At max_connections, /health and /ready still answer on reserved
+// connections (then close), other requests there get an OpenAI-shaped 503
+// with Retry-After, and past the reserve connections are closed at once.
+// Closing the holders brings the count back to 0.
+func TestListenerConnectionCap(t *testing.T) {
+	rg := newRig(t, 1, func(c *Config, _ *fleet.Config) {
+		c.HTTP.HeaderTimeout = time.Minute
+		c.HTTP.IdleTimeout = time.Minute
+		c.HTTP.MaxConnections = 4
+		c.HTTP.ReservedConnections = 2
+	})
+	addr := rg.runFront()
+	open := func() float64 { return testutil.ToFloat64(rg.srv.lm.conns.WithLabelValues(listenerMain)) }
+	var holders []net.Conn
+	for range 4 {
+		holders = append(holders, dial(t, addr))
+	}
+	pollGauge(t, "open connections", 4, open)
+
+	for _, path := range []string{"/health", "/ready"} {
+		c := dial(t, addr)
+		resp, body := roundTrip(t, c, bufio.NewReader(c), "GET", path)
+		if path == "/health" && resp.StatusCode != 200 || strings.Contains(body, "max_connections") {
+			t.Fatalf("GET %s at the cap: %d %s", path, resp.StatusCode, body)
+		}
+		if !resp.Close {
+			t.Errorf("GET %s on a reserved connection: not closed after the answer", path)
+		}
+		waitClosed(t, c, 10*time.Second, "reserved connection after its answer")
+	}
+	c := dial(t, addr)
+	resp, body := roundTrip(t, c, bufio.NewReader(c), "GET", "/v1/models")
+	var e errorBody
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" ||
+		json.Unmarshal([]byte(body), &e) != nil || e.Error.Type != typeServiceUnavailable || !strings.Contains(e.Error.Message, "max_connections") {
+		t.Fatalf("GET /v1/models at the cap: %d Retry-After=%q %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+	c.Close()
+
+	// Fill the reserve too: the next connection is closed unanswered.
+	pollGauge(t, "open connections", 4, open)
+	for range 2 {
+		holders = append(holders, dial(t, addr))
+	}
+	pollGauge(t, "open connections", 6, open)
+	over := dial(t, addr)
+	waitClosed(t, over, 10*time.Second, "connection past the reserve")
+	if n := testutil.ToFloat64(rg.srv.lm.rejected.WithLabelValues(listenerMain, "max_connections")); n < 1 {
+		t.Errorf("connections_rejected_total{reason=max_connections} = %v, want >= 1", n)
+	}
+	for _, h := range holders {
+		h.Close()
+	}
+	pollGauge(t, "open connections after the holders left", 0, open)
+	// Served again.
+	c = dial(t, addr)
+	if resp, _ := roundTrip(t, c, bufio.NewReader(c), "GET", "/v1/models"); resp.StatusCode != 200 {
+		t.Fatalf("GET /v1/models below the cap: %d", resp.StatusCode)
+	}
+}

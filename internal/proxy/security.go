@@ -1,0 +1,211 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// What clients may send and what the router shows them
+// (docs/security.md).
+//
+// Two request parts steer an engine beyond one request: the header
+// X-Data-Parallel-Rank pins a request to a data-parallel rank (vLLM
+// serving.py _get_data_parallel_rank), and the body's kv_transfer_params
+// drives vLLM's KV connector (a P/D leg: do_remote_prefill and the
+// prefill engine's address; vLLM's NixlConnector contract). The router sets
+// both itself; from a client they are dropped (the header) or refused
+// with a 400 (the body field, which the router does not rewrite) unless
+// ClientsConfig allows them.
+//
+// The introspection paths (/metrics, /ui, /v1/route) name engines, their
+// URLs and the prefixes each holds: with api_key set they need the key on
+// the main listener, and with admin_listen they move to their own listener.
+
+// ClientsConfig lists the engine controls clients may set themselves.
+type ClientsConfig struct {
+	// AllowDPRank forwards a client's X-Data-Parallel-Rank header when the
+	// router does not choose a rank itself (default false: dropped).
+	AllowDPRank bool `yaml:"allow_dp_rank"`
+	// AllowKVTransferParams forwards a body's kv_transfer_params (default
+	// false: the request is answered 400).
+	AllowKVTransferParams bool `yaml:"allow_kv_transfer_params"`
+}
+
+// maxEcho bounds, in bytes, the client input (a model name, a path) an
+// error message repeats; longer input is cut with "...".
+const maxEcho = 256
+
+// adminRoutes is the admin listener's handler: /metrics (no key: the
+// listener's network is the boundary), /ui (its own key check), /v1/route
+// (the API key when set), /health and /ready.
+func (s *Server) adminRoutes() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/route", s.auth(s.serveRoute))
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.HandleFunc("GET /ready", s.serveReady)
+	if s.deps.Gatherer != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(s.deps.Gatherer, promhttp.HandlerOpts{}))
+	}
+	if s.deps.UI != nil {
+		mux.Handle("GET /ui", s.deps.UI)
+		mux.Handle("GET /ui/", s.deps.UI)
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		(&apiError{status: http.StatusNotFound, typ: typeNotFound, message: fmt.Sprintf("no route for %s %s on the admin listener", truncate(r.Method, maxEcho), truncate(r.URL.Path, maxEcho))}).write(w)
+	})
+	return mux
+}
+
+// dropClientControls removes a client's rank header from every request
+// before a handler sees it (engine requests copy the client's headers),
+// unless ClientsConfig allows it. With an admin listener it also refuses
+// x-kvrouter-route-only on the main one: the decision it answers is
+// /v1/route's, which lives there.
+func (s *Server) dropClientControls(h http.Handler) http.Handler {
+	if s.cfg.Clients.AllowDPRank && s.cfg.AdminListen == "" {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.cfg.AdminListen != "" && r.Header.Get("X-Kvrouter-Route-Only") != "" {
+			badRequest("", "x-kvrouter-route-only is answered on the admin listener only (POST /v1/route on admin_listen)").write(w)
+			return
+		}
+		if _, ok := r.Header[RankHeader]; ok && !s.cfg.Clients.AllowDPRank {
+			r.Header.Del(RankHeader)
+			s.lm.clients.WithLabelValues("dp_rank").Inc()
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// refuseClientControls returns the 400 for a body with kv_transfer_params
+// unless ClientsConfig allows it, else nil.
+func (s *Server) refuseClientControls(body []byte) *apiError {
+	if s.cfg.Clients.AllowKVTransferParams || !hasTransferParams(body) {
+		return nil
+	}
+	s.lm.clients.WithLabelValues("kv_transfer_params").Inc()
+	return badRequest("kv_transfer_params", "kv_transfer_params is set by the router, not by clients (clients.allow_kv_transfer_params)")
+}
+
+// hasTransferParams reports whether the JSON object body has a top-level
+// kv_transfer_params that is not null (vLLM's default), its key compared
+// after unescaping as vLLM's pydantic reads it. body is valid JSON
+// (parseRequest checked it); anything else reports false. It walks the
+// top level only, skipping nested values and strings with IndexByte, so
+// it costs a fraction of a decode.
+func hasTransferParams(body []byte) bool {
+	const key = "kv_transfer_params"
+	if !bytes.Contains(body, []byte(key)) && !bytes.Contains(body, []byte(`\u`)) {
+		return false
+	}
+	i := skipSpace(body, 0)
+	if i >= len(body) || body[i] != '{' {
+		return false
+	}
+	i++
+	for {
+		i = skipSpace(body, i)
+		if i >= len(body) || body[i] != '"' {
+			return false // '}' or malformed
+		}
+		end := stringEnd(body, i)
+		if end < 0 {
+			return false
+		}
+		raw := body[i : end+1]
+		i = skipSpace(body, end+1)
+		if i >= len(body) || body[i] != ':' {
+			return false
+		}
+		i = skipSpace(body, i+1)
+		v := i
+		if i = valueEnd(body, i); i < 0 {
+			return false
+		}
+		if string(raw[1:len(raw)-1]) == key || bytes.IndexByte(raw, '\\') >= 0 && unquotes(raw, key) {
+			return !bytes.Equal(body[v:i], []byte("null"))
+		}
+		i = skipSpace(body, i)
+		if i >= len(body) || body[i] != ',' {
+			return false
+		}
+		i++
+	}
+}
+
+// unquotes reports whether the JSON string raw (quotes included) decodes to
+// want.
+func unquotes(raw []byte, want string) bool {
+	var s string
+	return json.Unmarshal(raw, &s) == nil && s == want
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// stringEnd returns the index of the quote closing the string that starts
+// at b[i] (a quote), or -1: the next quote preceded by an even number of
+// backslashes.
+func stringEnd(b []byte, i int) int {
+	for j := i + 1; j < len(b); j++ {
+		k := bytes.IndexByte(b[j:], '"')
+		if k < 0 {
+			return -1
+		}
+		j += k
+		n := 0
+		for n < j-i-1 && b[j-1-n] == '\\' {
+			n++
+		}
+		if n%2 == 0 {
+			return j
+		}
+	}
+	return -1
+}
+
+// valueEnd returns the index just past the JSON value starting at b[i], or
+// -1.
+func valueEnd(b []byte, i int) int {
+	if i >= len(b) {
+		return -1
+	}
+	switch b[i] {
+	case '"':
+		if e := stringEnd(b, i); e >= 0 {
+			return e + 1
+		}
+		return -1
+	case '{', '[':
+		depth := 0
+		for j := i; j < len(b); j++ {
+			switch b[j] {
+			case '"':
+				if j = stringEnd(b, j); j < 0 {
+					return -1
+				}
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return j + 1
+				}
+			}
+		}
+		return -1
+	}
+	j := i
+	for j < len(b) && b[j] != ',' && b[j] != '}' && b[j] != ']' && b[j] != ' ' && b[j] != '\t' && b[j] != '\n' && b[j] != '\r' {
+		j++
+	}
+	return j
+}
