@@ -84,6 +84,27 @@ type KVConfig struct {
 	// shared system prompt, buys no stickiness). Default 2s; negative
 	// means off.
 	AffinitySlack time.Duration `yaml:"affinity_slack"`
+	// AffinitySessions is how many conversations (Request.SessionKey) kv
+	// remembers the last replica of, oldest forgotten first. A request of
+	// a remembered conversation whose replica holds more of the prompt
+	// than every other candidate is a continuation of its own history: the
+	// affinity slack keeps it there however small that history is beside
+	// a shared system prompt. A prefix held by a replica the conversation
+	// has not used (a system prompt on one engine) buys no stickiness.
+	// Requests without a session key keep the half-prompt rule. Default
+	// 65,536; negative means off (the half-prompt rule for every request).
+	AffinitySessions int `yaml:"affinity_sessions"`
+	// EvictWeight weighs kv's cache pressure: the blocks a placement
+	// writes beyond the replica's free room (Capacity - Held) push out as
+	// many blocks of its cache, each costed at block_size/prefill_rate
+	// seconds times this weight (what recomputing it later would take). A
+	// conversation (a request with a session key) is charged for its whole
+	// prompt growing once more on the replica (its next turn needs it
+	// there), so that new conversations go to replicas with room instead
+	// of piling onto the holder of a shared prefix whose cache is full.
+	// Replicas of unknown capacity are never charged. Default 1; negative
+	// means off.
+	EvictWeight float64 `yaml:"evict_weight"`
 	// AffinityLoadCap bounds the slack's winner by load: it must have at
 	// most AffinityLoadCap times the candidates' mean in-flight requests,
 	// plus one. A prefix only one replica holds, wanted by every client,
@@ -171,6 +192,10 @@ func DefaultConfig(cfg Config) Config {
 		cfg.KV.AffinitySlack = 2 * time.Second
 	}
 	def(&cfg.KV.AffinityLoadCap, 2)
+	def(&cfg.KV.EvictWeight, 1)
+	if cfg.KV.AffinitySessions == 0 {
+		cfg.KV.AffinitySessions = 1 << 16
+	}
 	if cfg.KV.StripeSlack == 0 {
 		cfg.KV.StripeSlack = time.Second
 	}
@@ -247,7 +272,7 @@ func NewPolicy(name string, cfg Config) (Policy, error) {
 	rng := &lockedRand{r: cfg.Rand}
 	switch name {
 	case "kv":
-		return &KV{cfg: cfg.KV, blockSize: cfg.BlockSize, rng: rng}, nil
+		return newKV(cfg, rng), nil
 	case "random":
 		return &Random{rng: rng}, nil
 	case "round_robin":

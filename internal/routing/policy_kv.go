@@ -34,15 +34,30 @@ import "math"
 type KV struct {
 	cfg       KVConfig
 	blockSize int
+	maxTokens int // Config.DefaultMaxTokens
 	rng       *lockedRand
+	sessions  *sessionMemory // nil: AffinitySessions off
 }
 
 var _ Policy = (*KV)(nil)
 
-// Pick implements Policy. Cost is in seconds.
-func (p *KV) Pick(req *Request, cands []Candidate) Decision { return p.decide(req, cands, p.rng) }
+func newKV(cfg Config, rng *lockedRand) *KV {
+	return &KV{cfg: cfg.KV, blockSize: cfg.BlockSize, maxTokens: cfg.DefaultMaxTokens, rng: rng,
+		sessions: newSessionMemory(cfg.KV.AffinitySessions)}
+}
 
-// Evaluate implements Evaluator: Pick with ties broken without randomness.
+// Pick implements Policy. Cost is in seconds. It remembers the chosen
+// replica as the conversation's (KVConfig.AffinitySessions).
+func (p *KV) Pick(req *Request, cands []Candidate) Decision {
+	d := p.decide(req, cands, p.rng)
+	if d.Index >= 0 {
+		p.sessions.remember(req.SessionKey, d.Name)
+	}
+	return d
+}
+
+// Evaluate implements Evaluator: Pick with ties broken without randomness,
+// remembering nothing.
 func (p *KV) Evaluate(req *Request, cands []Candidate) Decision { return p.decide(req, cands, nil) }
 
 func (p *KV) decide(req *Request, cands []Candidate, rng *lockedRand) Decision {
@@ -71,11 +86,12 @@ func (p *KV) decide(req *Request, cands []Candidate, rng *lockedRand) Decision {
 		}
 		t.Credit = decay * t.Overlap * float64(p.blockSize)
 		t.NewTokens = math.Max(0, prompt-t.Credit)
+		t.Evict = p.pressure(req, &cands[i], prompt)
 		t.Cost = (float64(l.QueuedPrefill)+t.NewTokens)/rate(l.PrefillRate) +
 			pos(c.DecodeWeight)*float64(l.RunningDecode)/rate(l.DecodeRate) +
-			wait*float64(l.Waiting)
+			wait*float64(l.Waiting) + t.Evict
 	}
-	if i := p.affinity(&d, cands, prompt); i >= 0 {
+	if i := p.affinity(&d, req, cands, prompt); i >= 0 {
 		return d.choose(i, cands, "affinity")
 	}
 	if i := p.stripe(&d, cands, prompt); i >= 0 {
@@ -84,11 +100,45 @@ func (p *KV) decide(req *Request, cands []Candidate, rng *lockedRand) Decision {
 	return pickMinStriped(&d, cands, rng, striped(cands))
 }
 
+// pressure is candidate c's cache pressure in seconds (Terms.Evict): the
+// blocks placing req there writes beyond c's free room, each worth
+// block_size/prefill_rate seconds of a later prefill, times EvictWeight.
+// The blocks written are the prompt's beyond those c holds on GPU or has
+// predicted, the output, and for a conversation (a session key) its prompt
+// once more: its next turn extends the whole prompt on the same replica,
+// so a conversation placed on a full cache pushes out other conversations'
+// histories turn after turn, while one placed where there is room does not.
+// 0 when c's capacity or held blocks are unknown.
+func (p *KV) pressure(req *Request, c *Candidate, prompt float64) float64 {
+	w := p.cfg.EvictWeight
+	if w <= 0 || c.Capacity <= 0 || c.Held < 0 || p.blockSize <= 0 {
+		return 0
+	}
+	bs := float64(p.blockSize)
+	out := float64(req.MaxTokens)
+	if out <= 0 {
+		out = float64(p.maxTokens)
+	}
+	write := math.Max(0, prompt-float64(c.Match.GPU+c.Match.Predicted)*bs) + out
+	if req.SessionKey != "" {
+		write += prompt
+	}
+	room := float64(max(0, c.Capacity-c.Held))
+	evicted := math.Max(0, math.Ceil(write/bs)-room)
+	return w * evicted * bs / rate(c.Load.PrefillRate)
+}
+
 // affinity returns the candidate AffinitySlack picks over the cheapest, or
 // -1 when it picks none. Only the candidate holding the most can win, and
 // only by what it holds beyond every other candidate: a prefix two replicas
 // hold already has its second copy, so cost alone decides between them.
-func (p *KV) affinity(d *Decision, cands []Candidate, prompt float64) int {
+// For a conversation kv remembers (AffinitySessions), that candidate must
+// be the replica the conversation last went to, and any excess counts (it
+// is the conversation's own history); a prefix held by a replica the
+// conversation never used, or by any replica for a new conversation, is
+// someone else's (a shared system prompt) and buys nothing. Requests
+// without a session key need an excess of half the prompt.
+func (p *KV) affinity(d *Decision, req *Request, cands []Candidate, prompt float64) int {
 	slack := p.cfg.AffinitySlack.Seconds()
 	if slack <= 0 || len(cands) < 2 {
 		return -1
@@ -111,7 +161,14 @@ func (p *KV) affinity(d *Decision, cands []Candidate, prompt float64) int {
 	meanInFlight /= float64(len(cands))
 	t := d.Terms[best]
 	gain := (t.Overlap - others) * float64(p.blockSize)
-	if gain <= 0 || gain < 0.5*prompt || t.Cost > minCost+slack {
+	need := 0.5 * prompt
+	if p.sessions != nil && req.SessionKey != "" {
+		if p.sessions.replica(req.SessionKey) != cands[best].Name {
+			return -1
+		}
+		need = 0
+	}
+	if gain <= 0 || gain < need || t.Cost > minCost+slack {
 		return -1
 	}
 	if lc := p.cfg.AffinityLoadCap; lc > 0 && float64(cands[best].Load.InFlight) > lc*meanInFlight+1 {

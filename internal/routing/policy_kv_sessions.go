@@ -1,0 +1,53 @@
+package routing
+
+import "sync"
+
+// sessionMemory remembers, per conversation (Request.SessionKey), the name
+// of the replica kv last sent it to: the replica holding the conversation's
+// own history. It holds at most max conversations and forgets the oldest
+// remembered first. Safe for concurrent use.
+type sessionMemory struct {
+	mu   sync.Mutex
+	max  int
+	last map[string]string // session key -> replica name
+	ring []string          // keys in the order first remembered
+	next int               // ring slot to overwrite once full
+}
+
+func newSessionMemory(n int) *sessionMemory {
+	if n <= 0 {
+		return nil
+	}
+	return &sessionMemory{max: n, last: make(map[string]string, min(n, 1024))}
+}
+
+// replica returns the replica session was last sent to, "" when unknown.
+func (s *sessionMemory) replica(session string) string {
+	if s == nil || session == "" {
+		return ""
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.last[session]
+}
+
+// remember records that session was sent to replica.
+func (s *sessionMemory) remember(session, replica string) {
+	if s == nil || session == "" || replica == "" {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.last[session]; ok {
+		s.last[session] = replica
+		return
+	}
+	if len(s.ring) < s.max {
+		s.ring = append(s.ring, session)
+	} else {
+		delete(s.last, s.ring[s.next])
+		s.ring[s.next] = session
+		s.next = (s.next + 1) % s.max
+	}
+	s.last[session] = replica
+}
