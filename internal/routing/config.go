@@ -89,10 +89,13 @@ type KVConfig struct {
 	// a remembered conversation whose replica holds more of the prompt
 	// than every other candidate is a continuation of its own history: the
 	// affinity slack keeps it there however small that history is beside
-	// a shared system prompt. A prefix held by a replica the conversation
-	// has not used (a system prompt on one engine) buys no stickiness.
-	// Requests without a session key keep the half-prompt rule. Default
-	// 65,536; negative means off (the half-prompt rule for every request).
+	// a shared system prompt, without AffinityLoadCap, and beyond the
+	// slack when every cheaper candidate would have to evict to take it
+	// (Terms.Evict > 0). A prefix held by a replica the conversation has
+	// not used (a system prompt on one engine) buys no stickiness.
+	// Requests without a session key keep the half-prompt rule and the
+	// load cap. Default 65,536; negative means off (the half-prompt rule
+	// for every request).
 	AffinitySessions int `yaml:"affinity_sessions"`
 	// EvictWeight weighs kv's cache pressure: the blocks a placement
 	// writes beyond the replica's free room (Capacity - Held) push out as

@@ -136,8 +136,11 @@ func (p *KV) pressure(req *Request, c *Candidate, prompt float64) float64 {
 // be the replica the conversation last went to, and any excess counts (it
 // is the conversation's own history); a prefix held by a replica the
 // conversation never used, or by any replica for a new conversation, is
-// someone else's (a shared system prompt) and buys nothing. Requests
-// without a session key need an excess of half the prompt.
+// someone else's (a shared system prompt) and buys nothing. Its own
+// history is not bounded by the load cap (the cap spreads a prefix every
+// client wants; a conversation is one client), and holds beyond the slack
+// when no cheaper candidate has room for it (noRoom). Requests without a
+// session key need an excess of half the prompt.
 func (p *KV) affinity(d *Decision, req *Request, cands []Candidate, prompt float64) int {
 	slack := p.cfg.AffinitySlack.Seconds()
 	if slack <= 0 || len(cands) < 2 {
@@ -161,20 +164,34 @@ func (p *KV) affinity(d *Decision, req *Request, cands []Candidate, prompt float
 	meanInFlight /= float64(len(cands))
 	t := d.Terms[best]
 	gain := (t.Overlap - others) * float64(p.blockSize)
-	need := 0.5 * prompt
+	need, own := 0.5*prompt, false
 	if p.sessions != nil && req.SessionKey != "" {
 		if p.sessions.replica(req.SessionKey) != cands[best].Name {
 			return -1
 		}
-		need = 0
+		need, own = 0, true
 	}
-	if gain <= 0 || gain < need || t.Cost > minCost+slack {
+	if gain <= 0 || gain < need || (t.Cost > minCost+slack && !(own && noRoom(d, t.Cost))) {
 		return -1
 	}
-	if lc := p.cfg.AffinityLoadCap; lc > 0 && float64(cands[best].Load.InFlight) > lc*meanInFlight+1 {
+	if lc := p.cfg.AffinityLoadCap; lc > 0 && !own && float64(cands[best].Load.InFlight) > lc*meanInFlight+1 {
 		return -1
 	}
 	return best
+}
+
+// noRoom reports whether every candidate cheaper than cost would evict to
+// take the request (Terms.Evict > 0): then moving a conversation copies its
+// history over other conversations' cached blocks, each of which costs a
+// recompute that in turn evicts, so under cache pressure the slack does not
+// bound its stickiness (the load cap still does).
+func noRoom(d *Decision, cost float64) bool {
+	for _, t := range d.Terms {
+		if t.Cost < cost && t.Evict <= 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // rate guards a throughput used as a divisor.
