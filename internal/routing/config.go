@@ -100,7 +100,8 @@ type KVConfig struct {
 	// EvictWeight weighs kv's cache pressure: the blocks a placement
 	// writes beyond the replica's free room (Capacity - Held) push out as
 	// many blocks of its cache, each costed at block_size/prefill_rate
-	// seconds times this weight (what recomputing it later would take). A
+	// seconds (the candidates' mean rate) times this weight (what
+	// recomputing it later would take). A
 	// conversation (a request with a session key) is charged for its whole
 	// prompt growing once more on the replica (its next turn needs it
 	// there), so that new conversations go to replicas with room instead
