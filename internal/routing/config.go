@@ -97,6 +97,14 @@ type KVConfig struct {
 	// load cap. Default 65,536; negative means off (the half-prompt rule
 	// for every request).
 	AffinitySessions int `yaml:"affinity_sessions"`
+	// SessionSpread sends a conversation's first request (a session key kv
+	// does not remember, AffinitySessions) to the candidate with the
+	// fewest remembered conversations among those costing at most this much
+	// more than the cheapest: conversations grow on the replica of their
+	// first turn, so spreading them spreads the caches' future load, where
+	// cost alone sends them to the holder of their shared system prompt.
+	// Default 500ms; negative means off.
+	SessionSpread time.Duration `yaml:"session_spread"`
 	// EvictWeight weighs kv's cache pressure: the blocks a placement
 	// writes beyond the replica's free room (Capacity - Held) push out as
 	// many blocks of its cache, each costed at block_size/prefill_rate
@@ -197,6 +205,9 @@ func DefaultConfig(cfg Config) Config {
 	}
 	def(&cfg.KV.AffinityLoadCap, 2)
 	def(&cfg.KV.EvictWeight, 1)
+	if cfg.KV.SessionSpread == 0 {
+		cfg.KV.SessionSpread = 500 * time.Millisecond
+	}
 	if cfg.KV.AffinitySessions == 0 {
 		cfg.KV.AffinitySessions = 1 << 16
 	}

@@ -98,10 +98,55 @@ func (p *KV) decide(req *Request, cands []Candidate, rng *lockedRand) Decision {
 	if i := p.affinity(&d, req, cands, prompt); i >= 0 {
 		return d.choose(i, cands, "affinity")
 	}
+	if i := p.spread(&d, req, cands); i >= 0 {
+		return d.choose(i, cands, "spread")
+	}
 	if i := p.stripe(&d, cands, prompt); i >= 0 {
 		return d.choose(i, cands, "stripe")
 	}
 	return pickMinStriped(&d, cands, rng, striped(cands))
+}
+
+// spread returns, for the first request of a conversation (a session key
+// kv does not remember), the candidate with the fewest remembered
+// conversations among those costing at most SessionSpread more than the
+// cheapest, those with room for it (Terms.Evict 0) first, ties to the
+// cheaper; or -1. A conversation's history grows on
+// the replica that takes its first turn, so conversations spread evenly
+// spread the caches' future load; the cost alone would send every new
+// conversation to the replica that holds their shared system prompt, a
+// prefill saving of a fraction of a second, until its cache overflows with
+// their histories.
+func (p *KV) spread(d *Decision, req *Request, cands []Candidate) int {
+	w := p.cfg.SessionSpread.Seconds()
+	if w <= 0 || p.sessions == nil || req.SessionKey == "" || len(cands) < 2 ||
+		p.sessions.replica(req.SessionKey) != "" {
+		return -1
+	}
+	var buf [16]int
+	n := p.sessions.sessions(cands, buf[:0])
+	minCost := math.Inf(1)
+	for _, t := range d.Terms {
+		minCost = math.Min(minCost, t.Cost)
+	}
+	best := -1
+	for i, t := range d.Terms {
+		if t.Cost > minCost+w {
+			continue
+		}
+		if best < 0 {
+			best = i
+			continue
+		}
+		full, bestFull := t.Evict > 0, d.Terms[best].Evict > 0
+		if (!full && bestFull) || (full == bestFull && (n[i] < n[best] || (n[i] == n[best] && t.Cost < d.Terms[best].Cost))) {
+			best = i
+		}
+	}
+	if best < 0 || d.Terms[best].Cost <= minCost {
+		return -1 // the cheapest already: let the usual tie-breaks decide
+	}
+	return best
 }
 
 // pressure is candidate c's cache pressure in seconds (Terms.Evict): the
