@@ -129,10 +129,13 @@ func (p *KV) spread(d *Decision, req *Request, cands []Candidate) int {
 	for _, t := range d.Terms {
 		minCost = math.Min(minCost, t.Cost)
 	}
-	best := -1
+	best, differ := -1, false
 	for i, t := range d.Terms {
 		if t.Cost > minCost+w {
 			continue
+		}
+		if best >= 0 && (n[i] != n[best] || (t.Evict > 0) != (d.Terms[best].Evict > 0)) {
+			differ = true
 		}
 		if best < 0 {
 			best = i
@@ -143,8 +146,8 @@ func (p *KV) spread(d *Decision, req *Request, cands []Candidate) int {
 			best = i
 		}
 	}
-	if best < 0 || d.Terms[best].Cost <= minCost {
-		return -1 // the cheapest already: let the usual tie-breaks decide
+	if best < 0 || !differ {
+		return -1 // nothing to spread: the usual choice and tie-breaks
 	}
 	return best
 }

@@ -3,6 +3,7 @@ package routing
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"kvrouter/internal/kvindex"
 )
@@ -123,6 +124,49 @@ func TestKVConversationStaysWithItsHistory(t *testing.T) {
 		if stayed := d.Name == first.Name; stayed != c.stay {
 			t.Errorf("session %q (evaluate %v): went to %s (%s), history on %s, want stay %v; terms %+v",
 				c.session, c.evaluate, d.Name, d.Reason, first.Name, c.stay, d.Terms)
+		}
+	}
+}
+
+// TestKVSpreadsNewConversations: replica a holds a 2,048-token system
+// prompt; its cache size is unknown (no pressure term) and every replica
+// is idle. Each new conversation (system prompt and a 256-token question)
+// costs 0.026 s on a and 0.230 s elsewhere at 10,000 tokens/s, so the cost
+// alone sends all eight to a, where their histories would grow in one
+// cache. Within the 500 ms session spread they go to the replica with the
+// fewest conversations: two each. With the spread off, a takes all eight.
+func TestKVSpreadsNewConversations(t *testing.T) {
+	for _, spread := range []time.Duration{0, -1} {
+		cfg := seeded(2)
+		cfg.KV.SessionSpread = spread
+		p, err := NewPolicy("kv", cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		holds := map[string]bool{"a": true}
+		counts := map[string]int{}
+		for i := range 8 {
+			var cands []Candidate
+			for _, n := range []string{"a", "b", "c", "d"} {
+				c := Candidate{Name: n, Held: -1, Load: Load{PrefillRate: 10000, DecodeRate: 2000}}
+				if holds[n] {
+					c.Match.GPU = 128
+				}
+				cands = append(cands, c)
+			}
+			d := p.Pick(&Request{PromptTokens: 2304, MaxTokens: 100, SessionKey: fmt.Sprintf("conv-%d", i)}, cands)
+			holds[d.Name] = true
+			counts[d.Name]++
+		}
+		if spread == 0 {
+			for _, n := range []string{"a", "b", "c", "d"} {
+				if counts[n] != 2 {
+					t.Errorf("spread on: conversations per replica %v, want 2 each", counts)
+					break
+				}
+			}
+		} else if counts["a"] != 8 {
+			t.Errorf("spread off: conversations per replica %v, want all 8 on a (the cost alone)", counts)
 		}
 	}
 }

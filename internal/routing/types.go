@@ -128,7 +128,8 @@ type Decision struct {
 	// Name is the chosen replica's name.
 	Name string
 	// Reason says how the choice was made: "min_cost", "tie_load", "tie_stripe",
-	// "tie_random", "session", "imbalanced", "prefix", "no_match", ...
+	// "tie_random", "affinity", "spread", "stripe", "session", "imbalanced",
+	// "prefix", "no_match", ...
 	Reason string
 	// Terms has one entry per candidate, in candidate order.
 	Terms []Terms
