@@ -31,6 +31,15 @@ import "math"
 // replica's own stripe (stripes.go). Ties go to the lower load, then
 // (several routers) the lower stripe rank, then at
 // random.
+//
+// Conversations (Request.SessionKey; docs/routing.md "Conversations and
+// cache pressure"): kv remembers each conversation's replica, so any
+// history it holds there keeps it (affinity, without the load cap, and
+// past the slack when no cheaper replica has room); a conversation's first
+// request goes to the replica with the fewest conversations within
+// KVConfig.SessionSpread of the cheapest; and the cost adds the cache
+// pressure (Terms.Evict): the blocks a placement writes beyond the
+// replica's free room, priced as their recompute.
 type KV struct {
 	cfg       KVConfig
 	blockSize int
@@ -111,12 +120,12 @@ func (p *KV) decide(req *Request, cands []Candidate, rng *lockedRand) Decision {
 // kv does not remember), the candidate with the fewest remembered
 // conversations among those costing at most SessionSpread more than the
 // cheapest, those with room for it (Terms.Evict 0) first, ties to the
-// cheaper; or -1. A conversation's history grows on
-// the replica that takes its first turn, so conversations spread evenly
-// spread the caches' future load; the cost alone would send every new
-// conversation to the replica that holds their shared system prompt, a
-// prefill saving of a fraction of a second, until its cache overflows with
-// their histories.
+// cheaper; or -1 when the candidates in reach do not differ. A
+// conversation's history grows on the replica that takes its first turn,
+// so conversations spread evenly spread the caches' future load; the cost
+// alone would send every new conversation to the replica that holds their
+// shared system prompt, a prefill saving of a fraction of a second, until
+// its cache overflows with their histories.
 func (p *KV) spread(d *Decision, req *Request, cands []Candidate) int {
 	w := p.cfg.SessionSpread.Seconds()
 	if w <= 0 || p.sessions == nil || req.SessionKey == "" || len(cands) < 2 ||
@@ -240,7 +249,8 @@ func (p *KV) affinity(d *Decision, req *Request, cands []Candidate, prompt float
 // take the request (Terms.Evict > 0): then moving a conversation copies its
 // history over other conversations' cached blocks, each of which costs a
 // recompute that in turn evicts, so under cache pressure the slack does not
-// bound its stickiness (the load cap still does).
+// bound its stickiness: the conversation stays however long the queue,
+// as under session affinity.
 func noRoom(d *Decision, cost float64) bool {
 	for _, t := range d.Terms {
 		if t.Cost < cost && t.Evict <= 0 {
