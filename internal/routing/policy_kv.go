@@ -197,15 +197,12 @@ func (p *KV) pressure(req *Request, c *Candidate, prompt, fleetRate float64) flo
 // -1 when it picks none. Only the candidate holding the most can win, and
 // only by what it holds beyond every other candidate: a prefix two replicas
 // hold already has its second copy, so cost alone decides between them.
-// For a conversation kv remembers (AffinitySessions), that candidate must
-// be the replica the conversation last went to, and any excess counts (it
-// is the conversation's own history); a prefix held by a replica the
-// conversation never used, or by any replica for a new conversation, is
-// someone else's (a shared system prompt) and buys nothing. Its own
-// history is not bounded by the load cap (the cap spreads a prefix every
-// client wants; a conversation is one client), and holds beyond the slack
-// when no cheaper candidate has room for it (noRoom). Requests without a
-// session key need an excess of half the prompt.
+// A conversation kv remembers (AffinitySessions) stays on its replica
+// under the rules of home, without the load cap (the cap spreads a prefix
+// every client wants; a conversation is one client); for a new
+// conversation, what any replica holds is someone else's (a shared system
+// prompt) and buys nothing. Requests without a session key need an excess
+// of half the prompt.
 func (p *KV) affinity(d *Decision, req *Request, cands []Candidate, prompt float64) int {
 	slack := p.cfg.AffinitySlack.Seconds()
 	if slack <= 0 || len(cands) < 2 {
@@ -227,22 +224,51 @@ func (p *KV) affinity(d *Decision, req *Request, cands []Candidate, prompt float
 		}
 	}
 	meanInFlight /= float64(len(cands))
+	if home := p.sessions.replica(req.SessionKey); home != "" {
+		return p.home(d, cands, home, minCost, slack)
+	}
 	t := d.Terms[best]
 	gain := (t.Overlap - others) * float64(p.blockSize)
-	need, own := 0.5*prompt, false
 	if p.sessions != nil && req.SessionKey != "" {
-		if p.sessions.replica(req.SessionKey) != cands[best].Name {
-			return -1
-		}
-		need, own = 0, true
+		return -1 // a new conversation: what any replica holds is shared
 	}
-	if gain <= 0 || gain < need || (t.Cost > minCost+slack && !(own && noRoom(d, t.Cost))) {
+	if gain <= 0 || gain < 0.5*prompt || t.Cost > minCost+slack {
 		return -1
 	}
-	if lc := p.cfg.AffinityLoadCap; lc > 0 && !own && float64(cands[best].Load.InFlight) > lc*meanInFlight+1 {
+	if lc := p.cfg.AffinityLoadCap; lc > 0 && float64(cands[best].Load.InFlight) > lc*meanInFlight+1 {
 		return -1
 	}
 	return best
+}
+
+// home returns the index of the remembered conversation's replica home when
+// the affinity keeps it there, else -1: home must hold no less of the
+// prompt than any other candidate (what it holds beyond the others is the
+// conversation's own history; when its cache has lost that history too,
+// no other replica has it either, and moving would only add a conversation
+// to another replica's cache) and cost at most slack more than the
+// cheapest, or more when every cheaper candidate would have to evict to
+// take it (noRoom).
+func (p *KV) home(d *Decision, cands []Candidate, home string, minCost, slack float64) int {
+	h := -1
+	for i := range cands {
+		if cands[i].Name == home {
+			h = i
+		}
+	}
+	if h < 0 {
+		return -1
+	}
+	t := d.Terms[h]
+	for i, o := range d.Terms {
+		if i != h && o.Overlap > t.Overlap {
+			return -1
+		}
+	}
+	if t.Cost > minCost+slack && !noRoom(d, t.Cost) {
+		return -1
+	}
+	return h
 }
 
 // noRoom reports whether every candidate cheaper than cost would evict to
