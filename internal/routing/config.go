@@ -85,17 +85,17 @@ type KVConfig struct {
 	// means off.
 	AffinitySlack time.Duration `yaml:"affinity_slack"`
 	// AffinitySessions is how many conversations (Request.SessionKey) kv
-	// remembers the last replica of, oldest forgotten first. A request of
-	// a remembered conversation whose replica holds more of the prompt
-	// than every other candidate is a continuation of its own history: the
-	// affinity slack keeps it there however small that history is beside
-	// a shared system prompt, without AffinityLoadCap, and beyond the
-	// slack when every cheaper candidate would have to evict to take it
-	// (Terms.Evict > 0). A prefix held by a replica the conversation has
-	// not used (a system prompt on one engine) buys no stickiness.
-	// Requests without a session key keep the half-prompt rule and the
-	// load cap. Default 65,536; negative means off (the half-prompt rule
-	// for every request).
+	// remembers the last replica of (the conversation's home), oldest
+	// forgotten first. A request of a remembered conversation stays home
+	// while no other candidate holds more of its prompt (what home holds
+	// beyond the others is its own history, however short beside a shared
+	// system prompt), within AffinitySlack, without AffinityLoadCap, and
+	// beyond the slack when every cheaper candidate would have to evict to
+	// take it (Terms.Evict > 0). For a conversation kv has not seen, what
+	// any replica holds is shared (a system prompt) and buys no
+	// stickiness; SessionSpread places it. Requests without a session key
+	// keep the half-prompt rule and the load cap. Default 65,536; negative
+	// means off (the half-prompt rule for every request).
 	AffinitySessions int `yaml:"affinity_sessions"`
 	// SessionSpread sends a conversation's first request (a session key kv
 	// does not remember, AffinitySessions) to the candidate with the

@@ -33,9 +33,10 @@ import "math"
 // random.
 //
 // Conversations (Request.SessionKey; docs/routing.md "Conversations and
-// cache pressure"): kv remembers each conversation's replica, so any
-// history it holds there keeps it (affinity, without the load cap, and
-// past the slack when no cheaper replica has room); a conversation's first
+// cache pressure"): kv remembers each conversation's replica, its home,
+// where it stays while no other replica holds more of its prompt (affinity,
+// without the load cap, and past the slack when no cheaper replica has
+// room); a conversation's first
 // request goes to the replica with the fewest conversations within
 // KVConfig.SessionSpread of the cheapest; and the cost adds the cache
 // pressure (Terms.Evict): the blocks a placement writes beyond the
