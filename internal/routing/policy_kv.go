@@ -243,8 +243,8 @@ func (p *KV) affinity(d *Decision, req *Request, cands []Candidate, prompt float
 }
 
 // home returns the index of the remembered conversation's replica home when
-// the affinity keeps it there, else -1: home must hold no less of the
-// prompt than any other candidate (what it holds beyond the others is the
+// the affinity keeps it there, else -1: home must hold some of the prompt,
+// and no less than any other candidate (what it holds beyond the others is the
 // conversation's own history; when its cache has lost that history too,
 // no other replica has it either, and moving would only add a conversation
 // to another replica's cache) and cost at most slack more than the
@@ -261,6 +261,9 @@ func (p *KV) home(d *Decision, cands []Candidate, home string, minCost, slack fl
 		return -1
 	}
 	t := d.Terms[h]
+	if t.Overlap <= 0 {
+		return -1 // home holds nothing of it (restarted, or the index is blind)
+	}
 	for i, o := range d.Terms {
 		if i != h && o.Overlap > t.Overlap {
 			return -1
