@@ -81,7 +81,7 @@ func (o *workloadFlags) register(fs interface {
 	Uint64Var(*uint64, string, uint64, string)
 }, defRequests int, defSpeed float64) {
 	fs.StringVar(&o.kind, "workload", "mooncake", "requests to replay: "+strings.Join(workloadKinds(), ", "))
-	fs.StringVar(&o.trace, "trace", "", "mooncake: trace file, JSON lines or gzip (default: the conversation trace embedded in the binary)")
+	fs.StringVar(&o.trace, "trace", "", "mooncake: trace file, JSON lines or gzip, Mooncake or Qwen-Bailian lines; sessions sent as x-session-id (default: the Mooncake conversation trace embedded in the binary)")
 	fs.IntVar(&o.requests, "requests", defRequests, "mooncake: replay this many records (0: all); synthetic workloads: number of requests (0: 200; shared_prefix rounds down to a multiple of --groups, multi_turn to whole 6-turn conversations)")
 	fs.IntVar(&o.skip, "skip", 0, "mooncake: skip this many records first")
 	fs.Float64Var(&o.speed, "speed", defSpeed, "mooncake: divide the trace's inter-arrival times by this")

@@ -37,7 +37,7 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 	}
 	fs := newFlagSet("sim", "[flags]\n\nSimulates a fleet of engine-sim cores on a virtual clock with the real index and\npolicies, every policy on the same arrivals, and prints a comparison table.\n\nscenarios:\n"+scenarioList(), sio.err)
 	scenario := fs.String("scenario", "mooncake", "workload and regime: "+strings.Join(names, ", "))
-	tracePath := fs.String("trace", "", "Mooncake trace file, JSON lines or gzip (default: the conversation trace embedded in the binary)")
+	tracePath := fs.String("trace", "", "trace file, JSON lines or gzip: Mooncake lines (optional session_id) or Qwen-Bailian lines (chat_id, parent_chat_id, 16-token hash_ids: one session per conversation) (default: the Mooncake conversation trace embedded in the binary)")
 	replicas := fs.Int("replicas", sim.DefaultReplicas, "replicas at the end of the run (scale_out starts with half)")
 	policies := fs.String("policies", strings.Join(sim.DefaultPolicies(), ","), "comma-separated policies to compare: "+strings.Join(sim.Policies(), ", "))
 	loadFlag := fs.String("load", "0", "offered load: prompt tokens per second over the fleet's prefill capacity, as if nothing were cached (0: the scenario's default: "+defaultLoads()+"); a comma-separated list sweeps the loads and adds goodput against load to the report")

@@ -173,9 +173,7 @@ func (b *Backend) build(blockSize int) (*generation, error) {
 			}
 		}
 	}
-	if g.approx != nil {
-		b.capacities(g.approx, g.blockSize)
-	}
+	b.capacities(g)
 	return g, nil
 }
 
@@ -258,18 +256,18 @@ func (b *Backend) Observe(engine string, m enginemetrics.Metrics, at time.Time) 
 	if blocks == 0 {
 		return
 	}
-	if g.approx != nil {
-		b.setCapacity(g.approx, engine, blocks)
-	}
+	b.setCapacity(g, engine, blocks)
 	if g.exact != nil && b.cfg.Index.ExpectedEntries == 0 {
 		b.sizeIndex(g)
 	}
 }
 
-// capacities sets, in a's new generation for blockSize, the capacity of
-// every engine whose last report had that block size, so that a rebuild does
-// not fall back to the default capacity until each engine's next scrape.
-func (b *Backend) capacities(a *kvindex.Approx, blockSize int) {
+// capacities sets, in the new generation g, the capacity of every engine
+// whose last report had g's block size, so that a rebuild does not fall
+// back to the default capacity (approximate index) or to none (kv's cache
+// pressure) until each engine's next scrape.
+func (b *Backend) capacities(g *generation) {
+	blockSize := g.blockSize
 	b.repMu.Lock()
 	caps := map[string]int{}
 	for engine, r := range b.reports {
@@ -279,7 +277,7 @@ func (b *Backend) capacities(a *kvindex.Approx, blockSize int) {
 	}
 	b.repMu.Unlock()
 	for engine, blocks := range caps {
-		b.setCapacity(a, engine, blocks)
+		b.setCapacity(g, engine, blocks)
 	}
 }
 

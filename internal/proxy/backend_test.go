@@ -322,3 +322,33 @@ func TestBackendApproxCapacityFromMetrics(t *testing.T) {
 		t.Fatalf("engine a holds %d blocks after the rebuild, want 9", n)
 	}
 }
+
+// TestBackendCapacityReachesRouter: the engines' num_gpu_blocks (per DP
+// rank) become the router's capacities, so kv charges cache pressure on a
+// full engine and none on one with room; a rebuild for a new block size
+// keeps them.
+func TestBackendCapacityReachesRouter(t *testing.T) {
+	b := newTestBackend(t, "kv")
+	b.Observe("a", enginemetrics.Metrics{BlockSize: 16, NumGPUBlocks: 10}, time.Now())
+	b.Observe("b", enginemetrics.Metrics{BlockSize: 16, NumGPUBlocks: 100_000}, time.Now())
+	check := func(when string) {
+		t.Helper()
+		// 320 prompt tokens, 256 output tokens (the default), and the
+		// prompt again for a conversation: 56 blocks, over a's 10.
+		d, err := b.cur.Load().router.Evaluate(&routing.Request{Tokens: seq(320), SessionKey: "s"}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev := map[string]float64{}
+		for _, tm := range d.Terms {
+			ev[tm.Name] = tm.Evict
+		}
+		if !(ev["a"] > 0) || ev["b"] != 0 {
+			t.Errorf("%s: eviction costs %v, want a > 0 (10 blocks), b = 0 (100,000)", when, ev)
+		}
+	}
+	check("after the scrape")
+	b.Observe("a", enginemetrics.Metrics{BlockSize: 32, NumGPUBlocks: 5}, time.Now())
+	b.Observe("b", enginemetrics.Metrics{BlockSize: 32, NumGPUBlocks: 50_000}, time.Now())
+	check("after the rebuild for 32-token blocks")
+}

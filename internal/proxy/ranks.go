@@ -4,7 +4,6 @@ import (
 	"strconv"
 	"strings"
 
-	"kvrouter/internal/kvindex"
 	"kvrouter/internal/routing"
 	"kvrouter/internal/vllm/enginemetrics"
 )
@@ -115,11 +114,15 @@ func (b *Backend) observeRates(g *generation, engine string, s routing.RateSampl
 }
 
 // setCapacity gives engine's routing replicas their share of its blocks
-// (each data-parallel rank its own cache).
-func (b *Backend) setCapacity(a *kvindex.Approx, engine string, blocks int) {
+// (each data-parallel rank its own cache), in g's approximate index if it
+// has one and in its router (kv's cache pressure).
+func (b *Backend) setCapacity(g *generation, engine string, blocks int) {
 	names := b.replicaNames(engine)
 	for _, n := range names {
-		a.SetCapacity(n, max(blocks/len(names), 1))
+		if g.approx != nil {
+			g.approx.SetCapacity(n, max(blocks/len(names), 1))
+		}
+		g.router.SetCapacity(n, max(blocks/len(names), 1))
 	}
 }
 

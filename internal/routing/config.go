@@ -84,6 +84,39 @@ type KVConfig struct {
 	// shared system prompt, buys no stickiness). Default 2s; negative
 	// means off.
 	AffinitySlack time.Duration `yaml:"affinity_slack"`
+	// AffinitySessions is how many conversations (Request.SessionKey) kv
+	// remembers the last replica of (the conversation's home), oldest
+	// forgotten first. A request of a remembered conversation stays home
+	// while no other candidate holds more of its prompt (what home holds
+	// beyond the others is its own history, however short beside a shared
+	// system prompt), within AffinitySlack, without AffinityLoadCap, and
+	// beyond the slack when every cheaper candidate would have to evict to
+	// take it (Terms.Evict > 0). For a conversation kv has not seen, what
+	// any replica holds is shared (a system prompt) and buys no
+	// stickiness; SessionSpread places it. Requests without a session key
+	// keep the half-prompt rule and the load cap. Default 65,536; negative
+	// means off (the half-prompt rule for every request).
+	AffinitySessions int `yaml:"affinity_sessions"`
+	// SessionSpread sends a conversation's first request (a session key kv
+	// does not remember, AffinitySessions) to the candidate with the
+	// fewest remembered conversations among those costing at most this much
+	// more than the cheapest: conversations grow on the replica of their
+	// first turn, so spreading them spreads the caches' future load, where
+	// cost alone sends them to the holder of their shared system prompt.
+	// Default 500ms; negative means off.
+	SessionSpread time.Duration `yaml:"session_spread"`
+	// EvictWeight weighs kv's cache pressure: the blocks a placement
+	// writes beyond the replica's free room (Capacity - Held) push out as
+	// many blocks of its cache, each costed at block_size/prefill_rate
+	// seconds (the candidates' mean rate) times this weight (what
+	// recomputing it later would take). A
+	// conversation (a request with a session key) is charged for its whole
+	// prompt growing once more on the replica (its next turn needs it
+	// there), so that new conversations go to replicas with room instead
+	// of piling onto the holder of a shared prefix whose cache is full.
+	// Replicas of unknown capacity are never charged. Default 1; negative
+	// means off.
+	EvictWeight float64 `yaml:"evict_weight"`
 	// AffinityLoadCap bounds the slack's winner by load: it must have at
 	// most AffinityLoadCap times the candidates' mean in-flight requests,
 	// plus one. A prefix only one replica holds, wanted by every client,
@@ -171,6 +204,13 @@ func DefaultConfig(cfg Config) Config {
 		cfg.KV.AffinitySlack = 2 * time.Second
 	}
 	def(&cfg.KV.AffinityLoadCap, 2)
+	def(&cfg.KV.EvictWeight, 1)
+	if cfg.KV.SessionSpread == 0 {
+		cfg.KV.SessionSpread = 500 * time.Millisecond
+	}
+	if cfg.KV.AffinitySessions == 0 {
+		cfg.KV.AffinitySessions = 1 << 16
+	}
 	if cfg.KV.StripeSlack == 0 {
 		cfg.KV.StripeSlack = time.Second
 	}
@@ -247,7 +287,7 @@ func NewPolicy(name string, cfg Config) (Policy, error) {
 	rng := &lockedRand{r: cfg.Rand}
 	switch name {
 	case "kv":
-		return &KV{cfg: cfg.KV, blockSize: cfg.BlockSize, rng: rng}, nil
+		return newKV(cfg, rng), nil
 	case "random":
 		return &Random{rng: rng}, nil
 	case "round_robin":

@@ -50,8 +50,11 @@
 //	new      = max(0, prompt_tokens - credit)
 //	cost     = (queued_prefill + new)/prefill_rate
 //	         + decode_weight*running_decode/decode_rate + waiting_penalty*waiting
+//	         + evict (cache pressure: blocks written beyond the replica's free
+//	           room, Candidate.Capacity - Held, at block_size/prefill_rate each)
 //
-// and picks the cheapest; ties go to the lower load, then at random. Other
+// and picks the cheapest, after the affinity, conversation (Request.SessionKey)
+// and stripe rules of its type doc; ties go to the lower load, then at random. Other
 // policies: random, round_robin, least_load, session (rendezvous hashing of
 // Request.SessionKey), prefix_chars (vLLM production-stack's 128-character
 // chunk trie) and the peers' algorithms dynamo, llmd and sglang, each cited

@@ -34,6 +34,7 @@ type replica struct {
 	decisions                                            atomic.Int64
 
 	prefillRate, decodeRate atomic.Uint64 // float64 bits
+	capacity                atomic.Int64  // KV cache blocks, 0: unknown
 	gauges                  atomic.Pointer[Gauges]
 	learn                   rateLearner
 }

@@ -31,18 +31,43 @@ import "math"
 // replica's own stripe (stripes.go). Ties go to the lower load, then
 // (several routers) the lower stripe rank, then at
 // random.
+//
+// Conversations (Request.SessionKey; docs/routing.md "Conversations and
+// cache pressure"): kv remembers each conversation's replica, its home,
+// where it stays while no other replica holds more of its prompt (affinity,
+// without the load cap, and past the slack when no cheaper replica has
+// room); a conversation's first
+// request goes to the replica with the fewest conversations within
+// KVConfig.SessionSpread of the cheapest; and the cost adds the cache
+// pressure (Terms.Evict): the blocks a placement writes beyond the
+// replica's free room, priced as their recompute.
 type KV struct {
 	cfg       KVConfig
 	blockSize int
+	maxTokens int // Config.DefaultMaxTokens
 	rng       *lockedRand
+	sessions  *sessionMemory // nil: AffinitySessions off
 }
 
 var _ Policy = (*KV)(nil)
 
-// Pick implements Policy. Cost is in seconds.
-func (p *KV) Pick(req *Request, cands []Candidate) Decision { return p.decide(req, cands, p.rng) }
+func newKV(cfg Config, rng *lockedRand) *KV {
+	return &KV{cfg: cfg.KV, blockSize: cfg.BlockSize, maxTokens: cfg.DefaultMaxTokens, rng: rng,
+		sessions: newSessionMemory(cfg.KV.AffinitySessions)}
+}
 
-// Evaluate implements Evaluator: Pick with ties broken without randomness.
+// Pick implements Policy. Cost is in seconds. It remembers the chosen
+// replica as the conversation's (KVConfig.AffinitySessions).
+func (p *KV) Pick(req *Request, cands []Candidate) Decision {
+	d := p.decide(req, cands, p.rng)
+	if d.Index >= 0 {
+		p.sessions.remember(req.SessionKey, d.Name)
+	}
+	return d
+}
+
+// Evaluate implements Evaluator: Pick with ties broken without randomness,
+// remembering nothing.
 func (p *KV) Evaluate(req *Request, cands []Candidate) Decision { return p.decide(req, cands, nil) }
 
 func (p *KV) decide(req *Request, cands []Candidate, rng *lockedRand) Decision {
@@ -60,6 +85,10 @@ func (p *KV) decide(req *Request, cands []Candidate, rng *lockedRand) Decision {
 		minBacklog = math.Min(minBacklog, backlog(&cands[i].Load))
 	}
 	prompt := float64(req.promptTokens())
+	meanRate := 0.0 // where an evicted block's recompute lands is not known
+	for i := range cands {
+		meanRate += rate(cands[i].Load.PrefillRate) / float64(len(cands))
+	}
 	tau := c.CreditDecay.Seconds()
 	for i := range cands {
 		m, l, t := &cands[i].Match, &cands[i].Load, &d.Terms[i]
@@ -71,12 +100,16 @@ func (p *KV) decide(req *Request, cands []Candidate, rng *lockedRand) Decision {
 		}
 		t.Credit = decay * t.Overlap * float64(p.blockSize)
 		t.NewTokens = math.Max(0, prompt-t.Credit)
+		t.Evict = p.pressure(req, &cands[i], prompt, meanRate)
 		t.Cost = (float64(l.QueuedPrefill)+t.NewTokens)/rate(l.PrefillRate) +
 			pos(c.DecodeWeight)*float64(l.RunningDecode)/rate(l.DecodeRate) +
-			wait*float64(l.Waiting)
+			wait*float64(l.Waiting) + t.Evict
 	}
-	if i := p.affinity(&d, cands, prompt); i >= 0 {
+	if i := p.affinity(&d, req, cands, prompt); i >= 0 {
 		return d.choose(i, cands, "affinity")
+	}
+	if i := p.spread(&d, req, cands); i >= 0 {
+		return d.choose(i, cands, "spread")
 	}
 	if i := p.stripe(&d, cands, prompt); i >= 0 {
 		return d.choose(i, cands, "stripe")
@@ -84,11 +117,94 @@ func (p *KV) decide(req *Request, cands []Candidate, rng *lockedRand) Decision {
 	return pickMinStriped(&d, cands, rng, striped(cands))
 }
 
+// spread returns, for the first request of a conversation (a session key
+// kv does not remember), the candidate with the fewest remembered
+// conversations among those costing at most SessionSpread more than the
+// cheapest, those with room for it (Terms.Evict 0) first, ties to the
+// cheaper; or -1 when the candidates in reach do not differ. A
+// conversation's history grows on the replica that takes its first turn,
+// so conversations spread evenly spread the caches' future load; the cost
+// alone would send every new conversation to the replica that holds their
+// shared system prompt, a prefill saving of a fraction of a second, until
+// its cache overflows with their histories.
+func (p *KV) spread(d *Decision, req *Request, cands []Candidate) int {
+	w := p.cfg.SessionSpread.Seconds()
+	if w <= 0 || p.sessions == nil || req.SessionKey == "" || len(cands) < 2 ||
+		p.sessions.replica(req.SessionKey) != "" {
+		return -1
+	}
+	var buf [16]int
+	n := p.sessions.sessions(cands, buf[:0])
+	minCost := math.Inf(1)
+	for _, t := range d.Terms {
+		minCost = math.Min(minCost, t.Cost)
+	}
+	best, differ := -1, false
+	for i, t := range d.Terms {
+		if t.Cost > minCost+w {
+			continue
+		}
+		if best >= 0 && (n[i] != n[best] || (t.Evict > 0) != (d.Terms[best].Evict > 0)) {
+			differ = true
+		}
+		if best < 0 {
+			best = i
+			continue
+		}
+		full, bestFull := t.Evict > 0, d.Terms[best].Evict > 0
+		if (!full && bestFull) || (full == bestFull && (n[i] < n[best] || (n[i] == n[best] && t.Cost < d.Terms[best].Cost))) {
+			best = i
+		}
+	}
+	if best < 0 || !differ {
+		return -1 // nothing to spread: the usual choice and tie-breaks
+	}
+	return best
+}
+
+// pressure is candidate c's cache pressure in seconds (Terms.Evict): the
+// blocks placing req there writes beyond c's free room, each worth
+// block_size/fleetRate seconds of a later prefill, times EvictWeight.
+// fleetRate is the candidates' mean prefill rate: an evicted block is
+// recomputed wherever its next request goes, which is not known here (with
+// c's own rate, learned rates' errors on a mixed fleet moved more choices:
+// goodput 0.956x of known rates' against 0.992x).
+// The blocks written are the prompt's beyond those c holds on GPU or has
+// predicted, the output, and for a conversation (a session key) its prompt
+// once more: its next turn extends the whole prompt on the same replica,
+// so a conversation placed on a full cache pushes out other conversations'
+// histories turn after turn, while one placed where there is room does not.
+// 0 when c's capacity or held blocks are unknown.
+func (p *KV) pressure(req *Request, c *Candidate, prompt, fleetRate float64) float64 {
+	w := p.cfg.EvictWeight
+	if w <= 0 || c.Capacity <= 0 || c.Held < 0 || p.blockSize <= 0 {
+		return 0
+	}
+	bs := float64(p.blockSize)
+	out := float64(req.MaxTokens)
+	if out <= 0 {
+		out = float64(p.maxTokens)
+	}
+	write := math.Max(0, prompt-float64(c.Match.GPU+c.Match.Predicted)*bs) + out
+	if req.SessionKey != "" {
+		write += prompt
+	}
+	room := float64(max(0, c.Capacity-c.Held))
+	evicted := math.Max(0, math.Ceil(write/bs)-room)
+	return w * evicted * bs / rate(fleetRate)
+}
+
 // affinity returns the candidate AffinitySlack picks over the cheapest, or
 // -1 when it picks none. Only the candidate holding the most can win, and
 // only by what it holds beyond every other candidate: a prefix two replicas
 // hold already has its second copy, so cost alone decides between them.
-func (p *KV) affinity(d *Decision, cands []Candidate, prompt float64) int {
+// A conversation kv remembers (AffinitySessions) stays on its replica
+// under the rules of home, without the load cap (the cap spreads a prefix
+// every client wants; a conversation is one client); for a new
+// conversation, what any replica holds is someone else's (a shared system
+// prompt) and buys nothing. Requests without a session key need an excess
+// of half the prompt.
+func (p *KV) affinity(d *Decision, req *Request, cands []Candidate, prompt float64) int {
 	slack := p.cfg.AffinitySlack.Seconds()
 	if slack <= 0 || len(cands) < 2 {
 		return -1
@@ -109,8 +225,14 @@ func (p *KV) affinity(d *Decision, cands []Candidate, prompt float64) int {
 		}
 	}
 	meanInFlight /= float64(len(cands))
+	if home := p.sessions.replica(req.SessionKey); home != "" {
+		return p.home(d, cands, home, minCost, slack)
+	}
 	t := d.Terms[best]
 	gain := (t.Overlap - others) * float64(p.blockSize)
+	if p.sessions != nil && req.SessionKey != "" {
+		return -1 // a new conversation: what any replica holds is shared
+	}
 	if gain <= 0 || gain < 0.5*prompt || t.Cost > minCost+slack {
 		return -1
 	}
@@ -118,6 +240,54 @@ func (p *KV) affinity(d *Decision, cands []Candidate, prompt float64) int {
 		return -1
 	}
 	return best
+}
+
+// home returns the index of the remembered conversation's replica home when
+// the affinity keeps it there, else -1: home must hold some of the prompt,
+// and no less than any other candidate (what it holds beyond the others is the
+// conversation's own history; when its cache has lost that history too,
+// no other replica has it either, and moving would only add a conversation
+// to another replica's cache) and cost at most slack more than the
+// cheapest, or more when every cheaper candidate would have to evict to
+// take it (noRoom).
+func (p *KV) home(d *Decision, cands []Candidate, home string, minCost, slack float64) int {
+	h := -1
+	for i := range cands {
+		if cands[i].Name == home {
+			h = i
+		}
+	}
+	if h < 0 {
+		return -1
+	}
+	t := d.Terms[h]
+	if t.Overlap <= 0 {
+		return -1 // home holds nothing of it (restarted, or the index is blind)
+	}
+	for i, o := range d.Terms {
+		if i != h && o.Overlap > t.Overlap {
+			return -1
+		}
+	}
+	if t.Cost > minCost+slack && !noRoom(d, t.Cost) {
+		return -1
+	}
+	return h
+}
+
+// noRoom reports whether every candidate cheaper than cost would evict to
+// take the request (Terms.Evict > 0): then moving a conversation copies its
+// history over other conversations' cached blocks, each of which costs a
+// recompute that in turn evicts, so under cache pressure the slack does not
+// bound its stickiness: the conversation stays however long the queue,
+// as under session affinity.
+func noRoom(d *Decision, cost float64) bool {
+	for _, t := range d.Terms {
+		if t.Cost < cost && t.Evict <= 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // rate guards a throughput used as a divisor.

@@ -196,6 +196,15 @@ func (r *Router) SetRates(name string, prefill, decode float64) {
 	}
 }
 
+// SetCapacity sets name's KV cache size in blocks (vLLM's num_gpu_blocks,
+// per data-parallel rank) for kv's cache pressure; blocks <= 0 means
+// unknown (no pressure term). Unknown names are ignored.
+func (r *Router) SetCapacity(name string, blocks int) {
+	if rep := r.get(name); rep != nil {
+		rep.capacity.Store(int64(max(blocks, 0)))
+	}
+}
+
 // ObserveGauges records name's scraped engine gauges; they count for
 // Config.GaugeMaxAge after g.At.
 func (r *Router) ObserveGauges(name string, g Gauges) {
@@ -340,7 +349,8 @@ func (r *Router) candidates(req *Request, s *scratch) ([]Candidate, []*replica, 
 			continue
 		}
 		reps = append(reps, rep)
-		cands = append(cands, Candidate{Name: rep.name, ID: rep.id, Held: -1, Load: rep.load(now, r.cfg.GaugeMaxAge), Stripe: stripeRank(pos, routers, index)})
+		cands = append(cands, Candidate{Name: rep.name, ID: rep.id, Held: -1, Capacity: int(rep.capacity.Load()),
+			Load: rep.load(now, r.cfg.GaugeMaxAge), Stripe: stripeRank(pos, routers, index)})
 	}
 	r.mu.RUnlock()
 	s.cands, s.reps = cands, reps

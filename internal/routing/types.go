@@ -80,6 +80,11 @@ type Candidate struct {
 	// Held is the number of blocks the index holds for the replica (its
 	// "tree size"), or -1 when the index does not tell.
 	Held int
+	// Capacity is the replica's KV cache size in blocks (vLLM's
+	// num_gpu_blocks, per data-parallel rank; Router.SetCapacity), 0 when
+	// unknown. With Held it tells how many blocks a placement can write
+	// before the engine evicts (kv's cache pressure).
+	Capacity int
 	// Load is the replica's load.
 	Load Load
 	// Stripe is the candidate's rank for this router replica
@@ -103,6 +108,10 @@ type Terms struct {
 	Credit float64
 	// NewTokens is the prompt tokens left to prefill.
 	NewTokens float64
+	// Evict is the cache pressure (kv): seconds of prefill that the blocks
+	// this placement would push out of the replica's cache are worth, 0
+	// while the replica has room. Included in Cost.
+	Evict float64
 	// Cost is the policy's cost, lower is better. Unit: seconds (kv),
 	// blocks (dynamo), negated weighted score (llmd), else the policy's
 	// own ranking (see each policy).
@@ -119,7 +128,8 @@ type Decision struct {
 	// Name is the chosen replica's name.
 	Name string
 	// Reason says how the choice was made: "min_cost", "tie_load", "tie_stripe",
-	// "tie_random", "session", "imbalanced", "prefix", "no_match", ...
+	// "tie_random", "affinity", "spread", "stripe", "session", "imbalanced",
+	// "prefix", "no_match", ...
 	Reason string
 	// Terms has one entry per candidate, in candidate order.
 	Terms []Terms

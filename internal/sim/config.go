@@ -37,7 +37,7 @@ func isCacheGreedy(policy string) bool {
 func Policies() []string { return append(routing.Policies(), PolicyCacheGreedy) }
 
 // DefaultPolicies is the comparison run when Config.Policies is empty.
-var defaultPolicies = []string{"round_robin", "least_load", "kv", PolicyCacheGreedy}
+var defaultPolicies = []string{"round_robin", "least_load", "session", "kv", PolicyCacheGreedy}
 
 // DefaultPolicies returns the policies compared when none are given.
 func DefaultPolicies() []string { return slices.Clone(defaultPolicies) }

@@ -81,8 +81,13 @@ func (f *fleet) addDPEngines(n int) error {
 				continue
 			}
 			f.byName[r.route] = len(f.reps) - 1
+			gpu, _ := f.gpuBlocks()
+			if f.cfg.DPRankBlind {
+				gpu *= dp // the engine's ranks behind one endpoint
+			}
 			f.eachRouter(func(rt *routing.Router) {
 				rt.AddReplica(r.route)
+				rt.SetCapacity(r.route, gpu)
 				switch f.cfg.Rates {
 				case RatesKnown:
 					rate := f.cfg.prefillRate()

@@ -124,6 +124,11 @@ func newFleet(cfg Config, policy string, w *workload.Workload, seed uint64) (*fl
 	if !isCacheGreedy(policy) {
 		rcfg := cfg.Routing
 		rcfg.Policy, rcfg.Now = routingPolicy(policy), f.clock
+		if rcfg.Policy == "session" && rcfg.SessionFallback == "" {
+			// As production-stack's and LiteLLM's session routers: a
+			// request without a session goes by load.
+			rcfg.SessionFallback = "least_load"
+		}
 		rcfg.Rand = rand.New(rand.NewPCG(seed, 0x4047))
 		if cfg.Routers > 1 && !cfg.NoStripes && rcfg.Routers == 0 {
 			rcfg.Routers, rcfg.RouterIndex = cfg.Routers, 0 // addPeers sets the others' index
@@ -165,13 +170,9 @@ func newFleet(cfg Config, policy string, w *workload.Workload, seed uint64) (*fl
 // outputs fill.
 func (f *fleet) expectedEntries() (int, error) {
 	cfg := &f.cfg
-	gpu := cfg.Engine.NumGPUBlocks
-	if gpu == 0 {
-		_, blocks, err := enginesim.Profile(cfg.Engine.Profile)
-		if err != nil {
-			return 0, err
-		}
-		gpu = blocks
+	gpu, err := f.gpuBlocks()
+	if err != nil {
+		return 0, err
 	}
 	n, peak := cfg.Replicas, cfg.Replicas*max(cfg.DPSize, 1)
 	for _, s := range cfg.Scale { // sorted by time
@@ -184,6 +185,16 @@ func (f *fleet) expectedEntries() (int, error) {
 		used += (r.InputTokens() + r.OutputTokens + bs - 1) / bs
 	}
 	return min(peak*(max(gpu-1, 0)+cfg.Engine.NumCPUBlocks), used), nil
+}
+
+// gpuBlocks is one engine's KV cache size in blocks as vLLM reports it
+// (num_gpu_blocks): the configured one, else the profile's.
+func (f *fleet) gpuBlocks() (int, error) {
+	if n := f.cfg.Engine.NumGPUBlocks; n > 0 {
+		return n, nil
+	}
+	_, blocks, err := enginesim.Profile(f.cfg.Engine.Profile)
+	return blocks, err
 }
 
 func (f *fleet) blockSize() int {
@@ -214,8 +225,10 @@ func (f *fleet) addReplicas(n int) error {
 		f.byName[r.name] = len(f.reps)
 		f.reps = append(f.reps, r)
 		f.run.Replicas = append(f.run.Replicas, r.name)
+		gpu, _ := f.gpuBlocks() // NewCore accepted the profile
 		f.eachRouter(func(rt *routing.Router) {
 			rt.AddReplica(r.name)
+			rt.SetCapacity(r.name, gpu) // as serve from vllm:cache_config_info
 			switch f.cfg.Rates {
 			case RatesKnown:
 				rt.SetRates(r.name, rate, 0)

@@ -119,6 +119,8 @@ func FuzzParseTraceLine(f *testing.F) {
 	f.Add([]byte(`{"timestamp": 1e3, "input_length": 1, "output_length": 1, "hash_ids": [72057594037927935]}`))
 	f.Add([]byte(`{}`))
 	f.Add([]byte(`null`))
+	f.Add([]byte(`{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [4], "session_id": 17}`))
+	f.Add([]byte(`{"chat_id": 8, "parent_chat_id": 7, "timestamp": 3.0005, "input_length": 70, "output_length": 5, "type": "text", "turn": 2, "hash_ids": [1, 2, 4, 5, 6]}`))
 	f.Fuzz(func(t *testing.T, line []byte) {
 		r, err := ParseTraceLine(line)
 		if err != nil {
@@ -127,7 +129,13 @@ func FuzzParseTraceLine(f *testing.F) {
 			}
 			return
 		}
-		if len(r.HashIDs) != (r.InputLength+511)/512 || r.Timestamp < 0 || r.OutputLength < 0 {
+		if r.BlockTokens == BailianBlockTokens {
+			if len(r.HashIDs) != (r.InputLength+15)/16 || r.Timestamp < 0 || r.OutputLength < 0 || r.ChatID < 0 || r.ParentChatID < -1 {
+				t.Fatalf("accepted invalid Bailian record %+v", r)
+			}
+			return // its seconds and chat ids do not marshal back to the same layout
+		}
+		if len(r.HashIDs) != (r.InputLength+511)/512 || r.Timestamp < 0 || r.OutputLength < 0 || len(r.SessionID) > 256 {
 			t.Fatalf("accepted invalid record %+v", r)
 		}
 		b, err := json.Marshal(r)

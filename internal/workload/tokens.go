@@ -87,6 +87,7 @@ const (
 	nsUnique    = 0x06
 	nsHot       = 0x07
 	nsHotSuffix = 0x08
+	nsBailian   = 0x09 // Qwen-Bailian hash ids, as nsMooncake
 )
 
 // copyShift places Repeat's copy index (0..7) in a key's top three bits.
