@@ -1,0 +1,239 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"kvrouter/internal/tokenizer"
+)
+
+var updateBody = flag.Bool("update", false, "rewrite testdata/chat-100k.json from its generator")
+
+// chat100kPath is the 100K-token chat request of the request-path
+// benchmarks: 494 KB, 102K Qwen3 tokens once rendered (see
+// TestChat100kBody). It is generated, not hand-written:
+//
+//	go test -run TestChat100kBody -update ./internal/proxy/
+const chat100kPath = "testdata/chat-100k.json"
+
+// genChat100k builds the benchmark conversation deterministically: a
+// system prompt and 94 alternating user/assistant turns of sentences
+// drawn (PCG seeded 25) from the words of the Qwen3 golden prose texts.
+func genChat100k(tb testing.TB) []byte {
+	tb.Helper()
+	f, err := os.Open("../../testdata/tokenizer/qwen3/encode.jsonl")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer f.Close()
+	seen := map[string]bool{}
+	var words []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<24)
+	for sc.Scan() {
+		var c struct {
+			Text string `json:"text"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &c); err != nil {
+			tb.Fatal(err)
+		}
+		for _, w := range strings.Fields(c.Text) {
+			ascii := len(w) <= 14
+			for i := 0; i < len(w) && ascii; i++ {
+				ascii = w[i] >= 'a' && w[i] <= 'z'
+			}
+			if ascii && !seen[w] {
+				seen[w] = true
+				words = append(words, w)
+			}
+		}
+	}
+	if len(words) < 100 {
+		tb.Fatalf("only %d words in the golden prose", len(words))
+	}
+	rng := rand.New(rand.NewPCG(25, 25))
+	para := func(sentences int) string {
+		var b strings.Builder
+		for s := range sentences {
+			if s > 0 {
+				b.WriteString(" ")
+			}
+			n := 6 + rng.IntN(14)
+			for i := range n {
+				w := words[rng.IntN(len(words))]
+				if i == 0 {
+					w = strings.ToUpper(w[:1]) + w[1:]
+				} else {
+					b.WriteString(" ")
+				}
+				b.WriteString(w)
+				if i > 0 && i < n-1 && rng.IntN(9) == 0 {
+					b.WriteString(",")
+				}
+			}
+			b.WriteString(".")
+			if rng.IntN(5) == 0 {
+				b.WriteString("\n\n")
+			}
+		}
+		return b.String()
+	}
+	type msg struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}
+	msgs := []msg{{"system", "You are a careful assistant. " + para(20)}}
+	for i := range 94 {
+		role := "user"
+		if i%2 == 1 {
+			role = "assistant"
+		}
+		msgs = append(msgs, msg{role, para(70)})
+	}
+	body, err := json.Marshal(struct {
+		Model     string `json:"model"`
+		Messages  []msg  `json:"messages"`
+		MaxTokens int    `json:"max_tokens"`
+		Stream    bool   `json:"stream"`
+	}{"m", msgs, 256, true})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return append(body, '\n')
+}
+
+// TestChat100kBody checks that the committed benchmark body is its
+// generator's output (rewritten with -update).
+func TestChat100kBody(t *testing.T) {
+	want := genChat100k(t)
+	if *updateBody {
+		if err := os.WriteFile(chat100kPath, want, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := os.ReadFile(chat100kPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("%s (%d bytes) is not the generator's output (%d bytes); rerun with -update", chat100kPath, len(got), len(want))
+	}
+}
+
+// continued returns body with one more turn: the assistant's answer to
+// its last message and a new user question (a conversation's next
+// request, which resends the history).
+func continued(tb testing.TB, body []byte, turn int) []byte {
+	tb.Helper()
+	i := bytes.LastIndex(body, []byte(`],"max_tokens"`))
+	if i < 0 {
+		tb.Fatal("benchmark body has no messages end")
+	}
+	add := fmt.Sprintf(`,{"role":"assistant","content":"The shipment left the depot on Monday and arrives on Thursday (turn %d)."},{"role":"user","content":"Thank you. Which carrier takes it for the last mile, and is a signature needed on delivery? (turn %d)"}`, turn, turn)
+	out := make([]byte, 0, len(body)+len(add))
+	out = append(out, body[:i]...)
+	out = append(out, add...)
+	return append(out, body[i:]...)
+}
+
+// freshConversation returns body as a new conversation (its system prompt
+// starts with a number, so nothing it holds was seen before).
+func freshConversation(body []byte, n int) []byte {
+	const at = `"content":"You are`
+	i := bytes.Index(body, []byte(at))
+	out := make([]byte, 0, len(body)+16)
+	out = append(out, body[:i+len(`"content":"`)]...)
+	out = fmt.Appendf(out, "[%d] ", n)
+	return append(out, body[i+len(`"content":"`):]...)
+}
+
+// BenchmarkRequestCPU measures the whole request path of one chat request
+// (JSON, chat template, tokenization, block keys, kv routing over the
+// approximate index, forwarded body) on testdata/chat-100k.json (494 KB,
+// 102K tokens, Qwen3 template and tokenizer, local), as CPU time per
+// request (getrusage around the loop: GC and every goroutine included)
+// beside wall time. conv=new: every request is a new conversation (its
+// first message differs); conv=continue: the conversation continued by one
+// turn, after its previous request was routed (the history is resent).
+//
+//	go test -run '^$' -bench RequestCPU -benchtime 200x -count 6 ./internal/proxy/
+func BenchmarkRequestCPU(b *testing.B) {
+	tok, err := tokenizer.Load("../../testdata/tokenizer/qwen3")
+	if err != nil {
+		b.Fatal(err)
+	}
+	local, err := tokenizer.NewLocal(tok, tokenizer.ContentAuto)
+	if err != nil {
+		b.Fatal(err)
+	}
+	src, err := tokenizer.NewSource(local, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	base, err := os.ReadFile(chat100kPath)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		body func(i int) []byte
+		warm func(i int) []byte // routed before the request, untimed
+	}{
+		{"conv=new/tokens=100k", func(i int) []byte { return freshConversation(base, i) }, nil},
+		{"conv=continue/tokens=100k", func(i int) []byte { return continued(b, freshConversation(base, i), i) },
+			func(i int) []byte { return freshConversation(base, i) }},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			srv := newBenchServer(b, "http://127.0.0.1:1", TokenSource{Src: src})
+			route := func(body []byte) int {
+				x := &exchange{w: httptest.NewRecorder(), r: httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil).WithContext(context.Background()), start: time.Now()}
+				if !srv.parse(x, kindChat, body) {
+					b.Fatal("parse failed")
+				}
+				d, err := srv.decide(x, srv.routeInput(x, []string{"e0"}, false))
+				if err != nil {
+					b.Fatal(err)
+				}
+				if d.Release != nil {
+					d.Release()
+				}
+				return len(x.tokens)
+			}
+			// Bodies are built outside the timed loop.
+			bodies := make([][]byte, b.N+1)
+			for i := range bodies {
+				bodies[i] = tc.body(i)
+				if tc.warm != nil {
+					route(tc.warm(i))
+				}
+			}
+			tokens := route(bodies[b.N]) // warms the word cache, as a running router's is
+			b.ReportAllocs()
+			b.ResetTimer()
+			c0 := cpuTime()
+			for i := 0; i < b.N; i++ {
+				route(bodies[i])
+			}
+			cpu := (cpuTime() - c0).Seconds()
+			b.StopTimer()
+			if tokens < 100_000 {
+				b.Fatalf("prompt has %d tokens, want >= 100,000", tokens)
+			}
+			b.ReportMetric(cpu/float64(b.N)*1e3, "cpu-ms/op")
+			b.ReportMetric(float64(b.N)/cpu, "req/cpu-s")
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1e6, "ms/op")
+			b.ReportMetric(float64(tokens), "prompt-tokens")
+		})
+	}
+}
