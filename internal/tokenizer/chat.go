@@ -361,6 +361,7 @@ type Local struct {
 	tok     *Tokenizer
 	tmpl    *ChatTemplate // nil when the model has no chat template
 	tmplErr error         // why tmpl is nil
+	cache   *PrefixCache  // nil: chats are encoded in full
 }
 
 // NewLocal compiles tok's chat template (from tokenizer_config.json) once.
@@ -375,6 +376,16 @@ func NewLocal(tok *Tokenizer, format ContentFormat) (*Local, error) {
 		return nil, err
 	}
 	return &Local{tok: tok, tmpl: tmpl, tmplErr: err}, nil
+}
+
+// WithPrefixCache returns a Local like l whose EncodeChat takes the ids of
+// rendered prefixes it has seen from c (prefixcache.go): the same ids,
+// computed only for what follows the longest cached prefix. A nil c
+// encodes every chat in full.
+func (l *Local) WithPrefixCache(c *PrefixCache) *Local {
+	cp := *l
+	cp.cache = c
+	return &cp
 }
 
 // Encode returns the ids of a plain prompt (see Tokenizer.Encode).
@@ -395,7 +406,7 @@ func (l *Local) EncodeChat(req ChatRequest) (text string, ids []uint32, err erro
 	if text, err = l.tmpl.Render(req); err != nil {
 		return "", nil, err
 	}
-	return text, l.tok.Encode(text, false), nil
+	return text, l.tok.encodeCached(text, l.cache), nil
 }
 
 // strftimeNow implements transformers' strftime_now(format): the current
