@@ -158,6 +158,31 @@ func freshConversation(body []byte, n int) []byte {
 	return append(out, body[i+len(`"content":"`):]...)
 }
 
+// routeRequest takes one chat body through the request path up to the
+// forward (parse, template, tokens, keys, kv decision) and returns its
+// prompt's token count.
+func routeRequest(b *testing.B, srv *Server, body []byte) int {
+	x := &exchange{w: httptest.NewRecorder(), r: httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil).WithContext(context.Background()), start: time.Now()}
+	if !srv.parse(x, kindChat, body) {
+		b.Fatal("parse failed")
+	}
+	d, err := srv.decide(x, srv.routeInput(x, []string{"e0"}, false))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if d.Release != nil {
+		d.Release()
+	}
+	return len(x.tokens)
+}
+
+// measuredRequest is routeRequest for the measured requests only, so
+// that tools/callgrind-request.sh counts their instructions alone
+// (--toggle-collect on this function).
+//
+//go:noinline
+func measuredRequest(b *testing.B, srv *Server, body []byte) int { return routeRequest(b, srv, body) }
+
 // BenchmarkRequestCPU measures the whole request path of one chat request
 // (JSON, chat template, tokenization, block keys, kv routing over the
 // approximate index, forwarded body) on testdata/chat-100k.json (494 KB,
@@ -201,20 +226,7 @@ func BenchmarkRequestCPU(b *testing.B) {
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			srv := newBenchServer(b, "http://127.0.0.1:1", TokenSource{Src: src})
-			route := func(body []byte) int {
-				x := &exchange{w: httptest.NewRecorder(), r: httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil).WithContext(context.Background()), start: time.Now()}
-				if !srv.parse(x, kindChat, body) {
-					b.Fatal("parse failed")
-				}
-				d, err := srv.decide(x, srv.routeInput(x, []string{"e0"}, false))
-				if err != nil {
-					b.Fatal(err)
-				}
-				if d.Release != nil {
-					d.Release()
-				}
-				return len(x.tokens)
-			}
+			route := func(body []byte) int { return routeRequest(b, srv, body) }
 			// Bodies are built, and continued conversations' previous
 			// turns routed, outside the timed and CPU-counted parts.
 			tokens := route(tc.body(b.N)) // warms the word cache, as a running router's is
@@ -229,7 +241,7 @@ func BenchmarkRequestCPU(b *testing.B) {
 				}
 				b.StartTimer()
 				c0 := cpuTime()
-				route(body)
+				measuredRequest(b, srv, body)
 				cpu += cpuTime() - c0
 			}
 			b.StopTimer()
