@@ -215,34 +215,37 @@ func BenchmarkRequestCPU(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	next := 0 // conversation numbers: unique in the whole run, so no request finds what it should not
 	for _, tc := range []struct {
 		name string
-		body func(i int) []byte
-		warm func(i int) []byte // routed before the request, untimed
-	}{
-		{"conv=new/tokens=100k", func(i int) []byte { return freshConversation(base, i) }, nil},
-		{"conv=continue/tokens=100k", func(i int) []byte { return continued(b, freshConversation(base, i), i) },
-			func(i int) []byte { return freshConversation(base, i) }},
-	} {
+		cont bool // continue a conversation routed just before (untimed)
+	}{{"conv=new/tokens=100k", false}, {"conv=continue/tokens=100k", true}} {
 		b.Run(tc.name, func(b *testing.B) {
 			srv := newBenchServer(b, "http://127.0.0.1:1", TokenSource{Src: src})
 			route := func(body []byte) int { return routeRequest(b, srv, body) }
-			// Bodies are built, and continued conversations' previous
-			// turns routed, outside the timed and CPU-counted parts.
-			tokens := route(tc.body(b.N)) // warms the word cache, as a running router's is
+			next++
+			tokens := route(freshConversation(base, next)) // warms the word cache, as a running router's is
 			b.ReportAllocs()
 			b.ResetTimer()
 			var cpu time.Duration
 			for i := 0; i < b.N; i++ {
+				// Bodies are built, and a continued conversation's
+				// previous turn routed, outside the timed and CPU-counted
+				// part.
 				b.StopTimer()
-				body := tc.body(i)
-				if tc.warm != nil {
-					route(tc.warm(i))
+				next++
+				body := freshConversation(base, next)
+				if tc.cont {
+					route(body)
+					body = continued(b, body, next)
 				}
 				b.StartTimer()
 				c0 := cpuTime()
-				measuredRequest(b, srv, body)
+				n := measuredRequest(b, srv, body)
 				cpu += cpuTime() - c0
+				if tc.cont {
+					tokens = n
+				}
 			}
 			b.StopTimer()
 			if tokens < 100_000 {

@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"maps"
 	"math"
@@ -352,7 +353,11 @@ func (s *jsonScanner) array(depth int) (jinja.Value, error) {
 func (s *jsonScanner) str() (string, error) {
 	s.pos++ // "
 	start := s.pos
-	// Fast path: no escapes, valid UTF-8.
+	// Fast path: no escapes, ASCII. Eight bytes at a time while none of
+	// them is '"', '\\', a control character or non-ASCII.
+	for s.pos+8 <= len(s.data) && !specialByte(binary.LittleEndian.Uint64(s.data[s.pos:])) {
+		s.pos += 8
+	}
 	for s.pos < len(s.data) {
 		c := s.data[s.pos]
 		if c == '"' {
@@ -388,6 +393,14 @@ func (s *jsonScanner) str() (string, error) {
 		}
 	}
 	return "", s.fail("unterminated string")
+}
+
+// specialByte reports whether one of the eight bytes of w is '"', '\\',
+// below 0x20 or at least 0x80 (the bytes str's fast path stops at).
+func specialByte(w uint64) bool {
+	const lo, hi = 0x0101010101010101, 0x8080808080808080
+	zero := func(x uint64) uint64 { return (x - lo) & ^x & hi } // nonzero iff some byte of x is 0
+	return zero(w^(lo*'"'))|zero(w^(lo*'\\'))|((w-lo*0x20) & ^w & hi)|(w&hi) != 0
 }
 
 // escape decodes one backslash escape into s.buf.

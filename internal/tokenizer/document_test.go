@@ -99,3 +99,22 @@ func FuzzDecodeDocument(f *testing.F) {
 		}
 	})
 }
+
+// TestSpecialByte checks the eight-byte test of the string scanner's fast
+// path against a byte loop, for every byte value at every position.
+func TestSpecialByte(t *testing.T) {
+	for pos := range 8 {
+		for c := range 256 {
+			b := []byte("abcdefgh")
+			b[pos] = byte(c)
+			w := uint64(0)
+			for i := 7; i >= 0; i-- {
+				w = w<<8 | uint64(b[i])
+			}
+			want := c == '"' || c == '\\' || c < 0x20 || c >= 0x80
+			if got := specialByte(w); got != want {
+				t.Fatalf("byte %#x at %d: specialByte %v, want %v", c, pos, got, want)
+			}
+		}
+	}
+}
