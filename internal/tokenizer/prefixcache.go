@@ -241,6 +241,7 @@ func (t *Tokenizer) encodeCached(text string, cache *PrefixCache) []uint32 {
 		}
 		ids = t.encodeSegment(ids, text, segs[i], sc)
 	}
+	sc.front.reset()
 	t.pool.Put(sc)
 	if store >= 0 {
 		cache.put(cuts[last].key, append([]uint32(nil), ids[:store]...))

@@ -47,6 +47,7 @@ func (t *Tokenizer) Encode(text string, addSpecialTokens bool) []uint32 {
 	if addSpecialTokens {
 		ids = append(ids, t.post.suffix...)
 	}
+	sc.front.reset()
 	t.pool.Put(sc)
 	return ids
 }
