@@ -38,8 +38,9 @@ type Field struct {
 // errNotObject marks a body that is not a JSON object.
 var errNotObject = errors.New("not a JSON object")
 
-// templateFields are the top-level fields that reach the chat template;
-// their integers beyond int64 are carried to it (bigint.go).
+// templateField reports whether key is a top-level field that reaches the
+// chat template (messages, tools, chat_template_kwargs). Their integers
+// beyond int64 are carried to the template (bigint.go).
 func templateField(key string) bool {
 	return key == "messages" || key == "tools" || key == "chat_template_kwargs"
 }

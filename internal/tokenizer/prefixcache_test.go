@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"encoding/json"
+	"fmt"
 	"slices"
 	"testing"
 
@@ -122,4 +123,34 @@ func firstDiffIDs(a, b []uint32) int {
 		}
 	}
 	return min(len(a), len(b))
+}
+
+// TestPrefixCacheConcurrent encodes conversations that share their start
+// from several goroutines through one small cache (run with -race).
+func TestPrefixCacheConcurrent(t *testing.T) {
+	tok := loadQwen(t)
+	cache, err := NewPrefixCache(PrefixCacheConfig{MaxBytes: 16 << 10}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 4)
+	for g := range 4 {
+		go func() {
+			text := "<|im_start|>system\nshared start<|im_end|>\n"
+			for turn := range 30 {
+				text += fmt.Sprintf("<|im_start|>user\nquestion %d of %d<|im_end|>\n<|im_start|>assistant\n", turn, g)
+				if got, want := tok.encodeCached(text, cache), tok.Encode(text, false); !slices.Equal(got, want) {
+					errs <- fmt.Errorf("goroutine %d turn %d: cached ids differ at %d", g, turn, firstDiffIDs(got, want))
+					return
+				}
+				text += "answer<|im_end|>\n"
+			}
+			errs <- nil
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
 }
