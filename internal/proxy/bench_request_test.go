@@ -258,3 +258,25 @@ func BenchmarkRequestCPU(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDecodeChat100k is the one-pass decode alone
+// (tokenizer.DecodeDocument) of testdata/chat-100k.json.
+//
+//	go test -run '^$' -bench DecodeChat100k -benchtime 100x ./internal/proxy/
+func BenchmarkDecodeChat100k(b *testing.B) {
+	body, err := os.ReadFile(chat100kPath)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	var cpu time.Duration
+	for b.Loop() {
+		c0 := cpuTime()
+		if _, err := tokenizer.DecodeDocument(body); err != nil {
+			b.Fatal(err)
+		}
+		cpu += cpuTime() - c0
+	}
+	b.ReportMetric(cpu.Seconds()/float64(b.N)*1e3, "cpu-ms/op")
+}
