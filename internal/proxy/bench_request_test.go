@@ -5,8 +5,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"encoding/json/jsontext"
 	"flag"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -259,8 +261,11 @@ func BenchmarkRequestCPU(b *testing.B) {
 	}
 }
 
-// BenchmarkDecodeChat100k is the one-pass decode alone
-// (tokenizer.DecodeDocument) of testdata/chat-100k.json.
+// BenchmarkDecodeChat100k compares decoders on testdata/chat-100k.json:
+// the one-pass decode the router uses (tokenizer.DecodeDocument: raw
+// fields and ordered template values), the standard library's
+// encoding/json (Go 1.27: the v2 implementation) into any, and its
+// jsontext tokenizer reading every token (syntax only, no values built).
 //
 //	go test -run '^$' -bench DecodeChat100k -benchtime 100x ./internal/proxy/
 func BenchmarkDecodeChat100k(b *testing.B) {
@@ -268,15 +273,35 @@ func BenchmarkDecodeChat100k(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.SetBytes(int64(len(body)))
-	b.ReportAllocs()
-	var cpu time.Duration
-	for b.Loop() {
-		c0 := cpuTime()
-		if _, err := tokenizer.DecodeDocument(body); err != nil {
-			b.Fatal(err)
-		}
-		cpu += cpuTime() - c0
+	for _, tc := range []struct {
+		name   string
+		decode func() error
+	}{
+		{"decoder=document", func() error { _, err := tokenizer.DecodeDocument(body); return err }},
+		{"decoder=encoding-json-any", func() error { var v any; return json.Unmarshal(body, &v) }},
+		{"decoder=jsontext-tokens", func() error {
+			d := jsontext.NewDecoder(bytes.NewReader(body))
+			for {
+				if _, err := d.ReadToken(); err == io.EOF {
+					return nil
+				} else if err != nil {
+					return err
+				}
+			}
+		}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			var cpu time.Duration
+			for b.Loop() {
+				c0 := cpuTime()
+				if err := tc.decode(); err != nil {
+					b.Fatal(err)
+				}
+				cpu += cpuTime() - c0
+			}
+			b.ReportMetric(cpu.Seconds()/float64(b.N)*1e3, "cpu-ms/op")
+		})
 	}
-	b.ReportMetric(cpu.Seconds()/float64(b.N)*1e3, "cpu-ms/op")
 }
