@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"kvrouter/internal/tokenizer"
 )
 
@@ -185,6 +187,21 @@ func routeRequest(b *testing.B, srv *Server, body []byte) int {
 //go:noinline
 func measuredRequest(b *testing.B, srv *Server, body []byte) int { return routeRequest(b, srv, body) }
 
+// counterValue reads the counter name from reg (0 when absent).
+func counterValue(tb testing.TB, reg *prometheus.Registry, name string) float64 {
+	tb.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) > 0 {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return 0
+}
+
 // BenchmarkRequestCPU measures the whole request path of one chat request
 // (JSON, chat template, tokenization, block keys, kv routing over the
 // approximate index, forwarded body) on testdata/chat-100k.json (494 KB,
@@ -205,7 +222,8 @@ func BenchmarkRequestCPU(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	cache, err := tokenizer.NewPrefixCache(tokenizer.PrefixCacheConfig{Model: "m"}, nil)
+	cacheReg := prometheus.NewRegistry()
+	cache, err := tokenizer.NewPrefixCache(tokenizer.PrefixCacheConfig{Model: "m"}, cacheReg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -230,6 +248,7 @@ func BenchmarkRequestCPU(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			var cpu time.Duration
+			var hits float64 // prefix cache hits of the measured requests
 			for i := 0; i < b.N; i++ {
 				// Bodies are built, and a continued conversation's
 				// previous turn routed, outside the timed and CPU-counted
@@ -242,9 +261,11 @@ func BenchmarkRequestCPU(b *testing.B) {
 					body = continued(b, body, next)
 				}
 				b.StartTimer()
+				h0 := counterValue(b, cacheReg, "kvrouter_tokenizer_prefix_cache_hits_total")
 				c0 := cpuTime()
 				n := measuredRequest(b, srv, body)
 				cpu += cpuTime() - c0
+				hits += counterValue(b, cacheReg, "kvrouter_tokenizer_prefix_cache_hits_total") - h0
 				if tc.cont {
 					tokens = n
 				}
@@ -252,6 +273,9 @@ func BenchmarkRequestCPU(b *testing.B) {
 			b.StopTimer()
 			if tokens < 100_000 {
 				b.Fatalf("prompt has %d tokens, want >= 100,000", tokens)
+			}
+			if want := map[bool]float64{false: 0, true: float64(b.N)}[tc.cont]; hits != want {
+				b.Fatalf("%v prefix cache hits in %d requests, want %v", hits, b.N, want)
 			}
 			b.ReportMetric(cpu.Seconds()/float64(b.N)*1e3, "cpu-ms/op")
 			b.ReportMetric(float64(b.N)/cpu.Seconds(), "req/cpu-s")
