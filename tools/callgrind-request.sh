@@ -2,35 +2,48 @@
 # callgrind-request.sh: instructions per request of the 100K-token chat
 # request path (BenchmarkRequestCPU in internal/proxy: JSON, chat template,
 # tokens, block keys, kv decision), a figure that does not depend on how
-# busy the machine is. Only the measured requests are counted
-# (--toggle-collect on measuredRequest); set-up and the untimed warm-up
-# requests are not.
+# busy the machine is.
 #
-#   tools/callgrind-request.sh [N]     N requests per case (default 5)
+#   tools/callgrind-request.sh [N1 N2]     benchmark sizes (default 2 6)
+#
+# Each case runs whole under callgrind twice, with N1 and N2 requests; the
+# count per request is the difference over N2-N1, so loading the tokenizer
+# and the warm-up cancel out. (Counting inside the measured function with
+# --toggle-collect gave counts 1.5-2x apart between identical runs.) A
+# continuation's iteration also routes its conversation's previous turn
+# (a new conversation) untimed, so its figure is its difference minus the
+# new-conversation figure. Per iteration both also build the request body
+# (copies of 518 KB, small beside the request).
 #
 # Needs valgrind (Debian: apt-get install valgrind). Go's asynchronous
-# preemption signals are turned off (GODEBUG=asyncpreemptoff=1): valgrind
-# does not deliver them as the runtime expects. The garbage collector is
-# off too (GOGC=off; the run allocates about 10 MB per request), so the
-# count is the request path's own work, not GC assists that depend on
-# the heap the earlier requests left.
+# preemption signals are off (GODEBUG=asyncpreemptoff=1: valgrind does not
+# deliver them as the runtime expects), so are the garbage collector
+# (GOGC=off: the count is the request path's own work, not GC work that
+# depends on the heap earlier requests left) and other Ps (GOMAXPROCS=1).
 set -eu
-n=${1:-5}
+n1=${1:-2}
+n2=${2:-6}
 cd "$(dirname "$0")/.."
 export GOTOOLCHAIN=${GOTOOLCHAIN:-go1.27.3}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 go test -c -o "$tmp/proxy.test" ./internal/proxy/
-for c in new continue; do
-	(cd internal/proxy && GODEBUG=asyncpreemptoff=1 GOGC=off valgrind --tool=callgrind \
-		--callgrind-out-file="$tmp/cg.$c" --collect-atstart=no \
-		--toggle-collect='kvrouter/internal/proxy.measuredRequest' \
-		"$tmp/proxy.test" -test.run '^$' -test.bench "RequestCPU/conv=$c/" \
-		-test.benchtime "${n}x" -test.count 1 >"$tmp/out.$c" 2>"$tmp/err.$c") || {
-		cat "$tmp/err.$c" >&2
+count() { # case n: total instructions of one run
+	(cd internal/proxy && GODEBUG=asyncpreemptoff=1 GOGC=off GOMAXPROCS=1 valgrind --tool=callgrind \
+		--callgrind-out-file="$tmp/cg.$1.$2" "$tmp/proxy.test" -test.run '^$' \
+		-test.bench "RequestCPU/conv=$1/" -test.benchtime "$2x" -test.count 1 >"$tmp/out.$1.$2" 2>&1) || {
+		cat "$tmp/out.$1.$2" >&2
 		exit 1
 	}
-	ir=$(sed -n 's/^summary: *//p' "$tmp/cg.$c")
-	# The benchmark runs once with b.N=1 before the N run: N+1 measured requests.
-	echo "conv=$c: $ir instructions over $((n + 1)) requests: $((ir / (n + 1))) per request"
+	sed -n 's/^summary: *//p' "$tmp/cg.$1.$2"
+}
+for c in new continue; do
+	count $c "$n1" >"$tmp/ir.$c.1" &
+	count $c "$n2" >"$tmp/ir.$c.2" &
+	wait
+	echo $(( ($(cat "$tmp/ir.$c.2") - $(cat "$tmp/ir.$c.1")) / (n2 - n1) )) >"$tmp/per.$c"
 done
+new=$(cat "$tmp/per.new")
+cont=$(( $(cat "$tmp/per.continue") - new ))
+echo "conv=new: $new instructions per request"
+echo "conv=continue: $cont instructions per request (iteration $(cat "$tmp/per.continue") minus a new conversation)"
