@@ -329,7 +329,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		}
 		backends[m.Name], routers[m.Name] = b, b
 		restoreSnapshot(snaps, m.Name, b, log)
-		ts, err := newTokenSource(m, tlsCfg.engineClient(), log)
+		ts, err := newTokenSource(m, tlsCfg.engineClient(), log, reg)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", fl.pos.Field("models", i, "tokenizer"), err))
 			continue
@@ -505,7 +505,7 @@ type tokenSource struct {
 // (engineParts): each brings its render endpoints ("render") or, with a
 // local tokenizer from the path, that tokenizer with the engine as
 // fallback and a mismatch probe of the engine.
-func newTokenSource(m proxy.ModelConfig, client *http.Client, log *slog.Logger) (*tokenSource, error) {
+func newTokenSource(m proxy.ModelConfig, client *http.Client, log *slog.Logger, reg prometheus.Registerer) (*tokenSource, error) {
 	ts := &tokenSource{m: m, client: client}
 	if m.Tokenizer == proxy.TokenizerNone {
 		return ts, nil
@@ -517,6 +517,13 @@ func newTokenSource(m proxy.ModelConfig, client *http.Client, log *slog.Logger) 
 		}
 		if ts.local, err = tokenizer.NewLocal(tok, tokenizer.ContentAuto); err != nil {
 			return nil, err
+		}
+		if m.TokenizerPrefixCacheBytes >= 0 {
+			cache, err := tokenizer.NewPrefixCache(tokenizer.PrefixCacheConfig{MaxBytes: m.TokenizerPrefixCacheBytes, Model: m.Name}, reg)
+			if err != nil {
+				return nil, err
+			}
+			ts.local = ts.local.WithPrefixCache(cache)
 		}
 	}
 	ft, err := proxy.NewFailoverTokenizer(m.Name, nil, log)

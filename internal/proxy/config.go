@@ -138,6 +138,12 @@ type ModelConfig struct {
 	// /v1/*/render), or "none" (token-id prompts only; text is routed by
 	// load). Default "render".
 	Tokenizer string `yaml:"tokenizer"`
+	// TokenizerPrefixCacheBytes bounds the local tokenizer's cache of
+	// rendered chat prefixes (tokenizer.PrefixCache: a conversation's next
+	// turn encodes only its new text), in bytes of token ids held; 0
+	// means 64 MiB, -1 turns the cache off. Unused without a local
+	// tokenizer.
+	TokenizerPrefixCacheBytes int64 `yaml:"tokenizer_prefix_cache_bytes"`
 	// Policy is the routing policy: kv (default), round_robin, random,
 	// least_load, session, prefix_chars, ..., or shadow (serve with
 	// ShadowServe, compute and export what kv would have done).

@@ -12,6 +12,7 @@ import (
 
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/kvindex"
+	"kvrouter/internal/tokenizer"
 )
 
 // ErrNoTokenizerEngine is returned (wrapped) by FailoverTokenizer when no
@@ -92,6 +93,20 @@ func (f *FailoverTokenizer) Tokens(ctx context.Context, chat bool, body []byte, 
 // TokensMM is Tokens with the prompt's multimodal items, from the first
 // engine that answers (mediakeys.go).
 func (f *FailoverTokenizer) TokensMM(ctx context.Context, chat bool, body []byte, text string) ([]uint32, []kvindex.MMItem, error) {
+	return f.each(ctx, func(tok Tokenizer) ([]uint32, []kvindex.MMItem, error) {
+		return tokensMM(tok, ctx, chat, body, text)
+	})
+}
+
+// TokensChat is TokensMM for a chat request decoded from body.
+func (f *FailoverTokenizer) TokensChat(ctx context.Context, req tokenizer.ChatRequest, body []byte) ([]uint32, []kvindex.MMItem, error) {
+	return f.each(ctx, func(tok Tokenizer) ([]uint32, []kvindex.MMItem, error) {
+		return chatTokens(tok, ctx, req, body)
+	})
+}
+
+// each runs tokens on the engines' tokenizers in failover order.
+func (f *FailoverTokenizer) each(ctx context.Context, tokens func(Tokenizer) ([]uint32, []kvindex.MMItem, error)) ([]uint32, []kvindex.MMItem, error) {
 	var errs []error
 	tried := 0
 	engines := *f.engines.Load()
@@ -100,7 +115,7 @@ func (f *FailoverTokenizer) TokensMM(ctx context.Context, chat bool, body []byte
 			continue
 		}
 		tried++
-		ids, mm, err := tokensMM(e.Tok, ctx, chat, body, text)
+		ids, mm, err := tokens(e.Tok)
 		if err == nil {
 			f.recovered()
 			return ids, mm, nil
@@ -112,7 +127,7 @@ func (f *FailoverTokenizer) TokensMM(ctx context.Context, chat bool, body []byte
 	}
 	if tried == 0 && len(engines) > 0 {
 		e := engines[0]
-		ids, mm, err := tokensMM(e.Tok, ctx, chat, body, text)
+		ids, mm, err := tokens(e.Tok)
 		if err == nil {
 			f.recovered()
 			return ids, mm, nil

@@ -230,7 +230,14 @@ func (s *Server) tokenize(x *exchange) []uint32 {
 		}
 		chat, body = true, req.resp.chatBody
 	}
-	ids, mm, err := tokensMM(x.m.tok, ctx, chat, body, req.promptText)
+	var ids []uint32
+	var mm []kvindex.MMItem
+	var err error
+	if creq, cerr := chatRequest(req); cerr == nil {
+		ids, mm, err = chatTokens(x.m.tok, ctx, creq, body)
+	} else {
+		ids, mm, err = tokensMM(x.m.tok, ctx, chat, body, req.promptText)
+	}
 	x.mm = mm
 	tm := s.m.view
 	if x.front != nil {

@@ -109,6 +109,9 @@ func scanMedia(req *request) mediaScan {
 	if req.kind != kindChat {
 		return ms
 	}
+	if req.msgVals != nil {
+		return scanMediaValues(req.msgVals)
+	}
 	var counts map[string]int // made at the first item: text chats allocate nothing
 	var pixels int64
 	tokens := 0

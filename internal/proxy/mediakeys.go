@@ -60,14 +60,19 @@ func (t TokenSource) TokensMM(ctx context.Context, chat bool, body []byte, text 
 	if err != nil {
 		return nil, nil, err
 	}
-	var mm []kvindex.MMItem
-	if len(out.MM) > 0 {
-		mm = make([]kvindex.MMItem, len(out.MM))
-		for i, it := range out.MM {
-			mm[i] = kvindex.MMItem{Identifier: it.Identifier, Offset: it.Offset, Length: it.Length}
-		}
+	return out.IDs, mmItems(out.MM), nil
+}
+
+// mmItems converts the render's items to the index's (nil for none).
+func mmItems(items []tokenizer.MMItem) []kvindex.MMItem {
+	if len(items) == 0 {
+		return nil
 	}
-	return out.IDs, mm, nil
+	mm := make([]kvindex.MMItem, len(items))
+	for i, it := range items {
+		mm[i] = kvindex.MMItem{Identifier: it.Identifier, Offset: it.Offset, Length: it.Length}
+	}
+	return mm
 }
 
 // mediaRouteInput completes in for x's media: the items become extra keys;

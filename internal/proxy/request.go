@@ -8,7 +8,10 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/ardanlabs/jinja"
+
 	"kvrouter/internal/routing"
+	"kvrouter/internal/tokenizer"
 )
 
 // kind is which OpenAI endpoint a request body is for.
@@ -59,6 +62,10 @@ type request struct {
 	outputTokens int
 	// resp holds a Responses request's own fields (nil for other kinds).
 	resp *responsesFields
+	// doc is a chat body decoded once (chatdoc.go), nil when it was read
+	// the encoding/json way; msgVals are then its checked messages.
+	doc     *tokenizer.Document
+	msgVals []jinja.Value
 	// text caches routingText; textDone tells it was built.
 	text     string
 	textDone bool
@@ -91,6 +98,18 @@ func parseRequest(k kind, body []byte) (*request, *apiError) {
 		// prompt that is not the one sent; Python's json (vLLM) refuses it.
 		return nil, badRequest("", "request body is not valid UTF-8")
 	}
+	if k == kindChat {
+		if r, e, ok := parseChatDoc(body, trimmed); ok {
+			return r, e
+		}
+	}
+	return parseRequestJSON(k, body, trimmed)
+}
+
+// parseRequestJSON is parseRequest the encoding/json way, for bodies the
+// one-pass chat decoder leaves to it (chatdoc.go) and every other kind.
+// trimmed is body without surrounding space, valid UTF-8.
+func parseRequestJSON(k kind, body, trimmed []byte) (*request, *apiError) {
 	var w wire
 	if err := json.Unmarshal(trimmed, &w); err != nil {
 		return nil, badRequest("", fmt.Sprintf("malformed JSON: %v", err))
@@ -147,6 +166,10 @@ func (r *request) parseFields(k kind, w *wire) *apiError {
 	}
 	switch k {
 	case kindChat:
+		if r.doc != nil {
+			msgs, _ := r.doc.Get("messages")
+			return r.parseMessageValues(msgs.Value)
+		}
 		if e := r.parseMessages(w.Messages); e != nil {
 			return e
 		}
@@ -293,6 +316,8 @@ func (r *request) routingText() string {
 	}
 	r.textDone = true
 	switch {
+	case r.msgVals != nil:
+		r.text = chatTextValues(r.msgVals)
 	case r.kind == kindChat || r.kind == kindResponses:
 		r.text = chatText(r.messages)
 	case r.promptTokens != nil:

@@ -59,7 +59,7 @@ func FuzzParseRequest(f *testing.F) {
 		if r.model == "" {
 			t.Fatal("accepted without a model")
 		}
-		if chat && len(r.messages) == 0 {
+		if chat && len(r.messages)+len(r.msgVals) == 0 {
 			t.Fatal("chat accepted without messages")
 		}
 		if !chat && !r.hasPrompt {
@@ -81,7 +81,7 @@ func FuzzParseRequest(f *testing.F) {
 		if aerr != nil {
 			t.Fatalf("forwarded body rejected: %v\n%s", aerr, fwd)
 		}
-		if r2.model != r.model || r2.stream != r.stream || r2.promptText != r.promptText || len(r2.messages) != len(r.messages) ||
+		if r2.model != r.model || r2.stream != r.stream || r2.promptText != r.promptText || len(r2.messages)+len(r2.msgVals) != len(r.messages)+len(r.msgVals) ||
 			len(r2.promptTokens) != len(r.promptTokens) {
 			t.Fatalf("forwarded body changed the request:\n%s\n%s", body, fwd)
 		}

@@ -64,6 +64,9 @@ func validateModelNumbers(m *ModelConfig, i int) []error {
 	if m.Retries < 0 {
 		add(fmt.Sprintf("%d: must be >= -1 (-1: no retry)", m.Retries), "retries")
 	}
+	if m.TokenizerPrefixCacheBytes < -1 {
+		add(fmt.Sprintf("%d: must be >= -1 (0: 64 MiB, -1: off)", m.TokenizerPrefixCacheBytes), "tokenizer_prefix_cache_bytes")
+	}
 	for _, d := range []struct {
 		name string
 		v    time.Duration

@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"fmt"
+	"strings"
 	"unicode"
 )
 
@@ -18,6 +19,7 @@ type addedVocab struct {
 // tokenSet is one matching set: a byte trie over token contents.
 type tokenSet struct {
 	first [256]bool        // bytes some token starts with
+	only  int              // the one byte every token starts with, or -1
 	edges map[uint32]int32 // node<<8 | byte -> child node
 	term  []int32          // node -> index into toks, or -1
 	toks  []addedTokenJSON // matched token (content is the pattern)
@@ -86,9 +88,16 @@ func newAddedVocab(in []addedTokenJSON, n normalizer, model *bpe) (*addedVocab, 
 func (s *tokenSet) init() {
 	s.edges = make(map[uint32]int32)
 	s.term = []int32{-1}
+	s.only = -1
 }
 
 func (s *tokenSet) add(pattern string, tok addedTokenJSON) {
+	switch {
+	case s.empty() && s.only == -1 && !s.first[pattern[0]]:
+		s.only = int(pattern[0])
+	case s.only != int(pattern[0]):
+		s.only = -2 // several first bytes
+	}
 	s.first[pattern[0]] = true
 	node := int32(0)
 	for i := 0; i < len(pattern); i++ {
@@ -144,6 +153,14 @@ func (s *tokenSet) split(dst []segment, text string) []segment {
 	}
 	prev := 0
 	for i := 0; i < len(text); {
+		if s.only >= 0 && text[i] != byte(s.only) {
+			// One first byte (e.g. '<' for Qwen3's tokens): jump to it.
+			j := strings.IndexByte(text[i:], byte(s.only))
+			if j < 0 {
+				break
+			}
+			i += j
+		}
 		if !s.first[text[i]] {
 			i++
 			continue

@@ -162,15 +162,20 @@ func (b *bpe) encodeWord(dst []uint32, w string, sc *scratch) []uint32 {
 		}
 	}
 	cacheable := len(w) <= maxCachedWord && b.cache != nil
-	if cacheable {
-		if ids, ok := b.cache.get(w); ok {
-			return append(dst, ids...)
-		}
+	if !cacheable {
+		return b.mergeWord(dst, w, sc)
 	}
-	start := len(dst)
-	dst = b.mergeWord(dst, w, sc)
-	if cacheable {
-		b.cache.put(w, dst[start:])
+	slot := frontSlot(w)
+	if e := &sc.front.e[slot]; e.ids != nil && e.w == w {
+		return append(dst, e.ids...)
 	}
-	return dst
+	ids, ok := b.cache.get(w)
+	if !ok {
+		start := len(dst)
+		dst = b.mergeWord(dst, w, sc)
+		sc.front.set(slot, w, b.cache.put(w, dst[start:]))
+		return dst
+	}
+	sc.front.set(slot, w, ids)
+	return append(dst, ids...)
 }

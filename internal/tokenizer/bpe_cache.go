@@ -45,7 +45,8 @@ func (c *wordCache) get(w string) ([]uint32, bool) {
 	return ids, ok
 }
 
-func (c *wordCache) put(w string, ids []uint32) {
+// put stores a copy of ids for w and returns it (never modified after).
+func (c *wordCache) put(w string, ids []uint32) []uint32 {
 	v := append([]uint32(nil), ids...)
 	k := string([]byte(w)) // own the key: w may alias a large input
 	s := c.shard(w)
@@ -55,4 +56,58 @@ func (c *wordCache) put(w string, ids []uint32) {
 	}
 	s.m[k] = v
 	s.mu.Unlock()
+	return v
+}
+
+// frontCache is a scratch's own direct-mapped cache in front of the
+// shared word cache, for one Encode call: no lock and one cheap hash per
+// pre-token, where the shared cache takes a seeded hash, a read lock and
+// a map lookup. Entries alias the text being encoded; reset drops them
+// before the scratch goes back to its pool. A collision only misses.
+type frontCache struct {
+	e    [frontSize]frontEntry
+	used []uint16 // slots set since the last reset
+}
+
+type frontEntry struct {
+	w   string
+	ids []uint32 // the shared cache's copy (immutable)
+}
+
+const frontBits = 12
+const frontSize = 1 << frontBits
+
+// frontSlot hashes w (at most maxCachedWord bytes) to a slot.
+func frontSlot(w string) uint16 {
+	var x uint64
+	if len(w) >= 8 {
+		x = le64(w) ^ le64(w[len(w)-8:])*0xff51afd7ed558ccd
+	} else {
+		for i := 0; i < len(w); i++ {
+			x = x<<8 | uint64(w[i])
+		}
+	}
+	x = (x ^ uint64(len(w))) * 0x9e3779b97f4a7c15
+	return uint16(x >> (64 - frontBits))
+}
+
+func le64(s string) uint64 {
+	_ = s[7]
+	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
+}
+
+func (f *frontCache) set(slot uint16, w string, ids []uint32) {
+	if f.e[slot].ids == nil {
+		f.used = append(f.used, slot)
+	}
+	f.e[slot] = frontEntry{w, ids}
+}
+
+// reset empties the cache (the slots used only).
+func (f *frontCache) reset() {
+	for _, i := range f.used {
+		f.e[i] = frontEntry{}
+	}
+	f.used = f.used[:0]
 }

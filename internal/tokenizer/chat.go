@@ -51,6 +51,10 @@ type ChatRequest struct {
 	// ChatTemplate (vLLM) replaces the model's template for this request.
 	// The local renderer does not take it: Render returns ErrUnsupported.
 	ChatTemplate string `json:"chat_template,omitempty"`
+
+	// pre holds the fields above already decoded (Document.ChatRequest);
+	// nil: the renderer decodes them.
+	pre *preDecoded
 }
 
 // UnmarshalJSON decodes a chat request body, defaulting
@@ -221,6 +225,9 @@ func (c *ChatTemplate) Render(req ChatRequest) (out string, err error) {
 		return "", fmt.Errorf("%w: continue_final_message or a request chat_template", ErrUnsupported)
 	}
 	ints := &bigInts{}
+	if req.pre != nil {
+		ints = req.pre.ints // what decoding the document collected
+	}
 	vars, err := c.vars(req, ints)
 	if err != nil {
 		return "", err
@@ -287,21 +294,27 @@ func render(t *jinja.Template, vars map[string]jinja.Value) (out string, err err
 // vars builds the template context: special tokens, tools, documents and
 // add_generation_prompt, then chat_template_kwargs over them (vLLM merges
 // request kwargs last), then messages. Integers beyond int64 go through
-// ints.
+// ints. A request decoded with its Document (req.pre) is read from there,
+// unless ints substitutes placeholders (renderBig), which takes a fresh
+// decode.
 func (c *ChatTemplate) vars(req ChatRequest, ints *bigInts) (map[string]jinja.Value, error) {
-	msgs, err := decodeJSONValue(req.Messages, "messages", ints)
+	var pre preDecoded // all Undefined: decode
+	if req.pre != nil && ints.subst == nil {
+		pre = *req.pre
+	}
+	msgs, err := decoded(pre.messages, req.Messages, "messages", ints)
 	if err != nil {
 		return nil, err
 	}
 	if !msgs.IsList() {
 		return nil, fmt.Errorf("%w: messages: want a list", ErrBadChat)
 	}
-	if err := normalizeMessages(msgs.AsList(), c.format, ints); err != nil {
+	if msgs, err = normalizeMessages(msgs.AsList(), c.format, ints); err != nil {
 		return nil, err
 	}
 	tools := jinja.None()
 	if t := bytes.TrimSpace(req.Tools); len(t) > 0 && string(t) != "null" {
-		if tools, err = decodeJSONValue(t, "tools", ints); err != nil {
+		if tools, err = decoded(pre.tools, t, "tools", ints); err != nil {
 			return nil, err
 		}
 		if !tools.IsList() {
@@ -321,7 +334,7 @@ func (c *ChatTemplate) vars(req ChatRequest, ints *bigInts) (map[string]jinja.Va
 		vars["eos_token"] = c.eos
 	}
 	if k := bytes.TrimSpace(req.ChatTemplateKwargs); len(k) > 0 && string(k) != "null" {
-		kw, err := decodeJSONValue(k, "chat_template_kwargs", ints)
+		kw, err := decoded(pre.kwargs, k, "chat_template_kwargs", ints)
 		if err != nil {
 			return nil, err
 		}
@@ -348,6 +361,7 @@ type Local struct {
 	tok     *Tokenizer
 	tmpl    *ChatTemplate // nil when the model has no chat template
 	tmplErr error         // why tmpl is nil
+	cache   *PrefixCache  // nil: chats are encoded in full
 }
 
 // NewLocal compiles tok's chat template (from tokenizer_config.json) once.
@@ -362,6 +376,16 @@ func NewLocal(tok *Tokenizer, format ContentFormat) (*Local, error) {
 		return nil, err
 	}
 	return &Local{tok: tok, tmpl: tmpl, tmplErr: err}, nil
+}
+
+// WithPrefixCache returns a Local like l whose EncodeChat takes the ids of
+// rendered prefixes it has seen from c (prefixcache.go): the same ids,
+// computed only for what follows the longest cached prefix. A nil c
+// encodes every chat in full.
+func (l *Local) WithPrefixCache(c *PrefixCache) *Local {
+	cp := *l
+	cp.cache = c
+	return &cp
 }
 
 // Encode returns the ids of a plain prompt (see Tokenizer.Encode).
@@ -382,7 +406,7 @@ func (l *Local) EncodeChat(req ChatRequest) (text string, ids []uint32, err erro
 	if text, err = l.tmpl.Render(req); err != nil {
 		return "", nil, err
 	}
-	return text, l.tok.Encode(text, false), nil
+	return text, l.tok.encodeCached(text, l.cache), nil
 }
 
 // strftimeNow implements transformers' strftime_now(format): the current

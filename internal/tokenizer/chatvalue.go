@@ -2,8 +2,11 @@ package tokenizer
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode"
@@ -13,25 +16,30 @@ import (
 	"github.com/ardanlabs/jinja"
 )
 
-// normalizeMessages applies vLLM's parse_chat_messages changes in place:
-// content flattened or wrapped per the content format, "reasoning" mirrored
-// to "reasoning_content", empty tool_calls dropped and tool-call arguments
-// given as JSON strings parsed into objects (vLLM _postprocess_messages).
-// Other keys pass through in their order, as transformers passes them.
-// Integers beyond int64 in arguments go through ints (see bigint.go).
-func normalizeMessages(msgs *jinja.List, format ContentFormat, ints *bigInts) error {
+// normalizeMessages returns msgs with vLLM's parse_chat_messages changes:
+// content flattened or wrapped per the content format, "reasoning"
+// mirrored to "reasoning_content", empty tool_calls dropped and tool-call
+// arguments given as JSON strings parsed into objects (vLLM
+// _postprocess_messages). Other keys pass through in their order, as
+// transformers passes them. msgs is not modified: each message, and each
+// tool call and function it changes, is copied (a Document's values are
+// read by the router too, and may be rendered again). Integers beyond
+// int64 in arguments go through ints (see bigint.go).
+func normalizeMessages(msgs *jinja.List, format ContentFormat, ints *bigInts) (jinja.Value, error) {
+	out := make([]jinja.Value, len(msgs.Items))
 	for i, m := range msgs.Items {
 		if !m.IsDict() {
-			return fmt.Errorf("%w: messages[%d]: want an object", ErrBadChat, i)
+			return jinja.Undefined(), fmt.Errorf("%w: messages[%d]: want an object", ErrBadChat, i)
 		}
-		d := m.AsDict()
+		var d *jinja.Dict
+		out[i], d = cloneDict(m.AsDict())
 		role, ok := d.Get("role")
 		if !ok || !role.IsString() {
-			return fmt.Errorf("%w: messages[%d].role: want a string", ErrBadChat, i)
+			return jinja.Undefined(), fmt.Errorf("%w: messages[%d].role: want a string", ErrBadChat, i)
 		}
 		content, err := normalizeContent(d.Data["content"], format)
 		if err != nil {
-			return fmt.Errorf("messages[%d].content: %w", i, err)
+			return jinja.Undefined(), fmt.Errorf("messages[%d].content: %w", i, err)
 		}
 		d.Set("content", content)
 		if role.AsString() != "assistant" {
@@ -48,27 +56,41 @@ func normalizeMessages(msgs *jinja.List, format ContentFormat, ints *bigInts) er
 			deleteKey(d, "tool_calls")
 			continue
 		}
+		items := make([]jinja.Value, calls.AsList().Len())
 		for j, call := range calls.AsList().Items {
-			if err := normalizeToolCall(call, ints); err != nil {
-				return fmt.Errorf("messages[%d].tool_calls[%d]: %w", i, j, err)
+			if items[j], err = normalizeToolCall(call, ints); err != nil {
+				return jinja.Undefined(), fmt.Errorf("messages[%d].tool_calls[%d]: %w", i, j, err)
 			}
 		}
+		d.Set("tool_calls", jinja.NewList(items))
 	}
-	return nil
+	return jinja.NewList(out), nil
 }
 
-// normalizeToolCall parses a string function.arguments into its JSON value
-// and turns a missing, null or empty one into {}. Calls without a
-// "function" object (which vLLM rejects) are left for the template.
-func normalizeToolCall(call jinja.Value, ints *bigInts) error {
+// cloneDict returns a copy of d (its values shared), as a value and as
+// the dict to change.
+func cloneDict(d *jinja.Dict) (jinja.Value, *jinja.Dict) {
+	v := jinja.NewDict()
+	c := v.AsDict()
+	c.Keys = slices.Clone(d.Keys)
+	maps.Copy(c.Data, d.Data)
+	return v, c
+}
+
+// normalizeToolCall returns call with a string function.arguments parsed
+// into its JSON value and a missing, null or empty one turned into {}
+// (copies of the call and its function; call is not modified). Calls
+// without a "function" object (which vLLM rejects) are left for the
+// template.
+func normalizeToolCall(call jinja.Value, ints *bigInts) (jinja.Value, error) {
 	if !call.IsDict() {
-		return nil
+		return call, nil
 	}
 	fn, ok := call.AsDict().Get("function")
 	if !ok || !fn.IsDict() {
-		return nil
+		return call, nil
 	}
-	f := fn.AsDict()
+	fv, f := cloneDict(fn.AsDict())
 	args := f.Data["arguments"]
 	switch {
 	case !args.IsTruthy():
@@ -76,11 +98,15 @@ func normalizeToolCall(call jinja.Value, ints *bigInts) error {
 	case args.IsString():
 		v, err := decodeJSONValue([]byte(args.AsString()), "function.arguments", ints)
 		if err != nil {
-			return err
+			return call, err
 		}
 		f.Set("arguments", v)
+	default:
+		return call, nil
 	}
-	return nil
+	cv, c := cloneDict(call.AsDict())
+	c.Set("function", fv)
+	return cv, nil
 }
 
 // normalizeContent returns a message's content as the template sees it.
@@ -196,6 +222,7 @@ type jsonScanner struct {
 	pos  int
 	buf  []byte // scratch for strings with escapes
 	ints *bigInts
+	dup  bool // an object had a key twice
 }
 
 func (s *jsonScanner) fail(what string) error {
@@ -276,6 +303,9 @@ func (s *jsonScanner) object(depth int) (jinja.Value, error) {
 		if err != nil {
 			return jinja.Undefined(), err
 		}
+		if _, ok := d.Data[key]; ok {
+			s.dup = true
+		}
 		d.Set(key, v) // a later duplicate key wins in place, as in Python
 		s.space()
 		if s.pos < len(s.data) && s.data[s.pos] == ',' {
@@ -323,7 +353,11 @@ func (s *jsonScanner) array(depth int) (jinja.Value, error) {
 func (s *jsonScanner) str() (string, error) {
 	s.pos++ // "
 	start := s.pos
-	// Fast path: no escapes, valid UTF-8.
+	// Fast path: no escapes, ASCII. Eight bytes at a time while none of
+	// them is '"', '\\', a control character or non-ASCII.
+	for s.pos+8 <= len(s.data) && !specialByte(binary.LittleEndian.Uint64(s.data[s.pos:])) {
+		s.pos += 8
+	}
 	for s.pos < len(s.data) {
 		c := s.data[s.pos]
 		if c == '"' {
@@ -350,8 +384,20 @@ func (s *jsonScanner) str() (string, error) {
 				return "", err
 			}
 		case c < utf8.RuneSelf:
-			s.buf = append(s.buf, c)
+			// A run of plain ASCII: copied at once, found eight bytes
+			// at a time.
+			run := s.pos
 			s.pos++
+			for s.pos+8 <= len(s.data) && !specialByte(binary.LittleEndian.Uint64(s.data[s.pos:])) {
+				s.pos += 8
+			}
+			for s.pos < len(s.data) {
+				if c := s.data[s.pos]; c == '"' || c == '\\' || c < 0x20 || c >= utf8.RuneSelf {
+					break
+				}
+				s.pos++
+			}
+			s.buf = append(s.buf, s.data[run:s.pos]...)
 		default:
 			r, size := utf8.DecodeRune(s.data[s.pos:])
 			s.buf = utf8.AppendRune(s.buf, r) // invalid byte: U+FFFD
@@ -359,6 +405,14 @@ func (s *jsonScanner) str() (string, error) {
 		}
 	}
 	return "", s.fail("unterminated string")
+}
+
+// specialByte reports whether one of the eight bytes of w is '"', '\\',
+// below 0x20 or at least 0x80 (the bytes str's fast path stops at).
+func specialByte(w uint64) bool {
+	const lo, hi = 0x0101010101010101, 0x8080808080808080
+	zero := func(x uint64) uint64 { return (x - lo) & ^x & hi } // nonzero iff some byte of x is 0
+	return zero(w^(lo*'"'))|zero(w^(lo*'\\'))|((w-lo*0x20) & ^w & hi)|(w&hi) != 0
 }
 
 // escape decodes one backslash escape into s.buf.

@@ -42,30 +42,37 @@ func (t *Tokenizer) Encode(text string, addSpecialTokens bool) []uint32 {
 	var outer []segment
 	outer = t.added.raw.split(outer, text)
 	for _, seg := range outer {
-		if seg.id >= 0 {
-			ids = append(ids, uint32(seg.id))
-			continue
-		}
-		piece := text[seg.start:seg.end]
-		if t.norm != nil {
-			piece = t.norm.normalize(piece)
-		}
-		if t.added.normalized.empty() {
-			ids = t.encodePiece(ids, piece, sc)
-			continue
-		}
-		for _, inner := range t.added.normalized.split(nil, piece) {
-			if inner.id >= 0 {
-				ids = append(ids, uint32(inner.id))
-				continue
-			}
-			ids = t.encodePiece(ids, piece[inner.start:inner.end], sc)
-		}
+		ids = t.encodeSegment(ids, text, seg, sc)
 	}
 	if addSpecialTokens {
 		ids = append(ids, t.post.suffix...)
 	}
+	sc.front.reset()
 	t.pool.Put(sc)
+	return ids
+}
+
+// encodeSegment appends the ids of one segment of text (added.raw.split):
+// its added token, or its text normalized, split on normalized added
+// tokens and encoded. A segment's ids depend on its text alone.
+func (t *Tokenizer) encodeSegment(ids []uint32, text string, seg segment, sc *scratch) []uint32 {
+	if seg.id >= 0 {
+		return append(ids, uint32(seg.id))
+	}
+	piece := text[seg.start:seg.end]
+	if t.norm != nil {
+		piece = t.norm.normalize(piece)
+	}
+	if t.added.normalized.empty() {
+		return t.encodePiece(ids, piece, sc)
+	}
+	for _, inner := range t.added.normalized.split(nil, piece) {
+		if inner.id >= 0 {
+			ids = append(ids, uint32(inner.id))
+			continue
+		}
+		ids = t.encodePiece(ids, piece[inner.start:inner.end], sc)
+	}
 	return ids
 }
 

@@ -1,0 +1,250 @@
+package tokenizer
+
+import (
+	"errors"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/zeebo/xxh3"
+)
+
+// Prefix cache: a multi-turn chat resends its history with each turn, so
+// the rendered prompt of turn n+1 starts with the rendered prompt of turn
+// n up to its generation prompt. PrefixCache keeps the token ids of such
+// prefixes, so a continuation encodes only what follows.
+//
+// Exactness. Encode splits the text on added tokens first (leftmost
+// longest, non-overlapping) and encodes each piece between them on its
+// own. Take a cut c where an added-token segment starts, in a tokenizer
+// whose non-normalized added tokens have no lstrip, rstrip or single_word
+// flag. The segments before c depend only on text[:c]: a match that began
+// before c and read past it would cover c, and no segment could start
+// there. So two texts with the same bytes before c, each with an
+// added-token segment starting at c, have the same segments, and the
+// same ids, before c. The cache is keyed by a 128-bit hash (xxh3) and the
+// length of text[:c], stores the ids of the last cut of each prompt it
+// encodes, and on a later prompt takes the longest of its cuts it holds.
+// Tokenizers with flagged added tokens are never cut (every call encodes
+// in full).
+
+// PrefixCacheConfig configures NewPrefixCache.
+type PrefixCacheConfig struct {
+	// MaxBytes bounds the ids held (4 bytes per id plus 64 per entry);
+	// the least recently used entries go first. Zero means 64 MiB.
+	MaxBytes int64
+	// Model labels the metrics.
+	Model string
+}
+
+// DefaultPrefixCacheBytes is PrefixCacheConfig.MaxBytes's default: the
+// prefixes of about 160 conversations of 100K tokens.
+const DefaultPrefixCacheBytes = 64 << 20
+
+// prefixEntryOverhead is what an entry costs besides its ids (key, list
+// links, slice header, map slot), counted in MaxBytes.
+const prefixEntryOverhead = 64
+
+// PrefixCache holds the token ids of rendered chat prefixes. It is safe for
+// concurrent use.
+type PrefixCache struct {
+	max int64
+	m   prefixMetrics
+
+	mu         sync.Mutex
+	bytes      int64
+	entries    map[prefixKey]*prefixEntry
+	head, tail *prefixEntry // most and least recently used
+}
+
+// prefixKey identifies text[:n] by n and its xxh3-128 hash.
+type prefixKey struct {
+	hash xxh3.Uint128
+	n    int
+}
+
+type prefixEntry struct {
+	key        prefixKey
+	ids        []uint32
+	prev, next *prefixEntry
+}
+
+func (e *prefixEntry) size() int64 { return int64(len(e.ids))*4 + prefixEntryOverhead }
+
+// prefixMetrics are kvrouter_tokenizer_prefix_cache_*{model}.
+type prefixMetrics struct {
+	hits, misses prometheus.Counter
+	hitTokens    prometheus.Counter
+	bytes        prometheus.Gauge
+}
+
+// NewPrefixCache returns an empty cache whose metrics are registered on
+// reg (nil: not registered): kvrouter_tokenizer_prefix_cache_hits_total
+// and _misses_total (chat encodes that found a cached prefix, or did
+// not), _hit_tokens_total (ids taken from the cache instead of encoded)
+// and _bytes (held, as MaxBytes counts them). A second cache of the same
+// model on one registry is an error.
+func NewPrefixCache(cfg PrefixCacheConfig, reg prometheus.Registerer) (*PrefixCache, error) {
+	if cfg.MaxBytes < 0 {
+		return nil, errors.New("prefix cache: negative max bytes")
+	}
+	if cfg.MaxBytes == 0 {
+		cfg.MaxBytes = DefaultPrefixCacheBytes
+	}
+	labels := prometheus.Labels{"model": cfg.Model}
+	c := &PrefixCache{
+		max:     cfg.MaxBytes,
+		entries: map[prefixKey]*prefixEntry{},
+		m: prefixMetrics{
+			hits: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_tokenizer_prefix_cache_hits_total",
+				Help: "Chat prompts whose leading token ids came from the prefix cache.", ConstLabels: labels}),
+			misses: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_tokenizer_prefix_cache_misses_total",
+				Help: "Chat prompts encoded in full (no cached prefix).", ConstLabels: labels}),
+			hitTokens: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_tokenizer_prefix_cache_hit_tokens_total",
+				Help: "Token ids taken from the prefix cache instead of encoded.", ConstLabels: labels}),
+			bytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvrouter_tokenizer_prefix_cache_bytes",
+				Help: "Bytes the prefix cache holds (4 per token id plus 64 per entry).", ConstLabels: labels}),
+		},
+	}
+	if reg != nil {
+		for _, col := range []prometheus.Collector{c.m.hits, c.m.misses, c.m.hitTokens, c.m.bytes} {
+			if err := reg.Register(col); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return c, nil
+}
+
+// get returns the ids cached for k (shared: not to be modified), or nil.
+func (c *PrefixCache) get(k prefixKey) []uint32 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.entries[k]
+	if e == nil {
+		return nil
+	}
+	c.unlink(e)
+	c.pushFront(e)
+	return e.ids
+}
+
+// put stores ids (owned by the cache from now on) for k, evicting the
+// least recently used entries beyond the bound.
+func (c *PrefixCache) put(k prefixKey, ids []uint32) {
+	e := &prefixEntry{key: k, ids: ids}
+	if e.size() > c.max {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old := c.entries[k]; old != nil {
+		c.unlink(old)
+		c.bytes -= old.size()
+	}
+	c.entries[k] = e
+	c.pushFront(e)
+	c.bytes += e.size()
+	for c.bytes > c.max && c.tail != nil {
+		old := c.tail
+		c.unlink(old)
+		delete(c.entries, old.key)
+		c.bytes -= old.size()
+	}
+	c.m.bytes.Set(float64(c.bytes))
+}
+
+func (c *PrefixCache) unlink(e *prefixEntry) {
+	if e.prev != nil {
+		e.prev.next = e.next
+	} else {
+		c.head = e.next
+	}
+	if e.next != nil {
+		e.next.prev = e.prev
+	} else {
+		c.tail = e.prev
+	}
+	e.prev, e.next = nil, nil
+}
+
+func (c *PrefixCache) pushFront(e *prefixEntry) {
+	e.next = c.head
+	if c.head != nil {
+		c.head.prev = e
+	}
+	c.head = e
+	if c.tail == nil {
+		c.tail = e
+	}
+}
+
+// cuttable reports whether texts may be cut before added tokens (see the
+// exactness note above): no non-normalized added token has lstrip,
+// rstrip or single_word.
+func (s *tokenSet) cuttable() bool {
+	for _, t := range s.toks {
+		if t.LStrip || t.RStrip || t.SingleWord {
+			return false
+		}
+	}
+	return true
+}
+
+// encodeCached is Encode(text, false) through cache: the ids of the
+// longest cached prefix ending where an added token starts, then the rest
+// encoded; the prefix ending at the text's last added token is stored.
+func (t *Tokenizer) encodeCached(text string, cache *PrefixCache) []uint32 {
+	if cache == nil || !t.added.raw.cuttable() {
+		return t.Encode(text, false)
+	}
+	text = validUTF8(text)
+	segs := t.added.raw.split(nil, text)
+	type cut struct {
+		seg int // index of the added-token segment the cut is before
+		key prefixKey
+	}
+	var cuts []cut
+	h := xxh3.New()
+	prev := 0
+	for i, s := range segs {
+		if s.id < 0 || s.start == 0 {
+			continue
+		}
+		_, _ = h.WriteString(text[prev:s.start])
+		prev = s.start
+		cuts = append(cuts, cut{i, prefixKey{h.Sum128(), s.start}})
+	}
+	ids := make([]uint32, 0, len(text)/4+8)
+	from, hit := 0, -1
+	for j := len(cuts) - 1; j >= 0; j-- {
+		if got := cache.get(cuts[j].key); got != nil {
+			ids = append(ids, got...)
+			from, hit = cuts[j].seg, j
+			break
+		}
+	}
+	if hit >= 0 {
+		cache.m.hits.Inc()
+		cache.m.hitTokens.Add(float64(len(ids)))
+	} else {
+		cache.m.misses.Inc()
+	}
+	store := -1 // ids length at the last cut, to store
+	sc, _ := t.pool.Get().(*scratch)
+	if sc == nil {
+		sc = &scratch{}
+	}
+	last := len(cuts) - 1
+	for i := from; i < len(segs); i++ {
+		if last >= 0 && last != hit && i == cuts[last].seg {
+			store = len(ids)
+		}
+		ids = t.encodeSegment(ids, text, segs[i], sc)
+	}
+	sc.front.reset()
+	t.pool.Put(sc)
+	if store >= 0 {
+		cache.put(cuts[last].key, append([]uint32(nil), ids[:store]...))
+	}
+	return ids
+}
