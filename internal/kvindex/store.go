@@ -67,7 +67,7 @@ type lru struct{ head, tail uint32 }
 type store struct {
 	// ents is the slab in chunks of chunkLen entries (the first one grows
 	// up to it), so that growing it never copies entries; see ent.
-	ents  [][]entry
+	ents [][]entry
 	// links holds the entries' LRU links in chunks parallel to ents; it
 	// stays empty with clock, which links nothing.
 	links [][]link
