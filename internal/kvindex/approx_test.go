@@ -144,3 +144,50 @@ func TestApproxPartialHitOrder(t *testing.T) {
 		t.Fatalf("Y prompt %+v, want all 4", m)
 	}
 }
+
+// TestApproxLRUAcrossSlabChunks: the LRU links kept beside the entry slab
+// stay in step with it past its first chunk (chunkLen entries), with
+// two replicas' lists interleaved in the slab and entries freed and reused.
+func TestApproxLRUAcrossSlabChunks(t *testing.T) {
+	c := newClock()
+	a := testApprox(c, nil)
+	a.AddReplica("r0")
+	a.AddReplica("r1")
+	const first, fresh, capacity = 12_000, 10_000, 20_000 // blocks
+	a.SetCapacity("r0", capacity)
+	a.SetCapacity("r1", capacity)
+	prompt := seq(1, 4*first)
+	other := seq(10_000_000, 4*3_000)
+	for i := 0; i < first; i += 1_000 {
+		// Each request extends the prompt: the slab interleaves r0's and
+		// r1's entries.
+		routeTo(a, "r0", prompt[:4*(i+1_000)])
+		routeTo(a, "r1", other[:4*min(i/4+1_000, 3_000)])
+	}
+	if n := a.Stats().Entries; n <= chunkLen {
+		t.Fatalf("%d entries, want more than one slab chunk (%d)", n, chunkLen)
+	}
+	// The first 2,000 blocks become r0's most recent; 10,000 new ones then
+	// push r0 2,000 over capacity, which must evict the prompt's last 2,000
+	// blocks (the least recent), and nothing of r1.
+	routeTo(a, "r0", prompt[:4*2_000])
+	routeTo(a, "r0", seq(20_000_000, 4*fresh))
+	if m := lookupOf(a, "r0", prompt, Extras{}); m.GPU != first-2_000 {
+		t.Fatalf("r0 matches %+v of the prompt, want its first %d blocks", m, first-2_000)
+	}
+	if m := lookupOf(a, "r0", seq(20_000_000, 4*fresh), Extras{}); m.GPU != fresh {
+		t.Fatalf("r0 matches %+v of the new blocks, want all %d", m, fresh)
+	}
+	if m := lookupOf(a, "r1", other, Extras{}); m.GPU != 3_000 {
+		t.Fatalf("r1 matches %+v, want its 3,000 blocks", m)
+	}
+	if got := a.Stats().Evicted; got != 2_000 {
+		t.Fatalf("evicted %d entries, want 2,000", got)
+	}
+	// Freed entries are reused: 2,000 more new blocks evict the prompt's
+	// next least recent 2,000.
+	routeTo(a, "r0", seq(30_000_000, 4*2_000))
+	if m := lookupOf(a, "r0", prompt, Extras{}); m.GPU != first-4_000 {
+		t.Fatalf("after reuse r0 matches %+v of the prompt, want %d blocks", m, first-4_000)
+	}
+}

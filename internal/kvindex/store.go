@@ -12,15 +12,22 @@ type entry struct {
 	aux uint64
 	// next links the entries of the same key (all holders of a block).
 	next uint32
-	// prev and lnext link the entry into its LRU list (prev is more recent).
-	prev, lnext uint32
-	src         uint32
+	src  uint32
 	// refs counts copies per medium (vllm.MediumGPU, CPU, Storage).
 	refs [3]uint16
 	// ref is the CLOCK state of a store with clock set (0 free, refCold,
 	// refHot); it sits in what would be padding.
 	ref uint8
 }
+
+// An entry is 32 bytes, so that the slab's entries never straddle two
+// cache lines (at 40 bytes, one in five did: a lookup of it cost two
+// misses). The LRU links of a store without clock live beside the slab
+// (store.links).
+var _ [32 - unsafe.Sizeof(entry{})]struct{}
+
+// link is an entry's place in its LRU list (prev is more recent).
+type link struct{ prev, next uint32 }
 
 // CLOCK states of entry.ref.
 const (
@@ -38,6 +45,9 @@ const (
 
 // ent returns entry idx.
 func (s *store) ent(idx uint32) *entry { return &s.ents[idx>>chunkShift][idx&(chunkLen-1)] }
+
+// lnk returns entry idx's LRU links (a store without clock).
+func (s *store) lnk(idx uint32) *link { return &s.links[idx>>chunkShift][idx&(chunkLen-1)] }
 
 // source is one producer of entries: an (engine, rank, group) for the exact
 // index, a replica for the approximate and predicted ones.
@@ -57,7 +67,10 @@ type lru struct{ head, tail uint32 }
 type store struct {
 	// ents is the slab in chunks of chunkLen entries (the first one grows
 	// up to it), so that growing it never copies entries; see ent.
-	ents  [][]entry
+	ents [][]entry
+	// links holds the entries' LRU links in chunks parallel to ents; it
+	// stays empty with clock, which links nothing.
+	links [][]link
 	nents uint32 // entries allocated (live and free)
 	free  uint32
 	keys  table // key -> first holder
@@ -148,6 +161,14 @@ func (s *store) insertAt(src uint32, k Key, aux uint64, m int, slot int, tag uin
 			s.ents = append(s.ents, make([]entry, 0, chunkLen))
 		}
 		s.ents[c] = append(s.ents[c], entry{})
+		if !s.clock {
+			for c >= len(s.links) {
+				s.links = append(s.links, make([]link, 0, cap(s.ents[len(s.links)])))
+			}
+			for len(s.links[c]) < len(s.ents[c]) {
+				s.links[c] = append(s.links[c], link{})
+			}
+		}
 		s.nents++
 	}
 	*s.ent(idx) = entry{key: k, aux: aux, src: src}
@@ -178,14 +199,14 @@ func (s *store) insertAt(src uint32, k Key, aux uint64, m int, slot int, tag uin
 }
 
 func (s *store) pushFront(l *lru, idx uint32) {
-	e := s.ent(idx)
 	if s.clock {
-		e.ref = refHot
+		s.ent(idx).ref = refHot
 		return
 	}
-	e.prev, e.lnext = 0, l.head
+	e := s.lnk(idx)
+	e.prev, e.next = 0, l.head
 	if l.head != 0 {
-		s.ent(l.head).prev = idx
+		s.lnk(l.head).prev = idx
 	}
 	l.head = idx
 	if l.tail == 0 {
@@ -197,18 +218,18 @@ func (s *store) unlinkLRU(l *lru, idx uint32) {
 	if s.clock {
 		return
 	}
-	e := s.ent(idx)
+	e := s.lnk(idx)
 	if e.prev != 0 {
-		s.ent(e.prev).lnext = e.lnext
+		s.lnk(e.prev).next = e.next
 	} else {
-		l.head = e.lnext
+		l.head = e.next
 	}
-	if e.lnext != 0 {
-		s.ent(e.lnext).prev = e.prev
+	if e.next != 0 {
+		s.lnk(e.next).prev = e.prev
 	} else {
 		l.tail = e.prev
 	}
-	e.prev, e.lnext = 0, 0
+	e.prev, e.next = 0, 0
 }
 
 // touch makes idx the most recent entry of its list.
@@ -328,6 +349,9 @@ func (s *store) bytes() int64 {
 	b := s.keys.bytes() + int64(cap(s.recs))*8 + int64(cap(s.ents))*24
 	for _, c := range s.ents {
 		b += int64(cap(c)) * entrySize
+	}
+	for _, c := range s.links {
+		b += int64(cap(c)) * int64(unsafe.Sizeof(link{}))
 	}
 	for i := range s.srcs {
 		b += s.srcs[i].tab.bytes()

@@ -162,16 +162,34 @@ func (t *table) grow(s *store) {
 }
 
 // rehash moves the values into a table of size slots (a power of two that
-// holds them).
+// holds them). Finding a value's key loads its entry or record, a cache
+// miss in a large index; the keys of rehashBatch values are loaded in a
+// loop of independent loads before they are placed, so that the processor
+// overlaps those misses instead of taking them one after another.
 func (t *table) rehash(s *store, size int) {
 	old := *t
 	t.b = make([]byte, 5*size)
-	for i := range old.size() {
-		if idx := old.get(i); idx != 0 {
-			t.place(t.keyOf(s, idx), idx)
+	var idxs [rehashBatch]uint32
+	var hs [rehashBatch]uint64
+	for i := 0; i < old.size(); {
+		n := 0
+		for ; i < old.size() && n < rehashBatch; i++ {
+			if idx := old.get(i); idx != 0 {
+				idxs[n] = idx
+				n++
+			}
+		}
+		for k := range n {
+			hs[k] = t.keyOf(s, idxs[k])
+		}
+		for k := range n {
+			t.place(hs[k], idxs[k])
 		}
 	}
 }
+
+// rehashBatch is the number of keys rehash loads before placing them.
+const rehashBatch = 64
 
 // reserve sizes the table for n values without growing: the smallest power
 // of two of at least 16 slots that holds n at a load of at most 3/4, unless
