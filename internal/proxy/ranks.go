@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"strconv"
-	"strings"
 
 	"kvrouter/internal/routing"
 	"kvrouter/internal/vllm/enginemetrics"
@@ -30,12 +29,10 @@ import (
 // rank of a vLLM engine.
 const RankHeader = "X-Data-Parallel-Rank"
 
-// rankSep separates an engine's name from its rank in a rank replica's name.
-const rankSep = "#dp"
-
-// rankReplica is the routing replica name of engine's data-parallel rank.
+// rankReplica is the routing replica name of engine's data-parallel rank
+// (routing.RankReplica).
 func rankReplica(engine string, rank int) string {
-	return engine + rankSep + strconv.Itoa(rank)
+	return routing.RankReplica(engine, rank)
 }
 
 // replicaNames returns the routing replicas of engine: one per rank when
@@ -56,15 +53,11 @@ func (b *Backend) replicaNames(engine string) []string {
 // splitReplica maps a routing replica name back to its engine and rank
 // (rank -1: the engine is routed whole).
 func (b *Backend) splitReplica(name string) (engine string, rank int) {
-	i := strings.LastIndex(name, rankSep)
-	if i < 0 {
+	engine, r, ok := routing.SplitRankReplica(name)
+	if !ok || b.DPSize(engine) <= 1 || !b.has(engine) {
 		return name, -1
 	}
-	r, err := strconv.Atoi(name[i+len(rankSep):])
-	if err != nil || r < 0 || b.DPSize(name[:i]) <= 1 || !b.has(name[:i]) {
-		return name, -1
-	}
-	return name[:i], r
+	return engine, r
 }
 
 // eventReplica is the routing replica whose index entries a KV event

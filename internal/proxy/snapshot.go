@@ -3,11 +3,10 @@ package proxy
 import (
 	"fmt"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"kvrouter/internal/kvindex"
+	"kvrouter/internal/routing"
 	"kvrouter/internal/vllm/kvevents"
 )
 
@@ -123,8 +122,7 @@ func (b *Backend) resumeNames(engine string) []string {
 	b.repMu.Lock()
 	defer b.repMu.Unlock()
 	for name := range b.pending {
-		rest, ok := strings.CutPrefix(name, engine+rankSep)
-		if _, err := strconv.Atoi(rest); ok && err == nil && !slices.Contains(names, name) {
+		if e, _, ok := routing.SplitRankReplica(name); ok && e == engine && !slices.Contains(names, name) {
 			names = append(names, name)
 		}
 	}

@@ -71,7 +71,7 @@ func (f *fleet) addDPEngines(n int) error {
 			if err != nil {
 				return err
 			}
-			r := &replica{name: fmt.Sprintf("%s#dp%d", engine, rank), core: core, rank: rank, route: engine}
+			r := &replica{name: routing.RankReplica(engine, rank), core: core, rank: rank, route: engine}
 			if !f.cfg.DPRankBlind {
 				r.route = r.name
 			}
