@@ -159,7 +159,7 @@ func eppReady(app *serveApp, p *proxy.Picker) bool {
 	if !p.Ready() {
 		return false
 	}
-	conn := connectedEngines(app.reg)
+	conn := connectedEngines(app.groups)
 	for model, exact := range app.exact {
 		if !exact {
 			continue

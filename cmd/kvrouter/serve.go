@@ -242,6 +242,9 @@ type serveApp struct {
 	reg   *prometheus.Registry
 	flt   *fleet.Fleet
 	exact map[string]bool
+	// groups are the model groups' engine parts (their subscribers, for
+	// readiness).
+	groups []*engineParts
 }
 
 // buildServe wires the fleet, one routing backend per model, the event
@@ -337,7 +340,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		if ts.failover != nil {
 			toks[m.Name] = ts.failover
 		}
-		parts := &engineParts{model: m.Name, backend: b, tokens: ts, subs: subMetrics, maxMsg: cfg.EventsMaxMessageBytes, log: log, reg: reg, probes: map[string]*tokenizer.Probe{}}
+		parts := &engineParts{model: m.Name, backend: b, tokens: ts, subMet: subMetrics, maxMsg: cfg.EventsMaxMessageBytes, log: log, reg: reg, probes: map[string]*tokenizer.Probe{}, subs: map[string]*kvevents.Subscriber{}}
 		p, err := pool.New(pool.Deps{Model: m.Name, Fleet: hookedFleet{Fleet: flt, model: m.Name, srv: &srvRef}, Replicas: b, Parts: parts.build}, log, reg)
 		if err != nil {
 			errs = append(errs, err)
@@ -395,7 +398,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		}
 	}
 	deps := proxy.Deps{Fleet: flt, Routers: routers, Tokenizers: toks, Gatherer: reg, EngineTLS: tlsCfg.engines,
-		EventsConnected: func() map[string]bool { return connectedEngines(reg) }, Tracing: tr}
+		EventsConnected: func() map[string]bool { return connectedEngines(groups) }, Tracing: tr}
 	if !fl.noUI {
 		page = newUI(cfg, flt, reg, &deps)
 	}
@@ -434,7 +437,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		}
 	}
 
-	app := &serveApp{tls: tlsCfg.listener != nil, srv: srv, reg: reg, flt: flt, exact: exact, adminAddr: cfg.AdminListen}
+	app := &serveApp{tls: tlsCfg.listener != nil, srv: srv, reg: reg, flt: flt, exact: exact, groups: groups, adminAddr: cfg.AdminListen}
 	app.close = func() {
 		stopTracing()
 		closePools()
@@ -554,44 +557,6 @@ func (ts *tokenSource) engine(ep *fleet.Endpoint, log *slog.Logger, reg promethe
 		return proxy.EngineTokenizer{}, nil, err
 	}
 	return et, probe, nil
-}
-
-// connectedEngines returns the engines with a KV event subscriber (a
-// kvrouter_vllm_connected series), true for those whose streams are all
-// connected (1 on rank 0 and on every other rank that has a series), false
-// for the others (proxy.Deps.EventsConnected).
-func connectedEngines(g prometheus.Gatherer) map[string]bool {
-	mfs, err := g.Gather()
-	if err != nil {
-		return nil
-	}
-	up, down := map[string]bool{}, map[string]bool{}
-	for _, mf := range mfs {
-		if mf.GetName() != "kvrouter_vllm_connected" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			var engine, rank string
-			for _, l := range m.GetLabel() {
-				switch l.GetName() {
-				case "engine":
-					engine = l.GetValue()
-				case "rank":
-					rank = l.GetValue()
-				}
-			}
-			switch {
-			case m.GetGauge().GetValue() != 1:
-				down[engine] = true
-			case rank == "0":
-				up[engine] = true
-			}
-		}
-	}
-	for e := range down {
-		up[e] = false
-	}
-	return up
 }
 
 func ignoreCanceled(err error) error {

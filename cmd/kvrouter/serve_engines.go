@@ -26,13 +26,14 @@ type engineParts struct {
 	model   string
 	backend *proxy.Backend
 	tokens  *tokenSource
-	subs    *kvevents.SubscriberMetrics
+	subMet  *kvevents.SubscriberMetrics
 	maxMsg  int64 // events_max_message_bytes (0: kvevents' default)
 	log     *slog.Logger
 	reg     prometheus.Registerer
 
 	mu     sync.Mutex
-	probes map[string]*tokenizer.Probe // by engine, while it is in the pool
+	probes map[string]*tokenizer.Probe     // by engine, while it is in the pool
+	subs   map[string]*kvevents.Subscriber // by engine, while it is in the pool
 }
 
 // build implements pool.Deps.Parts.
@@ -43,11 +44,21 @@ func (g *engineParts) build(e pool.Engine, ep *fleet.Endpoint) ([]pool.Part, err
 			Engine: e.Name, Endpoint: e.Events, ReplayEndpoint: e.Replay, DPSize: e.DPSize,
 			Bind: e.EventsBind, Topic: e.Topic, IdleCheck: e.IdleCheck, QueueSize: e.QueueSize,
 			MaxMessageBytes: g.maxMsg, Resume: g.backend.Resume(e.Name),
-		}, g.log, g.subs)
+		}, g.log, g.subMet)
 		if err != nil {
 			return nil, &partError{field: "events", err: err}
 		}
-		out = append(out, pool.Part{Name: "kv events", Run: func(ctx context.Context) error { return sub.Run(ctx, g.backend.Apply) }})
+		g.mu.Lock()
+		g.subs[e.Name] = sub
+		g.mu.Unlock()
+		out = append(out, pool.Part{Name: "kv events", Run: func(ctx context.Context) error { return sub.Run(ctx, g.backend.Apply) },
+			Close: func() {
+				g.mu.Lock()
+				if g.subs[e.Name] == sub {
+					delete(g.subs, e.Name)
+				}
+				g.mu.Unlock()
+			}})
 	}
 	if g.tokens.failover == nil {
 		return out, nil
@@ -74,6 +85,29 @@ func (g *engineParts) build(e pool.Engine, ep *fleet.Endpoint) ([]pool.Part, err
 		}
 	}
 	return append(out, pt), nil
+}
+
+// eventsConnected adds to conn, for each engine of the group with a KV
+// event subscriber, whether its streams are all connected
+// (kvevents.Subscriber.Connected); an engine already false stays false.
+func (g *engineParts) eventsConnected(conn map[string]bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for name, sub := range g.subs {
+		up, seen := conn[name]
+		conn[name] = sub.Connected() && (up || !seen)
+	}
+}
+
+// connectedEngines returns the engines of groups with a KV event
+// subscriber, true for those whose streams are all connected, false for
+// the others (proxy.Deps.EventsConnected).
+func connectedEngines(groups []*engineParts) map[string]bool {
+	conn := map[string]bool{}
+	for _, g := range groups {
+		g.eventsConnected(conn)
+	}
+	return conn
 }
 
 // currentProbes returns the mismatch probes of the engines in the pool.

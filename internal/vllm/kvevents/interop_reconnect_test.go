@@ -213,10 +213,16 @@ func TestInteropNetworkBlip(t *testing.T) {
 		return proxy.endpoint()
 	})
 	next := firstLive(t, p, rs, 0, 3)
+	if !rs.s.Connected() {
+		t.Fatal("Connected() false while the live connection is up")
+	}
 
 	// Cut; publish 2 while the subscriber is backing off (500ms).
 	proxy.cut()
 	waitFor(t, "disconnect", func() bool { return testutil.ToFloat64(rs.s.m.connected.WithLabelValues("blip", "0")) == 0 })
+	if rs.s.Connected() {
+		t.Fatal("Connected() true with the connection cut")
+	}
 	from := next
 	next = p.do("publish 2")
 	for seq := from; seq < next; seq++ {

@@ -259,7 +259,8 @@ type stats struct {
 // Subscriber follows one vLLM engine's KV events: one live subscription per
 // data-parallel rank, sequence tracking, replay of gaps, restart detection,
 // and a bounded queue to the consumer. Make it with NewSubscriber and start
-// it with Run, once. Stats is safe to call concurrently with Run.
+// it with Run, once. Stats and Connected are safe to call concurrently with
+// Run.
 //
 // Run starts, per rank, a connection goroutine (connect mode: dial, read,
 // redial; bind mode: accept, plus one reader per accepted engine
@@ -277,6 +278,9 @@ type Subscriber struct {
 	// ranks behind after a full queue (overflow.go); the apply goroutine
 	// wakes them when the queue has drained to half
 	behind atomic.Int32
+	// running holds Run's ranks while it runs (nil before and after), for
+	// Connected.
+	running atomic.Pointer[[]*rank]
 }
 
 // NewSubscriber checks cfg and returns a Subscriber; it binds and dials
@@ -375,6 +379,8 @@ func (s *Subscriber) Run(ctx context.Context, apply func(Update)) error {
 			ranks[r].resume(pos)
 		}
 	}
+	s.running.Store(&ranks)
+	defer s.running.Store(nil)
 	for r, rs := range ranks {
 		in := make(chan liveMsg, 64)
 		if ln := lns[r]; ln != nil {
@@ -402,6 +408,23 @@ func (s *Subscriber) Run(ctx context.Context, apply func(Update)) error {
 		}
 	}))
 	return g.Wait()
+}
+
+// Connected reports whether Run is running with a live event connection
+// to every data-parallel rank of the engine (the state the
+// kvrouter_vllm_connected gauges show). It is false before Run, after it
+// returns, and while any rank is between connections.
+func (s *Subscriber) Connected() bool {
+	p := s.running.Load()
+	if p == nil || len(*p) == 0 {
+		return false
+	}
+	for _, r := range *p {
+		if r.conns.Load() <= 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // Stats returns totals over all ranks since NewSubscriber.

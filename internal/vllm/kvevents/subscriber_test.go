@@ -271,6 +271,9 @@ func TestSubscriberBindModeDPRanks(t *testing.T) {
 	rs := startSub(t, SubscriberConfig{
 		Engine: "e-bind", Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base), Topic: "kv", DPSize: 2, Bind: true,
 	})
+	if rs.s.Connected() {
+		t.Fatal("Connected() true before any engine rank dialled in")
+	}
 	g := newGoPub(t, "kv-events", base, 2, true)
 	g.waitSubscribed()
 	for range 3 {
@@ -298,6 +301,9 @@ func TestSubscriberBindModeDPRanks(t *testing.T) {
 	}
 	if v := testutil.ToFloat64(m.connected.WithLabelValues("e-bind", "1")); v != 1 {
 		t.Fatalf("connected rank 1 = %v", v)
+	}
+	if !rs.s.Connected() {
+		t.Fatal("Connected() false with both ranks connected")
 	}
 	st := rs.s.Stats()
 	if st.Batches != 8 || st.BlocksStored != 16 || st.Events != 8 || st.Gaps != 1 || st.Replays != 0 {
