@@ -3,6 +3,7 @@ package kvindex
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -73,10 +74,22 @@ func TestExactConcurrentApply(t *testing.T) {
 
 	var writers, readers sync.WaitGroup
 	stop := make(chan struct{})
+	// After every eighth batch a writer waits until the readers have predicted
+	// again, so predictions land between stores (and later stores confirm
+	// some) however the goroutines are scheduled. The readers run until
+	// the writers are done, so the wait always ends.
+	waitReaders := func() {
+		for p := x.Stats().Predicted; x.Stats().Predicted == p; {
+			runtime.Gosched()
+		}
+	}
 	for e := range concEngines {
 		writers.Go(func() {
-			for _, b := range streams[e] {
+			for i, b := range streams[e] {
 				x.Apply(names[e], b)
+				if i%8 == 7 {
+					waitReaders()
+				}
 			}
 		})
 	}
