@@ -124,7 +124,7 @@ func openZMTP(ctx context.Context, nc net.Conn, typ zmq4.SocketType, server bool
 			}
 		})
 	}
-	zc, err := zmq4.Open(rw, null.Security(), typ, nil, server, nil)
+	zc, err := openZMQ4(rw, typ, server)
 	if err != nil {
 		nc.Close()
 		if ctx.Err() != nil {
@@ -133,6 +133,22 @@ func openZMTP(ctx context.Context, nc net.Conn, typ zmq4.SocketType, server bool
 		return nil, err
 	}
 	return &zmtpConn{nc: nc, zc: zc}, nil
+}
+
+// errPeerPanic marks a peer's bytes that made zmq4 panic (a malformed
+// handshake command, for example: zmq4 v0.17.0's metadata parser slices
+// past a property's end); the connection is closed as malformed.
+var errPeerPanic = errors.New("zmq4 panicked on the peer's bytes")
+
+// openZMQ4 is zmq4.Open with the NULL mechanism, a panic inside it turned
+// into an error wrapping errPeerPanic.
+func openZMQ4(rw net.Conn, typ zmq4.SocketType, server bool) (zc *zmq4.Conn, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			zc, err = nil, fmt.Errorf("zmtp handshake: %w: %v", errPeerPanic, p)
+		}
+	}()
+	return zmq4.Open(rw, null.Security(), typ, nil, server, nil)
 }
 
 // dialZMTP dials ep and opens a ZMTP session as typ, bounded by lim.
@@ -147,7 +163,12 @@ func dialZMTP(ctx context.Context, ep zmtpEndpoint, typ zmq4.SocketType, lim fra
 
 // recv returns the next user message, answering and skipping ZMTP commands
 // (PING is answered by zmq4 itself).
-func (c *zmtpConn) recv() ([][]byte, error) {
+func (c *zmtpConn) recv() (frames [][]byte, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			frames, err = nil, fmt.Errorf("zmtp recv: %w: %v", errPeerPanic, p)
+		}
+	}()
 	for {
 		msg, err := c.zc.RecvMsg()
 		if err != nil {
