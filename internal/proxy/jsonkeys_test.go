@@ -92,9 +92,13 @@ func FuzzAmbiguousKey(f *testing.F) {
 		if !json.Valid(b) {
 			return
 		}
+		// ambiguousKey reports the first ambiguity it meets, so a document
+		// with a case-folded known key and a duplicate may name either: a
+		// duplicate it names must exist, and "" means there is none.
 		got := ambiguousKey(b)
-		if dup := strings.HasPrefix(got, "duplicate key"); dup != refDuplicate(b) {
-			t.Fatalf("ambiguousKey(%q) = %q, reference duplicate = %v", b, got, !dup)
+		ref := refDuplicate(b)
+		if dup := strings.HasPrefix(got, "duplicate key"); dup && !ref || got == "" && ref {
+			t.Fatalf("ambiguousKey(%q) = %q, reference duplicate = %v", b, got, ref)
 		}
 	})
 }
