@@ -96,29 +96,16 @@ func runEPP(ctx context.Context, args []string, sio stdio) error {
 	if err != nil {
 		return err
 	}
-	fl.serve.opts.Log = slog.New(slog.NewTextHandler(sio.err, &slog.HandlerOptions{Level: fl.serve.logLevel}))
 	hup := make(chan os.Signal, 1) // a burst of SIGHUPs is one reload
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	fl.serve.opts.Reload = hup
-	app, err := serve.New(ctx, fl.serve.opts)
+	app, ln, _, err := startServe(ctx, &fl.serve, hup, sio)
 	if err != nil {
-		return err
-	}
-	ln, err := net.Listen("tcp", fl.serve.opts.Config.Listen)
-	if err != nil {
-		app.Close()
 		return err
 	}
 	gln, err := net.Listen("tcp", fl.grpcListen)
 	if err != nil {
 		ln.Close()
-		app.Close()
-		return err
-	}
-	if _, err := app.ListenAdmin(); err != nil {
-		ln.Close()
-		gln.Close()
 		app.Close()
 		return err
 	}

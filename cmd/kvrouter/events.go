@@ -13,15 +13,8 @@ const eventsSynopsis = "--endpoint tcp://HOST:PORT [--replay tcp://HOST:PORT] [-
 
 // runEvents implements "kvrouter events": it subscribes to one engine's KV
 // events (all its data-parallel ranks), with sequence checks and replay, and
-// prints each event. With --json every event is one line
-//
-//	{"seq":3,"rank":0,"ts":1754530955.5,"type":"BlockStored","block_hashes":["11","12"],...}
-//
-// carrying all of the event type's fields under vLLM's snake_case names
-// (absent ones as null; hashes as decimal strings since they may exceed
-// 2^53), and on exit (--count events printed, or interrupted) one last line
-// {"stats":{...}} with the subscriber's totals. Resets (engine restart, lost
-// gap, overflow) are reported on stderr.
+// prints each event (internal/vllm/kvevents/tail: --json lines, then the
+// subscriber's totals); resets are reported on stderr.
 func runEvents(ctx context.Context, args []string, sio stdio) error {
 	fs := newFlagSet("events", eventsSynopsis, sio.err)
 	endpoint := fs.String("endpoint", "", "the engine's KV event PUB endpoint (kv-events-config \"endpoint\" with the engine's host); with --bind, the local address to bind")

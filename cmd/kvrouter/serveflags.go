@@ -143,26 +143,11 @@ func runServe(ctx context.Context, args []string, sio stdio) error {
 	if err != nil {
 		return err
 	}
-	fl.opts.Log = slog.New(slog.NewTextHandler(sio.err, &slog.HandlerOptions{Level: fl.logLevel}))
 	hup := make(chan os.Signal, 1) // a burst of SIGHUPs is one reload
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	fl.opts.Reload = hup
-	// Everything that can reject the configuration runs before the socket
-	// opens: a start-up error never follows "listening on".
-	app, err := serve.New(ctx, fl.opts)
+	app, ln, admin, err := startServe(ctx, fl, hup, sio)
 	if err != nil {
-		return err
-	}
-	ln, err := net.Listen("tcp", fl.opts.Config.Listen)
-	if err != nil {
-		app.Close()
-		return err
-	}
-	admin, err := app.ListenAdmin()
-	if err != nil {
-		ln.Close()
-		app.Close()
 		return err
 	}
 	scheme := "http"
@@ -174,4 +159,29 @@ func runServe(ctx context.Context, args []string, sio stdio) error {
 		fmt.Fprintf(sio.err, "kvrouter serve: admin listening on %s://%s\n", scheme, admin)
 	}
 	return app.Run(ctx, ln)
+}
+
+// startServe builds the application of fl, logging on sio.err and
+// reloading on hup, then opens its listener and admin listener (admin nil
+// when none): everything that can reject the configuration runs before
+// the socket opens, so a start-up error never follows "listening on".
+func startServe(ctx context.Context, fl *serveFlags, hup <-chan os.Signal, sio stdio) (*serve.App, net.Listener, net.Addr, error) {
+	fl.opts.Log = slog.New(slog.NewTextHandler(sio.err, &slog.HandlerOptions{Level: fl.logLevel}))
+	fl.opts.Reload = hup
+	app, err := serve.New(ctx, fl.opts)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ln, err := net.Listen("tcp", fl.opts.Config.Listen)
+	if err != nil {
+		app.Close()
+		return nil, nil, nil, err
+	}
+	admin, err := app.ListenAdmin()
+	if err != nil {
+		ln.Close()
+		app.Close()
+		return nil, nil, nil, err
+	}
+	return app, ln, admin, nil
 }

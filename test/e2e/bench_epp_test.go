@@ -29,7 +29,7 @@ import (
 // lease, released by its response's end. Reported: p50 and p99 in µs per
 // request, measured at the client.
 //
-//	go test -run XXX -bench PickLatency -benchtime 4000x ./cmd/kvrouter/
+//	go test -run XXX -bench PickLatency -benchtime 4000x ./test/e2e/
 func BenchmarkPickLatency(b *testing.B) {
 	var sims []*e2eSim
 	for range 4 {

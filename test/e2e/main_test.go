@@ -10,7 +10,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -73,11 +72,11 @@ func run(ctx context.Context, args []string, sio stdio) int {
 		cmd := exec.CommandContext(ctx, bin, args...)
 		cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = sio.in, sio.out, sio.err
-		if err = cmd.Run(); err == nil {
-			return 0
-		}
-		if ee, ok := errors.AsType[*exec.ExitError](err); ok && ee.Exited() {
-			return ee.ExitCode()
+		err = cmd.Run()
+		// After an interrupt, Run reports ctx's error even when the
+		// process exited 0: the exit status is the answer.
+		if st := cmd.ProcessState; st != nil && st.Exited() {
+			return st.ExitCode()
 		}
 	}
 	if sio.err != nil {
