@@ -8,30 +8,11 @@ import (
 	"io"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"kvrouter/internal/enginesim"
 )
-
-// lockedBuffer is a bytes.Buffer safe for a logger and a test reading it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestEngineSimHelp: --help documents every flag, and each has usage text.
 func TestEngineSimHelp(t *testing.T) {

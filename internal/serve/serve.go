@@ -345,10 +345,10 @@ func (a *App) TLS() bool { return a.tls.listener != nil }
 // and returns its address (nil when unset); Run then serves /metrics, /ui
 // and /v1/route on it.
 func (a *App) ListenAdmin() (net.Addr, error) {
-	if a.cfg.AdminListen == "" || a.admin != nil {
-		if a.admin != nil {
-			return a.admin.Addr(), nil
-		}
+	if a.admin != nil {
+		return a.admin.Addr(), nil
+	}
+	if a.cfg.AdminListen == "" {
 		return nil, nil
 	}
 	ln, err := net.Listen("tcp", a.cfg.AdminListen)
