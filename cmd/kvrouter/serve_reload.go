@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/pool"
 	"kvrouter/internal/proxy"
@@ -32,10 +33,10 @@ const defaultConfigPoll = 3 * time.Second
 // group's pool); every other setting needs a restart, and a changed one is
 // named in the log line and otherwise ignored. One goroutine (Run) owns it.
 type reloader struct {
-	path     string              // "" when serve was started without --config
-	getenv   func(string) string // environment for api_key_env and KVROUTER_API_KEY
-	override func(*proxy.Config) // the command line's overrides (--listen, --tls-*)
-	poll     time.Duration       // <= 0: no polling, SIGHUP only
+	path     string               // "" when serve was started without --config
+	getenv   func(string) string  // environment for api_key_env and KVROUTER_API_KEY
+	override func(*config.Config) // the command line's overrides (--listen, --tls-*)
+	poll     time.Duration        // <= 0: no polling, SIGHUP only
 	hup      <-chan os.Signal
 	log      *slog.Logger
 	m        *reloadMetrics
@@ -43,7 +44,7 @@ type reloader struct {
 
 	// running is the configuration in effect: the start's, with the
 	// engine lists last applied.
-	running proxy.Config
+	running config.Config
 	// exact: the group started with KV events (an exact index); a group
 	// without cannot take events until a restart.
 	exact map[string]bool
@@ -135,7 +136,7 @@ func (r *reloader) refused(trigger string, err error) {
 
 // reload applies data (see the type doc).
 func (r *reloader) reload(trigger string, data []byte) {
-	cfg, pos, err := proxy.ParseConfig(data, r.getenv)
+	cfg, pos, err := config.Parse(data, r.getenv)
 	if err != nil {
 		r.refused(trigger, err)
 		return
@@ -155,7 +156,7 @@ func (r *reloader) reload(trigger string, data []byte) {
 		if r.pools[m.Name] == nil || m.Discovery != nil {
 			continue
 		}
-		j := slices.IndexFunc(r.running.Models, func(o proxy.ModelConfig) bool { return o.Name == m.Name })
+		j := slices.IndexFunc(r.running.Models, func(o config.Model) bool { return o.Name == m.Name })
 		groups = append(groups, group{i: i, old: staticEngines(r.running.Models[j]), new: staticEngines(m)})
 	}
 	// Removals first, in every group, so that an engine moved from one
@@ -176,7 +177,7 @@ func (r *reloader) reload(trigger string, data []byte) {
 		}
 		a, d, c := engineChanges(g.old, g.new)
 		added, removed, changed = added+a, removed+d, changed+c
-		j := slices.IndexFunc(r.running.Models, func(o proxy.ModelConfig) bool { return o.Name == m.Name })
+		j := slices.IndexFunc(r.running.Models, func(o config.Model) bool { return o.Name == m.Name })
 		r.running.Models[j].Engines = m.Engines
 	}
 	attrs := []any{"path", r.path, "trigger", trigger, "engines_added", added, "engines_removed", removed, "engines_changed", changed}
@@ -225,7 +226,7 @@ func engineChanges(old, new []pool.Engine) (added, removed, changed int) {
 // engine lists of static model groups (docs/serve.md, "Reloading
 // router.yaml"), plus KV events on engines of a group that started without
 // any (its index is approximate).
-func (r *reloader) restartOnly(cfg proxy.Config) []string {
+func (r *reloader) restartOnly(cfg config.Config) []string {
 	var out []string
 	differ := func(prefix string, a, b reflect.Value, skip string) {
 		for k := range a.NumField() {
@@ -239,7 +240,7 @@ func (r *reloader) restartOnly(cfg proxy.Config) []string {
 		}
 	}
 	differ("", reflect.ValueOf(r.running), reflect.ValueOf(cfg), "models")
-	names := func(ms []proxy.ModelConfig) []string {
+	names := func(ms []config.Model) []string {
 		out := make([]string, len(ms))
 		for i, m := range ms {
 			out[i] = m.Name
@@ -251,7 +252,7 @@ func (r *reloader) restartOnly(cfg proxy.Config) []string {
 		out = append(out, "models (model groups added or removed)")
 	}
 	for i, m := range cfg.Models {
-		j := slices.IndexFunc(r.running.Models, func(o proxy.ModelConfig) bool { return o.Name == m.Name })
+		j := slices.IndexFunc(r.running.Models, func(o config.Model) bool { return o.Name == m.Name })
 		if j < 0 {
 			continue
 		}

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"kvrouter/internal/proxy"
+	"kvrouter/internal/config"
 )
 
 // configMapDir writes router.yaml the way a Kubernetes ConfigMap volume
@@ -67,7 +67,7 @@ func startReloadable(t *testing.T, path string, poll time.Duration, hup chan os.
 		t.Fatal(err)
 	}
 	env := func(string) string { return "" }
-	cfg, pos, err := proxy.ParseConfig(data, env)
+	cfg, pos, err := config.Parse(data, env)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,9 +236,9 @@ models:
   - name: n
     engines: [{name: b, url: "http://127.0.0.1:2", events: "tcp://127.0.0.1:3"}]
 `
-	parse := func(y string) proxy.Config {
+	parse := func(y string) config.Config {
 		t.Helper()
-		c, _, err := proxy.ParseConfig([]byte(y), func(string) string { return "" })
+		c, _, err := config.Parse([]byte(y), func(string) string { return "" })
 		if err != nil {
 			t.Fatalf("%v\n%s", err, y)
 		}
