@@ -5,9 +5,6 @@ import (
 	"fmt"
 	"strconv"
 	"time"
-
-	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // Discovery selects the engines of one model group from Kubernetes
@@ -119,26 +116,26 @@ func (c Discovery) WithDefaults() (Discovery, error) {
 	var errs []error
 	if c.Namespace == "" {
 		errs = append(errs, fieldErr("namespace", "required"))
-	} else if msgs := validation.IsDNS1123Label(c.Namespace); len(msgs) > 0 {
-		errs = append(errs, fieldErr("namespace", "%q: %s", c.Namespace, msgs[0]))
+	} else if msg := checkDNS1123Label(c.Namespace); msg != "" {
+		errs = append(errs, fieldErr("namespace", "%q: %s", c.Namespace, msg))
 	}
 	switch {
 	case c.InferencePool != "" && c.Service != "":
 		errs = append(errs, fieldErr("inference_pool", "excludes service"))
 	case c.InferencePool != "":
-		if msgs := validation.IsDNS1123Subdomain(c.InferencePool); len(msgs) > 0 {
-			errs = append(errs, fieldErr("inference_pool", "%q: %s", c.InferencePool, msgs[0]))
+		if msg := checkDNS1123Subdomain(c.InferencePool); msg != "" {
+			errs = append(errs, fieldErr("inference_pool", "%q: %s", c.InferencePool, msg))
 		}
 	case c.Service == "" && c.Selector == "":
 		errs = append(errs, fieldErr("service", "service, selector or inference_pool is required"))
 	}
 	if c.Service != "" {
-		if msgs := validation.IsDNS1035Label(c.Service); len(msgs) > 0 {
-			errs = append(errs, fieldErr("service", "%q: %s", c.Service, msgs[0]))
+		if msg := checkDNS1035Label(c.Service); msg != "" {
+			errs = append(errs, fieldErr("service", "%q: %s", c.Service, msg))
 		}
 	}
 	if c.Selector != "" {
-		if _, err := labels.Parse(c.Selector); err != nil {
+		if err := checkSelector(c.Selector); err != nil {
 			errs = append(errs, fieldErr("selector", "%q: %v", c.Selector, err))
 		}
 	}
@@ -150,8 +147,8 @@ func (c Discovery) WithDefaults() (Discovery, error) {
 			if n < 1 || n > 65535 {
 				errs = append(errs, fieldErr("port", "%d out of range", n))
 			}
-		} else if msgs := validation.IsValidPortName(c.Port); len(msgs) > 0 {
-			errs = append(errs, fieldErr("port", "%q: %s", c.Port, msgs[0]))
+		} else if msg := checkPortName(c.Port); msg != "" {
+			errs = append(errs, fieldErr("port", "%q: %s", c.Port, msg))
 		}
 	}
 	if c.Resync == 0 {
@@ -181,8 +178,8 @@ func (c Discovery) WithDefaults() (Discovery, error) {
 		c.RoleLabel = DefaultRoleLabel
 	case RoleLabelOff:
 	default:
-		if msgs := validation.IsQualifiedName(c.RoleLabel); len(msgs) > 0 {
-			errs = append(errs, fieldErr("role_label", "%q: %s", c.RoleLabel, msgs[0]))
+		if msg := checkLabelKey(c.RoleLabel); msg != "" {
+			errs = append(errs, fieldErr("role_label", "%q: %s", c.RoleLabel, msg))
 		}
 	}
 	if c.Name == "" && c.InferencePool != "" {

@@ -6,8 +6,6 @@ import (
 	"os"
 	"strings"
 	"time"
-
-	"k8s.io/apimachinery/pkg/labels"
 )
 
 // serviceAccountNamespace is where Kubernetes mounts the Pod's namespace.
@@ -82,7 +80,7 @@ func (c Peers) Validate() error {
 	}
 	if c.Selector == "" {
 		errs = append(errs, errors.New("selector: required"))
-	} else if _, err := labels.Parse(c.Selector); err != nil {
+	} else if err := checkSelector(c.Selector); err != nil {
 		errs = append(errs, fmt.Errorf("selector %q: %w", c.Selector, err))
 	}
 	if c.PodName == "" {
