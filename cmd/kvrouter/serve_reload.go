@@ -4,10 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
-	"fmt"
 	"log/slog"
 	"os"
-	"reflect"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -144,7 +142,8 @@ func (r *reloader) reload(trigger string, data []byte) {
 	if r.override != nil {
 		r.override(&cfg)
 	}
-	restart := r.restartOnly(cfg)
+	diff := config.Compare(r.running, cfg, r.exact)
+	restart := diff.Restart
 	// The groups whose engines change: static both before and after.
 	type group struct {
 		i   int // index in cfg.Models
@@ -152,12 +151,8 @@ func (r *reloader) reload(trigger string, data []byte) {
 		new []pool.Engine
 	}
 	var groups []group
-	for i, m := range cfg.Models {
-		if r.pools[m.Name] == nil || m.Discovery != nil {
-			continue
-		}
-		j := slices.IndexFunc(r.running.Models, func(o config.Model) bool { return o.Name == m.Name })
-		groups = append(groups, group{i: i, old: staticEngines(r.running.Models[j]), new: staticEngines(m)})
+	for _, g := range diff.Groups {
+		groups = append(groups, group{i: g.Next, old: staticEngines(r.running.Models[g.Running]), new: staticEngines(cfg.Models[g.Next])})
 	}
 	// Removals first, in every group, so that an engine moved from one
 	// group to another is gone from the first before the second adds it
@@ -219,55 +214,6 @@ func engineChanges(old, new []pool.Engine) (added, removed, changed int) {
 		}
 	}
 	return added, removed, changed
-}
-
-// restartOnly names the settings of cfg that differ from the running
-// configuration and that only a restart applies: everything but the
-// engine lists of static model groups (docs/serve.md, "Reloading
-// router.yaml"), plus KV events on engines of a group that started without
-// any (its index is approximate).
-func (r *reloader) restartOnly(cfg config.Config) []string {
-	var out []string
-	differ := func(prefix string, a, b reflect.Value, skip string) {
-		for k := range a.NumField() {
-			name, _, _ := strings.Cut(a.Type().Field(k).Tag.Get("yaml"), ",")
-			if name == "" || name == "-" || name == skip {
-				continue
-			}
-			if !reflect.DeepEqual(a.Field(k).Interface(), b.Field(k).Interface()) {
-				out = append(out, prefix+name)
-			}
-		}
-	}
-	differ("", reflect.ValueOf(r.running), reflect.ValueOf(cfg), "models")
-	names := func(ms []config.Model) []string {
-		out := make([]string, len(ms))
-		for i, m := range ms {
-			out[i] = m.Name
-		}
-		slices.Sort(out)
-		return out
-	}
-	if !slices.Equal(names(r.running.Models), names(cfg.Models)) {
-		out = append(out, "models (model groups added or removed)")
-	}
-	for i, m := range cfg.Models {
-		j := slices.IndexFunc(r.running.Models, func(o config.Model) bool { return o.Name == m.Name })
-		if j < 0 {
-			continue
-		}
-		prefix := fmt.Sprintf("models[%d].", i)
-		differ(prefix, reflect.ValueOf(r.running.Models[j]), reflect.ValueOf(m), "engines")
-		if r.exact[m.Name] || m.Discovery != nil {
-			continue
-		}
-		for k, e := range m.Engines {
-			if e.Events != "" {
-				out = append(out, fmt.Sprintf("%sengines[%d].events (the group started without KV events: its index is approximate)", prefix, k))
-			}
-		}
-	}
-	return out
 }
 
 // hookedFleet is the fleet as a group's pool sees it: adding and removing

@@ -187,7 +187,7 @@ func testKubeconfig(t *testing.T, e *env) {
 	rc := e.c.Config()
 	path := filepath.Join(t.TempDir(), "kubeconfig")
 	kc := fmt.Sprintf(`apiVersion: v1
-kind: config.Discovery
+kind: Config
 clusters: [{name: test, cluster: {server: %q, certificate-authority: %q}}]
 users: [{name: admin, user: {token: %q}}]
 contexts: [{name: test, context: {cluster: test, user: admin, namespace: %s}}]

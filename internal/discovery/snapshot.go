@@ -49,7 +49,7 @@ type Engine struct {
 	Addr string
 	// State is what it may be sent.
 	State State
-	// config.EngineSettings are config.Discovery.Defaults overlaid with the Pod's annotations.
+	// Settings are config.Discovery.Defaults overlaid with the Pod's annotations.
 	Settings config.EngineSettings
 	// APIKey is the engine's API key, read from the Secret key
 	// config.EngineSettings.APIKeySecret names ("" when it names none).
