@@ -26,7 +26,7 @@ type Config struct {
 	APIKey string `yaml:"api_key"`
 	// AdminListen, when set, is a second listen address serving the
 	// introspection paths (/metrics, /ui, /v1/route) beside /health and
-	// /ready; the main listener then no longer serves them (package proxy, docs/security.md).
+	// /ready; the main listener then no longer serves them (docs/security.md).
 	// Empty: they are served on Listen, behind APIKey when it is set.
 	AdminListen string `yaml:"admin_listen"`
 	// BodyLimit is the largest request body accepted, in bytes (default 16
@@ -36,10 +36,10 @@ type Config struct {
 	// requests together (default 512 MiB, or BodyLimit when larger); a body
 	// that does not fit is answered 503 with Retry-After.
 	BodyBudget int64 `yaml:"body_budget"`
-	// HTTP bounds the connections of the listeners (package proxy, docs/security.md).
+	// HTTP bounds the connections of the listeners (docs/security.md).
 	HTTP Listener `yaml:"http"`
 	// Clients says which engine controls clients may set themselves
-	// (package proxy, docs/security.md); by default none.
+	// (docs/security.md); by default none.
 	Clients Clients `yaml:"clients"`
 	// DrainTimeout bounds graceful shutdown: after the listener closes,
 	// requests in flight get this long to finish (default 30s).
@@ -181,7 +181,7 @@ type Model struct {
 	// without forwarding) or "forward" (let the engine answer).
 	TooLong string `yaml:"too_long"`
 	// Adapters are LoRA adapters the group's engines serve on top of this
-	// model (package proxy); adapters the engines list with this model as
+	// model; adapters the engines list with this model as
 	// parent are served too, without configuration.
 	Adapters []Adapter `yaml:"adapters"`
 	// AdapterLoading is what happens to a request for an adapter no healthy
@@ -189,10 +189,10 @@ type Model struct {
 	// has a path, on the engine the router picks).
 	AdapterLoading string `yaml:"adapter_loading"`
 	// Aliases are further client-facing model names over this group, each
-	// with request defaults and caps (package proxy).
+	// with request defaults and caps.
 	Aliases []Alias `yaml:"aliases"`
 	// Media bounds the images, audio and video of one chat request
-	// (package proxy; nil: none).
+	// (nil: none).
 	Media *MediaLimits `yaml:"media"`
 	// PD configures disaggregated prefill and decode for a group whose
 	// engines have roles (docs/pd.md): mode (conditional, always,

@@ -87,8 +87,10 @@ type EngineSettings struct {
 
 // SecretRef names one key of a Secret in the source's namespace.
 type SecretRef struct {
+	// Name is the Secret's name ("": no key).
 	Name string `yaml:"name"`
-	Key  string `yaml:"key"`
+	// Key is the key within the Secret's data.
+	Key string `yaml:"key"`
 }
 
 // MaxDPSize bounds a discovered engine's dp_size (Discovery.Defaults and
@@ -104,6 +106,7 @@ type DiscoveryError struct {
 	Msg string
 }
 
+// Error returns "discovery: FIELD: MSG".
 func (e *DiscoveryError) Error() string { return "discovery: " + e.Field + ": " + e.Msg }
 
 func fieldErr(field, format string, a ...any) error {
