@@ -16,8 +16,8 @@ import (
 
 	"kvrouter/internal/bench"
 	"kvrouter/internal/bench/report"
+	"kvrouter/internal/config"
 	"kvrouter/internal/enginesim"
-	"kvrouter/internal/proxy"
 	"kvrouter/internal/sim"
 	"kvrouter/internal/workload"
 )
@@ -42,11 +42,11 @@ type routerFactory func(ctx context.Context, policy string, engines []demoEngine
 // quick form: one model, the engines with their KV event and replay
 // endpoints, token-id prompts (tokenizer none), the policy.
 var startRouter routerFactory = func(ctx context.Context, policy string, engines []demoEngine, log *slog.Logger) (string, func() error, error) {
-	m := proxy.ModelConfig{Name: demoModel, Tokenizer: proxy.TokenizerNone, Policy: policy}
+	m := config.Model{Name: demoModel, Tokenizer: config.TokenizerNone, Policy: policy}
 	for _, e := range engines {
-		m.Engines = append(m.Engines, proxy.EngineConfig{Name: e.Name, URL: e.URL, Events: e.Events, Replay: e.Replay})
+		m.Engines = append(m.Engines, config.Engine{Name: e.Name, URL: e.URL, Events: e.Events, Replay: e.Replay})
 	}
-	cfg := proxy.Config{Models: []proxy.ModelConfig{m}}
+	cfg := config.Config{Models: []config.Model{m}}
 	cfg.FillDefaults(func(string) string { return "" })
 	if err := cfg.Validate(); err != nil {
 		return "", nil, err

@@ -21,8 +21,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/enginesim"
-	"kvrouter/internal/proxy"
 )
 
 // End-to-end tests: engine-sims and kvrouter serve in this process, talking
@@ -140,7 +140,7 @@ func serveYAML(t *testing.T, yaml string, level slog.Level) *e2eRouter {
 // certificate.
 func startServe(t *testing.T, yaml string, log *slog.Logger) string {
 	t.Helper()
-	cfg, pos, err := proxy.ParseConfig([]byte(yaml), func(string) string { return "" })
+	cfg, pos, err := config.Parse([]byte(yaml), func(string) string { return "" })
 	if err != nil {
 		t.Fatalf("%v\n%s", err, yaml)
 	}

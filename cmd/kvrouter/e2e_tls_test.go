@@ -25,8 +25,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/enginesim"
-	"kvrouter/internal/proxy"
 )
 
 // testCA is a certificate authority made in the test with crypto/x509.
@@ -291,15 +291,15 @@ func TestLoadServeTLSErrors(t *testing.T) {
 	}
 	tests := []struct {
 		name string
-		cfg  proxy.TLSConfig
+		cfg  config.TLS
 		want string // "" = no error
 	}{
-		{"good", proxy.TLSConfig{CertFile: certFile, KeyFile: keyFile, EngineCAFile: caFile}, ""},
-		{"cert without key", proxy.TLSConfig{CertFile: certFile}, "cert_file (--tls-cert) and key_file (--tls-key) go together"},
-		{"key of another cert", proxy.TLSConfig{CertFile: certFile, KeyFile: otherKey}, "private key does not match public key"},
-		{"missing cert file", proxy.TLSConfig{CertFile: filepath.Join(dir, "nope.pem"), KeyFile: keyFile}, "tls.cert_file " + filepath.Join(dir, "nope.pem")},
-		{"CA file without certificates", proxy.TLSConfig{EngineCAFile: junk}, "tls.engine_ca_file (--engine-ca) " + junk + ": no PEM CERTIFICATE block"},
-		{"CA file is a key", proxy.TLSConfig{EngineCAFile: keyFile}, "no PEM CERTIFICATE block"},
+		{"good", config.TLS{CertFile: certFile, KeyFile: keyFile, EngineCAFile: caFile}, ""},
+		{"cert without key", config.TLS{CertFile: certFile}, "cert_file (--tls-cert) and key_file (--tls-key) go together"},
+		{"key of another cert", config.TLS{CertFile: certFile, KeyFile: otherKey}, "private key does not match public key"},
+		{"missing cert file", config.TLS{CertFile: filepath.Join(dir, "nope.pem"), KeyFile: keyFile}, "tls.cert_file " + filepath.Join(dir, "nope.pem")},
+		{"CA file without certificates", config.TLS{EngineCAFile: junk}, "tls.engine_ca_file (--engine-ca) " + junk + ": no PEM CERTIFICATE block"},
+		{"CA file is a key", config.TLS{EngineCAFile: keyFile}, "no PEM CERTIFICATE block"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -331,7 +331,7 @@ func TestServeTLSFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := fl.cfg.TLS; got != (proxy.TLSConfig{CertFile: "c.pem", KeyFile: "k.pem", EngineCAFile: "ca.pem"}) {
+	if got := fl.cfg.TLS; got != (config.TLS{CertFile: "c.pem", KeyFile: "k.pem", EngineCAFile: "ca.pem"}) {
 		t.Errorf("quick form: %+v", got)
 	}
 	fl, err = parseServeFlags([]string{"--config", cfgFile, "--engine-ca", "ca2.pem"}, func(string) string { return "" }, sio)
@@ -341,7 +341,7 @@ func TestServeTLSFlags(t *testing.T) {
 	if fl.cfg.TLS.EngineCAFile != "ca2.pem" {
 		t.Errorf("--engine-ca over the file: %+v", fl.cfg.TLS)
 	}
-	fl.cfg.TLS = proxy.TLSConfig{CertFile: filepath.Join(dir, "missing.pem"), KeyFile: filepath.Join(dir, "missing.pem")}
+	fl.cfg.TLS = config.TLS{CertFile: filepath.Join(dir, "missing.pem"), KeyFile: filepath.Join(dir, "missing.pem")}
 	if _, err := buildServe(t.Context(), fl, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "tls.cert_file") {
 		t.Errorf("buildServe with a missing certificate: %v", err)
 	}

@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"kvrouter/internal/discovery"
+	"kvrouter/internal/config"
 	"kvrouter/internal/epp"
 	"kvrouter/internal/proxy"
 )
@@ -29,20 +29,20 @@ type eppFlags struct {
 func parseEPPFlags(args []string, getenv func(string) string, sio stdio) (*eppFlags, error) {
 	fs := newFlagSet("epp", "--config router.yaml | --inference-pool NAME --namespace NS --model NAME [...]", sio.err)
 	var (
-		config   = fs.String("config", "", "router.yaml (see docs/serve.md and docs/epp.md); excludes the quick-form flags")
-		grpcAddr = fs.String("grpc-listen", ":9002", "ext_proc and gRPC health listen address")
-		listen   = fs.String("listen", "", "HTTP listen address for /metrics, /ready, /health and the OpenAI API (default :8080; overrides the file's)")
-		maxIF    = fs.Int64("max-in-flight", 0, "requests one endpoint may have open through the EPP before requests are shed with 429 (0: no limit)")
-		pool     = fs.String("inference-pool", "", "quick form: the InferencePool (inference.networking.k8s.io/v1) whose Pods are the engines")
-		ns       = fs.String("namespace", "", "quick form: the InferencePool's namespace")
-		model    = fs.String("model", "", "quick form: the model name clients send")
-		tok      = fs.String("tokenizer", "", "quick form: tokenizer.json path or directory, render, or none (default render)")
-		policy   = fs.String("policy", "", "quick form: routing policy (default kv)")
-		evPort   = fs.Int("events-port", 0, "quick form: engines' KV events port (Pod annotation kvrouter/events-port overrides; 0: none)")
-		repPort  = fs.Int("replay-port", 0, "quick form: engines' KV events replay port (Pod annotation kvrouter/replay-port overrides)")
-		kubecfg  = fs.String("kubeconfig", "", "quick form: kubeconfig file (default: in-cluster)")
-		poll     = fs.Duration("config-poll", defaultConfigPoll, "how often to read --config for a changed content and reload it, as serve does (0: only on SIGHUP)")
-		logLevel slog.Level
+		configFile = fs.String("config", "", "router.yaml (see docs/serve.md and docs/epp.md); excludes the quick-form flags")
+		grpcAddr   = fs.String("grpc-listen", ":9002", "ext_proc and gRPC health listen address")
+		listen     = fs.String("listen", "", "HTTP listen address for /metrics, /ready, /health and the OpenAI API (default :8080; overrides the file's)")
+		maxIF      = fs.Int64("max-in-flight", 0, "requests one endpoint may have open through the EPP before requests are shed with 429 (0: no limit)")
+		pool       = fs.String("inference-pool", "", "quick form: the InferencePool (inference.networking.k8s.io/v1) whose Pods are the engines")
+		ns         = fs.String("namespace", "", "quick form: the InferencePool's namespace")
+		model      = fs.String("model", "", "quick form: the model name clients send")
+		tok        = fs.String("tokenizer", "", "quick form: tokenizer.json path or directory, render, or none (default render)")
+		policy     = fs.String("policy", "", "quick form: routing policy (default kv)")
+		evPort     = fs.Int("events-port", 0, "quick form: engines' KV events port (Pod annotation kvrouter/events-port overrides; 0: none)")
+		repPort    = fs.Int("replay-port", 0, "quick form: engines' KV events replay port (Pod annotation kvrouter/replay-port overrides)")
+		kubecfg    = fs.String("kubeconfig", "", "quick form: kubeconfig file (default: in-cluster)")
+		poll       = fs.Duration("config-poll", defaultConfigPoll, "how often to read --config for a changed content and reload it, as serve does (0: only on SIGHUP)")
+		logLevel   slog.Level
 	)
 	fs.TextVar(&logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
 	if err := parseFlags(fs, args); err != nil {
@@ -52,32 +52,32 @@ func parseEPPFlags(args []string, getenv func(string) string, sio stdio) (*eppFl
 	out.serve.logLevel, out.serve.getenv, out.serve.poll = logLevel, getenv, *poll
 	quick := *pool != "" || *ns != "" || *model != "" || *tok != "" || *policy != "" || *evPort != 0 || *repPort != 0 || *kubecfg != ""
 	switch {
-	case *config != "" && quick:
+	case *configFile != "" && quick:
 		return nil, fmt.Errorf("%w: --config excludes --inference-pool, --namespace, --model, --tokenizer, --policy, --events-port, --replay-port, --kubeconfig", errUsage)
-	case *config != "":
-		data, err := os.ReadFile(*config)
+	case *configFile != "":
+		data, err := os.ReadFile(*configFile)
 		if err != nil {
 			return nil, err
 		}
-		cfg, pos, err := proxy.ParseConfig(data, getenv)
+		cfg, pos, err := config.Parse(data, getenv)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", *config, err)
+			return nil, fmt.Errorf("%s: %w", *configFile, err)
 		}
 		out.serve.cfg, out.serve.pos = cfg, pos
-		out.serve.configPath, out.serve.configHash = *config, sha256.Sum256(data)
+		out.serve.configPath, out.serve.configHash = *configFile, sha256.Sum256(data)
 	default:
 		if *pool == "" || *ns == "" || *model == "" {
 			return nil, fmt.Errorf("%w: want --config FILE, or --inference-pool NAME, --namespace NS and --model NAME", errUsage)
 		}
-		d := &discovery.Config{Namespace: *ns, InferencePool: *pool, Kubeconfig: *kubecfg,
-			Defaults: discovery.Settings{EventsPort: *evPort, ReplayPort: *repPort}}
-		out.serve.cfg = proxy.Config{Models: []proxy.ModelConfig{{Name: *model, Tokenizer: *tok, Policy: *policy, Discovery: d}}}
+		d := &config.Discovery{Namespace: *ns, InferencePool: *pool, Kubeconfig: *kubecfg,
+			Defaults: config.EngineSettings{EventsPort: *evPort, ReplayPort: *repPort}}
+		out.serve.cfg = config.Config{Models: []config.Model{{Name: *model, Tokenizer: *tok, Policy: *policy, Discovery: d}}}
 		out.serve.cfg.FillDefaults(getenv)
 		if err := out.serve.cfg.Validate(); err != nil {
 			return nil, fmt.Errorf("%w: %v", errUsage, err)
 		}
 	}
-	out.serve.override = func(c *proxy.Config) {
+	out.serve.override = func(c *config.Config) {
 		if *listen != "" {
 			c.Listen = *listen
 		}

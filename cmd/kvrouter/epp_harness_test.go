@@ -22,8 +22,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/epp"
-	"kvrouter/internal/proxy"
 )
 
 // fakeEnvoy drives the ext_proc exchange as Envoy's ext_proc filter does in
@@ -255,7 +255,7 @@ type eppStack struct {
 func startEPP(t testing.TB, yaml string, maxInFlight int64, opts ...func(*eppFlags)) *eppStack {
 	t.Helper()
 	skipE2EShort(t)
-	cfg, pos, err := proxy.ParseConfig([]byte(yaml), func(string) string { return "" })
+	cfg, pos, err := config.Parse([]byte(yaml), func(string) string { return "" })
 	if err != nil {
 		t.Fatalf("%v\n%s", err, yaml)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"golang.org/x/sync/errgroup"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/kvindex/kvindexprom"
 	"kvrouter/internal/pool"
@@ -35,8 +36,8 @@ import (
 
 // serveFlags are the parsed flags of "kvrouter serve".
 type serveFlags struct {
-	cfg      proxy.Config
-	pos      proxy.Positions
+	cfg      config.Config
+	pos      config.Positions
 	logLevel slog.Level
 	// configPath is --config ("" for the quick form); configHash is the
 	// SHA-256 of the content cfg was read from.
@@ -45,7 +46,7 @@ type serveFlags struct {
 	// getenv and override (the command line's --listen, --tls-*, applied
 	// to cfg) serve reloads of configPath.
 	getenv   func(string) string
-	override func(*proxy.Config)
+	override func(*config.Config)
 	// poll is how often configPath is read for a change (<= 0: never).
 	poll time.Duration
 	// hup receives SIGHUP (nil: none).
@@ -58,27 +59,27 @@ type serveFlags struct {
 func parseServeFlags(args []string, getenv func(string) string, sio stdio) (*serveFlags, error) {
 	fs := newFlagSet("serve", "--config router.yaml | --model NAME --engine URL [--events tcp://..] [--replay tcp://..] ...", sio.err)
 	var (
-		config    = fs.String("config", "", "router.yaml (see docs/serve.md); excludes the quick-form flags")
-		listen    = fs.String("listen", "", "listen address (default :8080; overrides the file's)")
-		model     = fs.String("model", "", "quick form: the model name clients send")
-		tok       = fs.String("tokenizer", "", "quick form: tokenizer.json path or directory, render (ask the engine), or none (default render)")
-		policy    = fs.String("policy", "", "quick form: routing policy: kv (default), round_robin, random, least_load, session, prefix_chars, dynamo, llmd, sglang, shadow")
-		engines   listFlag
-		events    listFlag
-		replays   listFlag
-		logLevel  slog.Level
-		noHitRepo = fs.Bool("no-hit-report", false, "quick form: do not merge vllm_xargs.kv_cache_report_mode=full into requests")
-		evBind    = fs.Bool("events-bind", false, "quick form: kvrouter binds every --events address and the engines dial in (their endpoint names kvrouter's host)")
-		tlsCert   = fs.String("tls-cert", "", "serve HTTPS with this PEM certificate (chain) file; needs --tls-key (overrides the file's tls.cert_file)")
-		tlsKey    = fs.String("tls-key", "", "PEM private key of --tls-cert (overrides the file's tls.key_file)")
-		engineCA  = fs.String("engine-ca", "", "PEM CA file that verifies https:// engines instead of the system's roots (overrides the file's tls.engine_ca_file)")
-		evQueue   = fs.Int("events-queue", 0, "quick form: KV event batches per engine that may wait for the index (default 1024; more are caught up by replay)")
-		poll      = fs.Duration("config-poll", defaultConfigPoll, "how often to read --config for a changed content and reload it (0: only on SIGHUP)")
-		admin     = fs.String("admin-listen", "", "serve /metrics, /ui and /v1/route on this second address only, e.g. 127.0.0.1:9090 (overrides the file's admin_listen)")
-		maxConns  = fs.Int("max-connections", 0, "open client connections per listener (default 8192; overrides the file's http.max_connections)")
-		hdrTO     = fs.Duration("header-timeout", 0, "wait for a request's headers (default 10s; overrides http.header_timeout)")
-		bodyTO    = fs.Duration("body-idle-timeout", 0, "wait for each next part of a request body (default 30s; overrides http.body_idle_timeout)")
-		idleTO    = fs.Duration("idle-timeout", 0, "close a keep-alive connection idle this long (default 60s; overrides http.idle_timeout)")
+		configFile = fs.String("config", "", "router.yaml (see docs/serve.md); excludes the quick-form flags")
+		listen     = fs.String("listen", "", "listen address (default :8080; overrides the file's)")
+		model      = fs.String("model", "", "quick form: the model name clients send")
+		tok        = fs.String("tokenizer", "", "quick form: tokenizer.json path or directory, render (ask the engine), or none (default render)")
+		policy     = fs.String("policy", "", "quick form: routing policy: kv (default), round_robin, random, least_load, session, prefix_chars, dynamo, llmd, sglang, shadow")
+		engines    listFlag
+		events     listFlag
+		replays    listFlag
+		logLevel   slog.Level
+		noHitRepo  = fs.Bool("no-hit-report", false, "quick form: do not merge vllm_xargs.kv_cache_report_mode=full into requests")
+		evBind     = fs.Bool("events-bind", false, "quick form: kvrouter binds every --events address and the engines dial in (their endpoint names kvrouter's host)")
+		tlsCert    = fs.String("tls-cert", "", "serve HTTPS with this PEM certificate (chain) file; needs --tls-key (overrides the file's tls.cert_file)")
+		tlsKey     = fs.String("tls-key", "", "PEM private key of --tls-cert (overrides the file's tls.key_file)")
+		engineCA   = fs.String("engine-ca", "", "PEM CA file that verifies https:// engines instead of the system's roots (overrides the file's tls.engine_ca_file)")
+		evQueue    = fs.Int("events-queue", 0, "quick form: KV event batches per engine that may wait for the index (default 1024; more are caught up by replay)")
+		poll       = fs.Duration("config-poll", defaultConfigPoll, "how often to read --config for a changed content and reload it (0: only on SIGHUP)")
+		admin      = fs.String("admin-listen", "", "serve /metrics, /ui and /v1/route on this second address only, e.g. 127.0.0.1:9090 (overrides the file's admin_listen)")
+		maxConns   = fs.Int("max-connections", 0, "open client connections per listener (default 8192; overrides the file's http.max_connections)")
+		hdrTO      = fs.Duration("header-timeout", 0, "wait for a request's headers (default 10s; overrides http.header_timeout)")
+		bodyTO     = fs.Duration("body-idle-timeout", 0, "wait for each next part of a request body (default 30s; overrides http.body_idle_timeout)")
+		idleTO     = fs.Duration("idle-timeout", 0, "close a keep-alive connection idle this long (default 60s; overrides http.idle_timeout)")
 	)
 	fs.Var(&engines, "engine", "quick form: engine base URL, e.g. http://10.0.0.1:8000 (repeatable)")
 	fs.Var(&events, "events", "quick form: KV events endpoint of the n-th --engine, e.g. tcp://10.0.0.1:5557 (repeatable, in --engine order)")
@@ -91,19 +92,19 @@ func parseServeFlags(args []string, getenv func(string) string, sio stdio) (*ser
 	out := &serveFlags{logLevel: logLevel, getenv: getenv, poll: *poll, noUI: !*uiOn}
 	quick := *model != "" || len(engines) > 0 || len(events) > 0 || len(replays) > 0 || *tok != "" || *policy != "" || *noHitRepo || *evBind || *evQueue != 0
 	switch {
-	case *config != "" && quick:
+	case *configFile != "" && quick:
 		return nil, fmt.Errorf("%w: --config excludes --model, --engine, --events, --events-bind, --events-queue, --replay, --tokenizer, --policy", errUsage)
-	case *config != "":
-		data, err := os.ReadFile(*config)
+	case *configFile != "":
+		data, err := os.ReadFile(*configFile)
 		if err != nil {
 			return nil, err
 		}
-		cfg, pos, err := proxy.ParseConfig(data, getenv)
+		cfg, pos, err := config.Parse(data, getenv)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", *config, err)
+			return nil, fmt.Errorf("%s: %w", *configFile, err)
 		}
 		out.cfg, out.pos = cfg, pos
-		out.configPath, out.configHash = *config, sha256.Sum256(data)
+		out.configPath, out.configHash = *configFile, sha256.Sum256(data)
 	default:
 		if *model == "" || len(engines) == 0 {
 			return nil, fmt.Errorf("%w: want --config FILE, or --model NAME and at least one --engine URL", errUsage)
@@ -121,9 +122,9 @@ func parseServeFlags(args []string, getenv func(string) string, sio stdio) (*ser
 		if len(replays) > 0 && len(replays) < len(engines) {
 			return nil, fmt.Errorf("%w: %d --replay for %d --engine: give one --replay per --engine, in --engine order, or none", errUsage, len(replays), len(engines))
 		}
-		m := proxy.ModelConfig{Name: *model, Tokenizer: *tok, Policy: *policy, DisableHitReport: *noHitRepo}
+		m := config.Model{Name: *model, Tokenizer: *tok, Policy: *policy, DisableHitReport: *noHitRepo}
 		for i, u := range engines {
-			e := proxy.EngineConfig{URL: u, EventsQueue: *evQueue}
+			e := config.Engine{URL: u, EventsQueue: *evQueue}
 			if i < len(events) {
 				e.Events, e.EventsBind = events[i], *evBind
 			}
@@ -132,13 +133,13 @@ func parseServeFlags(args []string, getenv func(string) string, sio stdio) (*ser
 			}
 			m.Engines = append(m.Engines, e)
 		}
-		out.cfg = proxy.Config{Models: []proxy.ModelConfig{m}}
+		out.cfg = config.Config{Models: []config.Model{m}}
 		out.cfg.FillDefaults(getenv)
 		if err := out.cfg.Validate(); err != nil {
 			return nil, fmt.Errorf("%w: %v", errUsage, err)
 		}
 	}
-	out.override = func(c *proxy.Config) {
+	out.override = func(c *config.Config) {
 		if *listen != "" {
 			c.Listen = *listen
 		}
@@ -495,7 +496,7 @@ func (a *serveApp) listenAdmin() error {
 // sources (nil for "none") and the local tokenizer they share (nil for
 // "render").
 type tokenSource struct {
-	m        proxy.ModelConfig
+	m        config.Model
 	failover *proxy.FailoverTokenizer
 	local    *tokenizer.Local
 	client   *http.Client
@@ -508,12 +509,12 @@ type tokenSource struct {
 // (engineParts): each brings its render endpoints ("render") or, with a
 // local tokenizer from the path, that tokenizer with the engine as
 // fallback and a mismatch probe of the engine.
-func newTokenSource(m proxy.ModelConfig, client *http.Client, log *slog.Logger, reg prometheus.Registerer) (*tokenSource, error) {
+func newTokenSource(m config.Model, client *http.Client, log *slog.Logger, reg prometheus.Registerer) (*tokenSource, error) {
 	ts := &tokenSource{m: m, client: client}
-	if m.Tokenizer == proxy.TokenizerNone {
+	if m.Tokenizer == config.TokenizerNone {
 		return ts, nil
 	}
-	if m.Tokenizer != proxy.TokenizerRender {
+	if m.Tokenizer != config.TokenizerRender {
 		tok, err := tokenizer.Load(m.Tokenizer)
 		if err != nil {
 			return nil, err
@@ -586,7 +587,7 @@ func recovered(what string, f func() error) func() error {
 // no predicted hits and /ready does not count it (proxy's readiness). The
 // quick form refuses the same mix (one --events per --engine or none);
 // router.yaml accepts it, e.g. while an engine's events are being enabled.
-func warnEnginesWithoutEvents(m proxy.ModelConfig, log *slog.Logger) {
+func warnEnginesWithoutEvents(m config.Model, log *slog.Logger) {
 	for _, e := range m.Engines {
 		if e.Events != "" {
 			continue
