@@ -66,11 +66,17 @@ fmt:
 vet:
 	$(GO) vet $(PKGS)
 
-## deps: routing and kvindex never import net/http, so serve, sim and bench run the same code.
+## deps: routing and kvindex never import net/http, so serve, sim and bench run the same code;
+## config (router.yaml's schema) and the HTTP front never import the Kubernetes client, config no ZeroMQ.
 deps:
 	@for p in ./internal/routing ./internal/kvindex; do \
 		if $(GO) list -deps $$p 2>/dev/null | grep -qx 'net/http'; then \
 			echo "$$p imports net/http"; exit 1; fi; done
+	@for p in ./internal/config ./internal/proxy; do \
+		if $(GO) list -deps $$p 2>/dev/null | grep -q '^k8s\.io/'; then \
+			echo "$$p imports k8s.io/"; exit 1; fi; done
+	@if $(GO) list -deps ./internal/config 2>/dev/null | grep -q 'zmq'; then \
+		echo "./internal/config imports ZeroMQ"; exit 1; fi
 
 # The ZeroMQ subscriber's replay tests time a real ROUTER/DEALER exchange
 # (5 s bounds); beside test/e2e's end-to-end tests on 2 cores they

@@ -10,9 +10,8 @@ import (
 	"os/signal"
 	"syscall"
 
-	"kvrouter/internal/discovery"
+	"kvrouter/internal/config"
 	"kvrouter/internal/epp"
-	"kvrouter/internal/proxy"
 	"kvrouter/internal/serve"
 )
 
@@ -28,20 +27,20 @@ type eppFlags struct {
 func parseEPPFlags(args []string, getenv func(string) string, sio stdio) (*eppFlags, error) {
 	fs := newFlagSet("epp", "--config router.yaml | --inference-pool NAME --namespace NS --model NAME [...]", sio.err)
 	var (
-		config   = fs.String("config", "", "router.yaml (see docs/serve.md and docs/epp.md); excludes the quick-form flags")
-		grpcAddr = fs.String("grpc-listen", ":9002", "ext_proc and gRPC health listen address")
-		listen   = fs.String("listen", "", "HTTP listen address for /metrics, /ready, /health and the OpenAI API (default :8080; overrides the file's)")
-		maxIF    = fs.Int64("max-in-flight", 0, "requests one endpoint may have open through the EPP before requests are shed with 429 (0: no limit)")
-		pool     = fs.String("inference-pool", "", "quick form: the InferencePool (inference.networking.k8s.io/v1) whose Pods are the engines")
-		ns       = fs.String("namespace", "", "quick form: the InferencePool's namespace")
-		model    = fs.String("model", "", "quick form: the model name clients send")
-		tok      = fs.String("tokenizer", "", "quick form: tokenizer.json path or directory, render, or none (default render)")
-		policy   = fs.String("policy", "", "quick form: routing policy (default kv)")
-		evPort   = fs.Int("events-port", 0, "quick form: engines' KV events port (Pod annotation kvrouter/events-port overrides; 0: none)")
-		repPort  = fs.Int("replay-port", 0, "quick form: engines' KV events replay port (Pod annotation kvrouter/replay-port overrides)")
-		kubecfg  = fs.String("kubeconfig", "", "quick form: kubeconfig file (default: in-cluster)")
-		poll     = fs.Duration("config-poll", serve.DefaultConfigPoll, "how often to read --config for a changed content and reload it, as serve does (0: only on SIGHUP)")
-		logLevel slog.Level
+		configFile = fs.String("config", "", "router.yaml (see docs/serve.md and docs/epp.md); excludes the quick-form flags")
+		grpcAddr   = fs.String("grpc-listen", ":9002", "ext_proc and gRPC health listen address")
+		listen     = fs.String("listen", "", "HTTP listen address for /metrics, /ready, /health and the OpenAI API (default :8080; overrides the file's)")
+		maxIF      = fs.Int64("max-in-flight", 0, "requests one endpoint may have open through the EPP before requests are shed with 429 (0: no limit)")
+		pool       = fs.String("inference-pool", "", "quick form: the InferencePool (inference.networking.k8s.io/v1) whose Pods are the engines")
+		ns         = fs.String("namespace", "", "quick form: the InferencePool's namespace")
+		model      = fs.String("model", "", "quick form: the model name clients send")
+		tok        = fs.String("tokenizer", "", "quick form: tokenizer.json path or directory, render, or none (default render)")
+		policy     = fs.String("policy", "", "quick form: routing policy (default kv)")
+		evPort     = fs.Int("events-port", 0, "quick form: engines' KV events port (Pod annotation kvrouter/events-port overrides; 0: none)")
+		repPort    = fs.Int("replay-port", 0, "quick form: engines' KV events replay port (Pod annotation kvrouter/replay-port overrides)")
+		kubecfg    = fs.String("kubeconfig", "", "quick form: kubeconfig file (default: in-cluster)")
+		poll       = fs.Duration("config-poll", serve.DefaultConfigPoll, "how often to read --config for a changed content and reload it, as serve does (0: only on SIGHUP)")
+		logLevel   slog.Level
 	)
 	fs.TextVar(&logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
 	if err := parseFlags(fs, args); err != nil {
@@ -51,32 +50,32 @@ func parseEPPFlags(args []string, getenv func(string) string, sio stdio) (*eppFl
 	out.serve.logLevel, out.serve.opts = logLevel, serve.Options{Getenv: getenv, Poll: *poll, Version: buildVersion()}
 	quick := *pool != "" || *ns != "" || *model != "" || *tok != "" || *policy != "" || *evPort != 0 || *repPort != 0 || *kubecfg != ""
 	switch {
-	case *config != "" && quick:
+	case *configFile != "" && quick:
 		return nil, fmt.Errorf("%w: --config excludes --inference-pool, --namespace, --model, --tokenizer, --policy, --events-port, --replay-port, --kubeconfig", errUsage)
-	case *config != "":
-		data, err := os.ReadFile(*config)
+	case *configFile != "":
+		data, err := os.ReadFile(*configFile)
 		if err != nil {
 			return nil, err
 		}
-		cfg, pos, err := proxy.ParseConfig(data, getenv)
+		cfg, pos, err := config.Parse(data, getenv)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", *config, err)
+			return nil, fmt.Errorf("%s: %w", *configFile, err)
 		}
 		out.serve.opts.Config, out.serve.opts.Positions = cfg, pos
-		out.serve.opts.ConfigPath, out.serve.opts.ConfigHash = *config, sha256.Sum256(data)
+		out.serve.opts.ConfigPath, out.serve.opts.ConfigHash = *configFile, sha256.Sum256(data)
 	default:
 		if *pool == "" || *ns == "" || *model == "" {
 			return nil, fmt.Errorf("%w: want --config FILE, or --inference-pool NAME, --namespace NS and --model NAME", errUsage)
 		}
-		d := &discovery.Config{Namespace: *ns, InferencePool: *pool, Kubeconfig: *kubecfg,
-			Defaults: discovery.Settings{EventsPort: *evPort, ReplayPort: *repPort}}
-		out.serve.opts.Config = proxy.Config{Models: []proxy.ModelConfig{{Name: *model, Tokenizer: *tok, Policy: *policy, Discovery: d}}}
+		d := &config.Discovery{Namespace: *ns, InferencePool: *pool, Kubeconfig: *kubecfg,
+			Defaults: config.EngineSettings{EventsPort: *evPort, ReplayPort: *repPort}}
+		out.serve.opts.Config = config.Config{Models: []config.Model{{Name: *model, Tokenizer: *tok, Policy: *policy, Discovery: d}}}
 		out.serve.opts.Config.FillDefaults(getenv)
 		if err := out.serve.opts.Config.Validate(); err != nil {
 			return nil, fmt.Errorf("%w: %v", errUsage, err)
 		}
 	}
-	out.serve.opts.Override = func(c *proxy.Config) {
+	out.serve.opts.Override = func(c *config.Config) {
 		if *listen != "" {
 			c.Listen = *listen
 		}

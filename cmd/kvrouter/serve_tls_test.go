@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"kvrouter/internal/proxy"
+	"kvrouter/internal/config"
 	"kvrouter/internal/serve"
 )
 
@@ -25,7 +25,7 @@ func TestServeTLSFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := fl.opts.Config.TLS; got != (proxy.TLSConfig{CertFile: "c.pem", KeyFile: "k.pem", EngineCAFile: "ca.pem"}) {
+	if got := fl.opts.Config.TLS; got != (config.TLS{CertFile: "c.pem", KeyFile: "k.pem", EngineCAFile: "ca.pem"}) {
 		t.Errorf("quick form: %+v", got)
 	}
 	fl, err = parseServeFlags([]string{"--config", cfgFile, "--engine-ca", "ca2.pem"}, func(string) string { return "" }, sio)
@@ -35,7 +35,7 @@ func TestServeTLSFlags(t *testing.T) {
 	if fl.opts.Config.TLS.EngineCAFile != "ca2.pem" {
 		t.Errorf("--engine-ca over the file: %+v", fl.opts.Config.TLS)
 	}
-	fl.opts.Config.TLS = proxy.TLSConfig{CertFile: filepath.Join(dir, "missing.pem"), KeyFile: filepath.Join(dir, "missing.pem")}
+	fl.opts.Config.TLS = config.TLS{CertFile: filepath.Join(dir, "missing.pem"), KeyFile: filepath.Join(dir, "missing.pem")}
 	if _, err := serve.New(t.Context(), fl.opts); err == nil || !strings.Contains(err.Error(), "tls.cert_file") {
 		t.Errorf("buildServe with a missing certificate: %v", err)
 	}

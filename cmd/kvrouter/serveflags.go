@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"kvrouter/internal/proxy"
+	"kvrouter/internal/config"
 	"kvrouter/internal/serve"
 )
 
@@ -27,27 +27,27 @@ type serveFlags struct {
 func parseServeFlags(args []string, getenv func(string) string, sio stdio) (*serveFlags, error) {
 	fs := newFlagSet("serve", "--config router.yaml | --model NAME --engine URL [--events tcp://..] [--replay tcp://..] ...", sio.err)
 	var (
-		config    = fs.String("config", "", "router.yaml (see docs/serve.md); excludes the quick-form flags")
-		listen    = fs.String("listen", "", "listen address (default :8080; overrides the file's)")
-		model     = fs.String("model", "", "quick form: the model name clients send")
-		tok       = fs.String("tokenizer", "", "quick form: tokenizer.json path or directory, render (ask the engine), or none (default render)")
-		policy    = fs.String("policy", "", "quick form: routing policy: kv (default), round_robin, random, least_load, session, prefix_chars, dynamo, llmd, sglang, shadow")
-		engines   listFlag
-		events    listFlag
-		replays   listFlag
-		logLevel  slog.Level
-		noHitRepo = fs.Bool("no-hit-report", false, "quick form: do not merge vllm_xargs.kv_cache_report_mode=full into requests")
-		evBind    = fs.Bool("events-bind", false, "quick form: kvrouter binds every --events address and the engines dial in (their endpoint names kvrouter's host)")
-		tlsCert   = fs.String("tls-cert", "", "serve HTTPS with this PEM certificate (chain) file; needs --tls-key (overrides the file's tls.cert_file)")
-		tlsKey    = fs.String("tls-key", "", "PEM private key of --tls-cert (overrides the file's tls.key_file)")
-		engineCA  = fs.String("engine-ca", "", "PEM CA file that verifies https:// engines instead of the system's roots (overrides the file's tls.engine_ca_file)")
-		evQueue   = fs.Int("events-queue", 0, "quick form: KV event batches per engine that may wait for the index (default 1024; more are caught up by replay)")
-		poll      = fs.Duration("config-poll", serve.DefaultConfigPoll, "how often to read --config for a changed content and reload it (0: only on SIGHUP)")
-		admin     = fs.String("admin-listen", "", "serve /metrics, /ui and /v1/route on this second address only, e.g. 127.0.0.1:9090 (overrides the file's admin_listen)")
-		maxConns  = fs.Int("max-connections", 0, "open client connections per listener (default 8192; overrides the file's http.max_connections)")
-		hdrTO     = fs.Duration("header-timeout", 0, "wait for a request's headers (default 10s; overrides http.header_timeout)")
-		bodyTO    = fs.Duration("body-idle-timeout", 0, "wait for each next part of a request body (default 30s; overrides http.body_idle_timeout)")
-		idleTO    = fs.Duration("idle-timeout", 0, "close a keep-alive connection idle this long (default 60s; overrides http.idle_timeout)")
+		configFile = fs.String("config", "", "router.yaml (see docs/serve.md); excludes the quick-form flags")
+		listen     = fs.String("listen", "", "listen address (default :8080; overrides the file's)")
+		model      = fs.String("model", "", "quick form: the model name clients send")
+		tok        = fs.String("tokenizer", "", "quick form: tokenizer.json path or directory, render (ask the engine), or none (default render)")
+		policy     = fs.String("policy", "", "quick form: routing policy: kv (default), round_robin, random, least_load, session, prefix_chars, dynamo, llmd, sglang, shadow")
+		engines    listFlag
+		events     listFlag
+		replays    listFlag
+		logLevel   slog.Level
+		noHitRepo  = fs.Bool("no-hit-report", false, "quick form: do not merge vllm_xargs.kv_cache_report_mode=full into requests")
+		evBind     = fs.Bool("events-bind", false, "quick form: kvrouter binds every --events address and the engines dial in (their endpoint names kvrouter's host)")
+		tlsCert    = fs.String("tls-cert", "", "serve HTTPS with this PEM certificate (chain) file; needs --tls-key (overrides the file's tls.cert_file)")
+		tlsKey     = fs.String("tls-key", "", "PEM private key of --tls-cert (overrides the file's tls.key_file)")
+		engineCA   = fs.String("engine-ca", "", "PEM CA file that verifies https:// engines instead of the system's roots (overrides the file's tls.engine_ca_file)")
+		evQueue    = fs.Int("events-queue", 0, "quick form: KV event batches per engine that may wait for the index (default 1024; more are caught up by replay)")
+		poll       = fs.Duration("config-poll", serve.DefaultConfigPoll, "how often to read --config for a changed content and reload it (0: only on SIGHUP)")
+		admin      = fs.String("admin-listen", "", "serve /metrics, /ui and /v1/route on this second address only, e.g. 127.0.0.1:9090 (overrides the file's admin_listen)")
+		maxConns   = fs.Int("max-connections", 0, "open client connections per listener (default 8192; overrides the file's http.max_connections)")
+		hdrTO      = fs.Duration("header-timeout", 0, "wait for a request's headers (default 10s; overrides http.header_timeout)")
+		bodyTO     = fs.Duration("body-idle-timeout", 0, "wait for each next part of a request body (default 30s; overrides http.body_idle_timeout)")
+		idleTO     = fs.Duration("idle-timeout", 0, "close a keep-alive connection idle this long (default 60s; overrides http.idle_timeout)")
 	)
 	fs.Var(&engines, "engine", "quick form: engine base URL, e.g. http://10.0.0.1:8000 (repeatable)")
 	fs.Var(&events, "events", "quick form: KV events endpoint of the n-th --engine, e.g. tcp://10.0.0.1:5557 (repeatable, in --engine order)")
@@ -60,19 +60,19 @@ func parseServeFlags(args []string, getenv func(string) string, sio stdio) (*ser
 	out := &serveFlags{logLevel: logLevel, opts: serve.Options{Getenv: getenv, Poll: *poll, NoUI: !*uiOn, Version: buildVersion()}}
 	quick := *model != "" || len(engines) > 0 || len(events) > 0 || len(replays) > 0 || *tok != "" || *policy != "" || *noHitRepo || *evBind || *evQueue != 0
 	switch {
-	case *config != "" && quick:
+	case *configFile != "" && quick:
 		return nil, fmt.Errorf("%w: --config excludes --model, --engine, --events, --events-bind, --events-queue, --replay, --tokenizer, --policy", errUsage)
-	case *config != "":
-		data, err := os.ReadFile(*config)
+	case *configFile != "":
+		data, err := os.ReadFile(*configFile)
 		if err != nil {
 			return nil, err
 		}
-		cfg, pos, err := proxy.ParseConfig(data, getenv)
+		cfg, pos, err := config.Parse(data, getenv)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", *config, err)
+			return nil, fmt.Errorf("%s: %w", *configFile, err)
 		}
 		out.opts.Config, out.opts.Positions = cfg, pos
-		out.opts.ConfigPath, out.opts.ConfigHash = *config, sha256.Sum256(data)
+		out.opts.ConfigPath, out.opts.ConfigHash = *configFile, sha256.Sum256(data)
 	default:
 		if *model == "" || len(engines) == 0 {
 			return nil, fmt.Errorf("%w: want --config FILE, or --model NAME and at least one --engine URL", errUsage)
@@ -90,9 +90,9 @@ func parseServeFlags(args []string, getenv func(string) string, sio stdio) (*ser
 		if len(replays) > 0 && len(replays) < len(engines) {
 			return nil, fmt.Errorf("%w: %d --replay for %d --engine: give one --replay per --engine, in --engine order, or none", errUsage, len(replays), len(engines))
 		}
-		m := proxy.ModelConfig{Name: *model, Tokenizer: *tok, Policy: *policy, DisableHitReport: *noHitRepo}
+		m := config.Model{Name: *model, Tokenizer: *tok, Policy: *policy, DisableHitReport: *noHitRepo}
 		for i, u := range engines {
-			e := proxy.EngineConfig{URL: u, EventsQueue: *evQueue}
+			e := config.Engine{URL: u, EventsQueue: *evQueue}
 			if i < len(events) {
 				e.Events, e.EventsBind = events[i], *evBind
 			}
@@ -101,13 +101,13 @@ func parseServeFlags(args []string, getenv func(string) string, sio stdio) (*ser
 			}
 			m.Engines = append(m.Engines, e)
 		}
-		out.opts.Config = proxy.Config{Models: []proxy.ModelConfig{m}}
+		out.opts.Config = config.Config{Models: []config.Model{m}}
 		out.opts.Config.FillDefaults(getenv)
 		if err := out.opts.Config.Validate(); err != nil {
 			return nil, fmt.Errorf("%w: %v", errUsage, err)
 		}
 	}
-	out.opts.Override = func(c *proxy.Config) {
+	out.opts.Override = func(c *config.Config) {
 		if *listen != "" {
 			c.Listen = *listen
 		}

@@ -25,8 +25,8 @@ import (
 
 	"kvrouter/internal/bench"
 	"kvrouter/internal/bench/report"
+	"kvrouter/internal/config"
 	"kvrouter/internal/enginesim"
-	"kvrouter/internal/proxy"
 	"kvrouter/internal/serve"
 	"kvrouter/internal/sim"
 	"kvrouter/internal/workload"
@@ -49,11 +49,11 @@ type demoEngine struct {
 // returns the router's base URL and a stop function that returns once it
 // has shut down.
 func startRouter(ctx context.Context, policy string, engines []demoEngine, log *slog.Logger) (string, func() error, error) {
-	m := proxy.ModelConfig{Name: demoModel, Tokenizer: proxy.TokenizerNone, Policy: policy}
+	m := config.Model{Name: demoModel, Tokenizer: config.TokenizerNone, Policy: policy}
 	for _, e := range engines {
-		m.Engines = append(m.Engines, proxy.EngineConfig{Name: e.Name, URL: e.URL, Events: e.Events, Replay: e.Replay})
+		m.Engines = append(m.Engines, config.Engine{Name: e.Name, URL: e.URL, Events: e.Events, Replay: e.Replay})
 	}
-	cfg := proxy.Config{Models: []proxy.ModelConfig{m}}
+	cfg := config.Config{Models: []config.Model{m}}
 	cfg.FillDefaults(func(string) string { return "" })
 	if err := cfg.Validate(); err != nil {
 		return "", nil, err

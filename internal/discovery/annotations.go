@@ -7,31 +7,33 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"kvrouter/internal/config"
 )
 
-// Pod annotations that set one engine's Settings; an absent annotation
-// leaves Config.Defaults' value. A value that does not parse is reported
+// Pod annotations that set one engine's config.EngineSettings; an absent annotation
+// leaves config.Discovery.Defaults' value. A value that does not parse is reported
 // (logged once, counted) and the default is used for that setting.
 const (
 	// AnnotationEventsPort is the KV event PUB port, "5557"; "0" means no
-	// events (Settings.EventsPort).
+	// events (config.EngineSettings.EventsPort).
 	AnnotationEventsPort = "kvrouter/events-port"
 	// AnnotationReplayPort is the replay ROUTER port, "5558"; "0" means no
-	// replay (Settings.ReplayPort).
+	// replay (config.EngineSettings.ReplayPort).
 	AnnotationReplayPort = "kvrouter/replay-port"
-	// AnnotationDPSize is the data-parallel size, "2" (Settings.DPSize).
+	// AnnotationDPSize is the data-parallel size, "2" (config.EngineSettings.DPSize).
 	AnnotationDPSize = "kvrouter/dp-size"
-	// AnnotationTopic is the KV events topic, any string (Settings.Topic).
+	// AnnotationTopic is the KV events topic, any string (config.EngineSettings.Topic).
 	AnnotationTopic = "kvrouter/topic"
 	// AnnotationAPIKeySecret is "SECRET/KEY", the Secret key holding the
-	// engine's API key; "" means none (Settings.APIKeySecret).
+	// engine's API key; "" means none (config.EngineSettings.APIKeySecret).
 	AnnotationAPIKeySecret = "kvrouter/api-key-secret"
 )
 
 // settingsFrom overlays annotations on def. Each bad annotation is passed
 // to bad and leaves def's value; a combination that does not fit (ports
 // overlapping for this dp_size) falls back to def as a whole.
-func settingsFrom(ann map[string]string, def Settings, bad func(key, value string, err error)) Settings {
+func settingsFrom(ann map[string]string, def config.EngineSettings, bad func(key, value string, err error)) config.EngineSettings {
 	s := def
 	port := func(key string, dst *int) {
 		v, ok := ann[key]
@@ -52,8 +54,8 @@ func settingsFrom(ann map[string]string, def Settings, bad func(key, value strin
 	port(AnnotationReplayPort, &s.ReplayPort)
 	if v, ok := ann[AnnotationDPSize]; ok {
 		n, err := strconv.Atoi(strings.TrimSpace(v))
-		if err == nil && (n < 1 || n > maxDPSize) {
-			err = fmt.Errorf("dp_size %d not in 1..%d", n, maxDPSize)
+		if err == nil && (n < 1 || n > config.MaxDPSize) {
+			err = fmt.Errorf("dp_size %d not in 1..%d", n, config.MaxDPSize)
 		}
 		if err != nil {
 			bad(AnnotationDPSize, v, err)
@@ -72,7 +74,7 @@ func settingsFrom(ann map[string]string, def Settings, bad func(key, value strin
 			s.APIKeySecret = ref
 		}
 	}
-	if errs := s.check(); len(errs) > 0 {
+	if errs := s.Check(); len(errs) > 0 {
 		joined := make([]error, len(errs))
 		for i, e := range errs {
 			joined[i] = e
@@ -84,20 +86,20 @@ func settingsFrom(ann map[string]string, def Settings, bad func(key, value strin
 }
 
 // parseSecretRef parses "SECRET/KEY" ("" is no reference).
-func parseSecretRef(v string) (SecretRef, error) {
+func parseSecretRef(v string) (config.SecretRef, error) {
 	v = strings.TrimSpace(v)
 	if v == "" {
-		return SecretRef{}, nil
+		return config.SecretRef{}, nil
 	}
 	name, key, ok := strings.Cut(v, "/")
 	if !ok {
-		return SecretRef{}, fmt.Errorf("want SECRET/KEY")
+		return config.SecretRef{}, fmt.Errorf("want SECRET/KEY")
 	}
 	if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 {
-		return SecretRef{}, fmt.Errorf("secret name %q: %s", name, msgs[0])
+		return config.SecretRef{}, fmt.Errorf("secret name %q: %s", name, msgs[0])
 	}
 	if msgs := validation.IsConfigMapKey(key); len(msgs) > 0 {
-		return SecretRef{}, fmt.Errorf("secret key %q: %s", key, msgs[0])
+		return config.SecretRef{}, fmt.Errorf("secret key %q: %s", key, msgs[0])
 	}
-	return SecretRef{Name: name, Key: key}, nil
+	return config.SecretRef{Name: name, Key: key}, nil
 }

@@ -13,6 +13,8 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+
+	"kvrouter/internal/config"
 )
 
 func bp(b bool) *bool { return &b }
@@ -42,22 +44,22 @@ func TestEndpointState(t *testing.T) {
 }
 
 func TestSettingsFrom(t *testing.T) {
-	def := Settings{EventsPort: 5557, ReplayPort: 5600, DPSize: 1, Topic: "kv"}
+	def := config.EngineSettings{EventsPort: 5557, ReplayPort: 5600, DPSize: 1, Topic: "kv"}
 	for _, tc := range []struct {
 		name string
 		ann  map[string]string
-		want Settings
+		want config.EngineSettings
 		bad  []string // annotation keys reported
 	}{
 		{"none", nil, def, nil},
 		{"all", map[string]string{
 			AnnotationEventsPort: "6000", AnnotationReplayPort: "6100", AnnotationDPSize: "4",
 			AnnotationTopic: "", AnnotationAPIKeySecret: "vllm-keys/llama",
-		}, Settings{EventsPort: 6000, ReplayPort: 6100, DPSize: 4, APIKeySecret: SecretRef{"vllm-keys", "llama"}}, nil},
-		{"events off", map[string]string{AnnotationEventsPort: "0"}, Settings{ReplayPort: 5600, DPSize: 1, Topic: "kv"}, nil},
-		{"spaces", map[string]string{AnnotationEventsPort: " 7000 "}, Settings{EventsPort: 7000, ReplayPort: 5600, DPSize: 1, Topic: "kv"}, nil},
+		}, config.EngineSettings{EventsPort: 6000, ReplayPort: 6100, DPSize: 4, APIKeySecret: config.SecretRef{Name: "vllm-keys", Key: "llama"}}, nil},
+		{"events off", map[string]string{AnnotationEventsPort: "0"}, config.EngineSettings{ReplayPort: 5600, DPSize: 1, Topic: "kv"}, nil},
+		{"spaces", map[string]string{AnnotationEventsPort: " 7000 "}, config.EngineSettings{EventsPort: 7000, ReplayPort: 5600, DPSize: 1, Topic: "kv"}, nil},
 		{"bad port keeps default", map[string]string{AnnotationEventsPort: "x", AnnotationDPSize: "2"},
-			Settings{EventsPort: 5557, ReplayPort: 5600, DPSize: 2, Topic: "kv"}, []string{AnnotationEventsPort}},
+			config.EngineSettings{EventsPort: 5557, ReplayPort: 5600, DPSize: 2, Topic: "kv"}, []string{AnnotationEventsPort}},
 		{"port out of range", map[string]string{AnnotationReplayPort: "70000"}, def, []string{AnnotationReplayPort}},
 		{"dp_size 0", map[string]string{AnnotationDPSize: "0"}, def, []string{AnnotationDPSize}},
 		{"secret without key", map[string]string{AnnotationAPIKeySecret: "keys"}, def, []string{AnnotationAPIKeySecret}},
@@ -90,8 +92,8 @@ func FuzzSettingsFrom(f *testing.F) {
 	f.Fuzz(func(t *testing.T, ev, rp, dp, topic, secret string) {
 		ann := map[string]string{AnnotationEventsPort: ev, AnnotationReplayPort: rp, AnnotationDPSize: dp,
 			AnnotationTopic: topic, AnnotationAPIKeySecret: secret}
-		s := settingsFrom(ann, Settings{DPSize: 1}, func(string, string, error) {})
-		if errs := s.check(); len(errs) > 0 {
+		s := settingsFrom(ann, config.EngineSettings{DPSize: 1}, func(string, string, error) {})
+		if errs := s.Check(); len(errs) > 0 {
 			err := errs[0]
 			t.Fatalf("settingsFrom(%v) = %+v: %v", ann, s, err)
 		}
@@ -99,28 +101,28 @@ func FuzzSettingsFrom(f *testing.F) {
 }
 
 func TestConfigErrors(t *testing.T) {
-	_, err := Config{Selector: "a in (", Port: "99999", Resync: -time.Second,
-		Defaults: Settings{EventsPort: 5557, ReplayPort: 5557}}.withDefaults()
+	_, err := config.Discovery{Selector: "a in (", Port: "99999", Resync: -time.Second,
+		Defaults: config.EngineSettings{EventsPort: 5557, ReplayPort: 5557}}.WithDefaults()
 	for _, want := range []string{"namespace: required", "selector: ", "port: 99999 out of range", "resync: -1s is negative", "defaults.replay_port: events ports 5557+1 overlap"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v lacks %q", err, want)
 		}
 	}
-	if _, err := (Config{Namespace: "ns"}).withDefaults(); err == nil {
+	if _, err := (config.Discovery{Namespace: "ns"}).WithDefaults(); err == nil {
 		t.Error("no service and no selector accepted")
 	}
 	for _, tc := range []struct {
-		d    Settings
+		d    config.EngineSettings
 		want string
 	}{
-		{Settings{EventsPort: 5557, DPSize: 5000}, "discovery: defaults.dp_size: 5000: want 1..1024"},
-		{Settings{ReplayPort: 5600}, "discovery: defaults.replay_port: 5600 needs events_port"},
+		{config.EngineSettings{EventsPort: 5557, DPSize: 5000}, "discovery: defaults.dp_size: 5000: want 1..1024"},
+		{config.EngineSettings{ReplayPort: 5600}, "discovery: defaults.replay_port: 5600 needs events_port"},
 	} {
-		if _, err := (Config{Namespace: "ns", Service: "vllm", Defaults: tc.d}).withDefaults(); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := (config.Discovery{Namespace: "ns", Service: "vllm", Defaults: tc.d}).WithDefaults(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("defaults %+v: error %v, want %q", tc.d, err, tc.want)
 		}
 	}
-	c, err := Config{Namespace: "ns", Selector: "app=vllm"}.withDefaults()
+	c, err := config.Discovery{Namespace: "ns", Selector: "app=vllm"}.WithDefaults()
 	if err != nil || !c.PodAnnotations || c.Defaults.DPSize != 1 || c.Resync != 5*time.Minute || c.Name != "ns/app=vllm" {
 		t.Errorf("defaults = %+v, %v", c, err)
 	}
@@ -159,10 +161,10 @@ func TestFromSlices(t *testing.T) {
 		Ports: []discoveryv1.EndpointPort{port("http", 8000), port("metrics", 9000)}, Endpoints: []discoveryv1.Endpoint{ep("192.0.2.9", ready, "")}}
 
 	var skipped []string
-	bld := &builder{cfg: Config{Defaults: Settings{DPSize: 1}},
+	bld := &builder{cfg: config.Discovery{Defaults: config.EngineSettings{DPSize: 1}},
 		skip: func(o, r string) { skipped = append(skipped, o) }, bad: func(string, string, string, error) {},
 		pending: func(string, string) {}}
-	def := Settings{DPSize: 1}
+	def := config.EngineSettings{DPSize: 1}
 	got := bld.fromSlices([]*discoveryv1.EndpointSlice{a, b, two}, nil)
 	want := []Engine{
 		{Name: "p1", Addr: "192.0.2.1:8000", State: StateReady, Settings: def},
@@ -188,7 +190,7 @@ func TestFromSlices(t *testing.T) {
 	bld.cfg.Port = ""
 	pods := map[string]*corev1.Pod{"p1": {ObjectMeta: metav1.ObjectMeta{Name: "p1", Annotations: map[string]string{AnnotationEventsPort: "5557"}}}}
 	got = bld.fromSlices([]*discoveryv1.EndpointSlice{a}, func(n string) (*corev1.Pod, bool) { p, ok := pods[n]; return p, ok })
-	want = []Engine{{Name: "p1", Addr: "192.0.2.1:8000", State: StateReady, Settings: Settings{EventsPort: 5557, DPSize: 1}}}
+	want = []Engine{{Name: "p1", Addr: "192.0.2.1:8000", State: StateReady, Settings: config.EngineSettings{EventsPort: 5557, DPSize: 1}}}
 	if !equal(got, want) {
 		t.Errorf("with pods\n got %+v\nwant %+v", got, want)
 	}
@@ -220,9 +222,9 @@ func TestFromPods(t *testing.T) {
 		pod("pending", "", false, false, corev1.PodPending),
 		pod("done", "192.0.2.6", false, false, corev1.PodSucceeded),
 	}
-	bld := &builder{cfg: Config{Defaults: Settings{DPSize: 1}}, skip: func(string, string) {}, bad: func(string, string, string, error) {},
+	bld := &builder{cfg: config.Discovery{Defaults: config.EngineSettings{DPSize: 1}}, skip: func(string, string) {}, bad: func(string, string, string, error) {},
 		pending: func(string, string) {}}
-	def := Settings{DPSize: 1}
+	def := config.EngineSettings{DPSize: 1}
 	want := []Engine{
 		{Name: "ready", Addr: "192.0.2.1:8080", State: StateReady, Settings: def},
 		{Name: "starting", Addr: "192.0.2.2:8000", State: StateNotReady, Settings: def},
@@ -255,7 +257,7 @@ func equal(a, b []Engine) bool {
 // TestSnapshotsCoalesce: a snapshot not yet received is replaced by the
 // newer one, and the sender never blocks.
 func TestSnapshotsCoalesce(t *testing.T) {
-	src, err := New(Config{Namespace: "ns", Service: "vllm"}, &rest.Config{Host: "https://127.0.0.1:1"}, nil, prometheus.NewRegistry())
+	src, err := New(config.Discovery{Namespace: "ns", Service: "vllm"}, &rest.Config{Host: "https://127.0.0.1:1"}, nil, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,7 +280,7 @@ func TestSnapshotsCoalesce(t *testing.T) {
 
 // TestRunTwice: a second Run is refused.
 func TestRunTwice(t *testing.T) {
-	src, err := New(Config{Namespace: "ns", Service: "vllm"}, &rest.Config{Host: "https://127.0.0.1:1"}, nil, nil)
+	src, err := New(config.Discovery{Namespace: "ns", Service: "vllm"}, &rest.Config{Host: "https://127.0.0.1:1"}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -318,7 +320,7 @@ func TestTrimPod(t *testing.T) {
 	}
 	trimmed := tp.(*corev1.Pod)
 	for _, port := range []string{"", "http"} {
-		bld := &builder{cfg: Config{Port: port, Defaults: Settings{DPSize: 1}}, skip: func(string, string) {},
+		bld := &builder{cfg: config.Discovery{Port: port, Defaults: config.EngineSettings{DPSize: 1}}, skip: func(string, string) {},
 			bad: func(string, string, string, error) {}, pending: func(string, string) {}}
 		if a, b := bld.fromPods([]*corev1.Pod{p}), bld.fromPods([]*corev1.Pod{trimmed}); !equal(a, b) || len(a) != 1 {
 			t.Errorf("port %q: full %+v, trimmed %+v", port, a, b)

@@ -24,13 +24,13 @@
 //
 // Per-engine settings (KV events port, replay port, dp_size, topic, API-key
 // Secret reference) come from Pod annotations (AnnotationEventsPort and
-// the others; docs/kubernetes.md) over Config.Defaults. With a Service they
-// are read only when Config.PodAnnotations is set, which adds a Pod
+// the others; docs/kubernetes.md) over config.Discovery.Defaults. With a Service they
+// are read only when config.Discovery.PodAnnotations is set, which adds a Pod
 // informer (and the RBAC to list and watch Pods). The API key of an engine
 // whose settings name a Secret key is read from that Secret (a get, again
-// every Config.SecretRefresh) and reported as Engine.APIKey.
+// every config.Discovery.SecretRefresh) and reported as Engine.APIKey.
 // An engine's disaggregated-serving role (Engine.Role: prefill or decode)
-// comes from its Pod's Config.RoleLabel (llm-d.ai/role by default;
+// comes from its Pod's config.Discovery.RoleLabel (llm-d.ai/role by default;
 // role.go). Before its informers start, Run checks with a SelfSubjectAccessReview per call
 // that the API server will allow what it calls (ErrForbidden otherwise).
 //

@@ -10,6 +10,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	"sigs.k8s.io/yaml"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/enginesim"
 )
 
@@ -65,7 +66,7 @@ func TestEnginesExample(t *testing.T) {
 	if grace <= sleep+shutdown {
 		t.Errorf("terminationGracePeriodSeconds %v <= preStop %v + --shutdown-timeout %v: SIGKILL would cut the drain", grace, sleep, shutdown)
 	}
-	s := settingsFrom(pod.Annotations, Settings{DPSize: 1}, func(key, value string, err error) { t.Errorf("annotation %s=%q: %v", key, value, err) })
+	s := settingsFrom(pod.Annotations, config.EngineSettings{DPSize: 1}, func(key, value string, err error) { t.Errorf("annotation %s=%q: %v", key, value, err) })
 	if want := "tcp://*:" + strconv.Itoa(s.EventsPort); kv.Endpoint != want || !kv.EnableKVCacheEvents {
 		t.Errorf("--kv-events-config endpoint %q (enabled %v), the events-port annotation says %s", kv.Endpoint, kv.EnableKVCacheEvents, want)
 	}

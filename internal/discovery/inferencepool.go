@@ -31,9 +31,9 @@ import (
 // module's generated clientset would pull in its controller-runtime tree).
 var InferencePoolResource = schema.GroupVersionResource{Group: infv1.GroupName, Version: "v1", Resource: "inferencepools"}
 
-// runPool is Run for Config.InferencePool: an informer on the one
+// runPool is Run for config.Discovery.InferencePool: an informer on the one
 // InferencePool (by name) and one on the namespace's Pods (narrowed by
-// Config.Selector); each snapshot is the Pods the pool's selector matches,
+// config.Discovery.Selector); each snapshot is the Pods the pool's selector matches,
 // on each of the pool's target ports (portEngine: several ports are one
 // engine each per Pod), with the same states and annotations as the
 // selector source. A pool that does not exist (yet), or that has no

@@ -13,6 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/yaml"
+
+	"kvrouter/internal/config"
 )
 
 // installPoolCRD installs the upstream InferencePool CRD (the module's
@@ -79,20 +81,20 @@ func testPoolTargetPorts(t *testing.T, e *env) {
 			t.Fatalf("writing the InferencePool: %v", err)
 		}
 	}
-	r := start(t, e.c.Config(), Config{Namespace: e.ns, InferencePool: "llm", Defaults: Settings{EventsPort: 5557, ReplayPort: 5600}})
+	r := start(t, e.c.Config(), config.Discovery{Namespace: e.ns, InferencePool: "llm", Defaults: config.EngineSettings{EventsPort: 5557, ReplayPort: 5600}})
 	e.pod(t, "a", "192.0.2.1", map[string]string{"app": "vllm"}, nil, true)
 	e.pod(t, "b", "192.0.2.2", map[string]string{"app": "vllm"}, map[string]string{AnnotationDPSize: "2"}, true)
 	setPool(8000, 8001, 8002)
 	s := r.waitAddrs(t, "192.0.2.1:8000=ready", "192.0.2.1:8001=ready", "192.0.2.1:8002=ready",
 		"192.0.2.2:8000=ready", "192.0.2.2:8001=ready", "192.0.2.2:8002=ready")
 	want := map[string]Engine{
-		"192.0.2.1:8000": {Name: "a-rank-0", Settings: Settings{EventsPort: 5557, ReplayPort: 5600, DPSize: 1}},
-		"192.0.2.1:8001": {Name: "a-rank-1", Settings: Settings{EventsPort: 5558, ReplayPort: 5601, DPSize: 1}},
-		"192.0.2.1:8002": {Name: "a-rank-2", Settings: Settings{EventsPort: 5559, ReplayPort: 5602, DPSize: 1}},
+		"192.0.2.1:8000": {Name: "a-rank-0", Settings: config.EngineSettings{EventsPort: 5557, ReplayPort: 5600, DPSize: 1}},
+		"192.0.2.1:8001": {Name: "a-rank-1", Settings: config.EngineSettings{EventsPort: 5558, ReplayPort: 5601, DPSize: 1}},
+		"192.0.2.1:8002": {Name: "a-rank-2", Settings: config.EngineSettings{EventsPort: 5559, ReplayPort: 5602, DPSize: 1}},
 		// dp_size 2: server i holds ranks 2i and 2i+1.
-		"192.0.2.2:8000": {Name: "b-rank-0", Settings: Settings{EventsPort: 5557, ReplayPort: 5600, DPSize: 2}},
-		"192.0.2.2:8001": {Name: "b-rank-1", Settings: Settings{EventsPort: 5559, ReplayPort: 5602, DPSize: 2}},
-		"192.0.2.2:8002": {Name: "b-rank-2", Settings: Settings{EventsPort: 5561, ReplayPort: 5604, DPSize: 2}},
+		"192.0.2.2:8000": {Name: "b-rank-0", Settings: config.EngineSettings{EventsPort: 5557, ReplayPort: 5600, DPSize: 2}},
+		"192.0.2.2:8001": {Name: "b-rank-1", Settings: config.EngineSettings{EventsPort: 5559, ReplayPort: 5602, DPSize: 2}},
+		"192.0.2.2:8002": {Name: "b-rank-2", Settings: config.EngineSettings{EventsPort: 5561, ReplayPort: 5604, DPSize: 2}},
 	}
 	for _, got := range s.Engines {
 		w := want[got.Addr]
@@ -103,8 +105,8 @@ func testPoolTargetPorts(t *testing.T, e *env) {
 	setPool(8001)
 	s = r.waitAddrs(t, "192.0.2.1:8001=ready", "192.0.2.2:8001=ready")
 	want = map[string]Engine{
-		"192.0.2.1:8001": {Name: "a", Settings: Settings{EventsPort: 5557, ReplayPort: 5600, DPSize: 1}},
-		"192.0.2.2:8001": {Name: "b", Settings: Settings{EventsPort: 5557, ReplayPort: 5600, DPSize: 2}},
+		"192.0.2.1:8001": {Name: "a", Settings: config.EngineSettings{EventsPort: 5557, ReplayPort: 5600, DPSize: 1}},
+		"192.0.2.2:8001": {Name: "b", Settings: config.EngineSettings{EventsPort: 5557, ReplayPort: 5600, DPSize: 2}},
 	}
 	for _, got := range s.Engines {
 		if w := want[got.Addr]; got.Name != w.Name || got.Settings != w.Settings {

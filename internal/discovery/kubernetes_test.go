@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/enginesim"
 	"kvrouter/internal/k8stest"
 )
@@ -40,7 +41,7 @@ type running struct {
 }
 
 // start runs a Source until the test ends and checks Run returned nil.
-func start(t testing.TB, rc *rest.Config, cfg Config) *running {
+func start(t testing.TB, rc *rest.Config, cfg config.Discovery) *running {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -180,7 +181,7 @@ func TestKubernetes(t *testing.T) {
 	t.Run("InferencePoolPorts", func(t *testing.T) { testPoolTargetPorts(t, newEnv(t, c, "poolports")) })
 }
 
-// testKubeconfig: with Config.Kubeconfig and no rest.Config, New reads
+// testKubeconfig: with config.Discovery.Kubeconfig and no rest.Config, New reads
 // the file (server, CA, token) as a router outside the cluster would.
 func testKubeconfig(t *testing.T, e *env) {
 	rc := e.c.Config()
@@ -195,7 +196,7 @@ current-context: test
 	if err := os.WriteFile(path, []byte(kc), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	r := start(t, nil, Config{Namespace: e.ns, Service: "vllm", Kubeconfig: path})
+	r := start(t, nil, config.Discovery{Namespace: e.ns, Service: "vllm", Kubeconfig: path})
 	e.apply(t, endpointSlice(e.ns, "vllm-a", "vllm", 8000, readyEP("192.0.2.1")))
 	r.waitAddrs(t, "192.0.2.1:8000=ready")
 }
@@ -203,7 +204,7 @@ current-context: test
 // testScale: 2 -> 4 (a second slice) -> 1 engines; other Services'
 // slices are ignored.
 func testScale(t *testing.T, e *env) {
-	r := start(t, e.c.Config(), Config{Namespace: e.ns, Service: "vllm"})
+	r := start(t, e.c.Config(), config.Discovery{Namespace: e.ns, Service: "vllm"})
 	e.apply(t, endpointSlice(e.ns, "other", "other-svc", 8000, readyEP("192.0.2.99")))
 	r.waitAddrs(t) // synced, empty
 	e.apply(t, endpointSlice(e.ns, "vllm-a", "vllm", 8000, readyEP("192.0.2.1"), readyEP("192.0.2.2")))
@@ -213,7 +214,7 @@ func testScale(t *testing.T, e *env) {
 	e.deleteSlice(t, "vllm-b")
 	e.apply(t, endpointSlice(e.ns, "vllm-a", "vllm", 8000, readyEP("192.0.2.2")))
 	s := r.waitAddrs(t, "192.0.2.2:8000=ready")
-	if s.Engines[0].Name != "pod-192-0-2-2" || s.Engines[0].Settings != (Settings{DPSize: 1}) {
+	if s.Engines[0].Name != "pod-192-0-2-2" || s.Engines[0].Settings != (config.EngineSettings{DPSize: 1}) {
 		t.Errorf("engine = %+v", s.Engines[0])
 	}
 	if got := testutil.ToFloat64(r.src.m.engines.WithLabelValues("ready")); got != 1 {
@@ -224,7 +225,7 @@ func testScale(t *testing.T, e *env) {
 // testConditions: ready -> not ready -> terminating and serving (drain)
 // -> terminating, not serving -> gone; the other endpoint stays ready.
 func testConditions(t *testing.T, e *env) {
-	r := start(t, e.c.Config(), Config{Namespace: e.ns, Service: "vllm"})
+	r := start(t, e.c.Config(), config.Discovery{Namespace: e.ns, Service: "vllm"})
 	set := func(a discoveryv1.Endpoint) {
 		e.apply(t, endpointSlice(e.ns, "vllm-a", "vllm", 8000, readyEP("192.0.2.1"), a))
 	}
@@ -276,7 +277,7 @@ func (e *env) podStatus(t testing.TB, p *corev1.Pod, ip string, ready bool) {
 // gone (vllm-project/router #279); a deleted one drains while it is still
 // Ready and terminating, then goes.
 func testPodSelector(t *testing.T, e *env) {
-	r := start(t, e.c.Config(), Config{Namespace: e.ns, Selector: "app=vllm,model=llama"})
+	r := start(t, e.c.Config(), config.Discovery{Namespace: e.ns, Selector: "app=vllm,model=llama"})
 	sel := map[string]string{"app": "vllm", "model": "llama"}
 	e.pod(t, "a", "192.0.2.1", sel, nil, true)
 	e.pod(t, "b", "192.0.2.2", sel, nil, true)
@@ -315,9 +316,9 @@ func testPodSelector(t *testing.T, e *env) {
 // Pods' annotations over the defaults; an endpoint whose Pod is not known
 // yet waits for it; a bad annotation keeps the default and is counted.
 func testAnnotations(t *testing.T, e *env) {
-	def := Settings{EventsPort: 5557, ReplayPort: 5600, DPSize: 1, Topic: "kv@"}
+	def := config.EngineSettings{EventsPort: 5557, ReplayPort: 5600, DPSize: 1, Topic: "kv@"}
 	e.secret(t, "engine-keys", map[string]string{"llama": "sk-llama"})
-	r := start(t, e.c.Config(), Config{Namespace: e.ns, Service: "vllm", PodAnnotations: true, Defaults: def})
+	r := start(t, e.c.Config(), config.Discovery{Namespace: e.ns, Service: "vllm", PodAnnotations: true, Defaults: def})
 	e.pod(t, "pod-192-0-2-1", "192.0.2.1", nil, map[string]string{
 		AnnotationEventsPort: "6000", AnnotationReplayPort: "6100", AnnotationDPSize: "2",
 		AnnotationTopic: "llama", AnnotationAPIKeySecret: "engine-keys/llama",
@@ -326,10 +327,10 @@ func testAnnotations(t *testing.T, e *env) {
 	e.apply(t, endpointSlice(e.ns, "vllm-a", "vllm", 8000, readyEP("192.0.2.1"), readyEP("192.0.2.2"), readyEP("192.0.2.3")))
 	s := r.waitAddrs(t, "192.0.2.1:8000=ready", "192.0.2.2:8000=ready") // no Pod for .3 yet
 	want := []Engine{
-		{Name: "pod-192-0-2-1", Addr: "192.0.2.1:8000", State: StateReady, Settings: Settings{
-			EventsPort: 6000, ReplayPort: 6100, DPSize: 2, Topic: "llama", APIKeySecret: SecretRef{"engine-keys", "llama"}}, APIKey: "sk-llama",
-			Role: RoleDecode}, // no llm-d.ai/role label: a decode engine (role.go)
-		{Name: "pod-192-0-2-2", Addr: "192.0.2.2:8000", State: StateReady, Settings: def, Role: RoleDecode},
+		{Name: "pod-192-0-2-1", Addr: "192.0.2.1:8000", State: StateReady, Settings: config.EngineSettings{
+			EventsPort: 6000, ReplayPort: 6100, DPSize: 2, Topic: "llama", APIKeySecret: config.SecretRef{Name: "engine-keys", Key: "llama"}}, APIKey: "sk-llama",
+			Role: config.RoleDecode}, // no llm-d.ai/role label: a decode engine (role.go)
+		{Name: "pod-192-0-2-2", Addr: "192.0.2.2:8000", State: StateReady, Settings: def, Role: config.RoleDecode},
 	}
 	if !equal(s.Engines, want) {
 		t.Errorf("engines\n got %+v\nwant %+v", s.Engines, want)
@@ -379,7 +380,7 @@ type flipper struct {
 }
 
 func newFlipper(tb testing.TB, e *env) *flipper {
-	r := start(tb, e.c.Config(), Config{Namespace: e.ns, Service: "vllm"})
+	r := start(tb, e.c.Config(), config.Discovery{Namespace: e.ns, Service: "vllm"})
 	s, err := e.cs.DiscoveryV1().EndpointSlices(e.ns).Create(e.ctx,
 		endpointSlice(e.ns, "vllm-a", "vllm", 8000, readyEP("192.0.2.1"), readyEP("192.0.2.2")), metav1.CreateOptions{})
 	if err != nil {
@@ -450,7 +451,7 @@ func testEngineInNetNS(t *testing.T, e *env) {
 	})
 	port := int32(ln.Addr().(*net.TCPAddr).Port)
 
-	r := start(t, e.c.Config(), Config{Namespace: e.ns, Service: "vllm"})
+	r := start(t, e.c.Config(), config.Discovery{Namespace: e.ns, Service: "vllm"})
 	e.apply(t, endpointSlice(e.ns, "vllm-a", "vllm", port, readyEP(n.Addr.String())))
 	s := r.waitFor(t, "the engine", func(s Snapshot) bool { return len(s.Engines) == 1 })
 	url := "http://" + s.Engines[0].Addr + "/health"

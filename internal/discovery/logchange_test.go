@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+
+	"kvrouter/internal/config"
 )
 
 // TestLogChange: each change of a listed engine is logged as what it is; a
@@ -24,9 +26,9 @@ func TestLogChange(t *testing.T) {
 		{"key set", a, keyed, []string{"engine API key changed"}},
 		{"key rotated", keyed, Engine{Name: a.Name, Addr: a.Addr, State: StateReady, APIKey: "sk-secret-2"}, []string{"engine API key changed"}},
 		{"state", a, Engine{Name: a.Name, Addr: a.Addr, State: StateDraining}, []string{"engine state"}},
-		{"settings", a, Engine{Name: a.Name, Addr: a.Addr, State: StateReady, Settings: Settings{EventsPort: 5557}}, []string{"engine settings changed"}},
+		{"settings", a, Engine{Name: a.Name, Addr: a.Addr, State: StateReady, Settings: config.EngineSettings{EventsPort: 5557}}, []string{"engine settings changed"}},
 		{"state and key", a, Engine{Name: a.Name, Addr: a.Addr, State: StateNotReady, APIKey: "sk-secret-1"}, []string{"engine state", "engine API key changed"}},
-		{"role", a, Engine{Name: a.Name, Addr: a.Addr, State: StateReady, Role: RolePrefill}, []string{"engine role changed"}},
+		{"role", a, Engine{Name: a.Name, Addr: a.Addr, State: StateReady, Role: config.RolePrefill}, []string{"engine role changed"}},
 		{"unchanged", a, a, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {

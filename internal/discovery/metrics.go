@@ -2,7 +2,7 @@ package discovery
 
 import "github.com/prometheus/client_golang/prometheus"
 
-// metrics are one Source's collectors, labelled source=Config.Name.
+// metrics are one Source's collectors, labelled source=config.Discovery.Name.
 type metrics struct {
 	snapshots   prometheus.Counter
 	engines     *prometheus.GaugeVec

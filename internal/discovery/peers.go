@@ -13,61 +13,17 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+
+	"kvrouter/internal/config"
 )
 
-// PeersConfig says where a kvrouter replica finds its sibling router
-// replicas: the Ready Pods matching Selector in Namespace. Its place is
-// its own Pod's (PodName) position among them in name order, their count
-// the number of routers (routing.Config.Routers and RouterIndex).
-type PeersConfig struct {
-	// Namespace of the router Pods (kvrouter serve: default the
-	// POD_NAMESPACE environment variable, else the ServiceAccount's).
-	Namespace string `yaml:"namespace"`
-	// Selector is a label selector matching the router Pods, all of them
-	// and nothing else, e.g. the chart's
-	// "app.kubernetes.io/name=kvrouter,app.kubernetes.io/instance=RELEASE".
-	Selector string `yaml:"selector"`
-	// PodName is this replica's own Pod (kvrouter serve: default the
-	// POD_NAME environment variable, the downward API's metadata.name).
-	PodName string `yaml:"pod_name"`
-	// Resync is the watch's resync period (default 5m).
-	Resync time.Duration `yaml:"resync"`
-	// Kubeconfig as in Config (empty: in-cluster).
-	Kubeconfig string `yaml:"kubeconfig"`
-}
-
-// Validate reports every problem of c at once: namespace, selector and
-// pod_name are required, the selector must parse, resync be >= 0.
-func (c PeersConfig) Validate() error {
-	var errs []error
-	if c.Namespace == "" {
-		errs = append(errs, errors.New("namespace: required"))
-	}
-	if c.Selector == "" {
-		errs = append(errs, errors.New("selector: required"))
-	} else if _, err := labels.Parse(c.Selector); err != nil {
-		errs = append(errs, fmt.Errorf("selector %q: %w", c.Selector, err))
-	}
-	if c.PodName == "" {
-		errs = append(errs, errors.New("pod_name: required (set POD_NAME from the downward API's metadata.name)"))
-	}
-	if c.Resync < 0 {
-		errs = append(errs, fmt.Errorf("resync %v: want >= 0", c.Resync))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("discovery: peers: %w", err)
-	}
-	return nil
-}
-
-// Peers watches the router Pods (PeersConfig) and tells set this
+// Peers watches the router Pods (config.Peers) and tells set this
 // replica's place among them: set(n, i) with n the Ready, not terminating
 // Pods matching the selector and i the own Pod's index among them in name
 // order, each time that changes. While the own Pod is not among them (not
@@ -77,7 +33,7 @@ func (c PeersConfig) Validate() error {
 // most 0.3 s apart, then a re-list). Nothing here blocks routing or makes it fail. Safe for
 // concurrent use; Run may be called once.
 type Peers struct {
-	cfg     PeersConfig
+	cfg     config.Peers
 	client  kubernetes.Interface
 	set     func(routers, index int)
 	log     *slog.Logger
@@ -90,7 +46,7 @@ type Peers struct {
 // NewPeers checks cfg and builds a Peers talking to the API server with
 // rc (nil: RESTConfig(cfg.Kubeconfig)); set receives each new place (it
 // must not block: routing.Router.SetStripes). A nil log discards.
-func NewPeers(cfg PeersConfig, rc *rest.Config, set func(routers, index int), log *slog.Logger) (*Peers, error) {
+func NewPeers(cfg config.Peers, rc *rest.Config, set func(routers, index int), log *slog.Logger) (*Peers, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/k8stest"
 )
 
@@ -51,7 +52,7 @@ func TestPeersOwnPodUnmatched(t *testing.T) {
 	places := map[string]*Peers{}
 	for _, name := range []string{"kvrouter-a", "kvrouter-b"} {
 		lb := &logBuffer{}
-		p, err := NewPeers(PeersConfig{Namespace: e.ns, Selector: "app.kubernetes.io/name=kvrouter,app.kubernetes.io/instance=r", PodName: name},
+		p, err := NewPeers(config.Peers{Namespace: e.ns, Selector: "app.kubernetes.io/name=kvrouter,app.kubernetes.io/instance=r", PodName: name},
 			c.Config(), func(int, int) {}, slog.New(slog.NewTextHandler(lb, nil)))
 		if err != nil {
 			t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/k8stest"
 )
 
@@ -24,7 +25,7 @@ type peerRun struct {
 	done chan error
 }
 
-func startPeers(t *testing.T, rc *rest.Config, cfg PeersConfig) *peerRun {
+func startPeers(t *testing.T, rc *rest.Config, cfg config.Peers) *peerRun {
 	t.Helper()
 	r := &peerRun{done: make(chan error, 1)}
 	log := slog.New(slog.NewTextHandler(t.Output(), nil))
@@ -116,7 +117,7 @@ func TestPeers(t *testing.T) {
 	names := []string{"kvrouter-a", "kvrouter-b", "kvrouter-c"}
 	var rs []*peerRun
 	for _, n := range names {
-		rs = append(rs, startPeers(t, c.Config(), PeersConfig{Namespace: e.ns,
+		rs = append(rs, startPeers(t, c.Config(), config.Peers{Namespace: e.ns,
 			Selector: "app.kubernetes.io/name=kvrouter,app.kubernetes.io/instance=r", PodName: n}))
 	}
 	one := [][2]int{{1, 0}, {1, 0}, {1, 0}}
@@ -167,12 +168,12 @@ func TestPeers(t *testing.T) {
 // and Run returns nil when its context ends. A config without selector,
 // Pod name or namespace is refused, naming each.
 func TestPeersNoAPIServer(t *testing.T) {
-	r := startPeers(t, &rest.Config{Host: "http://127.0.0.1:1"}, PeersConfig{Namespace: "ns", Selector: "app=kvrouter", PodName: "kvrouter-a"})
+	r := startPeers(t, &rest.Config{Host: "http://127.0.0.1:1"}, config.Peers{Namespace: "ns", Selector: "app=kvrouter", PodName: "kvrouter-a"})
 	time.Sleep(300 * time.Millisecond) // absence: nothing answers, so nothing may change the place
 	if n, i := r.p.Place(); n != 1 || i != 0 {
 		t.Errorf("Place() = %d, %d without an API server, want 1, 0", n, i)
 	}
-	_, err := NewPeers(PeersConfig{Selector: "a in (", Resync: -1}, &rest.Config{Host: "http://127.0.0.1:1"}, func(int, int) {}, nil)
+	_, err := NewPeers(config.Peers{Selector: "a in (", Resync: -1}, &rest.Config{Host: "http://127.0.0.1:1"}, func(int, int) {}, nil)
 	for _, want := range []string{"namespace: required", "selector \"a in (\"", "pod_name: required", "resync -1ns"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v does not say %q", err, want)

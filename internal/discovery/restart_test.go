@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/k8stest"
 )
 
@@ -32,7 +33,7 @@ func TestAPIServerRestart(t *testing.T) {
 	t.Parallel()
 	c := k8stest.Start(t, k8stest.Options{})
 	e := newEnv(t, c, "restart")
-	r := start(t, c.Config(), Config{Namespace: e.ns, Service: "vllm"})
+	r := start(t, c.Config(), config.Discovery{Namespace: e.ns, Service: "vllm"})
 	e.apply(t, endpointSlice(e.ns, "vllm-a", "vllm", 8000, readyEP("192.0.2.1")))
 	e.apply(t, endpointSlice(e.ns, "vllm-b", "vllm", 8000, readyEP("192.0.2.2")))
 	r.waitAddrs(t, "192.0.2.1:8000=ready", "192.0.2.2:8000=ready")
@@ -130,19 +131,19 @@ func TestRBAC(t *testing.T) {
 	e.apply(t, endpointSlice(e.ns, "vllm-a", "vllm", 8000, readyEP("192.0.2.1")))
 
 	t.Run("Role/service+annotations", func(t *testing.T) {
-		r := start(t, full, Config{Namespace: e.ns, Service: "vllm", PodAnnotations: true})
+		r := start(t, full, config.Discovery{Namespace: e.ns, Service: "vllm", PodAnnotations: true})
 		s := r.waitAddrs(t, "192.0.2.1:8000=ready")
 		if s.Engines[0].Settings.EventsPort != 5557 {
 			t.Errorf("annotations not read: %+v", s.Engines[0])
 		}
 	})
 	t.Run("Role/selector", func(t *testing.T) {
-		start(t, full, Config{Namespace: e.ns, Selector: "app=vllm"}).waitAddrs(t, "192.0.2.1:8000=ready")
+		start(t, full, config.Discovery{Namespace: e.ns, Selector: "app=vllm"}).waitAddrs(t, "192.0.2.1:8000=ready")
 	})
 	t.Run("NoPodsRule/service", func(t *testing.T) {
-		start(t, slicesOnly, Config{Namespace: e.ns, Service: "vllm"}).waitAddrs(t, "192.0.2.1:8000=ready")
+		start(t, slicesOnly, config.Discovery{Namespace: e.ns, Service: "vllm"}).waitAddrs(t, "192.0.2.1:8000=ready")
 	})
-	refused := func(t *testing.T, rc *rest.Config, cfg Config, what string) {
+	refused := func(t *testing.T, rc *rest.Config, cfg config.Discovery, what string) {
 		src, err := New(cfg, rc, nil, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -157,19 +158,19 @@ func TestRBAC(t *testing.T) {
 		t.Logf("refused after %v: %v", time.Since(t0).Round(time.Millisecond), err)
 	}
 	t.Run("NoPodsRule/selector", func(t *testing.T) {
-		refused(t, slicesOnly, Config{Namespace: e.ns, Selector: "app=vllm"}, "pods")
+		refused(t, slicesOnly, config.Discovery{Namespace: e.ns, Selector: "app=vllm"}, "pods")
 	})
 	t.Run("NoPodsRule/annotations", func(t *testing.T) {
-		refused(t, slicesOnly, Config{Namespace: e.ns, Service: "vllm", PodAnnotations: true}, "pods")
+		refused(t, slicesOnly, config.Discovery{Namespace: e.ns, Service: "vllm", PodAnnotations: true}, "pods")
 	})
 	t.Run("NoRole", func(t *testing.T) {
-		refused(t, none, Config{Namespace: e.ns, Service: "vllm"}, "endpointslices")
+		refused(t, none, config.Discovery{Namespace: e.ns, Service: "vllm"}, "endpointslices")
 	})
 	t.Run("OtherNamespace", func(t *testing.T) {
 		if err := c.CreateNamespace(e.ctx, "elsewhere"); err != nil {
 			t.Fatal(err)
 		}
-		refused(t, full, Config{Namespace: "elsewhere", Service: "vllm"}, "endpointslices")
+		refused(t, full, config.Discovery{Namespace: "elsewhere", Service: "vllm"}, "endpointslices")
 	})
 }
 
@@ -234,7 +235,7 @@ func TestAPIServerOutageCatchUp(t *testing.T) {
 
 	logs := &syncBuffer{}
 	reg := prometheus.NewRegistry()
-	src, err := New(Config{Namespace: e.ns, Service: "vllm", PodAnnotations: true}, rc,
+	src, err := New(config.Discovery{Namespace: e.ns, Service: "vllm", PodAnnotations: true}, rc,
 		slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), reg)
 	if err != nil {
 		t.Fatal(err)

@@ -6,6 +6,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"kvrouter/internal/config"
 )
 
 // TestRoles: a Pod's role label (llm-d's values) gives its engine's pool;
@@ -18,17 +20,17 @@ func TestRoles(t *testing.T) {
 				Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
 	}
 	pods := []*corev1.Pod{
-		pod("p", "192.0.2.1", map[string]string{DefaultRoleLabel: "prefill"}),
-		pod("d", "192.0.2.2", map[string]string{DefaultRoleLabel: "decode"}),
-		pod("pd", "192.0.2.3", map[string]string{DefaultRoleLabel: "prefill-decode"}),
-		pod("both", "192.0.2.4", map[string]string{DefaultRoleLabel: "both"}),
+		pod("p", "192.0.2.1", map[string]string{config.DefaultRoleLabel: "prefill"}),
+		pod("d", "192.0.2.2", map[string]string{config.DefaultRoleLabel: "decode"}),
+		pod("pd", "192.0.2.3", map[string]string{config.DefaultRoleLabel: "prefill-decode"}),
+		pod("both", "192.0.2.4", map[string]string{config.DefaultRoleLabel: "both"}),
 		pod("none", "192.0.2.5", nil),
-		pod("odd", "192.0.2.6", map[string]string{DefaultRoleLabel: "encode"}),
+		pod("odd", "192.0.2.6", map[string]string{config.DefaultRoleLabel: "encode"}),
 		pod("other", "192.0.2.7", map[string]string{"example.com/role": "prefill"}),
 	}
-	want := map[string]string{"p": RolePrefill, "d": RoleDecode, "pd": RoleDecode, "both": RoleDecode, "none": RoleDecode, "odd": RoleDecode, "other": RoleDecode}
-	cfg, err := Config{Namespace: "ns", Selector: "app=vllm"}.withDefaults()
-	if err != nil || cfg.RoleLabel != DefaultRoleLabel {
+	want := map[string]string{"p": config.RolePrefill, "d": config.RoleDecode, "pd": config.RoleDecode, "both": config.RoleDecode, "none": config.RoleDecode, "odd": config.RoleDecode, "other": config.RoleDecode}
+	cfg, err := config.Discovery{Namespace: "ns", Selector: "app=vllm"}.WithDefaults()
+	if err != nil || cfg.RoleLabel != config.DefaultRoleLabel {
 		t.Fatalf("default role label %q, %v", cfg.RoleLabel, err)
 	}
 	var bad []string
@@ -43,16 +45,16 @@ func TestRoles(t *testing.T) {
 		t.Errorf("reported %v, want only odd's value", bad)
 	}
 	bld.cfg.RoleLabel = "example.com/role"
-	if es := bld.fromPods(pods); es[0].Role != RoleDecode || es[6].Role != RolePrefill {
+	if es := bld.fromPods(pods); es[0].Role != config.RoleDecode || es[6].Role != config.RolePrefill {
 		t.Errorf("with label example.com/role: p %q, other %q", es[0].Role, es[6].Role)
 	}
-	bld.cfg.RoleLabel = RoleLabelOff
+	bld.cfg.RoleLabel = config.RoleLabelOff
 	for _, e := range bld.fromPods(pods) {
 		if e.Role != "" {
 			t.Errorf("roles off: %s has role %q", e.Name, e.Role)
 		}
 	}
-	if _, err := (Config{Namespace: "ns", Selector: "a=b", RoleLabel: "not a label!"}).withDefaults(); err == nil || !strings.Contains(err.Error(), "role_label") {
+	if _, err := (config.Discovery{Namespace: "ns", Selector: "a=b", RoleLabel: "not a label!"}).WithDefaults(); err == nil || !strings.Contains(err.Error(), "role_label") {
 		t.Errorf("bad role_label accepted: %v", err)
 	}
 }

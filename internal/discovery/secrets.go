@@ -9,6 +9,8 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"kvrouter/internal/config"
 )
 
 // secretTimeout bounds one Secret read.
@@ -20,12 +22,12 @@ type secretEntry struct {
 	read time.Time // when it was last read (successfully or not)
 }
 
-// secrets reads the API keys that engines' Settings.APIKeySecret name,
+// secrets reads the API keys that engines' config.EngineSettings.APIKeySecret name,
 // with a get on each Secret (RBAC get secrets, one namespace). Only the
 // Source's Run goroutine uses it.
 type secrets struct {
 	s     *Source
-	cache map[SecretRef]*secretEntry
+	cache map[config.SecretRef]*secretEntry
 	now   func() time.Time
 }
 
@@ -35,12 +37,12 @@ var errSecretRefused = errors.New("api key secret refused")
 
 // resolve fills each engine's APIKey from its Secret, reading a reference
 // seen for the first time at once and the others again when older than
-// Config.SecretRefresh. A read that fails keeps the key read before; an
+// config.Discovery.SecretRefresh. A read that fails keeps the key read before; an
 // engine whose key was never read is left out (logged once, counted). In
 // the first snapshot (first true) a read refused as forbidden or
 // unauthorized is returned as an error instead, as an informer's list is.
 func (c *secrets) resolve(ctx context.Context, engines []Engine, first bool) ([]Engine, error) {
-	used := map[SecretRef]bool{}
+	used := map[config.SecretRef]bool{}
 	out := engines[:0:0]
 	for _, e := range engines {
 		ref := e.Settings.APIKeySecret
@@ -89,7 +91,7 @@ func (c *secrets) resolve(ctx context.Context, engines []Engine, first bool) ([]
 
 // read gets one key of one Secret: its value with surrounding white space
 // (a file's trailing newline) trimmed; missing or empty is an error.
-func (c *secrets) read(ctx context.Context, ref SecretRef) (string, error) {
+func (c *secrets) read(ctx context.Context, ref config.SecretRef) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, secretTimeout)
 	defer cancel()
 	sec, err := c.s.client.CoreV1().Secrets(c.s.cfg.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})

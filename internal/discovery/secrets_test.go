@@ -7,6 +7,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"kvrouter/internal/config"
 )
 
 // secret creates or replaces Secret name with data.
@@ -45,8 +47,8 @@ func keysOf(s Snapshot) string {
 // kept when a later read fails.
 func testAPIKeySecret(t *testing.T, e *env) {
 	e.secret(t, "vllm-keys", map[string]string{"a": "key-a\n", "shared": "key-s"})
-	r := start(t, e.c.Config(), Config{Namespace: e.ns, Selector: "app=vllm", SecretRefresh: 100 * time.Millisecond,
-		Defaults: Settings{APIKeySecret: SecretRef{Name: "vllm-keys", Key: "shared"}}})
+	r := start(t, e.c.Config(), config.Discovery{Namespace: e.ns, Selector: "app=vllm", SecretRefresh: 100 * time.Millisecond,
+		Defaults: config.EngineSettings{APIKeySecret: config.SecretRef{Name: "vllm-keys", Key: "shared"}}})
 	sel := map[string]string{"app": "vllm"}
 	e.pod(t, "a", "192.0.2.1", sel, map[string]string{AnnotationAPIKeySecret: "vllm-keys/a"}, true)
 	e.pod(t, "b", "192.0.2.2", sel, nil, true)

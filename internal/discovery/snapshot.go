@@ -9,6 +9,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"kvrouter/internal/config"
 )
 
 // State is what an engine may be sent.
@@ -47,12 +49,12 @@ type Engine struct {
 	Addr string
 	// State is what it may be sent.
 	State State
-	// Settings are Config.Defaults overlaid with the Pod's annotations.
-	Settings Settings
+	// Settings are config.Discovery.Defaults overlaid with the Pod's annotations.
+	Settings config.EngineSettings
 	// APIKey is the engine's API key, read from the Secret key
-	// Settings.APIKeySecret names ("" when it names none).
+	// config.EngineSettings.APIKeySecret names ("" when it names none).
 	APIKey string
-	// Role is RolePrefill or RoleDecode from the Pod's Config.RoleLabel
+	// Role is config.RolePrefill or config.RoleDecode from the Pod's config.Discovery.RoleLabel
 	// (role.go); "" with roles off or without the Pod (a Service source
 	// without PodAnnotations).
 	Role string
@@ -75,7 +77,7 @@ type Snapshot struct {
 // Source to log once and count, what it skipped and which annotations it
 // could not use, and (at Debug) endpoints waiting for their Pod.
 type builder struct {
-	cfg     Config
+	cfg     config.Discovery
 	skip    func(object, reason string)
 	bad     func(pod, key, value string, err error)
 	pending func(addr, pod string)
@@ -130,7 +132,7 @@ func (b *builder) slicePort(s *discoveryv1.EndpointSlice) (int, bool) {
 }
 
 // fromSlices lists the engines of a Service's EndpointSlices. pod looks
-// up a Pod's annotations by name; nil means Config.Defaults for every
+// up a Pod's annotations by name; nil means config.Discovery.Defaults for every
 // engine, and an endpoint whose Pod it does not find is left out until
 // the Pod informer has it.
 func (b *builder) fromSlices(slices []*discoveryv1.EndpointSlice, pod func(name string) (*corev1.Pod, bool)) []Engine {
@@ -205,7 +207,7 @@ func podState(p *corev1.Pod) State {
 	return StateNotReady
 }
 
-// podPort picks a Pod's HTTP port (Config.Port).
+// podPort picks a Pod's HTTP port (config.Discovery.Port).
 func (b *builder) podPort(p *corev1.Pod) (int, bool) {
 	if n, err := strconv.Atoi(b.cfg.Port); err == nil {
 		return n, true
@@ -228,7 +230,7 @@ func (b *builder) podPort(p *corev1.Pod) (int, bool) {
 }
 
 // settings overlays a Pod's annotations on the defaults.
-func (b *builder) settings(p *corev1.Pod) Settings {
+func (b *builder) settings(p *corev1.Pod) config.EngineSettings {
 	return settingsFrom(p.Annotations, b.cfg.Defaults, func(key, value string, err error) {
 		b.bad(p.Namespace+"/"+p.Name, key, value, err)
 	})
@@ -238,7 +240,7 @@ func (b *builder) settings(p *corev1.Pod) Settings {
 // reported like a bad annotation.
 func (b *builder) role(p *corev1.Pod) string {
 	label := b.cfg.RoleLabel
-	if label == RoleLabelOff {
+	if label == config.RoleLabelOff {
 		label = ""
 	}
 	return role(p.Labels, label, func(v string) {

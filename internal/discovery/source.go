@@ -24,15 +24,17 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+
+	"kvrouter/internal/config"
 )
 
 // Source watches one model group's engines and sends snapshots of them.
 // New starts nothing; Run runs the informers. Safe for concurrent use;
 // Run may be called once.
 type Source struct {
-	cfg     Config
+	cfg     config.Discovery
 	client  kubernetes.Interface
-	dyn     dynamic.Interface // InferencePool reads (nil without Config.InferencePool)
+	dyn     dynamic.Interface // InferencePool reads (nil without config.Discovery.InferencePool)
 	log     *slog.Logger
 	m       *metrics
 	out     chan Snapshot
@@ -51,8 +53,8 @@ const maxWarned = 4096
 // New checks cfg (every problem at once) and builds a Source that talks
 // to the API server with rc; a nil rc means RESTConfig(cfg.Kubeconfig).
 // A nil log discards; metrics go to reg (nil: not registered).
-func New(cfg Config, rc *rest.Config, log *slog.Logger, reg prometheus.Registerer) (*Source, error) {
-	cfg, err := cfg.withDefaults()
+func New(cfg config.Discovery, rc *rest.Config, log *slog.Logger, reg prometheus.Registerer) (*Source, error) {
+	cfg, err := cfg.WithDefaults()
 	if err != nil {
 		return nil, err
 	}
@@ -154,7 +156,7 @@ func (s *Source) Run(ctx context.Context) error {
 	b := &builder{cfg: s.cfg, skip: s.skipped, bad: s.badAnnotation, pending: func(addr, pod string) {
 		s.log.Debug("endpoint waits for its pod", "addr", addr, "pod", pod)
 	}}
-	keys := &secrets{s: s, cache: map[SecretRef]*secretEntry{}, now: time.Now}
+	keys := &secrets{s: s, cache: map[config.SecretRef]*secretEntry{}, now: time.Now}
 	refresh := time.NewTicker(s.cfg.SecretRefresh)
 	defer refresh.Stop()
 	var last []Engine
@@ -376,7 +378,7 @@ func hasSynced(infs ...*watcher) []cache.InformerSynced {
 }
 
 // podInformer is a watcher of the namespace's Pods matching
-// Config.Selector, trimmed to what discovery reads (trimPod).
+// config.Discovery.Selector, trimmed to what discovery reads (trimPod).
 func (s *Source) podInformer() *watcher {
 	api := s.client.CoreV1().Pods(s.cfg.Namespace)
 	return s.informer(&corev1.Pod{}, s.cfg.Selector, trimPod,

@@ -252,7 +252,7 @@ func (n *notifyStore) Replace(list []any, rv string) error {
 	return err
 }
 
-// Resync asks for a rebuild (Config.Resync).
+// Resync asks for a rebuild (config.Discovery.Resync).
 func (n *notifyStore) Resync() error {
 	n.changed()
 	return nil

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 )
 
@@ -28,50 +29,16 @@ import (
 // extra key (kvindex.Extras.LoRA).
 //
 // kvrouter serves an adapter in the group of its base model: configured
-// (ModelConfig.Adapters) or learned from an engine's listing (a card whose
+// (config.Model.Adapters) or learned from an engine's listing (a card whose
 // parent is the group's name). A request for it goes only to engines whose
-// last listing has it; when none has it and ModelConfig.AdapterLoading is
+// last listing has it; when none has it and config.Model.AdapterLoading is
 // "load" and the adapter has a path, the group's router picks among all
 // healthy engines (no engine holds a block of the adapter, so the choice is
 // the least costly by load) and kvrouter loads it there with POST
 // /v1/load_lora_adapter {"lora_name", "lora_path"} before forwarding.
 
-// AdapterConfig is one LoRA adapter served by a model group's engines.
-type AdapterConfig struct {
-	// Name is the adapter's model id, as clients send it (vLLM's
-	// lora_name).
-	Name string `yaml:"name"`
-	// Path is the adapter's lora_path on the engines, for loading it at
-	// run time ("": never loaded by kvrouter).
-	Path string `yaml:"path"`
-}
-
-// Adapter loading modes of ModelConfig.AdapterLoading.
-const (
-	AdapterLoadingOff  = "off"
-	AdapterLoadingLoad = "load"
-)
-
 // adapterTimeout bounds one POST /v1/load_lora_adapter.
 const adapterTimeout = 2 * time.Minute
-
-// validateAdapters checks models[i]'s adapters.
-func validateAdapters(m *ModelConfig, i int, seen map[string]bool) []error {
-	var errs []error
-	if m.AdapterLoading != AdapterLoadingOff && m.AdapterLoading != AdapterLoadingLoad {
-		errs = append(errs, ferr(fmt.Sprintf("%q: want off or load", m.AdapterLoading), "models", i, "adapter_loading"))
-	}
-	for j, a := range m.Adapters {
-		switch {
-		case a.Name == "":
-			errs = append(errs, ferr("required", "models", i, "adapters", j, "name"))
-		case seen[a.Name]:
-			errs = append(errs, ferr(fmt.Sprintf("%q: already a model or adapter name", a.Name), "models", i, "adapters", j, "name"))
-		}
-		seen[a.Name] = true
-	}
-	return errs
-}
 
 // adapterModel returns the group serving adapter name: the group that
 // configures it, else one whose engines list it with the group's name as
@@ -126,7 +93,7 @@ func (s *Server) healthy(dst []*fleet.Endpoint, x *exchange) ([]*fleet.Endpoint,
 	if len(out) > n {
 		return out, retry, nil
 	}
-	if x.m.cfg.AdapterLoading == AdapterLoadingLoad && adapterPath(x) != "" {
+	if x.m.cfg.AdapterLoading == config.AdapterLoadingLoad && adapterPath(x) != "" {
 		x.loadAdapter = true
 		return withFreeLoRASlot(eps, n), retry, nil
 	}

@@ -7,6 +7,8 @@ import (
 	"io"
 	"slices"
 	"time"
+
+	"kvrouter/internal/config"
 )
 
 // Route aliases.
@@ -27,55 +29,8 @@ import (
 // delta before the answer reaches the client; kvrouter never logs response
 // bodies.
 
-// AliasConfig is one route alias of a model group.
-type AliasConfig struct {
-	// Name is the model name clients send.
-	Name string `yaml:"name"`
-	// ChatTemplateKwargs are set in a chat request's chat_template_kwargs,
-	// over the client's (e.g. {enable_thinking: false}).
-	ChatTemplateKwargs map[string]any `yaml:"chat_template_kwargs"`
-	// ThinkingTokenBudget, when set, caps the request's
-	// thinking_token_budget (set when absent).
-	ThinkingTokenBudget *int `yaml:"thinking_token_budget"`
-	// MaxTokens is max_tokens for a request that sets neither max_tokens
-	// nor max_completion_tokens (0: none).
-	MaxTokens int `yaml:"max_tokens"`
-	// MaxTokensCap caps max_tokens and max_completion_tokens (set to it
-	// when absent and MaxTokens is 0; 0: no cap).
-	MaxTokensCap int `yaml:"max_tokens_cap"`
-	// StripReasoning removes reasoning_content and reasoning from the
-	// engine's answers.
-	StripReasoning bool `yaml:"strip_reasoning"`
-	// Media replaces the group's media limits for this route (media.go).
-	Media *MediaLimits `yaml:"media"`
-}
-
-// validateAliases checks models[i]'s aliases; seen holds the names taken.
-func validateAliases(m *ModelConfig, i int, seen map[string]bool) []error {
-	var errs []error
-	for j, a := range m.Aliases {
-		switch {
-		case a.Name == "":
-			errs = append(errs, ferr("required", "models", i, "aliases", j, "name"))
-		case seen[a.Name]:
-			errs = append(errs, ferr(fmt.Sprintf("%q: already a model, adapter or alias name", a.Name), "models", i, "aliases", j, "name"))
-		}
-		seen[a.Name] = true
-		if a.MaxTokens < 0 || a.MaxTokensCap < 0 || a.MaxTokensCap > 0 && a.MaxTokens > a.MaxTokensCap {
-			errs = append(errs, ferr(fmt.Sprintf("max_tokens %d, max_tokens_cap %d: want 0 <= max_tokens <= max_tokens_cap (0: none)", a.MaxTokens, a.MaxTokensCap), "models", i, "aliases", j))
-		}
-		if a.ThinkingTokenBudget != nil && *a.ThinkingTokenBudget < 0 {
-			errs = append(errs, ferr("must be >= 0", "models", i, "aliases", j, "thinking_token_budget"))
-		}
-		if _, err := json.Marshal(a.ChatTemplateKwargs); err != nil {
-			errs = append(errs, ferr(err.Error(), "models", i, "aliases", j, "chat_template_kwargs"))
-		}
-	}
-	return errs
-}
-
 // alias returns the alias name and its group, or nil.
-func (s *Server) alias(name string) (*AliasConfig, *model) {
+func (s *Server) alias(name string) (*config.Alias, *model) {
 	for _, m := range s.models {
 		for i := range m.cfg.Aliases {
 			if m.cfg.Aliases[i].Name == name {
@@ -86,14 +41,14 @@ func (s *Server) alias(name string) (*AliasConfig, *model) {
 	return nil, nil
 }
 
-// applyAlias rewrites the body of a request for an alias (rewrite) and
+// applyAlias rewrites the body of a request for an alias (rewriteAlias) and
 // parses it again; other requests are returned as they are.
 func (s *Server) applyAlias(x *exchange, k kind, req *request, body []byte) (*request, *apiError) {
 	al, m := s.alias(req.model)
 	if al == nil {
 		return req, nil
 	}
-	out, err := al.rewrite(body, m.cfg.Name, k == kindChat)
+	out, err := rewriteAlias(al, body, m.cfg.Name, k == kindChat)
 	if err != nil {
 		return nil, badRequest("", err.Error())
 	}
@@ -101,9 +56,9 @@ func (s *Server) applyAlias(x *exchange, k kind, req *request, body []byte) (*re
 	return parseRequest(k, out)
 }
 
-// rewrite returns body with model set to base and the alias's defaults and
+// rewriteAlias returns body with model set to base and alias a's defaults and
 // caps applied. body is a valid JSON object (parseRequest checked it).
-func (a *AliasConfig) rewrite(body []byte, base string, chat bool) ([]byte, error) {
+func rewriteAlias(a *config.Alias, body []byte, base string, chat bool) ([]byte, error) {
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(body, &obj); err != nil {
 		return nil, err

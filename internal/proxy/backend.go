@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/kvindex"
 	"kvrouter/internal/routing"
 	"kvrouter/internal/vllm"
@@ -25,7 +26,7 @@ type BackendConfig struct {
 	// Exact selects the event-fed index (some engine publishes KV events);
 	// otherwise the approximate index learns from routing decisions.
 	Exact bool
-	// Policy is the routing policy name, or PolicyShadow.
+	// Policy is the routing policy name, or config.PolicyShadow.
 	Policy string
 	// ShadowServe is the serving policy in shadow mode (default round_robin).
 	ShadowServe string
@@ -147,7 +148,7 @@ func (b *Backend) build(blockSize int) (*generation, error) {
 	rcfg := b.cfg.Routing
 	rcfg.BlockSize = 0 // from the index
 	rcfg.Policy = b.cfg.Policy
-	if rcfg.Policy == PolicyShadow {
+	if rcfg.Policy == config.PolicyShadow {
 		rcfg.Policy = b.cfg.ShadowServe
 	}
 	g.serving = rcfg.Policy
@@ -155,7 +156,7 @@ func (b *Backend) build(blockSize int) (*generation, error) {
 	if err != nil {
 		return nil, err
 	}
-	if b.cfg.Policy == PolicyShadow {
+	if b.cfg.Policy == config.PolicyShadow {
 		// Made by the router: same weights and the index's block size.
 		if g.shadow, err = r.NewPolicy("kv"); err != nil {
 			return nil, err

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/kvindex"
 	"kvrouter/internal/routing"
 	"kvrouter/internal/vllm"
@@ -117,7 +118,7 @@ func TestBackendDryRunAndExclusion(t *testing.T) {
 // TestBackendShadow: shadow mode serves round_robin and reports what kv
 // would have chosen and found cached.
 func TestBackendShadow(t *testing.T) {
-	b := newTestBackend(t, PolicyShadow)
+	b := newTestBackend(t, config.PolicyShadow)
 	prompt := seq(320)
 	b.Apply(stored(prompt, 16))
 	served := map[string]int{}
@@ -159,7 +160,7 @@ func TestExplainTerms(t *testing.T) {
 		credits      bool
 	}{
 		{"round_robin", "", false}, {"random", "", false}, {"kv", "seconds", true},
-		{"least_load", "requests", false}, {"dynamo", "blocks", true}, {PolicyShadow, "", false},
+		{"least_load", "requests", false}, {"dynamo", "blocks", true}, {config.PolicyShadow, "", false},
 	} {
 		t.Run(tc.policy, func(t *testing.T) {
 			b := newTestBackend(t, tc.policy)
@@ -204,7 +205,7 @@ func TestExplainTerms(t *testing.T) {
 					t.Errorf("credited_tokens present %v, want %v: %s", ok, tc.credits, raw)
 				}
 			}
-			if tc.policy == PolicyShadow {
+			if tc.policy == config.PolicyShadow {
 				if got.Shadow["replica"] != "b" || got.Shadow["cached_tokens"] != 1408.0 {
 					t.Errorf("shadow %s", raw)
 				}

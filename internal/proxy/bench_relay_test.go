@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/tokenizer"
 )
@@ -61,7 +62,7 @@ func newBenchServer(tb testing.TB, url string, tok Tokenizer) *Server {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	cfg := Config{Models: []ModelConfig{{Name: "m", Tokenizer: TokenizerNone, Engines: []EngineConfig{{Name: "e0", URL: url}}}}}
+	cfg := config.Config{Models: []config.Model{{Name: "m", Tokenizer: config.TokenizerNone, Engines: []config.Engine{{Name: "e0", URL: url}}}}}
 	cfg.FillDefaults(func(string) string { return "" })
 	deps := Deps{Fleet: fl, Routers: map[string]Router{"m": be}}
 	if tok != nil {

@@ -11,18 +11,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-)
 
-// DefaultBodyLimit is the default Config.BodyLimit, in bytes: 16 MiB, twice
-// what the largest context vLLM serves today needs as a request body. A
-// prompt of 1,048,576 tokens (max_model_len of the longest-context models,
-// e.g. Qwen2.5-*-Instruct-1M) sent as token ids takes at most 8 bytes per
-// token with Python's json.dumps separators (ids of 6 digits for a
-// vocabulary under 1M, then ", "): 8 MiB. As text it is about 4 bytes per
-// token in English; CJK text escaped as \uXXXX takes about 6 bytes per
-// character at about 1.5 characters per token: 9 MiB. The other half leaves
-// room for images as data URLs (media limits apply to those separately).
-const DefaultBodyLimit = 16 << 20
+	"kvrouter/internal/config"
+)
 
 // bodyChunk is the first buffer for a body of unknown length (chunked),
 // and the smallest step it grows by.
@@ -42,7 +33,7 @@ const (
 )
 
 // bodyBudget bounds the bytes of request bodies held at once
-// (Config.BodyBudget): a request takes the buffer it reads into before
+// (config.Config.BodyBudget): a request takes the buffer it reads into before
 // reading, and finish gives it back. Safe for concurrent use.
 type bodyBudget struct {
 	max  int64 // <= 0: no bound
@@ -96,8 +87,8 @@ func (b *bodyBudget) give(n int64) {
 	}()
 }
 
-// readBody reads the request body whole within Config.BodyLimit, holding
-// Config.BodyBudget for its buffer (x.bodyHeld, given back by finish), and
+// readBody reads the request body whole within config.Config.BodyLimit, holding
+// config.Config.BodyBudget for its buffer (x.bodyHeld, given back by finish), and
 // waiting at most HTTP.BodyIdleTimeout for each part of it. A body with a
 // Content-Length is read into one buffer of that size; one without grows
 // its buffer by doubling, the budget taken before each growth. It answers
@@ -130,7 +121,7 @@ func (s *Server) readBody(x *exchange) ([]byte, bool) {
 	}
 	buf := make([]byte, 0, size)
 	rc := http.NewResponseController(x.w)
-	idle := orDefault(s.cfg.HTTP.BodyIdleTimeout, defaultListener().BodyIdleTimeout)
+	idle := orDefault(s.cfg.HTTP.BodyIdleTimeout, config.Default().HTTP.BodyIdleTimeout)
 	defer func() { _ = rc.SetReadDeadline(time.Time{}) }() // streams outlive the body
 	for cl < 0 || int64(len(buf)) < cl {
 		if len(buf) == cap(buf) {

@@ -12,7 +12,7 @@
 // /metrics (the registry given to Deps).
 //
 // Forwarding: the body is forwarded as received, except that
-// vllm_xargs.kv_cache_report_mode = "full" is merged in (Config
+// vllm_xargs.kv_cache_report_mode = "full" is merged in (config.Config
 // DisableHitReport turns it off) so the engine reports the prefix blocks it
 // reused. Responses are copied as they arrive: server-sent events are
 // written and flushed one complete event at a time, other bodies are copied
@@ -22,7 +22,7 @@
 // x-kvrouter-cached-tokens (the predicted prefix-cache hit, in tokens) are
 // added.
 //
-// Reliability: a request is retried on another replica (Config Retries,
+// Reliability: a request is retried on another replica (config.Config Retries,
 // default 1) only before any byte has reached the client, and only after a
 // connection error or a 429/502/503 answer. After the first byte, an
 // engine failure ends a stream with an OpenAI error event and aborts other
@@ -46,7 +46,7 @@
 // reserve for /health and /ready, a per-request body limit and a budget of
 // body bytes held at once (503 with Retry-After past it), validated
 // response ids, a client's X-Data-Parallel-Rank dropped and its
-// kv_transfer_params refused unless Config.Clients allows them, /metrics
+// kv_transfer_params refused unless config.Config.Clients allows them, /metrics
 // behind the API key, and an optional admin listener (RunAdmin) for the
 // introspection paths.
 //

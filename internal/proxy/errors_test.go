@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 )
 
@@ -45,7 +46,7 @@ func TestErrorTypes(t *testing.T) {
 		do     func(t *testing.T) result
 	}{
 		{"401 wrong key", 401, typeAuthentication, func(t *testing.T) result {
-			rg := newRig(t, 1, func(c *Config, _ *fleet.Config) { c.APIKey = "k" })
+			rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) { c.APIKey = "k" })
 			resp := rg.post("/v1/chat/completions", chatBody, "Authorization", "Bearer nope")
 			return result{resp.StatusCode, readAll(t, resp)}
 		}},
@@ -60,7 +61,7 @@ func TestErrorTypes(t *testing.T) {
 			return result{resp.StatusCode, readAll(t, resp)}
 		}},
 		{"413 body limit", 413, typeInvalidRequest, func(t *testing.T) result {
-			rg := newRig(t, 1, func(c *Config, _ *fleet.Config) { c.BodyLimit = 100 })
+			rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) { c.BodyLimit = 100 })
 			resp := rg.post("/v1/completions", `{"model":"m","prompt":"`+strings.Repeat("a", 200)+`"}`)
 			return result{resp.StatusCode, readAll(t, resp)}
 		}},
@@ -71,7 +72,7 @@ func TestErrorTypes(t *testing.T) {
 			return result{resp.StatusCode, readAll(t, resp)}
 		}},
 		{"502 engine unreachable", 502, typeServer, func(t *testing.T) result {
-			rg := newRig(t, 1, func(c *Config, _ *fleet.Config) { c.Models[0].Retries = -1 })
+			rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) { c.Models[0].Retries = -1 })
 			rg.engines[0].srv.Close()
 			resp := rg.post("/v1/chat/completions", chatBody)
 			return result{resp.StatusCode, readAll(t, resp)}
@@ -83,7 +84,7 @@ func TestErrorTypes(t *testing.T) {
 			return result{resp.StatusCode, readAll(t, resp)}
 		}},
 		{"504 first byte", 504, typeServer, func(t *testing.T) result {
-			rg := newRig(t, 1, func(c *Config, _ *fleet.Config) { c.Models[0].Timeouts.FirstByte = 50 * time.Millisecond })
+			rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) { c.Models[0].Timeouts.FirstByte = 50 * time.Millisecond })
 			rg.engines[0].set(func(e *engine) { e.block = true })
 			resp := rg.post("/v1/chat/completions", chatBody)
 			r := result{resp.StatusCode, readAll(t, resp)}

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/kvindex"
 )
@@ -24,17 +25,17 @@ type backendRig struct {
 	backend *Backend
 }
 
-func newBackendRig(t *testing.T, n int, mod func(*Config)) *backendRig {
+func newBackendRig(t *testing.T, n int, mod func(*config.Config)) *backendRig {
 	t.Helper()
 	rg := &rig{t: t, router: &testRouter{}, reg: prometheus.NewRegistry()}
-	cfg := Config{Models: []ModelConfig{{Name: "m", Tokenizer: TokenizerNone}}}
+	cfg := config.Config{Models: []config.Model{{Name: "m", Tokenizer: config.TokenizerNone}}}
 	fcfg := fleet.Config{ProbeInterval: -1, ScrapeInterval: -1}
 	var names []string
 	for i := range n {
 		e := newEngine(t, fmt.Sprintf("e%d", i))
 		rg.engines = append(rg.engines, e)
 		names = append(names, e.name)
-		cfg.Models[0].Engines = append(cfg.Models[0].Engines, EngineConfig{Name: e.name, URL: e.srv.URL})
+		cfg.Models[0].Engines = append(cfg.Models[0].Engines, config.Engine{Name: e.name, URL: e.srv.URL})
 		fcfg.Endpoints = append(fcfg.Endpoints, fleet.EndpointConfig{Name: e.name, URL: e.srv.URL, Models: []string{"m"}})
 	}
 	if mod != nil {
@@ -101,7 +102,7 @@ func TestFailedRequestDropsPredictions(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			br := newBackendRig(t, 1, func(c *Config) { c.Models[0].Retries = -1 })
+			br := newBackendRig(t, 1, func(c *config.Config) { c.Models[0].Retries = -1 })
 			br.engines[0].set(tt.set)
 			resp := br.post("/v1/completions", tokenPrompt(prompt, tt.stream))
 			body := readAll(t, resp)
@@ -176,9 +177,9 @@ func TestHasErrorEvent(t *testing.T) {
 // and never reaches an engine; what fits is forwarded; too_long: forward
 // forwards everything.
 func TestTooLongAnsweredWithoutForwarding(t *testing.T) {
-	for _, mode := range []string{TooLongReject, TooLongForward} {
+	for _, mode := range []string{config.TooLongReject, config.TooLongForward} {
 		t.Run(mode, func(t *testing.T) {
-			rg := newRig(t, 1, func(c *Config, _ *fleet.Config) { c.Models[0].TooLong = mode })
+			rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) { c.Models[0].TooLong = mode })
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
 				t.Fatal(err)
@@ -230,7 +231,7 @@ func TestTooLongAnsweredWithoutForwarding(t *testing.T) {
 				before := rg.engines[0].requests.Load()
 				status, body := post(tt.body)
 				forwarded := rg.engines[0].requests.Load() - before
-				if tt.rejected && mode == TooLongReject {
+				if tt.rejected && mode == config.TooLongReject {
 					if status != 400 || forwarded != 0 {
 						t.Errorf("%s: status %d, %d forwarded; want 400 and none: %s", tt.name, status, forwarded, body)
 						continue

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/frontmetrics"
 	"kvrouter/internal/kvindex"
@@ -38,7 +39,7 @@ type exchange struct {
 	loadAdapter bool
 	// route is the alias the request named (nil: none); usage is what its
 	// answer reported (aliases.go).
-	route   *AliasConfig
+	route   *config.Alias
 	usage   routeUsage
 	fwd     []byte   // the body sent upstream
 	tokens  []uint32 // nil when unknown

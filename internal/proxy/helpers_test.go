@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 )
 
@@ -230,7 +231,7 @@ func (rg *rig) setConnected(names ...string) {
 	}
 }
 
-type rigOption func(*Config, *fleet.Config)
+type rigOption func(*config.Config, *fleet.Config)
 
 func newRig(t *testing.T, n int, opts ...rigOption) *rig {
 	t.Helper()
@@ -251,10 +252,10 @@ func newRigRouter(t *testing.T, n int, router Router, opts ...rigOption) *rig {
 		rg.engines = append(rg.engines, e)
 		eps = append(eps, testEndpoint{name: e.name, url: e.srv.URL})
 	}
-	cfg := Config{Models: []ModelConfig{{Name: "m", Tokenizer: TokenizerNone}}}
+	cfg := config.Config{Models: []config.Model{{Name: "m", Tokenizer: config.TokenizerNone}}}
 	fcfg := fleet.Config{ProbeInterval: -1, ScrapeInterval: -1}
 	for _, ep := range eps {
-		cfg.Models[0].Engines = append(cfg.Models[0].Engines, EngineConfig{Name: ep.name, URL: ep.url})
+		cfg.Models[0].Engines = append(cfg.Models[0].Engines, config.Engine{Name: ep.name, URL: ep.url})
 		fcfg.Endpoints = append(fcfg.Endpoints, fleet.EndpointConfig{Name: ep.name, URL: ep.url, Models: []string{"m"}})
 	}
 	for _, o := range opts {

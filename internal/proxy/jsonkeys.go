@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+
+	"kvrouter/internal/config"
 )
 
 // routerKeys are the top-level request keys the router reads (the fields
@@ -164,5 +166,5 @@ func (s *keyScanner) objectName() string {
 			p[i] = e.idx
 		}
 	}
-	return pathString(p)
+	return config.FieldPath(p...)
 }

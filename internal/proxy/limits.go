@@ -3,6 +3,8 @@ package proxy
 import (
 	"fmt"
 	"net/http"
+
+	"kvrouter/internal/config"
 )
 
 // maxModelLen is the context length, in tokens, of model's engines as
@@ -27,7 +29,7 @@ func (s *Server) maxModelLen(model string) int {
 // router never refuses what an engine of any version accepts. Unknown
 // tokens or an unknown max_model_len: nil (the engine decides).
 func (s *Server) tooLong(x *exchange) *apiError {
-	if x.m.cfg.TooLong != TooLongReject || x.tokens == nil {
+	if x.m.cfg.TooLong != config.TooLongReject || x.tokens == nil {
 		return nil
 	}
 	limit := s.maxModelLen(x.m.cfg.Name)

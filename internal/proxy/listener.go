@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"kvrouter/internal/config"
 )
 
 // Limits of the router's own listeners (docs/security.md, "HTTP
@@ -25,88 +27,6 @@ import (
 // 503 with Retry-After. Past the reserve too, a connection is closed as
 // soon as it is accepted. Kubernetes probes thus keep their answers while
 // clients are refused, and the kernel's accept queue never fills.
-
-// ListenerConfig bounds the connections of the HTTP listeners (the main
-// and the admin one, each on its own count). A zero field means the
-// default in its comment.
-type ListenerConfig struct {
-	// HeaderTimeout bounds the wait for a request's headers, from the
-	// connection's accept or the previous answer (default 10s).
-	HeaderTimeout time.Duration `yaml:"header_timeout"`
-	// BodyIdleTimeout bounds the wait for each next part of a request
-	// body (default 30s): a client that stops sending mid-body is answered
-	// 408 and its connection closed. A body of any length may take any
-	// time while it keeps coming.
-	BodyIdleTimeout time.Duration `yaml:"body_idle_timeout"`
-	// IdleTimeout closes a keep-alive connection after this long without
-	// a request (default 60s).
-	IdleTimeout time.Duration `yaml:"idle_timeout"`
-	// MaxConnections caps the open client connections (default 8192);
-	// keep it well below the process's file descriptor limit (each
-	// request also holds a connection to an engine).
-	MaxConnections int `yaml:"max_connections"`
-	// ReservedConnections are accepted past MaxConnections for GET /health
-	// and GET /ready only (default 32; negative: none).
-	ReservedConnections int `yaml:"reserved_connections"`
-	// MaxHeaderBytes bounds a request's line and headers, in bytes
-	// (default 64 KiB); larger ones are answered 431 by net/http.
-	MaxHeaderBytes int `yaml:"max_header_bytes"`
-}
-
-// defaultListener returns the listener defaults.
-func defaultListener() ListenerConfig {
-	return ListenerConfig{
-		HeaderTimeout:       10 * time.Second,
-		BodyIdleTimeout:     30 * time.Second,
-		IdleTimeout:         60 * time.Second,
-		MaxConnections:      8192,
-		ReservedConnections: 32,
-		MaxHeaderBytes:      64 << 10,
-	}
-}
-
-func (l *ListenerConfig) fillDefaults(d ListenerConfig) {
-	if l.HeaderTimeout == 0 {
-		l.HeaderTimeout = d.HeaderTimeout
-	}
-	if l.BodyIdleTimeout == 0 {
-		l.BodyIdleTimeout = d.BodyIdleTimeout
-	}
-	if l.IdleTimeout == 0 {
-		l.IdleTimeout = d.IdleTimeout
-	}
-	if l.MaxConnections == 0 {
-		l.MaxConnections = d.MaxConnections
-	}
-	if l.MaxHeaderBytes == 0 {
-		l.MaxHeaderBytes = d.MaxHeaderBytes
-	}
-	switch {
-	case l.ReservedConnections == 0:
-		l.ReservedConnections = d.ReservedConnections
-	case l.ReservedConnections < 0:
-		l.ReservedConnections = -1 // none; kept non-zero so a refill keeps it
-	}
-}
-
-func (l *ListenerConfig) validate() []error {
-	var errs []error
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{{"header_timeout", l.HeaderTimeout}, {"body_idle_timeout", l.BodyIdleTimeout}, {"idle_timeout", l.IdleTimeout}} {
-		if d.v < 0 {
-			errs = append(errs, ferr("must be positive", "http", d.name))
-		}
-	}
-	if l.MaxConnections < 0 {
-		errs = append(errs, ferr("must be positive", "http", "max_connections"))
-	}
-	if l.MaxHeaderBytes < 0 {
-		errs = append(errs, ferr("must be positive", "http", "max_header_bytes"))
-	}
-	return errs
-}
 
 // Listener names, the label of the connection series.
 const (
@@ -226,14 +146,14 @@ func newListenerMetrics(reg prometheus.Registerer) (*listenerMetrics, error) {
 }
 
 // Run serves the main listener on ln until ctx is done, then stops
-// accepting, lets requests in flight finish for up to Config.DrainTimeout,
+// accepting, lets requests in flight finish for up to config.Config.DrainTimeout,
 // closes what is left and returns. It returns nil after a drain, or the
 // listener's error.
 func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	return s.serve(ctx, ln, listenerMain, s.handler)
 }
 
-// RunAdmin serves the admin listener (Config.AdminListen: /metrics, /ui,
+// RunAdmin serves the admin listener (config.Config.AdminListen: /metrics, /ui,
 // /v1/route, /health, /ready) on ln until ctx is done, as Run does.
 func (s *Server) RunAdmin(ctx context.Context, ln net.Listener) error {
 	return s.serve(ctx, ln, listenerAdmin, s.admin)
@@ -244,13 +164,13 @@ func (s *Server) serve(ctx context.Context, ln net.Listener, name string, h http
 	lim := &connLimit{max: int64(lc.MaxConnections), reserve: int64(max(lc.ReservedConnections, 0)),
 		gauge: s.lm.conns.WithLabelValues(name), rejected: s.lm.rejected.MustCurryWith(prometheus.Labels{"listener": name})}
 	if lim.max <= 0 {
-		lim.max = int64(defaultListener().MaxConnections)
+		lim.max = int64(config.Default().HTTP.MaxConnections)
 	}
 	srv := &http.Server{
 		Handler:           lim.guard(h),
-		ReadHeaderTimeout: orDefault(lc.HeaderTimeout, defaultListener().HeaderTimeout),
-		IdleTimeout:       orDefault(lc.IdleTimeout, defaultListener().IdleTimeout),
-		MaxHeaderBytes:    cmp.Or(max(lc.MaxHeaderBytes, 0), defaultListener().MaxHeaderBytes),
+		ReadHeaderTimeout: orDefault(lc.HeaderTimeout, config.Default().HTTP.HeaderTimeout),
+		IdleTimeout:       orDefault(lc.IdleTimeout, config.Default().HTTP.IdleTimeout),
+		MaxHeaderBytes:    cmp.Or(max(lc.MaxHeaderBytes, 0), config.Default().HTTP.MaxHeaderBytes),
 		ErrorLog:          slog.NewLogLogger(s.log.With("listener", name).Handler(), slog.LevelWarn),
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 		ConnContext:       lim.connContext,

@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 )
 
@@ -109,7 +110,7 @@ func pollGauge(t *testing.T, what string, want float64, read func() float64) {
 // An idle client loses its connection after header_timeout (nothing sent)
 // or idle_timeout (after an answer, keep-alive); real TCP on loopback.
 func TestListenerClosesIdleConnections(t *testing.T) {
-	rg := newRig(t, 1, func(c *Config, _ *fleet.Config) {
+	rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) {
 		c.HTTP.HeaderTimeout = 300 * time.Millisecond
 		c.HTTP.IdleTimeout = 300 * time.Millisecond
 	})
@@ -131,7 +132,7 @@ func TestListenerClosesIdleConnections(t *testing.T) {
 
 // Headers over http.max_header_bytes are refused (431) instead of held.
 func TestListenerHeaderBytes(t *testing.T) {
-	rg := newRig(t, 1, func(c *Config, _ *fleet.Config) { c.HTTP.MaxHeaderBytes = 8 << 10 })
+	rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) { c.HTTP.MaxHeaderBytes = 8 << 10 })
 	c := dial(t, rg.runFront())
 	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
 	fmt.Fprintf(c, "GET /health HTTP/1.1\r\nHost: kvrouter\r\nX-Big: %s\r\n\r\n", strings.Repeat("b", 100<<10))
@@ -150,7 +151,7 @@ func TestListenerHeaderBytes(t *testing.T) {
 // with Retry-After, and past the reserve connections are closed at once.
 // Closing the holders brings the count back to 0.
 func TestListenerConnectionCap(t *testing.T) {
-	rg := newRig(t, 1, func(c *Config, _ *fleet.Config) {
+	rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) {
 		c.HTTP.HeaderTimeout = time.Minute
 		c.HTTP.IdleTimeout = time.Minute
 		c.HTTP.MaxConnections = 4

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 )
 
@@ -17,9 +18,9 @@ import (
 // when the router would pick the full one; with no slot free anywhere,
 // every engine stays a candidate.
 func TestAdapterLoadPrefersFreeSlot(t *testing.T) {
-	rg := newRig(t, 2, func(c *Config, fc *fleet.Config) {
-		c.Models[0].AdapterLoading = AdapterLoadingLoad
-		c.Models[0].Adapters = []AdapterConfig{{Name: "b", Path: "/adapters/b"}, {Name: "c", Path: "/adapters/c"}}
+	rg := newRig(t, 2, func(c *config.Config, fc *fleet.Config) {
+		c.Models[0].AdapterLoading = config.AdapterLoadingLoad
+		c.Models[0].Adapters = []config.Adapter{{Name: "b", Path: "/adapters/b"}, {Name: "c", Path: "/adapters/c"}}
 		fc.ScrapeInterval = 10 * time.Millisecond
 	})
 	var mu sync.Mutex

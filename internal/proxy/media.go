@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strings"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/vllm"
 )
 
@@ -26,20 +27,6 @@ import (
 // Pixel sizes are known only for images inlined as data: URLs (PNG, JPEG,
 // GIF headers); an image given by http(s) URL counts as an item but not
 // towards the pixel and token budgets.
-
-// MediaLimits bound the media items of one prompt. Zero fields: no limit.
-type MediaLimits struct {
-	// MaxItems maps a modality (image, audio, video) to the most items one
-	// prompt may carry (0: none allowed); a modality not listed is not
-	// limited.
-	MaxItems map[string]int `yaml:"max_items"`
-	// MaxPixels bounds the sum of width*height over the prompt's inlined
-	// images.
-	MaxPixels int64 `yaml:"max_pixels"`
-	// MaxVisualTokens bounds the prompt's estimated visual tokens
-	// (Qwen2VLImageTokens of each inlined image).
-	MaxVisualTokens int `yaml:"max_visual_tokens"`
-}
 
 // Qwen2VLImageTokens estimates the visual tokens of a w x h image under
 // Qwen2.5-VL's resizing (896x896 -> 1,024; 0 for an empty image): see
@@ -64,7 +51,7 @@ func mediaModality(typ string) string {
 
 // mediaLimits returns the limits for x: its alias's when set, else its
 // group's (nil: none).
-func mediaLimits(x *exchange) *MediaLimits {
+func mediaLimits(x *exchange) *config.MediaLimits {
 	if x.route != nil && x.route.Media != nil {
 		return x.route.Media
 	}
@@ -185,24 +172,4 @@ func dataURLSize(u string) (w, h int, ok bool) {
 		return 0, 0, false
 	}
 	return cfg.Width, cfg.Height, true
-}
-
-// validateMedia checks limits at path.
-func validateMedia(lim *MediaLimits, path ...any) []error {
-	if lim == nil {
-		return nil
-	}
-	var errs []error
-	for mod, n := range lim.MaxItems {
-		if mod != "image" && mod != "audio" && mod != "video" {
-			errs = append(errs, ferr(fmt.Sprintf("unknown modality %q (image, audio, video)", mod), append(path, "max_items")...))
-		}
-		if n < 0 {
-			errs = append(errs, ferr(fmt.Sprintf("%s: %d: must be >= 0", mod, n), append(path, "max_items")...))
-		}
-	}
-	if lim.MaxPixels < 0 || lim.MaxVisualTokens < 0 {
-		errs = append(errs, ferr("max_pixels and max_visual_tokens must be >= 0", path...))
-	}
-	return errs
 }

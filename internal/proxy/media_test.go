@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 )
 
@@ -45,9 +46,9 @@ func pngDataURL(t *testing.T, w, h int) string {
 // budget are enforced before forwarding with OpenAI-shaped 400s; an alias
 // has its own limits; an http image counts as an item only.
 func TestMediaLimits(t *testing.T) {
-	rg := newRig(t, 1, func(c *Config, _ *fleet.Config) {
-		c.Models[0].Media = &MediaLimits{MaxItems: map[string]int{"image": 2, "video": 0}, MaxPixels: 2_000_000, MaxVisualTokens: 1500}
-		c.Models[0].Aliases = []AliasConfig{{Name: "m-small", Media: &MediaLimits{MaxVisualTokens: 1000}}}
+	rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) {
+		c.Models[0].Media = &config.MediaLimits{MaxItems: map[string]int{"image": 2, "video": 0}, MaxPixels: 2_000_000, MaxVisualTokens: 1500}
+		c.Models[0].Aliases = []config.Alias{{Name: "m-small", Media: &config.MediaLimits{MaxVisualTokens: 1000}}}
 	})
 	big := pngDataURL(t, 896, 896) // 802,816 pixels, 1,024 tokens
 	chat := func(model string, parts ...string) string {

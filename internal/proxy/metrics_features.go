@@ -4,6 +4,8 @@ import (
 	"errors"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"kvrouter/internal/config"
 )
 
 // featureMetrics are the series of adapters and route aliases.
@@ -41,7 +43,7 @@ func newFeatureMetrics(reg prometheus.Registerer) (*featureMetrics, error) {
 // initModel creates a group's series at 0: each alias's requests by outcome
 // and tokens by kind, each configured adapter's loads per engine (engines
 // added later get theirs at their first load).
-func (m *featureMetrics) initModel(mc ModelConfig, engines []string) {
+func (m *featureMetrics) initModel(mc config.Model, engines []string) {
 	for _, a := range mc.Aliases {
 		for _, o := range []string{outcomeOK, outcomeEngineError, outcomeBadRequest, outcomeNoReplica, outcomeUpstream, outcomeTimeout, outcomeClientClosed, outcomeRouteOnly} {
 			m.routeRequests.WithLabelValues(a.Name, o)

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 )
 
@@ -52,7 +53,7 @@ func stallListener(t *testing.T) string {
 // failed attempt) instead of being refused with 503 no healthy replica.
 func TestTimeoutIsReportedAsTimeout(t *testing.T) {
 	addr := stallListener(t)
-	rg := newRig(t, 1, func(c *Config, f *fleet.Config) {
+	rg := newRig(t, 1, func(c *config.Config, f *fleet.Config) {
 		c.Models[0].Engines[0].URL = "https://" + addr
 		f.Endpoints[0].URL = "https://" + addr
 		c.Models[0].Retries = -1

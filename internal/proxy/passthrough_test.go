@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 )
 
@@ -24,8 +25,8 @@ func poolingEngine(name string) http.HandlerFunc {
 // becomes its group's, a connection error moves to the other engine, and
 // unknown models get OpenAI's 404.
 func TestPassthrough(t *testing.T) {
-	rg := newRig(t, 2, func(c *Config, _ *fleet.Config) {
-		c.Models[0].Aliases = []AliasConfig{{Name: "m-fast"}}
+	rg := newRig(t, 2, func(c *config.Config, _ *fleet.Config) {
+		c.Models[0].Aliases = []config.Alias{{Name: "m-fast"}}
 	})
 	for _, e := range rg.engines {
 		e.srv.Config.Handler = poolingEngine(e.name)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 )
 
@@ -19,25 +20,25 @@ import (
 //
 //	go test -run '^$' -bench BenchmarkPDPlan -benchmem -count 6 ./internal/proxy/
 func BenchmarkPDPlan(b *testing.B) {
-	mc := ModelConfig{Name: "m", Tokenizer: TokenizerNone}
+	mc := config.Model{Name: "m", Tokenizer: config.TokenizerNone}
 	fcfg := fleet.Config{ProbeInterval: -1, ScrapeInterval: -1}
 	var names, prefill, decode []string
 	for i := range 8 {
-		name, role := fmt.Sprintf("e%d", i), RolePrefill
+		name, role := fmt.Sprintf("e%d", i), config.RolePrefill
 		if i >= 4 {
-			role = RoleDecode
+			role = config.RoleDecode
 		}
 		url := fmt.Sprintf("http://127.0.0.1:%d", 10000+i)
-		mc.Engines = append(mc.Engines, EngineConfig{Name: name, URL: url, Role: role})
+		mc.Engines = append(mc.Engines, config.Engine{Name: name, URL: url, Role: role})
 		fcfg.Endpoints = append(fcfg.Endpoints, fleet.EndpointConfig{Name: name, URL: url, Models: []string{"m"}})
 		names = append(names, name)
-		if role == RolePrefill {
+		if role == config.RolePrefill {
 			prefill = append(prefill, name)
 		} else {
 			decode = append(decode, name)
 		}
 	}
-	cfg := Config{Models: []ModelConfig{mc}}
+	cfg := config.Config{Models: []config.Model{mc}}
 	cfg.FillDefaults(func(string) string { return "" })
 	if err := cfg.Validate(); err != nil {
 		b.Fatal(err)

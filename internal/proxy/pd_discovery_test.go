@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"kvrouter/internal/discovery"
+	"kvrouter/internal/config"
 )
 
 // TestPDDiscoveredRoles: a discovered group has a P/D set-up whose roles
@@ -14,31 +14,31 @@ import (
 // prefill engine; pd with roles off is refused; SetRoles refuses groups
 // with static roles or none.
 func TestPDDiscoveredRoles(t *testing.T) {
-	disc := func(label string) ModelConfig {
-		return ModelConfig{Name: "m", Discovery: &discovery.Config{Namespace: "ns", Selector: "app=vllm", RoleLabel: label}}
+	disc := func(label string) config.Model {
+		return config.Model{Name: "m", Discovery: &config.Discovery{Namespace: "ns", Selector: "app=vllm", RoleLabel: label}}
 	}
 	g := newPDGroup(disc(""))
 	if g == nil || !g.discovered || g.active() {
 		t.Fatalf("discovered group: %+v (active %v), want P/D set-up, inactive without roles", g, g != nil && g.active())
 	}
-	if newPDGroup(disc(discovery.RoleLabelOff)) != nil {
+	if newPDGroup(disc(config.RoleLabelOff)) != nil {
 		t.Error("roles off: a P/D set-up")
 	}
-	s := &Server{models: map[string]*model{"m": {pd: g}, "static": {pd: newPDGroup(ModelConfig{Name: "static",
-		Engines: []EngineConfig{{Name: "p", Role: RolePrefill}, {Name: "d", Role: RoleDecode}}})}, "plain": {}}}
-	if !s.SetRoles("m", map[string]string{"a": RoleDecode, "b": RoleDecode}) || g.active() {
+	s := &Server{models: map[string]*model{"m": {pd: g}, "static": {pd: newPDGroup(config.Model{Name: "static",
+		Engines: []config.Engine{{Name: "p", Role: config.RolePrefill}, {Name: "d", Role: config.RoleDecode}}})}, "plain": {}}}
+	if !s.SetRoles("m", map[string]string{"a": config.RoleDecode, "b": config.RoleDecode}) || g.active() {
 		t.Error("decode engines only: active")
 	}
-	if !s.SetRoles("m", map[string]string{"a": RolePrefill, "b": RoleDecode, "c": "bogus"}) || !g.active() || !g.isPrefill("a") || !g.isDecode("b") || g.role("c") != "" {
+	if !s.SetRoles("m", map[string]string{"a": config.RolePrefill, "b": config.RoleDecode, "c": "bogus"}) || !g.active() || !g.isPrefill("a") || !g.isDecode("b") || g.role("c") != "" {
 		t.Errorf("after SetRoles: active %v, a %q, b %q, c %q", g.active(), g.role("a"), g.role("b"), g.role("c"))
 	}
-	if s.SetRoles("static", map[string]string{"p": RoleDecode}) || !s.models["static"].pd.isPrefill("p") {
+	if s.SetRoles("static", map[string]string{"p": config.RoleDecode}) || !s.models["static"].pd.isPrefill("p") {
 		t.Error("SetRoles changed a group with roles from router.yaml")
 	}
 	if s.SetRoles("plain", nil) || s.SetRoles("nope", nil) {
 		t.Error("SetRoles accepted a group without P/D")
 	}
-	c := Config{Models: []ModelConfig{disc(discovery.RoleLabelOff)}}
+	c := config.Config{Models: []config.Model{disc(config.RoleLabelOff)}}
 	c.Models[0].PD.Mode = "always"
 	c.FillDefaults(func(string) string { return "" })
 	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "role_label is off") {

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/enginesim"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/tracing"
@@ -50,16 +51,16 @@ type pdSpec struct {
 	dead       bool // a closed port: connection refused
 }
 
-func newPDRig(t *testing.T, specs []pdSpec, opts ...func(*ModelConfig)) *pdRig {
+func newPDRig(t *testing.T, specs []pdSpec, opts ...func(*config.Model)) *pdRig {
 	t.Helper()
 	return newPDRigTraced(t, specs, nil, opts...)
 }
 
 // newPDRigTraced is newPDRig with the server tracing through tr (nil: off).
-func newPDRigTraced(t *testing.T, specs []pdSpec, tr *tracing.Tracing, opts ...func(*ModelConfig)) *pdRig {
+func newPDRigTraced(t *testing.T, specs []pdSpec, tr *tracing.Tracing, opts ...func(*config.Model)) *pdRig {
 	t.Helper()
 	rg := &pdRig{t: t, reg: prometheus.NewRegistry()}
-	mc := ModelConfig{Name: "m", Tokenizer: TokenizerNone}
+	mc := config.Model{Name: "m", Tokenizer: config.TokenizerNone}
 	fcfg := fleet.Config{ProbeInterval: -1, ScrapeInterval: -1}
 	ctx, cancel := context.WithCancel(context.Background())
 	var stops []chan error
@@ -74,7 +75,7 @@ func newPDRigTraced(t *testing.T, specs []pdSpec, tr *tracing.Tracing, opts ...f
 			ln.Close()
 		} else {
 			role := enginesim.RolePrefill
-			if sp.role == RoleDecode {
+			if sp.role == config.RoleDecode {
 				role = enginesim.RoleDecode
 			}
 			sim, err := enginesim.New(enginesim.Config{ServedModelName: "m", Faults: sp.faults,
@@ -111,13 +112,13 @@ func newPDRigTraced(t *testing.T, specs []pdSpec, tr *tracing.Tracing, opts ...f
 			e.url = "http://" + ln.Addr().String()
 		}
 		rg.engines = append(rg.engines, e)
-		mc.Engines = append(mc.Engines, EngineConfig{Name: e.name, URL: e.url, Role: e.role})
+		mc.Engines = append(mc.Engines, config.Engine{Name: e.name, URL: e.url, Role: e.role})
 		fcfg.Endpoints = append(fcfg.Endpoints, fleet.EndpointConfig{Name: e.name, URL: e.url, Models: []string{"m"}})
 	}
 	for _, o := range opts {
 		o(&mc)
 	}
-	cfg := Config{Models: []ModelConfig{mc}}
+	cfg := config.Config{Models: []config.Model{mc}}
 	cfg.FillDefaults(func(string) string { return "" })
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
@@ -225,7 +226,7 @@ func pdPrompt(base, n, maxTokens int, stream bool) string {
 	return fmt.Sprintf(`{"model":"m","prompt":[%s],"max_tokens":%d,"stream":%v}`, strings.Join(ids, ","), maxTokens, stream)
 }
 
-var twoByTwo = []pdSpec{{name: "p0", role: RolePrefill}, {name: "p1", role: RolePrefill}, {name: "d0", role: RoleDecode}, {name: "d1", role: RoleDecode}}
+var twoByTwo = []pdSpec{{name: "p0", role: config.RolePrefill}, {name: "p1", role: config.RolePrefill}, {name: "d0", role: config.RoleDecode}, {name: "d1", role: config.RoleDecode}}
 
 // TestPDTwoLegs: long prompts go through a prefill engine then a decode
 // engine, for completions and chat, streaming and not. The prefill leg is
@@ -338,7 +339,7 @@ func TestPDPrefillOnHolder(t *testing.T) {
 func decodeRequests(rg *pdRig) int64 {
 	var n int64
 	for _, e := range rg.engines {
-		if e.role == RoleDecode {
+		if e.role == config.RoleDecode {
 			n += e.requests.Load()
 		}
 	}
@@ -360,8 +361,8 @@ func TestPDPrefillFails(t *testing.T) {
 		{"bad request", enginesim.Faults{ErrorRate: 1, ErrorStatus: 400}, http.StatusBadRequest, "status"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rg := newPDRig(t, []pdSpec{{name: "p0", role: RolePrefill, faults: tc.faults}, {name: "d0", role: RoleDecode}},
-				func(mc *ModelConfig) { mc.Timeouts.FirstByte = 300 * time.Millisecond; mc.Retries = -1 })
+			rg := newPDRig(t, []pdSpec{{name: "p0", role: config.RolePrefill, faults: tc.faults}, {name: "d0", role: config.RoleDecode}},
+				func(mc *config.Model) { mc.Timeouts.FirstByte = 300 * time.Millisecond; mc.Retries = -1 })
 			t0 := time.Now()
 			resp := rg.post(context.Background(), "/v1/completions", pdPrompt(1, 3000, 5, true))
 			body := readAll(t, resp)
@@ -394,7 +395,7 @@ func TestPDPrefillFails(t *testing.T) {
 // is released (the rig checks at cleanup).
 func TestPDCancel(t *testing.T) {
 	t.Run("prefill", func(t *testing.T) {
-		rg := newPDRig(t, []pdSpec{{name: "p0", role: RolePrefill, faults: enginesim.Faults{HangRate: 1}}, {name: "d0", role: RoleDecode}})
+		rg := newPDRig(t, []pdSpec{{name: "p0", role: config.RolePrefill, faults: enginesim.Faults{HangRate: 1}}, {name: "d0", role: config.RoleDecode}})
 		ctx, cancel := context.WithCancel(context.Background())
 		go func() {
 			for rg.engine("p0").requests.Load() == 0 {
@@ -415,7 +416,7 @@ func TestPDCancel(t *testing.T) {
 		}
 	})
 	t.Run("decode", func(t *testing.T) {
-		rg := newPDRig(t, []pdSpec{{name: "p0", role: RolePrefill}, {name: "d0", role: RoleDecode}})
+		rg := newPDRig(t, []pdSpec{{name: "p0", role: config.RolePrefill}, {name: "d0", role: config.RoleDecode}})
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, rg.front.URL+"/v1/completions", strings.NewReader(pdPrompt(1, 3000, 4000, true)))
@@ -452,7 +453,7 @@ func waitUntil(t *testing.T, cond func() bool) {
 // the same kv_transfer_params.
 func TestPDDecodeDies(t *testing.T) {
 	t.Run("mid-stream", func(t *testing.T) {
-		rg := newPDRig(t, []pdSpec{{name: "p0", role: RolePrefill}, {name: "d0", role: RoleDecode, faults: enginesim.Faults{DieRate: 1, DieAfterTokens: 2}}})
+		rg := newPDRig(t, []pdSpec{{name: "p0", role: config.RolePrefill}, {name: "d0", role: config.RoleDecode, faults: enginesim.Faults{DieRate: 1, DieAfterTokens: 2}}})
 		resp := rg.post(context.Background(), "/v1/completions", pdPrompt(1, 3000, 50, true))
 		body := readAll(t, resp)
 		if resp.StatusCode != http.StatusOK || strings.Contains(body, "[DONE]") || !strings.Contains(body, `"error"`) || len(dataLines(body)) != 3 {
@@ -460,7 +461,7 @@ func TestPDDecodeDies(t *testing.T) {
 		}
 	})
 	t.Run("unreachable", func(t *testing.T) {
-		rg := newPDRig(t, []pdSpec{{name: "p0", role: RolePrefill}, {name: "d0", role: RoleDecode, dead: true}, {name: "d1", role: RoleDecode}})
+		rg := newPDRig(t, []pdSpec{{name: "p0", role: config.RolePrefill}, {name: "d0", role: config.RoleDecode, dead: true}, {name: "d1", role: config.RoleDecode}})
 		retried := 0.0
 		for i := 0; i < 12 && retried == 0; i++ {
 			resp := rg.post(context.Background(), "/v1/completions", pdPrompt(1, 3000, 3, false))
@@ -481,20 +482,20 @@ func TestPDDecodeDies(t *testing.T) {
 }
 
 func TestPDConfigValidate(t *testing.T) {
-	base := func() Config {
-		return Config{Models: []ModelConfig{{Name: "m", Engines: []EngineConfig{
-			{Name: "p", URL: "http://127.0.0.1:1", Role: RolePrefill}, {Name: "d", URL: "http://127.0.0.1:2", Role: RoleDecode}}}}}
+	base := func() config.Config {
+		return config.Config{Models: []config.Model{{Name: "m", Engines: []config.Engine{
+			{Name: "p", URL: "http://127.0.0.1:1", Role: config.RolePrefill}, {Name: "d", URL: "http://127.0.0.1:2", Role: config.RoleDecode}}}}}
 	}
 	for _, tc := range []struct {
 		name string
-		edit func(*Config)
+		edit func(*config.Config)
 		want string
 	}{
-		{"ok", func(*Config) {}, ""},
-		{"bad role", func(c *Config) { c.Models[0].Engines[0].Role = "prefiller" }, "models[0].engines[0].role"},
-		{"no decode", func(c *Config) { c.Models[0].Engines[1].Role = RolePrefill }, "at least one prefill and one decode"},
-		{"bad link", func(c *Config) { c.Models[0].PD.Link = "pigeon" }, "models[0].pd: link"},
-		{"pd without roles", func(c *Config) {
+		{"ok", func(*config.Config) {}, ""},
+		{"bad role", func(c *config.Config) { c.Models[0].Engines[0].Role = "prefiller" }, "models[0].engines[0].role"},
+		{"no decode", func(c *config.Config) { c.Models[0].Engines[1].Role = config.RolePrefill }, "at least one prefill and one decode"},
+		{"bad link", func(c *config.Config) { c.Models[0].PD.Link = "pigeon" }, "models[0].pd: link"},
+		{"pd without roles", func(c *config.Config) {
 			c.Models[0].Engines[0].Role, c.Models[0].Engines[1].Role = "", ""
 			c.Models[0].PD.Mode = "always"
 		}, "no engine has a role"},
@@ -510,7 +511,7 @@ func TestPDConfigValidate(t *testing.T) {
 		})
 	}
 	// router.yaml spells it so, strictly parsed.
-	cfg, _, err := ParseConfig([]byte("models:\n  - name: m\n    pd: {mode: conditional, link: roce, min_remote_tokens: 512, stall_weight: 2, model: {layers: 80, kv_heads: 8, head_dim: 128, dtype_bytes: 2}}\n    engines:\n      - {url: \"http://127.0.0.1:1\", role: prefill}\n      - {url: \"http://127.0.0.1:2\", role: decode}\n"), func(string) string { return "" })
+	cfg, _, err := config.Parse([]byte("models:\n  - name: m\n    pd: {mode: conditional, link: roce, min_remote_tokens: 512, stall_weight: 2, model: {layers: 80, kv_heads: 8, head_dim: 128, dtype_bytes: 2}}\n    engines:\n      - {url: \"http://127.0.0.1:1\", role: prefill}\n      - {url: \"http://127.0.0.1:2\", role: decode}\n"), func(string) string { return "" })
 	if err != nil {
 		t.Fatal(err)
 	}

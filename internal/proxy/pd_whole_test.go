@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/pd"
 )
 
@@ -20,7 +21,7 @@ import (
 func TestPDWholeOnPrefill(t *testing.T) {
 	for _, off := range []bool{false, true} {
 		t.Run(map[bool]string{false: "on", true: "off"}[off], func(t *testing.T) {
-			rg := newPDRig(t, twoByTwo, func(mc *ModelConfig) {
+			rg := newPDRig(t, twoByTwo, func(mc *config.Model) {
 				mc.PD.Link = "tcp"
 				if off {
 					mc.PD.WholeMaxQueue = -1
@@ -92,7 +93,7 @@ func TestPDWholeConfig(t *testing.T) {
 		{", whole_max_queue: 300ms", 300 * time.Millisecond},
 		{", whole_max_queue: -1s", -time.Second},
 	} {
-		cfg, _, err := ParseConfig([]byte("models:\n  - name: m\n    pd: {mode: conditional"+tc.yaml+"}\n    engines:\n      - {url: \"http://127.0.0.1:1\", role: prefill}\n      - {url: \"http://127.0.0.1:2\", role: decode}\n"), func(string) string { return "" })
+		cfg, _, err := config.Parse([]byte("models:\n  - name: m\n    pd: {mode: conditional"+tc.yaml+"}\n    engines:\n      - {url: \"http://127.0.0.1:1\", role: prefill}\n      - {url: \"http://127.0.0.1:2\", role: decode}\n"), func(string) string { return "" })
 		if err != nil {
 			t.Fatalf("%q: %v", tc.yaml, err)
 		}

@@ -1,22 +1,13 @@
 package proxy
 
 import (
-	"fmt"
-	"net/url"
-	"slices"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"kvrouter/internal/discovery"
+	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/pd"
-)
-
-// Engine roles of disaggregated serving (EngineConfig.Role).
-const (
-	RolePrefill = "prefill"
-	RoleDecode  = "decode"
 )
 
 // Paths a request of a P/D group takes (x-kvrouter-path, the path label of
@@ -49,7 +40,7 @@ const (
 // discovered group change with its Pods' role labels (SetRoles).
 type pdGroup struct {
 	rule pd.Rule
-	// roles maps engine names to RolePrefill or RoleDecode; replaced
+	// roles maps engine names to config.RolePrefill or config.RoleDecode; replaced
 	// whole, never changed in place.
 	roles atomic.Pointer[map[string]string]
 	// discovered: the roles come from SetRoles, and the group is served
@@ -60,15 +51,15 @@ type pdGroup struct {
 // newPDGroup returns mc's P/D set-up, nil when no engine has a role and
 // the group is not discovered with a role label. mc is validated
 // (validatePD).
-func newPDGroup(mc ModelConfig) *pdGroup {
+func newPDGroup(mc config.Model) *pdGroup {
 	g := &pdGroup{}
 	roles := map[string]string{}
 	for _, e := range mc.Engines {
 		if e.Role != "" {
-			roles[configEngineName(e)] = e.Role
+			roles[e.FleetName()] = e.Role
 		}
 	}
-	g.discovered = mc.Discovery != nil && mc.Discovery.RoleLabel != discovery.RoleLabelOff
+	g.discovered = mc.Discovery != nil && mc.Discovery.RoleLabel != config.RoleLabelOff
 	if len(roles) == 0 && !g.discovered {
 		return nil
 	}
@@ -79,8 +70,8 @@ func newPDGroup(mc ModelConfig) *pdGroup {
 
 func (g *pdGroup) role(name string) string { return (*g.roles.Load())[name] }
 
-func (g *pdGroup) isPrefill(name string) bool { return g.role(name) == RolePrefill }
-func (g *pdGroup) isDecode(name string) bool  { return g.role(name) == RoleDecode }
+func (g *pdGroup) isPrefill(name string) bool { return g.role(name) == config.RolePrefill }
+func (g *pdGroup) isDecode(name string) bool  { return g.role(name) == config.RoleDecode }
 
 // active reports whether the group is served in P/D (pd.go): always for
 // roles from router.yaml; for a discovered group, while one of its
@@ -91,7 +82,7 @@ func (g *pdGroup) active() bool {
 		return true
 	}
 	for _, r := range *g.roles.Load() {
-		if r == RolePrefill {
+		if r == config.RolePrefill {
 			return true
 		}
 	}
@@ -99,7 +90,7 @@ func (g *pdGroup) active() bool {
 }
 
 // SetRoles replaces the roles of model's discovered engines (engine name
-// -> RolePrefill or RoleDecode, discovery.Engine.Role): engines move
+// -> config.RolePrefill or config.RoleDecode, discovery.Engine.Role): engines move
 // between the prefill and decode pools from the next request on. It
 // reports false, changing nothing, for a model that is not a discovered
 // group with roles.
@@ -110,7 +101,7 @@ func (s *Server) SetRoles(model string, roles map[string]string) bool {
 	}
 	cp := make(map[string]string, len(roles))
 	for n, r := range roles {
-		if r == RolePrefill || r == RoleDecode {
+		if r == config.RolePrefill || r == config.RoleDecode {
 			cp[n] = r
 		}
 	}
@@ -123,61 +114,13 @@ func (g *pdGroup) split(eps []*fleet.Endpoint) (prefill, decode []string) {
 	roles := *g.roles.Load()
 	for _, ep := range eps {
 		switch roles[ep.Name()] {
-		case RolePrefill:
+		case config.RolePrefill:
 			prefill = append(prefill, ep.Name())
-		case RoleDecode:
+		case config.RoleDecode:
 			decode = append(decode, ep.Name())
 		}
 	}
 	return prefill, decode
-}
-
-// configEngineName is e's name, or its URL's host:port when unnamed (the
-// fleet's name for it, as cmd/kvrouter names engines).
-func configEngineName(e EngineConfig) string {
-	if e.Name != "" {
-		return e.Name
-	}
-	if u, err := url.Parse(e.URL); err == nil && u.Host != "" {
-		return u.Host
-	}
-	return e.URL
-}
-
-// validatePD checks model i's roles and pd rule.
-func validatePD(m ModelConfig, i int) []error {
-	var errs []error
-	var roles []string
-	for j, e := range m.Engines {
-		switch e.Role {
-		case "", RolePrefill, RoleDecode:
-			roles = append(roles, e.Role)
-		default:
-			errs = append(errs, ferr(fmt.Sprintf("%q: want prefill, decode or empty", e.Role), "models", i, "engines", j, "role"))
-		}
-	}
-	hasRoles := slices.ContainsFunc(roles, func(r string) bool { return r != "" })
-	if m.Discovery != nil {
-		if m.PD != (pd.Rule{}) && m.Discovery.RoleLabel == discovery.RoleLabelOff {
-			errs = append(errs, ferr("pd is set but discovery.role_label is off", "models", i, "pd"))
-		} else if _, err := m.PD.WithDefaults(); err != nil {
-			errs = append(errs, ferr(err.Error(), "models", i, "pd"))
-		}
-		return errs
-	}
-	if !hasRoles {
-		if m.PD != (pd.Rule{}) {
-			errs = append(errs, ferr("pd is set but no engine has a role (prefill or decode)", "models", i, "pd"))
-		}
-		return errs
-	}
-	if !slices.Contains(roles, RolePrefill) || !slices.Contains(roles, RoleDecode) {
-		errs = append(errs, ferr("engines with roles need at least one prefill and one decode engine", "models", i, "engines"))
-	}
-	if _, err := m.PD.WithDefaults(); err != nil {
-		errs = append(errs, ferr(err.Error(), "models", i, "pd"))
-	}
-	return errs
 }
 
 // pdMetrics are the disaggregated-serving metrics.

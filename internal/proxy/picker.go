@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/frontmetrics"
 )
@@ -33,7 +34,7 @@ type Picker struct {
 func (s *Server) Picker() *Picker {
 	f := s.m.front.Front(frontmetrics.EPP)
 	for name, m := range s.models {
-		if m.cfg.Policy == PolicyShadow {
+		if m.cfg.Policy == config.PolicyShadow {
 			f.InitShadow(name)
 		}
 	}
@@ -101,7 +102,7 @@ type Pick struct {
 	// host and port).
 	Replica, Addr string
 	// Fallbacks are the next endpoints' addresses in the router's order
-	// (ModelConfig.Retries of them at most), for the gateway's retries.
+	// (config.Model.Retries of them at most), for the gateway's retries.
 	Fallbacks []string
 	// Body is the body to send upstream (vllm_xargs.kv_cache_report_mode
 	// merged in unless the model disables it).
@@ -363,7 +364,7 @@ func (p *Picker) EndpointNamed(allow func(addr string) bool) (name, addr string,
 // probed and, on the event-fed index, with its KV event stream connected.
 func (p *Picker) Ready() bool { return p.s.readiness(false).Ready }
 
-// TooLarge is the HTTP front's 413 for a body over Config.BodyLimit.
+// TooLarge is the HTTP front's 413 for a body over config.Config.BodyLimit.
 func (p *Picker) TooLarge() *PickError {
 	e := p.tooLarge()
 	return &PickError{Status: e.status, Body: e.body(), Outcome: outcomeBadRequest, Err: e}
@@ -374,7 +375,7 @@ func (p *Picker) tooLarge() *apiError {
 		message: fmt.Sprintf("request body larger than %d bytes", p.s.cfg.BodyLimit)}
 }
 
-// BodyLimit is Config.BodyLimit, in bytes.
+// BodyLimit is config.Config.BodyLimit, in bytes.
 func (p *Picker) BodyLimit() int64 { return p.s.cfg.BodyLimit }
 
 // ErrorBody is OpenAI's error JSON for status with message and type typ

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 )
 
@@ -78,7 +79,7 @@ func TestHitReportMerge(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			rg := newRig(t, 1, func(c *Config, _ *fleet.Config) { c.Models[0].DisableHitReport = tt.disable })
+			rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) { c.Models[0].DisableHitReport = tt.disable })
 			readAll(t, rg.post("/v1/completions", tt.body))
 			var fwd map[string]json.RawMessage
 			if err := json.Unmarshal(rg.engines[0].lastBody(), &fwd); err != nil {
@@ -163,7 +164,7 @@ func TestRetries(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			rg := newRig(t, 2, func(c *Config, _ *fleet.Config) { c.Models[0].Retries = tt.retries })
+			rg := newRig(t, 2, func(c *config.Config, _ *fleet.Config) { c.Models[0].Retries = tt.retries })
 			if tt.first < 0 {
 				rg.engines[0].srv.Close()
 			} else {
@@ -412,7 +413,7 @@ func TestClientCancel(t *testing.T) {
 
 func TestTimeouts(t *testing.T) {
 	t.Run("first byte", func(t *testing.T) {
-		rg := newRig(t, 1, func(c *Config, _ *fleet.Config) { c.Models[0].Timeouts.FirstByte = 100 * time.Millisecond })
+		rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) { c.Models[0].Timeouts.FirstByte = 100 * time.Millisecond })
 		rg.engines[0].set(func(e *engine) { e.block = true })
 		resp := rg.post("/v1/chat/completions", chatBody)
 		body := readAll(t, resp)
@@ -425,7 +426,7 @@ func TestTimeouts(t *testing.T) {
 		}
 	})
 	t.Run("idle", func(t *testing.T) {
-		rg := newRig(t, 1, func(c *Config, _ *fleet.Config) { c.Models[0].Timeouts.Idle = 100 * time.Millisecond })
+		rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) { c.Models[0].Timeouts.Idle = 100 * time.Millisecond })
 		step := make(chan struct{}, 1)
 		step <- struct{}{}
 		rg.engines[0].set(func(e *engine) { e.step, e.chunks = step, 3 })
@@ -532,7 +533,9 @@ func TestRouteExplain(t *testing.T) {
 }
 
 func TestSessionHeader(t *testing.T) {
-	rg := newRig(t, 1, func(c *Config, _ *fleet.Config) { c.Models[0].SessionHeaders = []string{"x-user", "x-session-id"} })
+	rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) {
+		c.Models[0].SessionHeaders = []string{"x-user", "x-session-id"}
+	})
 	readAll(t, rg.post("/v1/chat/completions", chatBody, "X-Session-Id", "s1"))
 	readAll(t, rg.post("/v1/chat/completions", chatBody, "X-User", "u1", "X-Session-Id", "s1"))
 	rg.router.mu.Lock()

@@ -3,6 +3,8 @@ package proxy
 import (
 	"encoding/json"
 	"net/http"
+
+	"kvrouter/internal/config"
 )
 
 // readiness is the body of GET /ready.
@@ -45,7 +47,7 @@ type engineReady struct {
 // engine router.yaml lists has an events endpoint (as cmd/kvrouter builds
 // it). Engines from discovery are listed nowhere in the config, so only the
 // router knows for them.
-func (s *Server) exact(m ModelConfig) bool {
+func (s *Server) exact(m config.Model) bool {
 	if r, ok := s.deps.Routers[m.Name].(indexKind); ok {
 		return r.Exact()
 	}

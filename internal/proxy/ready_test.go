@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"kvrouter/internal/discovery"
+	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 )
 
@@ -28,7 +28,7 @@ func (rg *rig) getReady(query string) (int, readiness) {
 	return resp.StatusCode, rd
 }
 
-func withEvents(c *Config, _ *fleet.Config) {
+func withEvents(c *config.Config, _ *fleet.Config) {
 	for i := range c.Models[0].Engines {
 		c.Models[0].Engines[i].Events = "tcp://127.0.0.1:5557"
 	}
@@ -88,7 +88,7 @@ func TestReadyOneOfN(t *testing.T) {
 		}
 	})
 	t.Run("not probed yet", func(t *testing.T) {
-		rg := newRig(t, 1, func(_ *Config, f *fleet.Config) { f.ProbeInterval = time.Hour })
+		rg := newRig(t, 1, func(_ *config.Config, f *fleet.Config) { f.ProbeInterval = time.Hour })
 		if code, rd := rg.getReady(""); code != 503 || rd.Models[0].Engines[0].Probed {
 			t.Fatalf("before any probe: %d %+v", code, rd)
 		}
@@ -116,9 +116,9 @@ func TestInFlightSeriesFromStart(t *testing.T) {
 
 // discovered turns the rig's group into a discovered one: router.yaml
 // lists no engines (the fleet still has them, as the pool adds them).
-func discovered(c *Config, _ *fleet.Config) {
+func discovered(c *config.Config, _ *fleet.Config) {
 	c.Models[0].Engines = nil
-	c.Models[0].Discovery = &discovery.Config{Namespace: "ns", Service: "vllm"}
+	c.Models[0].Discovery = &config.Discovery{Namespace: "ns", Service: "vllm"}
 }
 
 // TestReadyDiscovered: for a group whose engines come from discovery,

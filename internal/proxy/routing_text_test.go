@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/routing"
 )
@@ -70,14 +71,14 @@ func TestRoutingText(t *testing.T) {
 func newTextServer(t *testing.T, n int, policy string) *httptest.Server {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	cfg := Config{Models: []ModelConfig{{Name: "m", Tokenizer: TokenizerNone}}}
+	cfg := config.Config{Models: []config.Model{{Name: "m", Tokenizer: config.TokenizerNone}}}
 	var fcfg fleet.Config
 	fcfg.ProbeInterval, fcfg.ScrapeInterval = -1, -1
 	var names []string
 	for i := range n {
 		e := newEngine(t, fmt.Sprintf("e%d", i))
 		names = append(names, e.name)
-		cfg.Models[0].Engines = append(cfg.Models[0].Engines, EngineConfig{Name: e.name, URL: e.srv.URL})
+		cfg.Models[0].Engines = append(cfg.Models[0].Engines, config.Engine{Name: e.name, URL: e.srv.URL})
 		fcfg.Endpoints = append(fcfg.Endpoints, fleet.EndpointConfig{Name: e.name, URL: e.srv.URL, Models: []string{"m"}})
 	}
 	cfg.FillDefaults(func(string) string { return "" })
@@ -180,7 +181,7 @@ func TestBackendUsesText(t *testing.T) {
 		policy, serve string
 		want          bool
 	}{{"prefix_chars", "", true}, {"kv", "", false}, {"round_robin", "", false},
-		{PolicyShadow, "prefix_chars", true}, {PolicyShadow, "", false}} {
+		{config.PolicyShadow, "prefix_chars", true}, {config.PolicyShadow, "", false}} {
 		b, err := NewBackend(BackendConfig{Model: "m", Replicas: []string{"a"}, Policy: tc.policy, ShadowServe: tc.serve}, nil, nil, nil)
 		if err != nil {
 			t.Fatal(err)

@@ -19,21 +19,11 @@ import (
 // prefill engine's address; vLLM's NixlConnector contract). The router sets
 // both itself; from a client they are dropped (the header) or refused
 // with a 400 (the body field, which the router does not rewrite) unless
-// ClientsConfig allows them.
+// config.Clients allows them.
 //
 // The introspection paths (/metrics, /ui, /v1/route) name engines, their
 // URLs and the prefixes each holds: with api_key set they need the key on
 // the main listener, and with admin_listen they move to their own listener.
-
-// ClientsConfig lists the engine controls clients may set themselves.
-type ClientsConfig struct {
-	// AllowDPRank forwards a client's X-Data-Parallel-Rank header when the
-	// router does not choose a rank itself (default false: dropped).
-	AllowDPRank bool `yaml:"allow_dp_rank"`
-	// AllowKVTransferParams forwards a body's kv_transfer_params (default
-	// false: the request is answered 400).
-	AllowKVTransferParams bool `yaml:"allow_kv_transfer_params"`
-}
 
 // maxEcho bounds, in bytes, the client input (a model name, a path) an
 // error message repeats; longer input is cut with "...".
@@ -62,7 +52,7 @@ func (s *Server) adminRoutes() http.Handler {
 
 // dropClientControls removes a client's rank header from every request
 // before a handler sees it (engine requests copy the client's headers),
-// unless ClientsConfig allows it. With an admin listener it also refuses
+// unless config.Clients allows it. With an admin listener it also refuses
 // x-kvrouter-route-only on the main one: the decision it answers is
 // /v1/route's, which lives there.
 func (s *Server) dropClientControls(h http.Handler) http.Handler {
@@ -83,7 +73,7 @@ func (s *Server) dropClientControls(h http.Handler) http.Handler {
 }
 
 // refuseClientControls returns the 400 for a body with kv_transfer_params
-// unless ClientsConfig allows it, else nil.
+// unless config.Clients allows it, else nil.
 func (s *Server) refuseClientControls(body []byte) *apiError {
 	if s.cfg.Clients.AllowKVTransferParams || !hasTransferParams(body) {
 		return nil

@@ -18,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 )
 
@@ -67,7 +68,7 @@ func rawPost(t *testing.T, addr, body string) (*http.Response, string) {
 // read, and the budget comes back whole when the uploads go.
 func TestBodyBudgetBoundsUnfinishedUploads(t *testing.T) {
 	const limit, budget = 64 << 10, 256 << 10
-	rg := newRig(t, 1, func(c *Config, _ *fleet.Config) {
+	rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) {
 		c.BodyLimit, c.BodyBudget = limit, budget
 		c.HTTP.BodyIdleTimeout = time.Minute
 	})
@@ -103,7 +104,7 @@ func TestBodyBudgetBoundsUnfinishedUploads(t *testing.T) {
 // A body declared over body_limit is refused at once, unread; an upload
 // that stops sending is answered 408 after body_idle_timeout.
 func TestBodyLimitAndIdleUpload(t *testing.T) {
-	rg := newRig(t, 1, func(c *Config, _ *fleet.Config) {
+	rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) {
 		c.BodyLimit = 1 << 10
 		c.HTTP.BodyIdleTimeout = 300 * time.Millisecond
 	})
@@ -162,7 +163,7 @@ func (p *pathRecorder) seen() []string {
 
 // onEngine points the rig's only engine at url.
 func onEngine(url string) rigOption {
-	return func(c *Config, f *fleet.Config) {
+	return func(c *config.Config, f *fleet.Config) {
 		c.Models[0].Engines[0].URL = url
 		f.Endpoints[0].URL = url
 	}
@@ -253,8 +254,8 @@ func TestClientControls(t *testing.T) {
 		}
 	})
 	t.Run("allowed", func(t *testing.T) {
-		rg := newRig(t, 1, func(c *Config, _ *fleet.Config) {
-			c.Clients = ClientsConfig{AllowDPRank: true, AllowKVTransferParams: true}
+		rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) {
+			c.Clients = config.Clients{AllowDPRank: true, AllowKVTransferParams: true}
 		})
 		resp := rg.post("/v1/chat/completions", withParams, RankHeader, "3")
 		if body := readAll(t, resp); resp.StatusCode != 200 {
@@ -286,7 +287,7 @@ func TestIntrospectionAndEcho(t *testing.T) {
 		return resp, readAll(t, resp)
 	}
 	t.Run("api_key", func(t *testing.T) {
-		rg := newRig(t, 1, func(c *Config, _ *fleet.Config) { c.APIKey = "sekret" })
+		rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) { c.APIKey = "sekret" })
 		resp, body := get(t, rg, rg.front.URL+"/metrics", "")
 		openAIError(t, "GET /metrics without the key", resp, body, http.StatusUnauthorized, typeAuthentication)
 		if resp, body := get(t, rg, rg.front.URL+"/metrics", "sekret"); resp.StatusCode != 200 || !strings.Contains(body, "kvrouter_proxy_connections") {
@@ -297,7 +298,7 @@ func TestIntrospectionAndEcho(t *testing.T) {
 		}
 	})
 	t.Run("admin_listen", func(t *testing.T) {
-		rg := newRig(t, 1, func(c *Config, _ *fleet.Config) { c.AdminListen = "127.0.0.1:0" })
+		rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) { c.AdminListen = "127.0.0.1:0" })
 		resp, body := get(t, rg, rg.front.URL+"/metrics", "")
 		openAIError(t, "GET /metrics on the main listener", resp, body, http.StatusNotFound, typeNotFound)
 		resp = rg.post("/v1/route", chatBody)
@@ -434,7 +435,7 @@ func FuzzResponseEnginePath(f *testing.F) {
 // grows by most of what the bodies held.
 func TestBodyBurstReturnsMemory(t *testing.T) {
 	const size, n = 12 << 20, 6
-	rg := newRig(t, 1, func(c *Config, _ *fleet.Config) { c.HTTP.BodyIdleTimeout = time.Minute })
+	rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) { c.HTTP.BodyIdleTimeout = time.Minute })
 	addr := rg.runFront()
 	held := func() float64 { return testutil.ToFloat64(rg.srv.lm.bodies) }
 	part := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("a", size-100)

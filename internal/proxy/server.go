@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"kvrouter/internal/frontmetrics"
 	"log/slog"
 	"net"
 	"net/http"
@@ -17,7 +16,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/frontmetrics"
 	"kvrouter/internal/tracing"
 )
 
@@ -56,14 +57,14 @@ type Deps struct {
 
 // Server is the HTTP front. Safe for concurrent use.
 type Server struct {
-	cfg     Config
+	cfg     config.Config
 	deps    Deps
 	log     *slog.Logger
 	m       *metrics
 	pdm     *pdMetrics
 	models  map[string]*model
 	handler http.Handler
-	// admin serves Config.AdminListen (nil when it is not set); lm are
+	// admin serves config.Config.AdminListen (nil when it is not set); lm are
 	// the listeners' metrics, bodies the body_budget (listener.go,
 	// body.go).
 	admin  http.Handler
@@ -86,7 +87,7 @@ type Server struct {
 
 // model is one configured model group.
 type model struct {
-	cfg       ModelConfig
+	cfg       config.Model
 	router    Router
 	tok       Tokenizer
 	transport *http.Transport
@@ -95,7 +96,7 @@ type model struct {
 
 // New builds a Server from a defaults-filled, validated cfg. It starts no
 // goroutines. All problems are returned at once.
-func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*Server, error) {
+func New(cfg config.Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -158,7 +159,7 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 			m.inFlight.WithLabelValues(ep.Name()).Set(0)
 			replicas = append(replicas, ep.Name())
 		}
-		m.initModel(mc.Name, replicas, mc.Policy == PolicyShadow)
+		m.initModel(mc.Name, replicas, mc.Policy == config.PolicyShadow)
 		if s.models[mc.Name].pd != nil {
 			s.pdm.initModel(mc.Name)
 		}
@@ -174,7 +175,7 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 // connection pool, connect timeout, no compression (bytes are relayed as
 // they come), many idle connections (thousands of concurrent streams); tc
 // verifies https:// engines (nil: the system's roots).
-func newTransport(t TimeoutsConfig, tc *tls.Config) *http.Transport {
+func newTransport(t config.Timeouts, tc *tls.Config) *http.Transport {
 	return &http.Transport{
 		TLSClientConfig:     tc,
 		DialContext:         (&net.Dialer{Timeout: t.Connect, KeepAlive: 30 * time.Second}).DialContext,
@@ -238,7 +239,7 @@ func (s *Server) routes(introspection bool) http.Handler {
 // Handler returns the server's HTTP handler (for tests and embedding).
 func (s *Server) Handler() http.Handler { return s.handler }
 
-// auth checks the client's bearer token when Config.APIKey is set.
+// auth checks the client's bearer token when config.Config.APIKey is set.
 func (s *Server) auth(h http.HandlerFunc) http.HandlerFunc {
 	if s.cfg.APIKey == "" {
 		return h

@@ -8,13 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 )
 
 // TestGracefulShutdown: when Run's ctx ends, the listener stops accepting,
 // a stream in flight finishes within the drain deadline, and Run returns.
 func TestGracefulShutdown(t *testing.T) {
-	rg := newRig(t, 1, func(c *Config, _ *fleet.Config) { c.DrainTimeout = 5 * time.Second })
+	rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) { c.DrainTimeout = 5 * time.Second })
 	step := make(chan struct{}, 4)
 	rg.engines[0].set(func(e *engine) { e.step, e.chunks = step, 3 })
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -67,7 +68,7 @@ func TestGracefulShutdown(t *testing.T) {
 // TestDrainDeadline: a stream still running at the drain deadline is cut
 // and Run returns.
 func TestDrainDeadline(t *testing.T) {
-	rg := newRig(t, 1, func(c *Config, _ *fleet.Config) { c.DrainTimeout = 200 * time.Millisecond })
+	rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) { c.DrainTimeout = 200 * time.Millisecond })
 	rg.engines[0].set(func(e *engine) { e.block = true })
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

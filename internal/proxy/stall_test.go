@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 
 	dto "github.com/prometheus/client_model/go"
@@ -71,7 +72,7 @@ func healthyNames(fl *fleet.Fleet) []string {
 // counted and e0's endpoint_up is 0. When e0 answers again (the waiting
 // request gets its answer) it is routed again at once.
 func TestStalledEngineSkipped(t *testing.T) {
-	rg := newRig(t, 2, func(_ *Config, f *fleet.Config) { f.ModelsInterval = -1 })
+	rg := newRig(t, 2, func(_ *config.Config, f *fleet.Config) { f.ModelsInterval = -1 })
 	ctx, cancel := context.WithCancel(context.Background())
 	runDone := make(chan error, 1)
 	go func() { runDone <- rg.fleet.Run(ctx) }()

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/discovery"
 	"kvrouter/internal/pool"
 	"kvrouter/internal/proxy"
@@ -22,7 +23,7 @@ import (
 // (RBAC) ends it with that error. The engines' roles (from the Pods' role
 // label) go to the server in srv before the pool changes, so that a Pod
 // added as a prefill engine is never routed whole requests.
-func newDiscoveredGroup(m proxy.ModelConfig, p *pool.Pool, srv *atomic.Pointer[proxy.Server], log *slog.Logger, reg prometheus.Registerer) (func(context.Context) error, error) {
+func newDiscoveredGroup(m config.Model, p *pool.Pool, srv *atomic.Pointer[proxy.Server], log *slog.Logger, reg prometheus.Registerer) (func(context.Context) error, error) {
 	log = log.With("model", m.Name)
 	src, err := discovery.New(*m.Discovery, nil, log, reg)
 	if err != nil {

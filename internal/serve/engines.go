@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/pool"
 	"kvrouter/internal/proxy"
@@ -132,7 +133,7 @@ func (e *partError) Unwrap() error { return e.err }
 
 // staticEngines are a model group's engines as router.yaml lists them, in
 // its order, named as the fleet names them (name, else the URL's host).
-func staticEngines(m proxy.ModelConfig) []pool.Engine {
+func staticEngines(m config.Model) []pool.Engine {
 	out := make([]pool.Engine, 0, len(m.Engines))
 	for _, e := range m.Engines {
 		out = append(out, pool.Engine{Name: engineName(e), URL: e.URL, APIKey: e.APIKey,
@@ -143,7 +144,7 @@ func staticEngines(m proxy.ModelConfig) []pool.Engine {
 }
 
 // engineName is e's name, or its URL's host:port when unnamed.
-func engineName(e proxy.EngineConfig) string {
+func engineName(e config.Engine) string {
 	if e.Name != "" {
 		return e.Name
 	}
@@ -155,7 +156,7 @@ func engineName(e proxy.EngineConfig) string {
 
 // engineErrors maps the errors of a pool's Set on router.yaml's engines to
 // their fields ("models[i].engines[j].events (line n): ...").
-func engineErrors(err error, m proxy.ModelConfig, i int, pos proxy.Positions) error {
+func engineErrors(err error, m config.Model, i int, pos config.Positions) error {
 	var list []error
 	if j, ok := err.(interface{ Unwrap() []error }); ok {
 		list = j.Unwrap()

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"testing"
 
-	"kvrouter/internal/proxy"
+	"kvrouter/internal/config"
 )
 
 // TestServeWarnsEngineWithoutEvents: a router.yaml model whose engines
@@ -33,7 +33,7 @@ func TestServeWarnsEngineWithoutEvents(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cfg, pos, err := proxy.ParseConfig(data, func(string) string { return "" })
+			cfg, pos, err := config.Parse(data, func(string) string { return "" })
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/discovery"
 	"kvrouter/internal/proxy"
 )
@@ -18,7 +19,7 @@ import (
 // place is known each router routes as one. Each group's router's place is
 // exported as kvrouter_discovery_peers_routers and
 // kvrouter_discovery_peers_index (labelled model) on reg.
-func newPeers(cfg *discovery.PeersConfig, backends map[string]*proxy.Backend, log *slog.Logger, reg prometheus.Registerer) (func(context.Context) error, error) {
+func newPeers(cfg *config.Peers, backends map[string]*proxy.Backend, log *slog.Logger, reg prometheus.Registerer) (func(context.Context) error, error) {
 	for model, b := range backends {
 		for _, g := range []struct {
 			name, help string

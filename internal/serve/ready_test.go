@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
+	"kvrouter/internal/config"
 
-	"kvrouter/internal/proxy"
+	"github.com/go-zeromq/zmq4"
 )
 
 // TestReadinessAsksSubscribers: the event-stream state readiness reads
@@ -23,7 +23,7 @@ func TestReadinessAsksSubscribers(t *testing.T) {
 		t.Fatal(err)
 	}
 	yaml := fmt.Sprintf("models:\n  - name: m\n    tokenizer: none\n    engines: [{name: a, url: 'http://127.0.0.1:1', events: 'tcp://%s'}]\n", pub.Addr())
-	cfg, pos, err := proxy.ParseConfig([]byte(yaml), func(string) string { return "" })
+	cfg, pos, err := config.Parse([]byte(yaml), func(string) string { return "" })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,10 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
-	"fmt"
 	"log/slog"
 	"os"
-	"reflect"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/pool"
 	"kvrouter/internal/proxy"
@@ -28,10 +27,10 @@ import (
 // group's pool); every other setting needs a restart, and a changed one is
 // named in the log line and otherwise ignored. One goroutine (Run) owns it.
 type reloader struct {
-	path     string              // "" when serve was started without --config
-	getenv   func(string) string // environment for api_key_env and KVROUTER_API_KEY
-	override func(*proxy.Config) // the command line's overrides (--listen, --tls-*)
-	poll     time.Duration       // <= 0: no polling, SIGHUP only
+	path     string               // "" when serve was started without --config
+	getenv   func(string) string  // environment for api_key_env and KVROUTER_API_KEY
+	override func(*config.Config) // the command line's overrides (--listen, --tls-*)
+	poll     time.Duration        // <= 0: no polling, SIGHUP only
 	hup      <-chan os.Signal
 	log      *slog.Logger
 	m        *reloadMetrics
@@ -39,7 +38,7 @@ type reloader struct {
 
 	// running is the configuration in effect: the start's, with the
 	// engine lists last applied.
-	running proxy.Config
+	running config.Config
 	// exact: the group started with KV events (an exact index); a group
 	// without cannot take events until a restart.
 	exact map[string]bool
@@ -131,7 +130,7 @@ func (r *reloader) refused(trigger string, err error) {
 
 // reload applies data (see the type doc).
 func (r *reloader) reload(trigger string, data []byte) {
-	cfg, pos, err := proxy.ParseConfig(data, r.getenv)
+	cfg, pos, err := config.Parse(data, r.getenv)
 	if err != nil {
 		r.refused(trigger, err)
 		return
@@ -139,7 +138,8 @@ func (r *reloader) reload(trigger string, data []byte) {
 	if r.override != nil {
 		r.override(&cfg)
 	}
-	restart := r.restartOnly(cfg)
+	diff := config.Compare(r.running, cfg, r.exact)
+	restart := diff.Restart
 	// The groups whose engines change: static both before and after.
 	type group struct {
 		i   int // index in cfg.Models
@@ -147,12 +147,8 @@ func (r *reloader) reload(trigger string, data []byte) {
 		new []pool.Engine
 	}
 	var groups []group
-	for i, m := range cfg.Models {
-		if r.pools[m.Name] == nil || m.Discovery != nil {
-			continue
-		}
-		j := slices.IndexFunc(r.running.Models, func(o proxy.ModelConfig) bool { return o.Name == m.Name })
-		groups = append(groups, group{i: i, old: staticEngines(r.running.Models[j]), new: staticEngines(m)})
+	for _, g := range diff.Groups {
+		groups = append(groups, group{i: g.Next, old: staticEngines(r.running.Models[g.Running]), new: staticEngines(cfg.Models[g.Next])})
 	}
 	// Removals first, in every group, so that an engine moved from one
 	// group to another is gone from the first before the second adds it
@@ -172,7 +168,7 @@ func (r *reloader) reload(trigger string, data []byte) {
 		}
 		a, d, c := engineChanges(g.old, g.new)
 		added, removed, changed = added+a, removed+d, changed+c
-		j := slices.IndexFunc(r.running.Models, func(o proxy.ModelConfig) bool { return o.Name == m.Name })
+		j := slices.IndexFunc(r.running.Models, func(o config.Model) bool { return o.Name == m.Name })
 		r.running.Models[j].Engines = m.Engines
 	}
 	attrs := []any{"path", r.path, "trigger", trigger, "engines_added", added, "engines_removed", removed, "engines_changed", changed}
@@ -214,55 +210,6 @@ func engineChanges(old, new []pool.Engine) (added, removed, changed int) {
 		}
 	}
 	return added, removed, changed
-}
-
-// restartOnly names the settings of cfg that differ from the running
-// configuration and that only a restart applies: everything but the
-// engine lists of static model groups (docs/serve.md, "Reloading
-// router.yaml"), plus KV events on engines of a group that started without
-// any (its index is approximate).
-func (r *reloader) restartOnly(cfg proxy.Config) []string {
-	var out []string
-	differ := func(prefix string, a, b reflect.Value, skip string) {
-		for k := range a.NumField() {
-			name, _, _ := strings.Cut(a.Type().Field(k).Tag.Get("yaml"), ",")
-			if name == "" || name == "-" || name == skip {
-				continue
-			}
-			if !reflect.DeepEqual(a.Field(k).Interface(), b.Field(k).Interface()) {
-				out = append(out, prefix+name)
-			}
-		}
-	}
-	differ("", reflect.ValueOf(r.running), reflect.ValueOf(cfg), "models")
-	names := func(ms []proxy.ModelConfig) []string {
-		out := make([]string, len(ms))
-		for i, m := range ms {
-			out[i] = m.Name
-		}
-		slices.Sort(out)
-		return out
-	}
-	if !slices.Equal(names(r.running.Models), names(cfg.Models)) {
-		out = append(out, "models (model groups added or removed)")
-	}
-	for i, m := range cfg.Models {
-		j := slices.IndexFunc(r.running.Models, func(o proxy.ModelConfig) bool { return o.Name == m.Name })
-		if j < 0 {
-			continue
-		}
-		prefix := fmt.Sprintf("models[%d].", i)
-		differ(prefix, reflect.ValueOf(r.running.Models[j]), reflect.ValueOf(m), "engines")
-		if r.exact[m.Name] || m.Discovery != nil {
-			continue
-		}
-		for k, e := range m.Engines {
-			if e.Events != "" {
-				out = append(out, fmt.Sprintf("%sengines[%d].events (the group started without KV events: its index is approximate)", prefix, k))
-			}
-		}
-	}
-	return out
 }
 
 // hookedFleet is the fleet as a group's pool sees it: adding and removing

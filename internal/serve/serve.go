@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"golang.org/x/sync/errgroup"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/kvindex"
 	"kvrouter/internal/kvindex/kvindexprom"
@@ -39,8 +40,8 @@ const DefaultConfigPoll = 3 * time.Second
 type Options struct {
 	// Config is the configuration to serve (defaults filled, validated);
 	// Positions its fields' lines in the file, for error messages.
-	Config    proxy.Config
-	Positions proxy.Positions
+	Config    config.Config
+	Positions config.Positions
 	// ConfigPath is the router.yaml the configuration was read from (""
 	// when built otherwise: no reloads); ConfigHash the SHA-256 of the
 	// content read.
@@ -50,7 +51,7 @@ type Options struct {
 	// KVROUTER_API_KEY); Override the command line's settings (--listen,
 	// --tls-*), applied to each reloaded configuration (nil: none).
 	Getenv   func(string) string
-	Override func(*proxy.Config)
+	Override func(*config.Config)
 	// Poll is how often ConfigPath is read for a change (<= 0: never).
 	Poll time.Duration
 	// Reload receives a value (SIGHUP) for each asked reload (nil: none).
@@ -66,8 +67,8 @@ type Options struct {
 // App is a built router, not yet serving: New wires it, Run serves it,
 // Close releases it when Run will not be called.
 type App struct {
-	cfg proxy.Config
-	pos proxy.Positions
+	cfg config.Config
+	pos config.Positions
 	log *slog.Logger
 	tls serveTLS
 	// reg is the registry of every collector; flt the fleet; srv the HTTP
@@ -210,7 +211,7 @@ func (a *App) newGroups() error {
 // newGroup builds model group i (m): its backend (restored from its part
 // of snaps), tokenizer, pool, and its engines: discovery's, or
 // router.yaml's added to the pool.
-func (a *App) newGroup(i int, m proxy.ModelConfig, subMetrics *kvevents.SubscriberMetrics, snaps map[string]*kvindex.Snapshot) error {
+func (a *App) newGroup(i int, m config.Model, subMetrics *kvevents.SubscriberMetrics, snaps map[string]*kvindex.Snapshot) error {
 	bc := proxy.BackendConfig{Model: m.Name, Policy: m.Policy, ShadowServe: m.ShadowServe, Routing: m.Routing, Index: m.Index}
 	for _, e := range m.Engines {
 		bc.Exact = bc.Exact || e.Events != ""
@@ -399,7 +400,7 @@ func (a *App) Run(ctx context.Context, ln net.Listener) error {
 // sources (nil for "none") and the local tokenizer they share (nil for
 // "render").
 type tokenSource struct {
-	m        proxy.ModelConfig
+	m        config.Model
 	failover *proxy.FailoverTokenizer
 	local    *tokenizer.Local
 	client   *http.Client
@@ -412,12 +413,12 @@ type tokenSource struct {
 // (engineParts): each brings its render endpoints ("render") or, with a
 // local tokenizer from the path, that tokenizer with the engine as
 // fallback and a mismatch probe of the engine.
-func newTokenSource(m proxy.ModelConfig, client *http.Client, log *slog.Logger, reg prometheus.Registerer) (*tokenSource, error) {
+func newTokenSource(m config.Model, client *http.Client, log *slog.Logger, reg prometheus.Registerer) (*tokenSource, error) {
 	ts := &tokenSource{m: m, client: client}
-	if m.Tokenizer == proxy.TokenizerNone {
+	if m.Tokenizer == config.TokenizerNone {
 		return ts, nil
 	}
-	if m.Tokenizer != proxy.TokenizerRender {
+	if m.Tokenizer != config.TokenizerRender {
 		tok, err := tokenizer.Load(m.Tokenizer)
 		if err != nil {
 			return nil, err
@@ -490,7 +491,7 @@ func recovered(what string, f func() error) func() error {
 // no predicted hits and /ready does not count it (proxy's readiness). The
 // quick form refuses the same mix (one --events per --engine or none);
 // router.yaml accepts it, e.g. while an engine's events are being enabled.
-func warnEnginesWithoutEvents(m proxy.ModelConfig, log *slog.Logger) {
+func warnEnginesWithoutEvents(m config.Model, log *slog.Logger) {
 	for _, e := range m.Engines {
 		if e.Events != "" {
 			continue

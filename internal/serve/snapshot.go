@@ -12,6 +12,7 @@ import (
 	"slices"
 	"time"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/kvindex"
 	"kvrouter/internal/proxy"
 )
@@ -102,7 +103,7 @@ func writeSnapshot(path string, backends map[string]*proxy.Backend) (int, error)
 
 // snapshotLoop writes a snapshot every interval until ctx ends (interval
 // <= 0: never); a failed write is logged and retried at the next tick.
-func snapshotLoop(ctx context.Context, cfg proxy.SnapshotConfig, backends map[string]*proxy.Backend, log *slog.Logger) error {
+func snapshotLoop(ctx context.Context, cfg config.Snapshot, backends map[string]*proxy.Backend, log *slog.Logger) error {
 	if cfg.Path == "" || cfg.Interval <= 0 {
 		return nil
 	}

@@ -10,7 +10,7 @@ import (
 	"os"
 	"time"
 
-	"kvrouter/internal/proxy"
+	"kvrouter/internal/config"
 )
 
 // serveTLS are the TLS settings of "kvrouter serve", loaded from files.
@@ -23,7 +23,7 @@ type serveTLS struct {
 
 // loadServeTLS reads the certificate, key and engine CA files named by c.
 // Every problem is returned at once, naming the field (and flag).
-func loadServeTLS(c proxy.TLSConfig) (serveTLS, error) {
+func loadServeTLS(c config.TLS) (serveTLS, error) {
 	var out serveTLS
 	var errs []error
 	switch {

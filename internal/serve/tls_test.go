@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"kvrouter/internal/proxy"
+	"kvrouter/internal/config"
 )
 
 // testCA is a certificate authority made in the test with crypto/x509.
@@ -104,15 +104,15 @@ func TestLoadServeTLSErrors(t *testing.T) {
 	}
 	tests := []struct {
 		name string
-		cfg  proxy.TLSConfig
+		cfg  config.TLS
 		want string // "" = no error
 	}{
-		{"good", proxy.TLSConfig{CertFile: certFile, KeyFile: keyFile, EngineCAFile: caFile}, ""},
-		{"cert without key", proxy.TLSConfig{CertFile: certFile}, "cert_file (--tls-cert) and key_file (--tls-key) go together"},
-		{"key of another cert", proxy.TLSConfig{CertFile: certFile, KeyFile: otherKey}, "private key does not match public key"},
-		{"missing cert file", proxy.TLSConfig{CertFile: filepath.Join(dir, "nope.pem"), KeyFile: keyFile}, "tls.cert_file " + filepath.Join(dir, "nope.pem")},
-		{"CA file without certificates", proxy.TLSConfig{EngineCAFile: junk}, "tls.engine_ca_file (--engine-ca) " + junk + ": no PEM CERTIFICATE block"},
-		{"CA file is a key", proxy.TLSConfig{EngineCAFile: keyFile}, "no PEM CERTIFICATE block"},
+		{"good", config.TLS{CertFile: certFile, KeyFile: keyFile, EngineCAFile: caFile}, ""},
+		{"cert without key", config.TLS{CertFile: certFile}, "cert_file (--tls-cert) and key_file (--tls-key) go together"},
+		{"key of another cert", config.TLS{CertFile: certFile, KeyFile: otherKey}, "private key does not match public key"},
+		{"missing cert file", config.TLS{CertFile: filepath.Join(dir, "nope.pem"), KeyFile: keyFile}, "tls.cert_file " + filepath.Join(dir, "nope.pem")},
+		{"CA file without certificates", config.TLS{EngineCAFile: junk}, "tls.engine_ca_file (--engine-ca) " + junk + ": no PEM CERTIFICATE block"},
+		{"CA file is a key", config.TLS{EngineCAFile: keyFile}, "no PEM CERTIFICATE block"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

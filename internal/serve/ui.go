@@ -3,6 +3,7 @@ package serve
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/proxy"
 	"kvrouter/internal/ui"
@@ -10,7 +11,7 @@ import (
 
 // newUI builds the /ui page over the fleet and the router's registry and
 // hooks it into deps: the page's handler and the decisions it lists.
-func newUI(cfg proxy.Config, flt *fleet.Fleet, reg prometheus.Gatherer, deps *proxy.Deps) *ui.UI {
+func newUI(cfg config.Config, flt *fleet.Fleet, reg prometheus.Gatherer, deps *proxy.Deps) *ui.UI {
 	policies := map[string]string{}
 	for _, m := range cfg.Models {
 		policies[m.Name] = m.Policy

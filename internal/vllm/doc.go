@@ -23,6 +23,11 @@
 //     array Layout). Decode errors are *DecodeError, unwrapping to ErrMalformed.
 //   - BlockHasher: vLLM's sha256, sha256_cbor, xxhash and xxhash_cbor block
 //     hashes, NONE_HASH from PYTHONHASHSEED, BlockExtraKeys, EventValue.
+//   - Update, Position and ResetReason: what the kvevents subscriber hands
+//     its consumer (a batch in sequence order, where to resume, when to
+//     forget a rank), and the bounds of its queue (DefaultQueueSize,
+//     MaxQueueSize, in Updates) and messages (DefaultMaxMessageBytes, in
+//     bytes), so that consumers and router.yaml's schema need no ZeroMQ.
 //
 // It starts no goroutines and imports no networking, so the index and the
 // policies can depend on it. The ZeroMQ subscriber is in the subpackage

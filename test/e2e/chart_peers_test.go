@@ -16,9 +16,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/discovery"
 	"kvrouter/internal/k8stest"
-	"kvrouter/internal/proxy"
 )
 
 // podEnv is what the chart's Deployment gives the router container
@@ -29,7 +29,7 @@ func podEnv(k string) string {
 
 // chartPeers is what a render says about router.yaml peers.
 type chartPeers struct {
-	peers  *discovery.PeersConfig
+	peers  *config.Peers
 	dep    appsv1.Deployment
 	env    []corev1.EnvVar
 	roles  []rbacv1.Role
@@ -54,7 +54,7 @@ func renderPeers(t *testing.T, helm, chart string, args ...string) chartPeers {
 		switch meta.Kind {
 		case "ConfigMap":
 			c.router = meta.Data["router.yaml"]
-			cfg, _, err := proxy.ParseConfig([]byte(c.router), podEnv)
+			cfg, _, err := config.Parse([]byte(c.router), podEnv)
 			if err != nil {
 				t.Fatalf("router.yaml: %v\n%s", err, c.router)
 			}

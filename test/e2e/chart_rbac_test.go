@@ -20,9 +20,9 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/discovery"
 	"kvrouter/internal/k8stest"
-	"kvrouter/internal/proxy"
 )
 
 // chartDocs splits helm template output into its YAML documents.
@@ -43,7 +43,7 @@ type chartRBAC struct {
 	sa   corev1.ServiceAccount
 	role rbacv1.Role
 	rb   rbacv1.RoleBinding
-	disc discovery.Config
+	disc config.Discovery
 }
 
 func parseChartRBAC(t *testing.T, out []byte) chartRBAC {
@@ -67,7 +67,7 @@ func parseChartRBAC(t *testing.T, out []byte) chartRBAC {
 		case "RoleBinding":
 			err = yaml.UnmarshalStrict([]byte(d), &c.rb)
 		case "ConfigMap":
-			cfg, _, perr := proxy.ParseConfig([]byte(meta.Data["router.yaml"]), podEnv)
+			cfg, _, perr := config.Parse([]byte(meta.Data["router.yaml"]), podEnv)
 			if perr != nil || cfg.Models[0].Discovery == nil {
 				t.Fatalf("router.yaml: %v", perr)
 			}
@@ -123,7 +123,7 @@ func (c chartRBAC) without(resource, verb string) chartRBAC {
 
 // runDiscovery runs the real discovery with cfg under rc until the test
 // ends and returns its snapshots and Run's result.
-func runDiscovery(t *testing.T, cfg discovery.Config, rc *rest.Config) (<-chan discovery.Snapshot, <-chan error) {
+func runDiscovery(t *testing.T, cfg config.Discovery, rc *rest.Config) (<-chan discovery.Snapshot, <-chan error) {
 	t.Helper()
 	src, err := discovery.New(cfg, rc, nil, nil)
 	if err != nil {
@@ -256,7 +256,7 @@ routerConfig:
 	// ends at once naming the call.
 	for i, tc := range []struct {
 		resource, verb string
-		cfg            discovery.Config
+		cfg            config.Discovery
 		want           string
 	}{
 		{"endpointslices", "list", svc.disc, "not allowed in namespace engines: list endpointslices.discovery.k8s.io"},

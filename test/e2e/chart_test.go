@@ -16,8 +16,8 @@ import (
 	"go.yaml.in/yaml/v3"
 	"k8s.io/client-go/dynamic"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/k8stest"
-	"kvrouter/internal/proxy"
 )
 
 // helmBin is helm as set-up builds it (KVROUTER_HELM), else on PATH; the
@@ -100,7 +100,7 @@ func TestHelmChart(t *testing.T) {
 			}
 			kinds[doc.Kind]++
 			if doc.Kind == "ConfigMap" {
-				cfg, _, err := proxy.ParseConfig([]byte(doc.Data["router.yaml"]), podEnv)
+				cfg, _, err := config.Parse([]byte(doc.Data["router.yaml"]), podEnv)
 				if err != nil {
 					t.Errorf("%s: router.yaml rendered by the chart: %v\n%s", name, err, doc.Data["router.yaml"])
 				}

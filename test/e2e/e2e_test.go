@@ -20,8 +20,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/enginesim"
-	"kvrouter/internal/proxy"
 	"kvrouter/internal/serve"
 )
 
@@ -156,7 +156,7 @@ func runServe(ctx context.Context, o serve.Options, ln net.Listener) error {
 // certificate.
 func startServe(t *testing.T, yaml string, log *slog.Logger) string {
 	t.Helper()
-	cfg, pos, err := proxy.ParseConfig([]byte(yaml), func(string) string { return "" })
+	cfg, pos, err := config.Parse([]byte(yaml), func(string) string { return "" })
 	if err != nil {
 		t.Fatalf("%v\n%s", err, yaml)
 	}

@@ -23,8 +23,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/epp"
-	"kvrouter/internal/proxy"
 	"kvrouter/internal/serve"
 )
 
@@ -264,7 +264,7 @@ type eppFlags struct {
 func startEPP(t testing.TB, yaml string, maxInFlight int64, opts ...func(*eppFlags)) *eppStack {
 	t.Helper()
 	skipE2EShort(t)
-	cfg, pos, err := proxy.ParseConfig([]byte(yaml), func(string) string { return "" })
+	cfg, pos, err := config.Parse([]byte(yaml), func(string) string { return "" })
 	if err != nil {
 		t.Fatalf("%v\n%s", err, yaml)
 	}
@@ -313,11 +313,11 @@ func configOptions(t testing.TB, path string, poll time.Duration, listen string)
 		t.Fatal(err)
 	}
 	env := func(string) string { return "" }
-	cfg, pos, err := proxy.ParseConfig(data, env)
+	cfg, pos, err := config.Parse(data, env)
 	if err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
-	override := func(c *proxy.Config) { c.Listen = listen }
+	override := func(c *config.Config) { c.Listen = listen }
 	override(&cfg)
 	return serve.Options{Config: cfg, Positions: pos, ConfigPath: path, ConfigHash: sha256.Sum256(data), Getenv: env, Poll: poll, Override: override}
 }

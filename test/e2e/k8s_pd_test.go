@@ -10,7 +10,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"kvrouter/internal/discovery"
+	"kvrouter/internal/config"
 	"kvrouter/internal/enginesim"
 	"kvrouter/internal/k8stest"
 )
@@ -66,9 +66,9 @@ func (s *k8sScenario) relabel(name, role string) time.Time {
 		s.t.Fatal(err)
 	}
 	if role == "" {
-		delete(p.Labels, discovery.DefaultRoleLabel)
+		delete(p.Labels, config.DefaultRoleLabel)
 	} else {
-		p.Labels[discovery.DefaultRoleLabel] = role
+		p.Labels[config.DefaultRoleLabel] = role
 	}
 	at := time.Now()
 	if _, err := s.cs.CoreV1().Pods(s.ns).Update(s.t.Context(), p, metav1.UpdateOptions{}); err != nil {
@@ -100,8 +100,8 @@ func TestServeKubernetesPDRoles(t *testing.T) {
 	for _, name := range []string{"e0", "e1", "e2"} {
 		s.sims[name] = startCountedSimPD(t, enginesim.PDConfig{Role: enginesim.RoleBoth})
 	}
-	s.pod("e0", map[string]string{"app": "vllm", discovery.DefaultRoleLabel: "prefill"})
-	s.pod("e1", map[string]string{"app": "vllm", discovery.DefaultRoleLabel: "decode"})
+	s.pod("e0", map[string]string{"app": "vllm", config.DefaultRoleLabel: "prefill"})
+	s.pod("e1", map[string]string{"app": "vllm", config.DefaultRoleLabel: "decode"})
 	s.pod("e2", map[string]string{"app": "vllm"}) // no label: a decode engine, as llm-d's decode filter takes it
 	s.r = serveYAML(t, fmt.Sprintf(`health: {probe_interval: 200ms, scrape_interval: 200ms}
 models:

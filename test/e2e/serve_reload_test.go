@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"kvrouter/internal/proxy"
+	"kvrouter/internal/config"
 	"kvrouter/internal/serve"
 )
 
@@ -68,7 +68,7 @@ func startReloadable(t *testing.T, path string, poll time.Duration, hup chan os.
 		t.Fatal(err)
 	}
 	env := func(string) string { return "" }
-	cfg, pos, err := proxy.ParseConfig(data, env)
+	cfg, pos, err := config.Parse(data, env)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,8 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"kvrouter/internal/config"
 	"kvrouter/internal/kvindex"
-	"kvrouter/internal/proxy"
 	"kvrouter/internal/serve"
 )
 
@@ -44,7 +44,7 @@ type snapRouter struct {
 
 func startSnapRouter(t *testing.T, yaml string, name string) *snapRouter {
 	t.Helper()
-	cfg, pos, err := proxy.ParseConfig([]byte(yaml), func(string) string { return "" })
+	cfg, pos, err := config.Parse([]byte(yaml), func(string) string { return "" })
 	if err != nil {
 		t.Fatalf("%v\n%s", err, yaml)
 	}

@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"sync"
+
+	"kvrouter/internal/vllm"
 )
 
 // zmq4 v0.17 (conn.go, Conn.read) allocates every frame body at the size
@@ -20,22 +22,12 @@ import (
 // would take its message past the limit. zmq4 then gets an error wrapping
 // errTooLarge instead of the header, and the connection is closed.
 
-// DefaultMaxMessageBytes is the default of SubscriberConfig.MaxMessageBytes:
-// 128 MiB. vLLM sets no ZMQ_MAXMSGSIZE on its event sockets
-// (vllm/distributed/kv_events.py, ZmqEventPublisher._socket_setup sets only
-// the send high-water mark), so its own bound is the size of one step's
-// batch: a BlockStored carries every token id of its blocks (1 to 5 bytes
-// each in msgpack), one step stores at most max_num_batched_tokens new
-// tokens (thousands to tens of thousands), and kv_cache_report_mode "full"
-// adds the reused prefix of each request scheduled in the step. 128 MiB
-// holds more than 25 million token ids in one batch.
-const DefaultMaxMessageBytes = 128 << 20
-
-// Bounds of SubscriberConfig.MaxMessageBytes: a READY command with its
-// metadata must fit below, and no real batch comes near the top.
+// Bounds of SubscriberConfig.MaxMessageBytes (vllm.DefaultMaxMessageBytes,
+// vllm.MinMaxMessageBytes, vllm.MaxMaxMessageBytes).
 const (
-	MinMaxMessageBytes = 4096
-	MaxMaxMessageBytes = 1 << 40
+	DefaultMaxMessageBytes = vllm.DefaultMaxMessageBytes
+	MinMaxMessageBytes     = vllm.MinMaxMessageBytes
+	MaxMaxMessageBytes     = vllm.MaxMaxMessageBytes
 )
 
 // maxFramesPerMessage bounds the frames of one ZMTP message (commands

@@ -1,4 +1,4 @@
-package proxy
+package config
 
 import (
 	"bytes"
@@ -46,7 +46,7 @@ func TestConfigSyntaxLine(t *testing.T) {
 			if err := yaml.Unmarshal([]byte(tc.src), &n); err == nil || err.Error() != tc.yaml {
 				t.Fatalf("yaml.v3 says %v, want %q", err, tc.yaml)
 			}
-			_, _, err := ParseConfig([]byte(tc.src), func(string) string { return "" })
+			_, _, err := Parse([]byte(tc.src), func(string) string { return "" })
 			if err == nil || err.Error() != "parse config: "+tc.want {
 				t.Fatalf("got %v, want %q", err, "parse config: "+tc.want)
 			}

@@ -1,4 +1,4 @@
-package proxy
+package config
 
 import (
 	"bytes"
@@ -25,9 +25,9 @@ type Positions struct {
 // 7)". A field absent from the file gets its parent's line.
 func (p Positions) Field(path ...any) string {
 	if line := p.line(path); line > 0 {
-		return fmt.Sprintf("%s (line %d)", pathString(path), line)
+		return fmt.Sprintf("%s (line %d)", FieldPath(path...), line)
 	}
-	return pathString(path)
+	return FieldPath(path...)
 }
 
 func (p Positions) line(path []any) int {
@@ -116,7 +116,7 @@ func (p Positions) describe(e string) string {
 		var out string
 		walk(p.root, nil, func(path []any, k, v *yaml.Node) bool {
 			if match(path, k, v) {
-				out = pathString(path)
+				out = FieldPath(path...)
 				return true
 			}
 			return false
@@ -174,7 +174,7 @@ func (p Positions) describe(e string) string {
 // name the field and line), fills in defaults and environment overrides
 // (getenv: os.Getenv when nil), and validates; validation errors name the
 // field and its line. The Positions serve later errors about the same file.
-func ParseConfig(data []byte, getenv func(string) string) (Config, Positions, error) {
+func Parse(data []byte, getenv func(string) string) (Config, Positions, error) {
 	var cfg Config
 	var pos Positions
 	var root yaml.Node

@@ -1,4 +1,4 @@
-package proxy
+package config
 
 import (
 	"errors"
@@ -9,11 +9,10 @@ import (
 	"strings"
 	"time"
 
-	"kvrouter/internal/discovery"
 	"kvrouter/internal/kvindex"
 	"kvrouter/internal/pd"
 	"kvrouter/internal/routing"
-	"kvrouter/internal/vllm/kvevents"
+	"kvrouter/internal/vllm"
 )
 
 // Config is the router's configuration: the schema of router.yaml. A zero
@@ -27,7 +26,7 @@ type Config struct {
 	APIKey string `yaml:"api_key"`
 	// AdminListen, when set, is a second listen address serving the
 	// introspection paths (/metrics, /ui, /v1/route) beside /health and
-	// /ready; the main listener then no longer serves them (security.go).
+	// /ready; the main listener then no longer serves them (docs/security.md).
 	// Empty: they are served on Listen, behind APIKey when it is set.
 	AdminListen string `yaml:"admin_listen"`
 	// BodyLimit is the largest request body accepted, in bytes (default 16
@@ -37,41 +36,41 @@ type Config struct {
 	// requests together (default 512 MiB, or BodyLimit when larger); a body
 	// that does not fit is answered 503 with Retry-After.
 	BodyBudget int64 `yaml:"body_budget"`
-	// HTTP bounds the connections of the listeners (listener.go).
-	HTTP ListenerConfig `yaml:"http"`
+	// HTTP bounds the connections of the listeners (docs/security.md).
+	HTTP Listener `yaml:"http"`
 	// Clients says which engine controls clients may set themselves
-	// (security.go); by default none.
-	Clients ClientsConfig `yaml:"clients"`
+	// (docs/security.md); by default none.
+	Clients Clients `yaml:"clients"`
 	// DrainTimeout bounds graceful shutdown: after the listener closes,
 	// requests in flight get this long to finish (default 30s).
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
 	// Health configures active probes, scraping and passive ejection of
 	// engines (package fleet).
-	Health HealthConfig `yaml:"health"`
+	Health Health `yaml:"health"`
 	// TLS configures HTTPS on Listen and the verification of https://
 	// engines.
-	TLS TLSConfig `yaml:"tls"`
+	TLS TLS `yaml:"tls"`
 	// Snapshot writes the exact index to a file on shutdown and
-	// periodically, and reads it on start (snapshot.go).
-	Snapshot SnapshotConfig `yaml:"snapshot"`
+	// periodically, and reads it on start (by serve).
+	Snapshot Snapshot `yaml:"snapshot"`
 	// Peers, when set, gives every model group's router its place among
 	// the router replicas (routing.Config.Routers and RouterIndex) from
 	// the Ready router Pods in Kubernetes, live (discovery.Peers; pod_name
 	// and namespace default to POD_NAME and POD_NAMESPACE). Nil: the
 	// static routing.routers and router_index.
-	Peers *discovery.PeersConfig `yaml:"peers"`
+	Peers *Peers `yaml:"peers"`
 	// EventsMaxMessageBytes bounds one ZeroMQ message read from any
 	// engine's KV event, replay or bound events port
 	// (kvevents.SubscriberConfig.MaxMessageBytes: 4096..2^40; 0: default
 	// 128 MiB); a peer that exceeds it has its connection closed.
 	EventsMaxMessageBytes int64 `yaml:"events_max_message_bytes"`
 	// Models are the model groups served; at least one.
-	Models []ModelConfig `yaml:"models"`
+	Models []Model `yaml:"models"`
 }
 
 // HealthConfig mirrors fleet.Config's health fields; zero means fleet's
 // default.
-type HealthConfig struct {
+type Health struct {
 	// ProbeInterval between GET /health probes per engine (default 5s;
 	// negative disables probes).
 	ProbeInterval time.Duration `yaml:"probe_interval"`
@@ -109,7 +108,7 @@ type HealthConfig struct {
 }
 
 // TLSConfig holds certificate files in PEM.
-type TLSConfig struct {
+type TLS struct {
 	// CertFile and KeyFile, both or neither, make the router serve HTTPS
 	// on Listen with that certificate (chain first) and private key.
 	CertFile string `yaml:"cert_file"`
@@ -120,19 +119,19 @@ type TLSConfig struct {
 	EngineCAFile string `yaml:"engine_ca_file"`
 }
 
-// ModelConfig is one model group: the engines that serve it and how to
+// Model is one model group: the engines that serve it and how to
 // route among them.
-type ModelConfig struct {
+type Model struct {
 	// Name is the model name clients send (the engines' served model name).
 	Name string `yaml:"name"`
 	// Engines are the replicas; at least one.
-	Engines []EngineConfig `yaml:"engines"`
+	Engines []Engine `yaml:"engines"`
 	// Discovery takes the group's engines from Kubernetes instead of
 	// Engines: a Service's EndpointSlices or Pods by label selector, with
 	// per-engine settings from Pod annotations (docs/kubernetes.md).
 	// Engines come and go while the router serves; exactly one of Engines
 	// and Discovery is set.
-	Discovery *discovery.Config `yaml:"discovery"`
+	Discovery *Discovery `yaml:"discovery"`
 	// Tokenizer is how prompts become token ids: a path to a tokenizer.json
 	// (or its directory), "render" to ask an engine (POST
 	// /v1/*/render), or "none" (token-id prompts only; text is routed by
@@ -171,7 +170,7 @@ type ModelConfig struct {
 	// before the first byte (default 1; -1 for none).
 	Retries int `yaml:"retries"`
 	// Timeouts of each engine request.
-	Timeouts TimeoutsConfig `yaml:"timeouts"`
+	Timeouts Timeouts `yaml:"timeouts"`
 	// DisableHitReport stops merging vllm_xargs.kv_cache_report_mode =
 	// "full" into forwarded requests (for engines older than 2026-07 that
 	// reject unknown xargs).
@@ -182,27 +181,27 @@ type ModelConfig struct {
 	// without forwarding) or "forward" (let the engine answer).
 	TooLong string `yaml:"too_long"`
 	// Adapters are LoRA adapters the group's engines serve on top of this
-	// model (adapters.go); adapters the engines list with this model as
+	// model; adapters the engines list with this model as
 	// parent are served too, without configuration.
-	Adapters []AdapterConfig `yaml:"adapters"`
+	Adapters []Adapter `yaml:"adapters"`
 	// AdapterLoading is what happens to a request for an adapter no healthy
 	// engine has loaded: "off" (default: 503) or "load" (load it, when it
 	// has a path, on the engine the router picks).
 	AdapterLoading string `yaml:"adapter_loading"`
 	// Aliases are further client-facing model names over this group, each
-	// with request defaults and caps (aliases.go).
-	Aliases []AliasConfig `yaml:"aliases"`
+	// with request defaults and caps.
+	Aliases []Alias `yaml:"aliases"`
 	// Media bounds the images, audio and video of one chat request
-	// (media.go; nil: none).
+	// (nil: none).
 	Media *MediaLimits `yaml:"media"`
 	// PD configures disaggregated prefill and decode for a group whose
-	// engines have roles (pd.go, docs/pd.md): mode (conditional, always,
+	// engines have roles (docs/pd.md): mode (conditional, always,
 	// never), min_remote_tokens, link, link_gbps and the model's KV shape.
 	PD pd.Rule `yaml:"pd"`
 }
 
 // TimeoutsConfig bounds one engine request.
-type TimeoutsConfig struct {
+type Timeouts struct {
 	// Connect bounds the TCP (and TLS) connect (default 5s).
 	Connect time.Duration `yaml:"connect"`
 	// FirstByte bounds the wait from sending the request to the first body
@@ -213,8 +212,8 @@ type TimeoutsConfig struct {
 	Idle time.Duration `yaml:"idle"`
 }
 
-// EngineConfig is one engine (replica).
-type EngineConfig struct {
+// Engine is one engine (replica).
+type Engine struct {
 	// Name labels the engine in metrics, logs and x-kvrouter-replica
 	// (default: the URL's host:port).
 	Name string `yaml:"name"`
@@ -262,7 +261,7 @@ type EngineConfig struct {
 	// start without the key.
 	APIKeyEnv string `yaml:"api_key_env"`
 	// Role is the engine's part in disaggregated serving: prefill or
-	// decode (pd.go); empty: it serves whole requests. A group with roles
+	// decode (docs/pd.md); empty: it serves whole requests. A group with roles
 	// needs both; its engines without a role are not routed to.
 	Role string `yaml:"role"`
 
@@ -277,7 +276,7 @@ const (
 	TokenizerNone   = "none"
 )
 
-// ModelConfig.TooLong values.
+// Model.TooLong values.
 const (
 	TooLongReject  = "reject"
 	TooLongForward = "forward"
@@ -287,7 +286,7 @@ const (
 const PolicyShadow = "shadow"
 
 // DefaultConfig returns the top-level defaults (no models).
-func DefaultConfig() Config {
+func Default() Config {
 	return Config{
 		Listen:       ":8080",
 		BodyLimit:    DefaultBodyLimit,
@@ -298,8 +297,8 @@ func DefaultConfig() Config {
 }
 
 // defaultModel returns a model's defaults.
-func defaultModel() ModelConfig {
-	return ModelConfig{
+func defaultModel() Model {
+	return Model{
 		Tokenizer:         TokenizerRender,
 		TokenizerMismatch: "render",
 		Policy:            "kv",
@@ -307,7 +306,7 @@ func defaultModel() ModelConfig {
 		TooLong:           TooLongReject,
 		SessionHeaders:    []string{"x-session-id"},
 		Retries:           1,
-		Timeouts: TimeoutsConfig{
+		Timeouts: Timeouts{
 			Connect:   5 * time.Second,
 			FirstByte: 5 * time.Minute,
 			Idle:      60 * time.Second,
@@ -321,7 +320,7 @@ func (c *Config) FillDefaults(getenv func(string) string) {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
-	d := DefaultConfig()
+	d := Default()
 	if c.Listen == "" {
 		c.Listen = d.Listen
 	}
@@ -385,7 +384,7 @@ func (c *Config) FillDefaults(getenv func(string) string) {
 				e.DPSize = 1
 			}
 			if e.EventsQueue == 0 {
-				e.EventsQueue = kvevents.DefaultQueueSize
+				e.EventsQueue = vllm.DefaultQueueSize
 			}
 			if e.APIKeyEnv != "" {
 				k := getenv(e.APIKeyEnv)
@@ -404,9 +403,12 @@ type fieldError struct {
 	msg  string
 }
 
-func (e *fieldError) Error() string { return pathString(e.path) + ": " + e.msg }
+func (e *fieldError) Error() string { return FieldPath(e.path...) + ": " + e.msg }
 
-func pathString(path []any) string {
+// FieldPath names a field by its YAML path, names and indexes: ("models",
+// 0, "engines", 1, "url") is "models[0].engines[1].url". Other values are
+// skipped.
+func FieldPath(path ...any) string {
 	var b strings.Builder
 	for _, p := range path {
 		switch p := p.(type) {
@@ -437,7 +439,7 @@ func discoveryErrors(err error, i int) []error {
 	out := make([]error, 0, len(list))
 	for _, e := range list {
 		path := []any{"models", i, "discovery"}
-		var fe *discovery.FieldError
+		var fe *DiscoveryError
 		if !errors.As(e, &fe) {
 			out = append(out, ferr(e.Error(), path...))
 			continue
@@ -457,8 +459,8 @@ func (c *Config) Validate() error {
 	if c.BodyLimit < 0 {
 		errs = append(errs, ferr("must be positive", "body_limit"))
 	}
-	if n := c.EventsMaxMessageBytes; n != 0 && (n < kvevents.MinMaxMessageBytes || n > kvevents.MaxMaxMessageBytes) {
-		errs = append(errs, ferr(fmt.Sprintf("%d: must be in %d..%d (0: default %d)", n, kvevents.MinMaxMessageBytes, int64(kvevents.MaxMaxMessageBytes), kvevents.DefaultMaxMessageBytes), "events_max_message_bytes"))
+	if n := c.EventsMaxMessageBytes; n != 0 && (n < vllm.MinMaxMessageBytes || n > vllm.MaxMaxMessageBytes) {
+		errs = append(errs, ferr(fmt.Sprintf("%d: must be in %d..%d (0: default %d)", n, vllm.MinMaxMessageBytes, int64(vllm.MaxMaxMessageBytes), vllm.DefaultMaxMessageBytes), "events_max_message_bytes"))
 	}
 	if c.BodyBudget < 0 {
 		errs = append(errs, ferr("must be positive", "body_budget"))
@@ -515,7 +517,7 @@ func (c *Config) Validate() error {
 			if prev, ok := engines[key]; ok {
 				errs = append(errs, ferr(fmt.Sprintf("engine %q already listed (%s): an engine belongs to one model group", key, prev), "models", i, "engines", j))
 			}
-			engines[key] = pathString([]any{"models", i, "engines", j})
+			engines[key] = FieldPath("models", i, "engines", j)
 			u, err := url.Parse(e.URL)
 			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 				errs = append(errs, ferr(fmt.Sprintf("%q: want http(s)://host:port", e.URL), "models", i, "engines", j, "url"))
@@ -534,7 +536,7 @@ func (c *Config) Validate() error {
 			if e.EventsBind {
 				if e.Events == "" {
 					errs = append(errs, ferr("events_bind without events (the address to bind)", "models", i, "engines", j, "events_bind"))
-				} else if prev := binds.add(e.Events, e.DPSize, pathString([]any{"models", i, "engines", j, "events"})); prev != "" {
+				} else if prev := binds.add(e.Events, e.DPSize, FieldPath("models", i, "engines", j, "events")); prev != "" {
 					errs = append(errs, ferr(fmt.Sprintf("%q: address already bound for %s (one address per engine)", e.Events, prev), "models", i, "engines", j, "events"))
 				}
 			}
@@ -550,8 +552,8 @@ func (c *Config) Validate() error {
 			if e.apiKeyEnvUnset {
 				errs = append(errs, ferr(fmt.Sprintf("environment variable %s is not set (or empty): the engine's key would be missing", e.APIKeyEnv), "models", i, "engines", j, "api_key_env"))
 			}
-			if e.EventsQueue < 1 || e.EventsQueue > kvevents.MaxQueueSize {
-				errs = append(errs, ferr(fmt.Sprintf("%d: must be in 1..%d (0: default %d)", e.EventsQueue, kvevents.MaxQueueSize, kvevents.DefaultQueueSize), "models", i, "engines", j, "events_queue"))
+			if e.EventsQueue < 1 || e.EventsQueue > vllm.MaxQueueSize {
+				errs = append(errs, ferr(fmt.Sprintf("%d: must be in 1..%d (0: default %d)", e.EventsQueue, vllm.MaxQueueSize, vllm.DefaultQueueSize), "models", i, "engines", j, "events_queue"))
 			}
 		}
 	}

@@ -1,4 +1,4 @@
-package proxy
+package config
 
 import (
 	"strings"
@@ -32,7 +32,7 @@ models:
       - url: http://10.0.0.2:8000
 `
 	env := map[string]string{"LLAMA_KEY": "s3cret", "KVROUTER_API_KEY": "front"}
-	cfg, _, err := ParseConfig([]byte(src), func(k string) string { return env[k] })
+	cfg, _, err := Parse([]byte(src), func(k string) string { return env[k] })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ models:
 			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
 		}
 	}
-	d, _, err := ParseConfig([]byte("models: [{name: m, engines: [{url: 'http://a:1'}]}]"), func(string) string { return "" })
+	d, _, err := Parse([]byte("models: [{name: m, engines: [{url: 'http://a:1'}]}]"), func(string) string { return "" })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +157,7 @@ func TestParseConfigErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, _, err := ParseConfig([]byte(tt.src), func(string) string { return "" })
+			_, _, err := Parse([]byte(tt.src), func(string) string { return "" })
 			if err == nil {
 				t.Fatal("want an error")
 			}
@@ -195,7 +195,7 @@ func TestParseConfigAccepts(t *testing.T) {
 			"      - {url: 'http://b:1', events: 'tcp://*:5559', events_bind: true}\n      - {url: 'http://c:1', events: 'tcp://10.0.0.1:5557', events_bind: true}\n" +
 			"      - {url: 'http://d:1', events: 'tcp://d:5557'}\n",
 	} {
-		if _, _, err := ParseConfig([]byte(src), func(string) string { return "" }); err != nil {
+		if _, _, err := Parse([]byte(src), func(string) string { return "" }); err != nil {
 			t.Errorf("%s: %v", src, err)
 		}
 	}
@@ -204,7 +204,7 @@ func TestParseConfigAccepts(t *testing.T) {
 // TestParseConfigEventsBind: events_bind and topic reach EngineConfig.
 func TestParseConfigEventsBind(t *testing.T) {
 	src := "models:\n  - name: m\n    engines:\n      - {url: 'http://a:1', events: 'tcp://127.0.0.1:5557', events_bind: true, topic: kv, replay: 'tcp://127.0.0.1:5558'}\n"
-	cfg, _, err := ParseConfig([]byte(src), func(string) string { return "" })
+	cfg, _, err := Parse([]byte(src), func(string) string { return "" })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package proxy
+package config
 
 import (
 	"fmt"
@@ -56,7 +56,7 @@ func (c *Config) validateNumbers() []error {
 	return errs
 }
 
-func validateModelNumbers(m *ModelConfig, i int) []error {
+func validateModelNumbers(m *Model, i int) []error {
 	var errs []error
 	add := func(msg string, path ...any) {
 		errs = append(errs, ferr(msg, append([]any{"models", i}, path...)...))
