@@ -79,7 +79,7 @@ func (p *simProc) stop(t *testing.T) {
 	}
 }
 
-// TestEngineSimRun starts the command in-process on a loopback port and
+// TestEngineSimRun starts the command as a process on a loopback port and
 // stops it with ctx.
 func TestEngineSimRun(t *testing.T) {
 	p := startEngineSim(t)

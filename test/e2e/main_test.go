@@ -23,7 +23,8 @@ import (
 // kvbin is the kvrouter binary the tests run as a process, built once
 // per test binary into a temporary directory TestMain removes.
 var kvbin struct {
-	dir  string
+	dir  string // the temporary directory
+	pkg  string // this package's directory: tests may chdir before the build
 	once sync.Once
 	path string
 	err  error
@@ -36,6 +37,10 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	kvbin.dir = dir
+	if kvbin.pkg, err = os.Getwd(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
@@ -46,7 +51,9 @@ func TestMain(m *testing.M) {
 func kvrouterBin() (string, error) {
 	kvbin.once.Do(func() {
 		bin := filepath.Join(kvbin.dir, "kvrouter")
-		out, err := exec.Command("go", "build", "-o", bin, "../../cmd/kvrouter").CombinedOutput()
+		cmd := exec.Command("go", "build", "-o", bin, "../../cmd/kvrouter")
+		cmd.Dir = kvbin.pkg
+		out, err := cmd.CombinedOutput()
 		if err != nil {
 			kvbin.err = fmt.Errorf("go build: %v\n%s", err, out)
 			return
