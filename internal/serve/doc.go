@@ -10,9 +10,11 @@
 // router-replica peers.
 //
 // New builds all of it and returns every configuration error at once,
-// before anything listens; it starts no goroutine (it does ask each
-// engine once, with a 10 s bound, whether its tokenizer matches the local
-// one). Run serves until its context ends, then drains, writes the index
+// before anything listens. It starts none of the application's goroutines
+// (only the OTLP span exporter's, when the OTEL_* environment asks for
+// tracing, which Run or Close flushes and stops); it does ask each engine
+// with a local tokenizer once, within 10 s, whether its tokenizer matches.
+// Run serves until its context ends, then drains, writes the index
 // snapshot and returns once every goroutine it started has returned.
 // Readiness (GET /ready and the EPP's) reads the KV event subscribers'
 // connection state directly.

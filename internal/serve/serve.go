@@ -99,8 +99,10 @@ type App struct {
 
 // New wires the fleet, one routing backend per model, the event
 // subscribers, the tokenizers (checked against the engines by their
-// mismatch probes) and the HTTP server, starting nothing; every
-// configuration error is returned here, before anything listens.
+// mismatch probes) and the HTTP server, starting none of them (see the
+// package doc); every configuration error is returned here, before
+// anything listens. o.Config must have its defaults filled and be valid
+// (config.Parse, or FillDefaults and Validate).
 func New(ctx context.Context, o Options) (*App, error) {
 	log := o.Log
 	if log == nil {
