@@ -8,7 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"kvrouter/internal/discovery"
-	"kvrouter/internal/proxy"
+	"kvrouter/internal/group"
 )
 
 // newPeers runs router.yaml's peers block: a discovery.Peers over the
@@ -18,7 +18,7 @@ import (
 // place is known each router routes as one. Each group's router's place is
 // exported as kvrouter_discovery_peers_routers and
 // kvrouter_discovery_peers_index (labelled model) on reg.
-func newPeers(cfg *discovery.PeersConfig, backends map[string]*proxy.Backend, log *slog.Logger, reg prometheus.Registerer) (func(context.Context) error, error) {
+func newPeers(cfg *discovery.PeersConfig, backends map[string]*group.Backend, log *slog.Logger, reg prometheus.Registerer) (func(context.Context) error, error) {
 	for model, b := range backends {
 		for _, g := range []struct {
 			name, help string

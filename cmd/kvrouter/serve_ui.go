@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/group"
 	"kvrouter/internal/proxy"
 	"kvrouter/internal/ui"
 )
@@ -17,7 +18,7 @@ func newUI(cfg proxy.Config, flt *fleet.Fleet, reg prometheus.Gatherer, deps *pr
 	}
 	page := ui.New(ui.Config{APIKey: cfg.APIKey, Policies: policies}, ui.Deps{Fleet: flt, Gatherer: reg})
 	deps.UI = page.Handler()
-	deps.OnDecision = func(model, id string, prompt int, d proxy.Decision) {
+	deps.OnDecision = func(model, id string, prompt int, d group.Decision) {
 		page.Record(model, id, d.Replica, d.CachedTokens, prompt, d.Explain)
 	}
 	return page

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/group"
 	"kvrouter/internal/tokenizer"
 )
 
@@ -49,7 +50,7 @@ func (w *flushDiscard) FlushError() error           { w.flushes++; return nil }
 
 // newBenchServer returns a Server over one engine URL routing model "m"
 // with the production kv Backend (approximate index).
-func newBenchServer(tb testing.TB, url string, tok Tokenizer) *Server {
+func newBenchServer(tb testing.TB, url string, tok group.Tokenizer) *Server {
 	tb.Helper()
 	reg := prometheus.NewRegistry()
 	fl, err := fleet.New(fleet.Config{Endpoints: []fleet.EndpointConfig{{Name: "e0", URL: url, Models: []string{"m"}}},
@@ -57,15 +58,15 @@ func newBenchServer(tb testing.TB, url string, tok Tokenizer) *Server {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	be, err := NewBackend(BackendConfig{Model: "m", Replicas: []string{"e0"}, Policy: "kv"}, nil, nil, nil)
+	be, err := group.NewBackend(group.BackendConfig{Model: "m", Replicas: []string{"e0"}, Policy: "kv"}, nil, nil, nil)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	cfg := Config{Models: []ModelConfig{{Name: "m", Tokenizer: TokenizerNone, Engines: []EngineConfig{{Name: "e0", URL: url}}}}}
 	cfg.FillDefaults(func(string) string { return "" })
-	deps := Deps{Fleet: fl, Routers: map[string]Router{"m": be}}
+	deps := Deps{Fleet: fl, Routers: map[string]group.Router{"m": be}}
 	if tok != nil {
-		deps.Tokenizers = map[string]Tokenizer{"m": tok}
+		deps.Tokenizers = map[string]group.Tokenizer{"m": tok}
 	}
 	srv, err := New(cfg, deps, nil, reg)
 	if err != nil {

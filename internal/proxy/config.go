@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"kvrouter/internal/discovery"
+	"kvrouter/internal/group"
 	"kvrouter/internal/kvindex"
 	"kvrouter/internal/pd"
 	"kvrouter/internal/routing"
@@ -284,7 +285,7 @@ const (
 )
 
 // PolicyShadow is the policy name of shadow mode.
-const PolicyShadow = "shadow"
+const PolicyShadow = group.PolicyShadow
 
 // DefaultConfig returns the top-level defaults (no models).
 func DefaultConfig() Config {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/group"
 )
 
 func containsLine(body, line string) bool {
@@ -66,7 +67,7 @@ func TestErrorTypes(t *testing.T) {
 		}},
 		{"500 router chose an unknown replica", 500, typeServer, func(t *testing.T) result {
 			rg := newRig(t, 1)
-			rg.router.pick = func(*RouteInput) string { return "ghost" }
+			rg.router.pick = func(*group.RouteInput) string { return "ghost" }
 			resp := rg.post("/v1/chat/completions", chatBody)
 			return result{resp.StatusCode, readAll(t, resp)}
 		}},

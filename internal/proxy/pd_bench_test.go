@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/group"
 )
 
 // BenchmarkPDPlan measures the routing work P/D adds per request: planPD
@@ -47,11 +48,11 @@ func BenchmarkPDPlan(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	be, err := NewBackend(BackendConfig{Model: "m", Replicas: names}, nil, nil, nil)
+	be, err := group.NewBackend(group.BackendConfig{Model: "m", Replicas: names}, nil, nil, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv, err := New(cfg, Deps{Fleet: fl, Routers: map[string]Router{"m": be}}, nil, reg)
+	srv, err := New(cfg, Deps{Fleet: fl, Routers: map[string]group.Router{"m": be}}, nil, reg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -63,7 +64,7 @@ func BenchmarkPDPlan(b *testing.B) {
 		return t
 	}
 	for i, n := range names { // each engine holds one 8K prompt (approximate index: a routed decision)
-		d, err := be.Route(&RouteInput{Model: "m", Tokens: prompt(i * 100000), Candidates: []string{n}})
+		d, err := be.Route(&group.RouteInput{Model: "m", Tokens: prompt(i * 100000), Candidates: []string{n}})
 		if err != nil {
 			b.Fatal(err)
 		}

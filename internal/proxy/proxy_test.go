@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/group"
 )
 
 func TestNonStreamingRelay(t *testing.T) {
@@ -455,7 +456,7 @@ func TestNoHealthyReplica(t *testing.T) {
 func TestDeadStaticEngine(t *testing.T) {
 	rg := newRig(t, 2)
 	var rr int
-	rg.router.pick = func(in *RouteInput) string { rr++; return in.Candidates[rr%len(in.Candidates)] }
+	rg.router.pick = func(in *group.RouteInput) string { rr++; return in.Candidates[rr%len(in.Candidates)] }
 	rg.engines[1].srv.Close()
 	for i := range 20 {
 		resp := rg.post("/v1/chat/completions", chatBody)

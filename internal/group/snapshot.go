@@ -1,35 +1,12 @@
-package proxy
+package group
 
 import (
 	"fmt"
 	"slices"
-	"time"
 
 	"kvrouter/internal/kvindex"
-	"kvrouter/internal/routing"
 	"kvrouter/internal/vllm/kvevents"
 )
-
-// SnapshotConfig configures snapshots of the exact index (router.yaml
-// "snapshot"): written on shutdown and every Interval, read on start.
-type SnapshotConfig struct {
-	// Path is the snapshot file ("" : no snapshots). It is written by a
-	// temporary file in the same directory renamed over it, so a reader
-	// finds the old file or the new one, never a part.
-	Path string `yaml:"path"`
-	// Interval between periodic snapshots while serving (default 5m;
-	// negative: only on shutdown).
-	Interval time.Duration `yaml:"interval"`
-}
-
-// DefaultSnapshotInterval is SnapshotConfig.Interval's default.
-const DefaultSnapshotInterval = 5 * time.Minute
-
-func (c *SnapshotConfig) fillDefaults() {
-	if c.Interval == 0 {
-		c.Interval = DefaultSnapshotInterval
-	}
-}
 
 // Snapshot returns a snapshot of the group's exact index (nil when the
 // group routes with the approximate index).
@@ -122,7 +99,7 @@ func (b *Backend) resumeNames(engine string) []string {
 	b.repMu.Lock()
 	defer b.repMu.Unlock()
 	for name := range b.pending {
-		if e, _, ok := routing.SplitRankReplica(name); ok && e == engine && !slices.Contains(names, name) {
+		if e, _, ok := SplitRankReplica(name); ok && e == engine && !slices.Contains(names, name) {
 			names = append(names, name)
 		}
 	}
