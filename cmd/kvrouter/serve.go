@@ -503,7 +503,7 @@ type tokenSource struct {
 }
 
 // newTokenSource builds a model's tokenizer: none for "none"; else a
-// proxy.FailoverTokenizer that asks the first up engine and fails over on
+// group.FailoverTokenizer that asks the first up engine and fails over on
 // connection errors, so one engine down never turns routing into
 // load-only routing. Engines join it as the group's pool adds them
 // (engineParts): each brings its render endpoints ("render") or, with a

@@ -13,7 +13,7 @@ import (
 
 // newPeers runs router.yaml's peers block: a discovery.Peers over the
 // router Pods whose every new place (routers, router_index) goes to every
-// model group's router (proxy.Backend.SetStripes). The returned func runs
+// model group's router (group.Backend.SetStripes). The returned func runs
 // until ctx ends and never fails on the API server's account: until the
 // place is known each router routes as one. Each group's router's place is
 // exported as kvrouter_discovery_peers_routers and
