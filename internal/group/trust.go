@@ -8,25 +8,25 @@ package group
 // compared with what the index said the chosen engine holds
 // (Decision.IndexCachedTokens, as the engine would count them). An answer
 // is a miss when the engine reported less than half the predicted hit (and
-// at least MissSlack tokens less); TrustMisses misses in a row, with no
+// at least missSlack tokens less); trustMisses misses in a row, with no
 // agreeing answer in between, make the router stop trusting that engine's
 // index entries (IndexTruster: it competes by load alone) until
-// TrustAgrees answers in a row agree again. Answers for which the index
+// trustAgrees answers in a row agree again. Answers for which the index
 // predicted nothing say nothing either way. This also catches index drift
 // of any other cause (lost events the sequence checks missed, a block hash
 // mismatch).
 
 // Streaks that change an engine's trust.
 const (
-	// TrustMisses is the number of misses in a row that distrust an engine.
-	TrustMisses = 3
-	// TrustAgrees is the number of agreeing answers in a row that trust a
+	// trustMisses is the number of misses in a row that distrust an engine.
+	trustMisses = 3
+	// trustAgrees is the number of agreeing answers in a row that trust a
 	// distrusted engine again.
-	TrustAgrees = 3
-	// MissSlack is the over-prediction, in tokens, below which an answer
+	trustAgrees = 3
+	// missSlack is the over-prediction, in tokens, below which an answer
 	// is never a miss (a block of 16 tokens evicted between the lookup and
 	// the engine's schedule).
-	MissSlack = 16
+	missSlack = 16
 )
 
 // IndexTruster is a Router whose index trust can be switched per engine
@@ -79,7 +79,7 @@ func (t *Trust) Observe(it IndexTruster, replica string, predicted, reported int
 		st = &trustState{}
 		t.reps[replica] = st
 	}
-	miss := predicted-reported >= MissSlack && reported < predicted/2
+	miss := predicted-reported >= missSlack && reported < predicted/2
 	if miss {
 		st.misses, st.agrees = st.misses+1, 0
 	} else {
@@ -87,11 +87,11 @@ func (t *Trust) Observe(it IndexTruster, replica string, predicted, reported int
 	}
 	switch {
 	case it == nil:
-	case !st.distrusted && st.misses >= TrustMisses:
+	case !st.distrusted && st.misses >= trustMisses:
 		st.distrusted = true
 		it.SetIndexTrusted(replica, false)
 		return TrustLost, st.misses
-	case st.distrusted && st.agrees >= TrustAgrees:
+	case st.distrusted && st.agrees >= trustAgrees:
 		st.distrusted = false
 		it.SetIndexTrusted(replica, true)
 		return TrustRegained, st.agrees
