@@ -23,6 +23,7 @@ import (
 
 	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/group"
 	"kvrouter/internal/kvindex/kvindexprom"
 	"kvrouter/internal/pool"
 	"kvrouter/internal/proxy"
@@ -261,7 +262,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	backends := map[string]*proxy.Backend{} // written before anything runs, then only read
+	backends := map[string]*group.Backend{} // written before anything runs, then only read
 	var fcfg fleet.Config
 	var errs []error
 	for _, m := range cfg.Models {
@@ -311,11 +312,11 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 	exact := map[string]bool{}
 	var srvRef atomic.Pointer[proxy.Server]
 	var groups []*engineParts
-	routers := map[string]proxy.Router{}
-	toks := map[string]proxy.Tokenizer{}
+	routers := map[string]group.Router{}
+	toks := map[string]group.Tokenizer{}
 	snaps := readSnapshot(cfg.Snapshot.Path, log)
 	for i, m := range cfg.Models {
-		bc := proxy.BackendConfig{Model: m.Name, Policy: m.Policy, ShadowServe: m.ShadowServe, Routing: m.Routing, Index: m.Index}
+		bc := group.BackendConfig{Model: m.Name, Policy: m.Policy, ShadowServe: m.ShadowServe, Routing: m.Routing, Index: m.Index}
 		for _, e := range m.Engines {
 			bc.Exact = bc.Exact || e.Events != ""
 		}
@@ -326,7 +327,7 @@ func buildServe(ctx context.Context, fl *serveFlags, log *slog.Logger) (*serveAp
 		}
 		exact[m.Name] = bc.Exact
 		rtReg := routingprom.Wrap(prometheus.WrapRegistererWith(prometheus.Labels{"model": m.Name}, reg))
-		b, err := proxy.NewBackend(bc, log, ixReg, rtReg)
+		b, err := group.NewBackend(bc, log, ixReg, rtReg)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", fl.pos.Field("models", i), err))
 			continue
@@ -497,13 +498,13 @@ func (a *serveApp) listenAdmin() error {
 // "render").
 type tokenSource struct {
 	m        config.Model
-	failover *proxy.FailoverTokenizer
+	failover *group.FailoverTokenizer
 	local    *tokenizer.Local
 	client   *http.Client
 }
 
 // newTokenSource builds a model's tokenizer: none for "none"; else a
-// proxy.FailoverTokenizer that asks the first up engine and fails over on
+// group.FailoverTokenizer that asks the first up engine and fails over on
 // connection errors, so one engine down never turns routing into
 // load-only routing. Engines join it as the group's pool adds them
 // (engineParts): each brings its render endpoints ("render") or, with a
@@ -530,7 +531,7 @@ func newTokenSource(m config.Model, client *http.Client, log *slog.Logger, reg p
 			ts.local = ts.local.WithPrefixCache(cache)
 		}
 	}
-	ft, err := proxy.NewFailoverTokenizer(m.Name, nil, log)
+	ft, err := group.NewFailoverTokenizer(m.Name, nil, log)
 	if err != nil {
 		return nil, err
 	}
@@ -540,22 +541,22 @@ func newTokenSource(m config.Model, client *http.Client, log *slog.Logger, reg p
 
 // engine builds one engine's token source and, with a local tokenizer, its
 // mismatch probe (else nil).
-func (ts *tokenSource) engine(ep *fleet.Endpoint, log *slog.Logger, reg prometheus.Registerer) (proxy.EngineTokenizer, *tokenizer.Probe, error) {
+func (ts *tokenSource) engine(ep *fleet.Endpoint, log *slog.Logger, reg prometheus.Registerer) (group.EngineTokenizer, *tokenizer.Probe, error) {
 	remote, err := tokenizer.NewRemote(tokenizer.RemoteConfig{URL: ep.URL(), Model: ts.m.Name, Client: ts.client}, log, reg)
 	if err != nil {
-		return proxy.EngineTokenizer{}, nil, err
+		return group.EngineTokenizer{}, nil, err
 	}
 	src, err := tokenizer.NewSource(ts.local, remote)
 	if err != nil {
-		return proxy.EngineTokenizer{}, nil, err
+		return group.EngineTokenizer{}, nil, err
 	}
-	et := proxy.EngineTokenizer{Endpoint: ep, Tok: proxy.TokenSource{Src: src}}
+	et := group.EngineTokenizer{Endpoint: ep, Tok: proxy.TokenSource{Src: src}}
 	if ts.local == nil {
 		return et, nil, nil
 	}
 	probe, err := tokenizer.NewProbe(tokenizer.ProbeConfig{Engine: ep.Name(), Reaction: tokenizer.Reaction(ts.m.TokenizerMismatch)}, ts.local, remote, src, log, reg)
 	if err != nil {
-		return proxy.EngineTokenizer{}, nil, err
+		return group.EngineTokenizer{}, nil, err
 	}
 	return et, probe, nil
 }
