@@ -66,17 +66,16 @@ fmt:
 vet:
 	$(GO) vet $(PKGS)
 
-## deps: routing and kvindex never import net/http, so serve, sim and bench run the same code;
-## config (router.yaml's schema) and the HTTP front never import the Kubernetes client, config no ZeroMQ.
+## deps: routing, kvindex and group (a model group's state) never import net/http, so serve, sim
+## and bench run the same code; config (router.yaml's schema), group and the HTTP front never import
+## the Kubernetes client or ZeroMQ.
 deps:
-	@for p in ./internal/routing ./internal/kvindex; do \
+	@for p in ./internal/routing ./internal/kvindex ./internal/group; do \
 		if $(GO) list -deps $$p 2>/dev/null | grep -qx 'net/http'; then \
 			echo "$$p imports net/http"; exit 1; fi; done
-	@for p in ./internal/config ./internal/proxy; do \
-		if $(GO) list -deps $$p 2>/dev/null | grep -q '^k8s\.io/'; then \
-			echo "$$p imports k8s.io/"; exit 1; fi; done
-	@if $(GO) list -deps ./internal/config 2>/dev/null | grep -q 'zmq'; then \
-		echo "./internal/config imports ZeroMQ"; exit 1; fi
+	@for p in ./internal/config ./internal/group ./internal/proxy; do \
+		if $(GO) list -deps $$p 2>/dev/null | grep -q -e '^k8s\.io/' -e 'zmq'; then \
+			echo "$$p imports k8s.io/ or ZeroMQ"; exit 1; fi; done
 
 # The ZeroMQ subscriber's replay tests time a real ROUTER/DEALER exchange
 # (5 s bounds); beside test/e2e's end-to-end tests on 2 cores they

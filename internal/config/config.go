@@ -282,10 +282,11 @@ const (
 	TooLongForward = "forward"
 )
 
-// PolicyShadow is the policy name of shadow mode.
+// PolicyShadow is the policy name of shadow mode (group.PolicyShadow:
+// route by the shadow's serve policy, record what kv would have done).
 const PolicyShadow = "shadow"
 
-// DefaultConfig returns the top-level defaults (no models).
+// Default returns the top-level defaults (no models).
 func Default() Config {
 	return Config{
 		Listen:       ":8080",

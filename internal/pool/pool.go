@@ -66,7 +66,7 @@ type Endpoints interface {
 	SetRoutable(name string, ok bool)
 }
 
-// Replicas is what the pool needs of a group's routing (*proxy.Backend).
+// Replicas is what the pool needs of a group's routing (*group.Backend).
 type Replicas interface {
 	AddReplica(name string, dpSize int)
 	RemoveReplica(name string)

@@ -10,8 +10,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
-
-	"kvrouter/internal/fleet"
 )
 
 // TestMethodNotAllowed: a known path asked with another method is a 405
@@ -170,30 +168,3 @@ func TestRouteInputRequestID(t *testing.T) {
 		t.Errorf("RequestID %q, want the made id %q", got, made)
 	}
 }
-
-// TestBackendRoutedLogRequestID: the routing package's debug "routed" line
-// carries the request id the Backend was given.
-func TestBackendRoutedLogRequestID(t *testing.T) {
-	logs := newLogBuffer()
-	b, err := NewBackend(BackendConfig{Model: "m", Replicas: []string{"a", "b"}, Exact: true},
-		slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := b.Route(&RouteInput{Model: "m", RequestID: "req-42", Tokens: seq(64), Candidates: []string{"a", "b"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.Release()
-	var routed string
-	for l := range strings.Lines(logs.String()) {
-		if strings.Contains(l, "msg=routed") {
-			routed = l
-		}
-	}
-	if !strings.Contains(routed, "request_id=req-42") {
-		t.Fatalf("routed line without the request id: %q\n%s", routed, logs.String())
-	}
-}
-
-var _ = fleet.OutcomeOK

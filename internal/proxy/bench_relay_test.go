@@ -15,6 +15,7 @@ import (
 
 	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/group"
 	"kvrouter/internal/tokenizer"
 )
 
@@ -50,7 +51,7 @@ func (w *flushDiscard) FlushError() error           { w.flushes++; return nil }
 
 // newBenchServer returns a Server over one engine URL routing model "m"
 // with the production kv Backend (approximate index).
-func newBenchServer(tb testing.TB, url string, tok Tokenizer) *Server {
+func newBenchServer(tb testing.TB, url string, tok group.Tokenizer) *Server {
 	tb.Helper()
 	reg := prometheus.NewRegistry()
 	fl, err := fleet.New(fleet.Config{Endpoints: []fleet.EndpointConfig{{Name: "e0", URL: url, Models: []string{"m"}}},
@@ -58,15 +59,15 @@ func newBenchServer(tb testing.TB, url string, tok Tokenizer) *Server {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	be, err := NewBackend(BackendConfig{Model: "m", Replicas: []string{"e0"}, Policy: "kv"}, nil, nil, nil)
+	be, err := group.NewBackend(group.BackendConfig{Model: "m", Replicas: []string{"e0"}, Policy: "kv"}, nil, nil, nil)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	cfg := config.Config{Models: []config.Model{{Name: "m", Tokenizer: config.TokenizerNone, Engines: []config.Engine{{Name: "e0", URL: url}}}}}
 	cfg.FillDefaults(func(string) string { return "" })
-	deps := Deps{Fleet: fl, Routers: map[string]Router{"m": be}}
+	deps := Deps{Fleet: fl, Routers: map[string]group.Router{"m": be}}
 	if tok != nil {
-		deps.Tokenizers = map[string]Tokenizer{"m": tok}
+		deps.Tokenizers = map[string]group.Tokenizer{"m": tok}
 	}
 	srv, err := New(cfg, deps, nil, reg)
 	if err != nil {

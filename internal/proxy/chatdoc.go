@@ -8,6 +8,7 @@ import (
 
 	"github.com/ardanlabs/jinja"
 
+	"kvrouter/internal/group"
 	"kvrouter/internal/kvindex"
 	"kvrouter/internal/tokenizer"
 )
@@ -295,18 +296,21 @@ type chatTokenizer interface {
 	TokensChat(ctx context.Context, req tokenizer.ChatRequest, body []byte) ([]uint32, []kvindex.MMItem, error)
 }
 
-var (
-	_ chatTokenizer = TokenSource{}
-	_ chatTokenizer = (*FailoverTokenizer)(nil)
-)
+var _ chatTokenizer = TokenSource{}
 
 // chatTokens asks tok for req's ids and items, decoded already when tok
-// takes it so, else from body.
-func chatTokens(tok Tokenizer, ctx context.Context, req tokenizer.ChatRequest, body []byte) ([]uint32, []kvindex.MMItem, error) {
-	if t, ok := tok.(chatTokenizer); ok {
+// takes it so, else from body; a group.FailoverTokenizer asks its engines'
+// tokenizers so in failover order.
+func chatTokens(tok group.Tokenizer, ctx context.Context, req tokenizer.ChatRequest, body []byte) ([]uint32, []kvindex.MMItem, error) {
+	switch t := tok.(type) {
+	case chatTokenizer:
 		return t.TokensChat(ctx, req, body)
+	case *group.FailoverTokenizer:
+		return t.Try(ctx, func(tok group.Tokenizer) ([]uint32, []kvindex.MMItem, error) {
+			return chatTokens(tok, ctx, req, body)
+		})
 	}
-	return tokensMM(tok, ctx, true, body, "")
+	return group.TokensMM(ctx, tok, true, body, "")
 }
 
 // TokensChat renders req with the source (tokenizer.Source.ChatRendered).

@@ -9,6 +9,7 @@ import (
 
 	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/group"
 )
 
 func containsLine(body, line string) bool {
@@ -67,7 +68,7 @@ func TestErrorTypes(t *testing.T) {
 		}},
 		{"500 router chose an unknown replica", 500, typeServer, func(t *testing.T) result {
 			rg := newRig(t, 1)
-			rg.router.pick = func(*RouteInput) string { return "ghost" }
+			rg.router.pick = func(*group.RouteInput) string { return "ghost" }
 			resp := rg.post("/v1/chat/completions", chatBody)
 			return result{resp.StatusCode, readAll(t, resp)}
 		}},

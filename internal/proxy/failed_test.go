@@ -15,6 +15,7 @@ import (
 
 	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/group"
 	"kvrouter/internal/kvindex"
 )
 
@@ -22,7 +23,7 @@ import (
 // policy) in front of test engines, for what the index records.
 type backendRig struct {
 	*rig
-	backend *Backend
+	backend *group.Backend
 }
 
 func newBackendRig(t *testing.T, n int, mod func(*config.Config)) *backendRig {
@@ -50,11 +51,11 @@ func newBackendRig(t *testing.T, n int, mod func(*config.Config)) *backendRig {
 		t.Fatal(err)
 	}
 	rg.fleet = fl
-	b, err := NewBackend(BackendConfig{Model: "m", Replicas: names, Exact: true}, nil, nil, nil)
+	b, err := group.NewBackend(group.BackendConfig{Model: "m", Replicas: names, Exact: true}, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := New(cfg, Deps{Fleet: fl, Routers: map[string]Router{"m": b}, Gatherer: rg.reg}, nil, rg.reg)
+	srv, err := New(cfg, Deps{Fleet: fl, Routers: map[string]group.Router{"m": b}, Gatherer: rg.reg}, nil, rg.reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +70,7 @@ func newBackendRig(t *testing.T, n int, mod func(*config.Config)) *backendRig {
 	return &backendRig{rig: rg, backend: b}
 }
 
-func (br *backendRig) indexStats() kvindex.Stats { return br.backend.cur.Load().exact.Stats() }
+func (br *backendRig) indexStats() kvindex.Stats { return br.backend.IndexStats() }
 
 // tokenPrompt is a completion of n token ids (16 per block).
 func tokenPrompt(n int, stream bool) string {

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/group"
 )
 
 // fakeTokens answers ids, or err, and counts its calls.
@@ -40,7 +41,7 @@ var errRefused = &url.Error{Op: "Post", URL: "http://127.0.0.1:1/tokenize", Err:
 func TestFailoverTokenizer(t *testing.T) {
 	rg := newRig(t, 2)
 	t0, t1 := &fakeTokens{ids: []uint32{1, 2, 3}}, &fakeTokens{ids: []uint32{4, 5, 6, 7}}
-	ft, err := NewFailoverTokenizer("m", []EngineTokenizer{{rg.fleet.Endpoint("e0"), t0}, {rg.fleet.Endpoint("e1"), t1}}, nil)
+	ft, err := group.NewFailoverTokenizer("m", []group.EngineTokenizer{{Endpoint: rg.fleet.Endpoint("e0"), Tok: t0}, {Endpoint: rg.fleet.Endpoint("e1"), Tok: t1}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/group"
 	"kvrouter/internal/routing"
 )
 
@@ -111,7 +112,7 @@ func (s *Server) forward(x *exchange) {
 }
 
 // observeDecision records the decision's predictions.
-func (s *Server) observeDecision(x *exchange, d Decision) {
+func (s *Server) observeDecision(x *exchange, d group.Decision) {
 	s.holds.Hold(&x.held, d.Replica)
 	x.replica, x.cached, x.indexCached = d.Replica, d.CachedTokens, d.IndexCachedTokens
 	s.traceDecision(x, d)
@@ -128,7 +129,7 @@ func (s *Server) observeDecision(x *exchange, d Decision) {
 // try sends one attempt to ep. It returns true when the caller should retry
 // on another replica (only when canRetry and nothing was written to the
 // client); otherwise the exchange is answered, one way or another.
-func (s *Server) try(x *exchange, ep *fleet.Endpoint, d Decision, canRetry bool) (retry bool) {
+func (s *Server) try(x *exchange, ep *fleet.Endpoint, d group.Decision, canRetry bool) (retry bool) {
 	if d.Release != nil {
 		defer d.Release()
 	}

@@ -19,6 +19,7 @@ import (
 	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/frontmetrics"
+	"kvrouter/internal/group"
 	"kvrouter/internal/kvindex"
 )
 
@@ -237,7 +238,7 @@ func (s *Server) tokenize(x *exchange) []uint32 {
 	if creq, cerr := chatRequest(req); cerr == nil {
 		ids, mm, err = chatTokens(x.m.tok, ctx, creq, body)
 	} else {
-		ids, mm, err = tokensMM(x.m.tok, ctx, chat, body, req.promptText)
+		ids, mm, err = group.TokensMM(ctx, x.m.tok, chat, body, req.promptText)
 	}
 	x.mm = mm
 	tm := s.m.view
@@ -253,7 +254,7 @@ func (s *Server) tokenize(x *exchange) []uint32 {
 	span.End()
 	if err != nil {
 		tm.TokenizeErrors.WithLabelValues(req.model).Inc()
-		if errors.Is(err, ErrNoTokenizerEngine) {
+		if errors.Is(err, group.ErrNoTokenizerEngine) {
 			tm.TokenizerUnavailable.WithLabelValues(req.model).Inc()
 		}
 		if s.log.Enabled(x.r.Context(), slog.LevelDebug) {
@@ -274,8 +275,8 @@ func (s *Server) fail(x *exchange, e *apiError, outcome string) {
 }
 
 // routeInput builds the router's input for x, excluding tried replicas.
-func (s *Server) routeInput(x *exchange, cands []string, dry bool) *RouteInput {
-	in := &RouteInput{
+func (s *Server) routeInput(x *exchange, cands []string, dry bool) *group.RouteInput {
+	in := &group.RouteInput{
 		Model:      x.req.model,
 		RequestID:  x.id,
 		Tokens:     x.tokens,
@@ -302,7 +303,7 @@ func (s *Server) routeInput(x *exchange, cands []string, dry bool) *RouteInput {
 }
 
 // decide asks the model's router, timing the decision.
-func (s *Server) decide(x *exchange, in *RouteInput) (Decision, error) {
+func (s *Server) decide(x *exchange, in *group.RouteInput) (group.Decision, error) {
 	t0 := time.Now()
 	_, span := s.startChild(x, spanRoute, trace.SpanKindInternal)
 	d, err := x.m.router.Route(in)
@@ -342,14 +343,14 @@ func (s *Server) explain(x *exchange) {
 	s.holds.Hold(&x.held, d.Replica)
 	x.replica, x.cached = d.Replica, d.CachedTokens
 	out := struct {
-		Model        string          `json:"model"`
-		Replica      string          `json:"replica"`
-		URL          string          `json:"url,omitempty"`
-		CachedTokens int             `json:"cached_tokens"`
-		PromptTokens int             `json:"prompt_tokens"`
-		Tokenized    bool            `json:"tokenized"`
-		Shadow       *ShadowDecision `json:"shadow,omitempty"`
-		Explain      any             `json:"explain,omitempty"`
+		Model        string                `json:"model"`
+		Replica      string                `json:"replica"`
+		URL          string                `json:"url,omitempty"`
+		CachedTokens int                   `json:"cached_tokens"`
+		PromptTokens int                   `json:"prompt_tokens"`
+		Tokenized    bool                  `json:"tokenized"`
+		Shadow       *group.ShadowDecision `json:"shadow,omitempty"`
+		Explain      any                   `json:"explain,omitempty"`
 	}{x.req.model, d.Replica, "", d.CachedTokens, len(x.tokens), x.tokens != nil, d.Shadow, d.Explain}
 	if ep := s.deps.Fleet.Endpoint(d.Replica); ep != nil {
 		out.URL = ep.URL()

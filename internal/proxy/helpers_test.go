@@ -22,6 +22,7 @@ import (
 
 	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/group"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -174,15 +175,15 @@ func (e *engine) serve(w http.ResponseWriter, r *http.Request) {
 // testRouter picks by a function, default: the first candidate; it counts
 // open leases so tests can check every exit path releases.
 type testRouter struct {
-	pick   func(in *RouteInput) string
-	route  func(in *RouteInput) (string, error) // when set, replaces pick and may fail
+	pick   func(in *group.RouteInput) string
+	route  func(in *group.RouteInput) (string, error) // when set, replaces pick and may fail
 	open   atomic.Int64
 	calls  atomic.Int64
 	mu     sync.Mutex
-	inputs []RouteInput
+	inputs []group.RouteInput
 }
 
-func (r *testRouter) Route(in *RouteInput) (Decision, error) {
+func (r *testRouter) Route(in *group.RouteInput) (group.Decision, error) {
 	r.calls.Add(1)
 	r.mu.Lock()
 	r.inputs = append(r.inputs, *in)
@@ -194,10 +195,10 @@ func (r *testRouter) Route(in *RouteInput) (Decision, error) {
 	if r.route != nil {
 		var err error
 		if name, err = r.route(in); err != nil {
-			return Decision{}, err
+			return group.Decision{}, err
 		}
 	}
-	d := Decision{Replica: name, CachedTokens: 16 * len(in.Candidates), Explain: map[string]any{"candidates": in.Candidates}}
+	d := group.Decision{Replica: name, CachedTokens: 16 * len(in.Candidates), Explain: map[string]any{"candidates": in.Candidates}}
 	if !in.DryRun {
 		r.open.Add(1)
 		var once sync.Once
@@ -240,7 +241,7 @@ func newRig(t *testing.T, n int, opts ...rigOption) *rig {
 
 // newRigRouter is newRig with router as model m's Router (nil: the rig's
 // testRouter).
-func newRigRouter(t *testing.T, n int, router Router, opts ...rigOption) *rig {
+func newRigRouter(t *testing.T, n int, router group.Router, opts ...rigOption) *rig {
 	t.Helper()
 	rg := &rig{t: t, router: &testRouter{}, reg: prometheus.NewRegistry()}
 	if router == nil {
@@ -275,7 +276,7 @@ func newRigRouter(t *testing.T, n int, router Router, opts ...rigOption) *rig {
 		defer rg.mu.Unlock()
 		return maps.Clone(rg.connected)
 	}
-	srv, err := New(cfg, Deps{Fleet: fl, Routers: map[string]Router{"m": router}, Gatherer: rg.reg, EventsConnected: events}, nil, rg.reg)
+	srv, err := New(cfg, Deps{Fleet: fl, Routers: map[string]group.Router{"m": router}, Gatherer: rg.reg, EventsConnected: events}, nil, rg.reg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"kvrouter/internal/group"
 	"kvrouter/internal/kvindex"
 	"kvrouter/internal/tokenizer"
 )
@@ -28,22 +29,10 @@ import (
 // (the ids' count, else the text's and the images' estimated visual
 // tokens) in the prefill cost.
 
-// mmTokenizer is met by Tokenizers that also return the prompt's
-// multimodal items (TokenSource, FailoverTokenizer).
-type mmTokenizer interface {
-	TokensMM(ctx context.Context, chat bool, body []byte, text string) ([]uint32, []kvindex.MMItem, error)
-}
+// Tokenizers that also return the prompt's multimodal items (TokenSource,
+// group.FailoverTokenizer) are group.MMTokenizers, asked by group.TokensMM.
 
-// tokensMM asks tok for the ids and, when it can tell, the items.
-func tokensMM(tok Tokenizer, ctx context.Context, chat bool, body []byte, text string) ([]uint32, []kvindex.MMItem, error) {
-	if t, ok := tok.(mmTokenizer); ok {
-		return t.TokensMM(ctx, chat, body, text)
-	}
-	ids, err := tok.Tokens(ctx, chat, body, text)
-	return ids, nil, err
-}
-
-var _ mmTokenizer = TokenSource{}
+var _ group.MMTokenizer = TokenSource{}
 
 // TokensMM is Tokens with a chat's multimodal items from the engine's
 // render endpoint (tokenizer.Source.ChatRendered); completions have none.
@@ -80,7 +69,7 @@ func mmItems(items []tokenizer.MMItem) []kvindex.MMItem {
 // with its length as the prefill cost: the ids' count, or, with no ids,
 // the images' estimated visual tokens (Qwen2VLImageTokens; the text's
 // tokens are unknown then, so this is a lower bound).
-func mediaRouteInput(x *exchange, in *RouteInput) {
+func mediaRouteInput(x *exchange, in *group.RouteInput) {
 	in.MM = x.mm
 	if len(x.mm) > 0 || x.media.items == 0 {
 		return

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"image"
@@ -13,8 +12,8 @@ import (
 	"strings"
 	"testing"
 
+	"kvrouter/internal/group"
 	"kvrouter/internal/kvindex"
-	"kvrouter/internal/vllm"
 )
 
 // mmTok answers fixed ids and items; noMM hides TokensMM (a Tokenizer
@@ -54,7 +53,7 @@ func TestMediaRouteInput(t *testing.T) {
 	textChat := `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[{"type":"text","text":"what?"}]}]}`
 	for _, tc := range []struct {
 		name   string
-		tok    Tokenizer
+		tok    group.Tokenizer
 		body   string
 		tokens int // len(in.Tokens), -1 for nil
 		mm     []kvindex.MMItem
@@ -87,54 +86,6 @@ func TestMediaRouteInput(t *testing.T) {
 				t.Fatalf("route input: %d tokens, mm %+v, prompt tokens %d; want %d, %+v, %d", n, in.MM, in.PromptTokens, tc.tokens, tc.mm, tc.prompt)
 			}
 		})
-	}
-}
-
-// TestBackendMediaPromptCost: a media prompt routed by load (no Tokens)
-// still pays its length in the kv policy's prefill cost
-// (RouteInput.PromptTokens), and its items reach the keys: a prompt
-// stored with an image's extra keys matches only with those items.
-func TestBackendMediaPromptCost(t *testing.T) {
-	b := newTestBackend(t, "kv")
-	cost := func(in *RouteInput) float64 {
-		t.Helper()
-		in.Model, in.Candidates, in.DryRun = "m", []string{"a", "b"}, true
-		d, err := b.Route(in)
-		if err != nil {
-			t.Fatal(err)
-		}
-		raw, _ := json.Marshal(d.Explain)
-		var ex struct {
-			Candidates []struct {
-				Cost *float64 `json:"cost"`
-			} `json:"candidates"`
-		}
-		if err := json.Unmarshal(raw, &ex); err != nil || len(ex.Candidates) == 0 || ex.Candidates[0].Cost == nil {
-			t.Fatalf("explain %s (%v)", raw, err)
-		}
-		return *ex.Candidates[0].Cost
-	}
-	none, visual := cost(&RouteInput{}), cost(&RouteInput{PromptTokens: 1024})
-	if !(visual > none) {
-		t.Fatalf("cost with 1024 visual tokens %v, without %v: the prompt length must count", visual, none)
-	}
-
-	prompt := seq(64)
-	ev := stored(prompt, 16)
-	item := kvindex.MMItem{Identifier: "img", Offset: 20, Length: 30}
-	for i := range ev.Batch.Events[0].BlockHashes {
-		ev.Batch.Events[0].ExtraKeys = append(ev.Batch.Events[0].ExtraKeys,
-			vllm.BlockExtraKeys(vllm.RequestKeys{MM: []vllm.MMFeature{{Identifier: item.Identifier, Offset: item.Offset, Length: item.Length}}}, i*16, (i+1)*16))
-	}
-	b.Apply(ev)
-	for _, tc := range []struct {
-		mm   []kvindex.MMItem
-		want int // 48: all 4 blocks, less the last token vLLM always computes
-	}{{[]kvindex.MMItem{item}, 48}, {nil, 16}, {[]kvindex.MMItem{{Identifier: "other", Offset: 20, Length: 30}}, 16}} {
-		d, err := b.Route(&RouteInput{Model: "m", Tokens: prompt, MM: tc.mm, Candidates: []string{"a", "b"}, DryRun: true})
-		if err != nil || d.CachedTokens != tc.want {
-			t.Errorf("items %+v: cached %d (%v), want %d", tc.mm, d.CachedTokens, err, tc.want)
-		}
 	}
 }
 

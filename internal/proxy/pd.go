@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/group"
 	"kvrouter/internal/pd"
 )
 
@@ -106,18 +107,18 @@ func (s *Server) planPD(x *exchange, prefill, decode []string) (pdPlan, error) {
 	}
 	in := pd.Inputs{UncachedTokens: max(len(x.tokens)-dd.CachedTokens, 0), DecodePrefillRate: 10000}
 	if lr, ok := x.m.router.(loadReporter); ok {
-		if l, ok := lr.load(dd.Replica); ok && l.PrefillRate > 0 {
+		if l, ok := lr.Load(dd.Replica); ok && l.PrefillRate > 0 {
 			in.DecodePrefillRate = l.PrefillRate
 			in.DecodeQueueSeconds = float64(l.QueuedPrefill) / l.PrefillRate
 		}
-		if l, ok := lr.load(dd.Replica); ok {
+		if l, ok := lr.Load(dd.Replica); ok {
 			in.DecodeInFlight = int(l.InFlight)
 		}
-		if l, ok := lr.load(pp.Replica); ok && l.PrefillRate > 0 {
+		if l, ok := lr.Load(pp.Replica); ok && l.PrefillRate > 0 {
 			in.PrefillQueueSeconds = float64(l.QueuedPrefill) / l.PrefillRate
 			in.PrefillPrefillRate = l.PrefillRate
 		}
-		if l, ok := lr.load(pp.Replica); ok {
+		if l, ok := lr.Load(pp.Replica); ok {
 			in.PrefillInFlight = int(l.InFlight)
 		}
 	}
@@ -256,7 +257,7 @@ func (s *Server) prefillLeg(x *exchange, pool []string) (json.RawMessage, bool) 
 // prefillTry sends one prefill leg to ep. It returns the transfer
 // parameters, or nil and whether to retry elsewhere (only when canRetry);
 // on nil without retry, x is answered.
-func (s *Server) prefillTry(x *exchange, ep *fleet.Endpoint, d Decision, body []byte, canRetry bool) (params json.RawMessage, retry bool) {
+func (s *Server) prefillTry(x *exchange, ep *fleet.Endpoint, d group.Decision, body []byte, canRetry bool) (params json.RawMessage, retry bool) {
 	if d.Release != nil {
 		defer d.Release()
 	}

@@ -9,6 +9,7 @@ import (
 
 	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/group"
 )
 
 // BenchmarkPDPlan measures the routing work P/D adds per request: planPD
@@ -48,11 +49,11 @@ func BenchmarkPDPlan(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	be, err := NewBackend(BackendConfig{Model: "m", Replicas: names}, nil, nil, nil)
+	be, err := group.NewBackend(group.BackendConfig{Model: "m", Replicas: names}, nil, nil, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv, err := New(cfg, Deps{Fleet: fl, Routers: map[string]Router{"m": be}}, nil, reg)
+	srv, err := New(cfg, Deps{Fleet: fl, Routers: map[string]group.Router{"m": be}}, nil, reg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -64,7 +65,7 @@ func BenchmarkPDPlan(b *testing.B) {
 		return t
 	}
 	for i, n := range names { // each engine holds one 8K prompt (approximate index: a routed decision)
-		d, err := be.Route(&RouteInput{Model: "m", Tokens: prompt(i * 100000), Candidates: []string{n}})
+		d, err := be.Route(&group.RouteInput{Model: "m", Tokens: prompt(i * 100000), Candidates: []string{n}})
 		if err != nil {
 			b.Fatal(err)
 		}

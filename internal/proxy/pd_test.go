@@ -20,6 +20,7 @@ import (
 	"kvrouter/internal/config"
 	"kvrouter/internal/enginesim"
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/group"
 	"kvrouter/internal/tracing"
 )
 
@@ -38,7 +39,7 @@ type pdEngine struct {
 type pdRig struct {
 	t       *testing.T
 	engines []*pdEngine
-	backend *Backend
+	backend *group.Backend
 	srv     *Server
 	front   *httptest.Server
 	reg     *prometheus.Registry
@@ -132,12 +133,12 @@ func newPDRigTraced(t *testing.T, specs []pdSpec, tr *tracing.Tracing, opts ...f
 	for _, e := range rg.engines {
 		names = append(names, e.name)
 	}
-	b, err := NewBackend(BackendConfig{Model: "m", Replicas: names, Routing: cfg.Models[0].Routing}, nil, nil, nil)
+	b, err := group.NewBackend(group.BackendConfig{Model: "m", Replicas: names, Routing: cfg.Models[0].Routing}, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rg.backend = b
-	srv, err := New(cfg, Deps{Fleet: fl, Routers: map[string]Router{"m": b}, Tracing: tr}, nil, rg.reg)
+	srv, err := New(cfg, Deps{Fleet: fl, Routers: map[string]group.Router{"m": b}, Tracing: tr}, nil, rg.reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +173,7 @@ func (rg *pdRig) checkDrained() {
 		var open int64
 		var inflight float64
 		for _, e := range rg.engines {
-			l, _ := rg.backend.load(e.name)
+			l, _ := rg.backend.Load(e.name)
 			open += l.InFlight + l.QueuedPrefill + l.RunningDecode
 			inflight += testutil.ToFloat64(rg.srv.m.inFlight.WithLabelValues(e.name))
 			inflight += float64(rg.fleet.Endpoint(e.name).InFlight())

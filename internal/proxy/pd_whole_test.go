@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"kvrouter/internal/config"
+	"kvrouter/internal/group"
 	"kvrouter/internal/pd"
 )
 
@@ -32,7 +33,7 @@ func TestPDWholeOnPrefill(t *testing.T) {
 				busy[i] = uint32(50000 + i)
 			}
 			for _, d := range []string{"d0", "d1"} {
-				dec, err := rg.backend.Route(&RouteInput{Model: "m", Tokens: busy, MaxTokens: 500, Candidates: []string{d}})
+				dec, err := rg.backend.Route(&group.RouteInput{Model: "m", Tokens: busy, MaxTokens: 500, Candidates: []string{d}})
 				if err != nil || dec.Replica != d {
 					t.Fatalf("busy lease on %s: %+v %v", d, dec, err)
 				}

@@ -13,6 +13,7 @@ import (
 	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/frontmetrics"
+	"kvrouter/internal/group"
 )
 
 // Picker is a Server's routing core for a front that does not forward
@@ -122,12 +123,12 @@ type Pick struct {
 	// Shadow, in shadow mode (policy shadow), is what the kv policy would
 	// have chosen for this request when it was picked; nil otherwise. It is
 	// set once, by Pick: the fallbacks and Served do not change it.
-	Shadow *ShadowDecision
+	Shadow *group.ShadowDecision
 
 	p     *Picker
 	x     *exchange
 	ep    *fleet.Endpoint
-	d     Decision
+	d     group.Decision
 	ended bool
 	ok    bool // Status saw 2xx and nothing failed since
 	first bool
@@ -291,7 +292,7 @@ func (pk *Pick) drop() {
 		pk.d.Release()
 	}
 	pk.ep.AddInFlight(-1)
-	pk.d = Decision{}
+	pk.d = group.Decision{}
 }
 
 // Status records the engine's response status: passive health (as the

@@ -10,6 +10,7 @@ import (
 
 	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/group"
 )
 
 func TestNonStreamingRelay(t *testing.T) {
@@ -456,7 +457,7 @@ func TestNoHealthyReplica(t *testing.T) {
 func TestDeadStaticEngine(t *testing.T) {
 	rg := newRig(t, 2)
 	var rr int
-	rg.router.pick = func(in *RouteInput) string { rr++; return in.Candidates[rr%len(in.Candidates)] }
+	rg.router.pick = func(in *group.RouteInput) string { rr++; return in.Candidates[rr%len(in.Candidates)] }
 	rg.engines[1].srv.Close()
 	for i := range 20 {
 		resp := rg.post("/v1/chat/completions", chatBody)

@@ -8,6 +8,7 @@ import (
 
 	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/group"
 )
 
 // getReady returns GET /ready's status and decoded body.
@@ -127,7 +128,7 @@ func discovered(c *config.Config, _ *fleet.Config) {
 // engines) would suggest.
 func TestReadyDiscovered(t *testing.T) {
 	t.Run("exact index, events", func(t *testing.T) {
-		b, err := NewBackend(BackendConfig{Model: "m", Replicas: []string{"e0", "e1"}, Exact: true}, nil, nil, nil)
+		b, err := group.NewBackend(group.BackendConfig{Model: "m", Replicas: []string{"e0", "e1"}, Exact: true}, nil, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -149,7 +150,7 @@ func TestReadyDiscovered(t *testing.T) {
 		}
 	})
 	t.Run("approx index, no events", func(t *testing.T) {
-		b, err := NewBackend(BackendConfig{Model: "m", Replicas: []string{"e0"}}, nil, nil, nil)
+		b, err := group.NewBackend(group.BackendConfig{Model: "m", Replicas: []string{"e0"}}, nil, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/group"
 	"kvrouter/internal/routing"
 )
 
@@ -42,7 +43,7 @@ func (rg *rig) seriesOf(name, r string) (n int, sum float64) {
 // again under the same name gets them back at 0.
 func TestRemovedReplicaSeries(t *testing.T) {
 	rg := newRig(t, 2)
-	rg.router.pick = func(in *RouteInput) string { return "e1" }
+	rg.router.pick = func(in *group.RouteInput) string { return "e1" }
 	step := make(chan struct{})
 	rg.engines[1].set(func(e *engine) { e.step = step })
 	resp := rg.post("/v1/chat/completions", chatStream)
@@ -120,7 +121,7 @@ func TestRemovedWhileRouting(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			rg := newRig(t, 2)
 			var calls atomic.Int32
-			rg.router.route = func(in *RouteInput) (string, error) {
+			rg.router.route = func(in *group.RouteInput) (string, error) {
 				if calls.Add(1) == 1 {
 					return tc.first(rg)
 				}

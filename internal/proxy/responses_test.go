@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/group"
 )
 
 // TestParseResponses: the inputs vLLM renders as a chat become that chat
@@ -127,7 +128,7 @@ func TestResponsePinning(t *testing.T) {
 		resp := rg.post(responsesPath, body)
 		return resp.StatusCode, resp.Header.Get("X-Kvrouter-Replica"), readAll(t, resp)
 	}
-	rg.router.pick = func(in *RouteInput) string { return in.Candidates[len(in.Candidates)-1] }
+	rg.router.pick = func(in *group.RouteInput) string { return in.Candidates[len(in.Candidates)-1] }
 
 	if resp := rg.post("/v1/route", `{"model":"m","input":"hi"}`); resp.StatusCode != 200 {
 		t.Fatalf("/v1/route with a Responses body: %d %s", resp.StatusCode, readAll(t, resp))
@@ -146,7 +147,7 @@ func TestResponsePinning(t *testing.T) {
 	}
 	before := count()
 	// The router would pick e2 anyway: pick e0 to see the pin win.
-	rg.router.pick = func(in *RouteInput) string { return in.Candidates[0] }
+	rg.router.pick = func(in *group.RouteInput) string { return in.Candidates[0] }
 	st, rep, out = call(`{"model":"m","input":"more","previous_response_id":"` + a.ID + `"}`)
 	if after := count(); st != 200 || rep != "e2" || after[2] != before[2]+1 || after[0] != before[0] || after[1] != before[1] {
 		t.Fatalf("continuation: %d on %s %s, engine calls %v -> %v", st, rep, out, before, after)
@@ -163,7 +164,7 @@ func TestResponsePinning(t *testing.T) {
 	if st, rep, _ := call(`{"model":"m","input":"hi","request_id":"mine-1"}`); st != 200 || rep != "e0" {
 		t.Fatalf("client id: %d %s", st, rep)
 	}
-	rg.router.pick = func(in *RouteInput) string { return in.Candidates[len(in.Candidates)-1] }
+	rg.router.pick = func(in *group.RouteInput) string { return in.Candidates[len(in.Candidates)-1] }
 	before = count()
 	if st, rep, _ := call(`{"model":"m","input":"x","previous_response_id":"mine-1"}`); st != 200 || rep != "e0" || count()[0] != before[0]+1 || count()[1] != before[1] || count()[2] != before[2] {
 		t.Fatalf("learned: %d on %s, calls %v -> %v", st, rep, before, count())

@@ -12,6 +12,7 @@ import (
 
 	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/group"
 	"kvrouter/internal/routing"
 )
 
@@ -86,11 +87,11 @@ func newTextServer(t *testing.T, n int, policy string) *httptest.Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	be, err := NewBackend(BackendConfig{Model: "m", Replicas: names, Policy: policy}, nil, nil, nil)
+	be, err := group.NewBackend(group.BackendConfig{Model: "m", Replicas: names, Policy: policy}, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := New(cfg, Deps{Fleet: fl, Routers: map[string]Router{"m": be}}, nil, reg)
+	srv, err := New(cfg, Deps{Fleet: fl, Routers: map[string]group.Router{"m": be}}, nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +183,7 @@ func TestBackendUsesText(t *testing.T) {
 		want          bool
 	}{{"prefix_chars", "", true}, {"kv", "", false}, {"round_robin", "", false},
 		{config.PolicyShadow, "prefix_chars", true}, {config.PolicyShadow, "", false}} {
-		b, err := NewBackend(BackendConfig{Model: "m", Replicas: []string{"a"}, Policy: tc.policy, ShadowServe: tc.serve}, nil, nil, nil)
+		b, err := group.NewBackend(group.BackendConfig{Model: "m", Replicas: []string{"a"}, Policy: tc.policy, ShadowServe: tc.serve}, nil, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

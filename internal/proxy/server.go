@@ -19,6 +19,7 @@ import (
 	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/frontmetrics"
+	"kvrouter/internal/group"
 	"kvrouter/internal/tracing"
 )
 
@@ -27,10 +28,10 @@ type Deps struct {
 	// Fleet holds the engines of every configured model. Required.
 	Fleet *fleet.Fleet
 	// Routers choose replicas, one per model name. Required for every model.
-	Routers map[string]Router
+	Routers map[string]group.Router
 	// Tokenizers turn requests into token ids, per model name; a missing or
 	// nil entry means tokenizer "none".
-	Tokenizers map[string]Tokenizer
+	Tokenizers map[string]group.Tokenizer
 	// EventsConnected, when not nil, returns the engines (by name) that
 	// have a KV event subscriber, true for those whose stream is connected
 	// now (every rank), false for the others; GET /ready calls it once per
@@ -47,7 +48,7 @@ type Deps struct {
 	// OnDecision, when not nil, is called with every routing decision
 	// (forwarded attempts and dry runs) after the router answered; it must
 	// not block.
-	OnDecision func(model, requestID string, promptTokens int, d Decision)
+	OnDecision func(model, requestID string, promptTokens int, d group.Decision)
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 	// Tracing traces requests (OpenTelemetry); nil records nothing but
@@ -88,8 +89,8 @@ type Server struct {
 // model is one configured model group.
 type model struct {
 	cfg       config.Model
-	router    Router
-	tok       Tokenizer
+	router    group.Router
+	tok       group.Tokenizer
 	transport *http.Transport
 	pd        *pdGroup // nil unless engines have roles (pd.go)
 }

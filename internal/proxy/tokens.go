@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"kvrouter/internal/group"
 	"kvrouter/internal/tokenizer"
 )
 
@@ -14,7 +15,7 @@ type TokenSource struct {
 	Src *tokenizer.Source
 }
 
-var _ Tokenizer = TokenSource{}
+var _ group.Tokenizer = TokenSource{}
 
 // Tokens implements Tokenizer: a chat body is decoded as vLLM reads it
 // (messages, tools, add_generation_prompt, chat_template_kwargs) and

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/group"
 	"kvrouter/internal/tracing"
 )
 
@@ -87,7 +88,7 @@ func (s *Server) endSpan(x *exchange) {
 
 // traceDecision records a decision on the request span: policy and the
 // candidates' cached blocks and costs (the /v1/route explain).
-func (s *Server) traceDecision(x *exchange, d Decision) {
+func (s *Server) traceDecision(x *exchange, d group.Decision) {
 	if x.span == nil || !x.span.IsRecording() {
 		return
 	}

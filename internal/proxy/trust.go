@@ -7,43 +7,20 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"kvrouter/internal/group"
 )
 
-// Index trust. The exact index believes what an engine's KV events say,
-// and anyone who can publish on (or connect to) an event port can say
-// anything: a forged BlockStored for a prompt the engine never saw makes it
-// the cheapest replica for that prompt. Every answer that reports
+// Index trust (group.Trust decides; this file keeps its metrics and reads
+// the answers). Every answer that reports
 // usage.prompt_tokens_details.cached_tokens (vLLM with
 // --enable-prompt-tokens-details; every non-streaming answer, and streams
 // whose client asked for stream_options.include_usage) is compared with
-// what the index said the chosen engine holds (routing.Decision.IndexBlocks
-// in tokens, as the engine would count them: engineHit). An answer is a
-// miss when the engine reported less than half the predicted hit (and at
-// least 16 tokens less); trustMisses misses in a row, with no agreeing
-// answer in between, make the router stop trusting that engine's index
-// entries (routing.Router.SetIndexTrusted: it competes by load alone) until
-// trustAgrees answers in a row agree again. Answers for which the index
-// predicted nothing say nothing either way. This also catches index drift
-// of any other cause (lost events the sequence checks missed, a block hash
-// mismatch).
+// what the index said the chosen engine holds
+// (group.Decision.IndexCachedTokens).
 
-// Streaks that change an engine's trust.
-const (
-	trustMisses = 3
-	trustAgrees = 3
-	// missSlack is the over-prediction, in tokens, below which an answer
-	// is never a miss (a block of 16 tokens evicted between the lookup and
-	// the engine's schedule).
-	missSlack = 16
-)
-
-// indexTruster is a Router whose index trust can be switched per engine
-// (Backend).
-type indexTruster interface {
-	SetIndexTrusted(replica string, ok bool)
-}
-
-// trust keeps each engine's streaks and trust; safe for concurrent use.
+// trust keeps each engine's streaks and trust (group.Trust) and their
+// series; safe for concurrent use.
 type trust struct {
 	log     *slog.Logger
 	present func(replica string) bool // the fleet still has the engine
@@ -51,17 +28,12 @@ type trust struct {
 	out     *prometheus.GaugeVec
 	changes *prometheus.CounterVec
 
-	mu   sync.Mutex
-	reps map[string]*trustState
-}
-
-type trustState struct {
-	misses, agrees int
-	distrusted     bool
+	mu    sync.Mutex
+	state group.Trust // under mu
 }
 
 func newTrust(log *slog.Logger, reg prometheus.Registerer, present func(string) bool) (*trust, error) {
-	t := &trust{log: log, present: present, reps: map[string]*trustState{},
+	t := &trust{log: log, present: present,
 		errs: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kvrouter_proxy_cached_prediction_error_tokens",
 			Help:    "Per answer that reported usage.prompt_tokens_details.cached_tokens: the prefix-cache hit the index predicted on the engine minus the hit the engine reported, in tokens (positive: the index promised more than the engine had).",
@@ -88,43 +60,24 @@ func newTrust(log *slog.Logger, reg prometheus.Registerer, present func(string) 
 
 // observe records one answer of replica (model group r) whose index
 // prediction was predicted tokens and whose engine reported reported.
-func (t *trust) observe(r Router, model, replica string, predicted, reported int) {
+func (t *trust) observe(r group.Router, model, replica string, predicted, reported int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if !t.present(replica) {
 		return // removed while the request ran: its series are gone
 	}
 	t.errs.WithLabelValues(replica).Observe(float64(predicted - reported))
-	if predicted == 0 {
-		return
-	}
-	st := t.reps[replica]
-	if st == nil {
-		st = &trustState{}
-		t.reps[replica] = st
-	}
-	miss := predicted-reported >= missSlack && reported < predicted/2
-	if miss {
-		st.misses, st.agrees = st.misses+1, 0
-	} else {
-		st.misses, st.agrees = 0, st.agrees+1
-	}
-	it, ok := r.(indexTruster)
-	switch {
-	case !ok:
-	case !st.distrusted && st.misses >= trustMisses:
-		st.distrusted = true
-		it.SetIndexTrusted(replica, false)
+	it, _ := r.(group.IndexTruster)
+	switch change, streak := t.state.Observe(it, replica, predicted, reported); change {
+	case group.TrustLost:
 		t.out.WithLabelValues(replica).Set(1)
 		t.changes.WithLabelValues(replica).Inc()
 		t.log.Warn("engine reports fewer cached tokens than its KV events promise; routing it by load alone until they agree",
-			"model", model, "replica", replica, "predicted_cached_tokens", predicted, "reported_cached_tokens", reported, "misses_in_a_row", st.misses)
-	case st.distrusted && st.agrees >= trustAgrees:
-		st.distrusted = false
-		it.SetIndexTrusted(replica, true)
+			"model", model, "replica", replica, "predicted_cached_tokens", predicted, "reported_cached_tokens", reported, "misses_in_a_row", streak)
+	case group.TrustRegained:
 		t.out.WithLabelValues(replica).Set(0)
 		t.log.Info("engine's reported cached tokens agree with its KV events again; its index entries are trusted",
-			"model", model, "replica", replica, "agreeing_in_a_row", st.agrees)
+			"model", model, "replica", replica, "agreeing_in_a_row", streak)
 	}
 }
 
@@ -142,7 +95,7 @@ func (t *trust) init(replica string) {
 func (t *trust) forget(replica string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	delete(t.reps, replica)
+	t.state.Forget(replica)
 	l := prometheus.Labels{"replica": replica}
 	t.errs.DeletePartialMatch(l)
 	t.out.DeletePartialMatch(l)

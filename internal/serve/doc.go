@@ -1,6 +1,6 @@
 // Package serve is the router application that "kvrouter serve" and
 // "kvrouter epp" run: it wires router.yaml's model groups into one process.
-// For each group it builds a routing backend (proxy.Backend), the
+// For each group it builds a routing backend (group.Backend), the
 // tokenizer (a failover over the engines' token sources, each with its
 // mismatch probe), a pool that gives every engine its KV event subscriber
 // and token source, and the engines themselves: router.yaml's, or

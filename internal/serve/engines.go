@@ -12,8 +12,8 @@ import (
 
 	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/group"
 	"kvrouter/internal/pool"
-	"kvrouter/internal/proxy"
 	"kvrouter/internal/tokenizer"
 	"kvrouter/internal/vllm/kvevents"
 )
@@ -25,7 +25,7 @@ import (
 // router.yaml and from discovery get theirs the same way.
 type engineParts struct {
 	model   string
-	backend *proxy.Backend
+	backend *group.Backend
 	tokens  *tokenSource
 	subMet  *kvevents.SubscriberMetrics
 	maxMsg  int64 // events_max_message_bytes (0: kvevents' default)

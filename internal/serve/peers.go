@@ -9,17 +9,17 @@ import (
 
 	"kvrouter/internal/config"
 	"kvrouter/internal/discovery"
-	"kvrouter/internal/proxy"
+	"kvrouter/internal/group"
 )
 
 // newPeers runs router.yaml's peers block: a discovery.Peers over the
 // router Pods whose every new place (routers, router_index) goes to every
-// model group's router (proxy.Backend.SetStripes). The returned func runs
+// model group's router (group.Backend.SetStripes). The returned func runs
 // until ctx ends and never fails on the API server's account: until the
 // place is known each router routes as one. Each group's router's place is
 // exported as kvrouter_discovery_peers_routers and
 // kvrouter_discovery_peers_index (labelled model) on reg.
-func newPeers(cfg *config.Peers, backends map[string]*proxy.Backend, log *slog.Logger, reg prometheus.Registerer) (func(context.Context) error, error) {
+func newPeers(cfg *config.Peers, backends map[string]*group.Backend, log *slog.Logger, reg prometheus.Registerer) (func(context.Context) error, error) {
 	for model, b := range backends {
 		for _, g := range []struct {
 			name, help string

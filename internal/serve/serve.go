@@ -20,6 +20,7 @@ import (
 
 	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/group"
 	"kvrouter/internal/kvindex"
 	"kvrouter/internal/kvindex/kvindexprom"
 	"kvrouter/internal/pool"
@@ -81,7 +82,7 @@ type App struct {
 	page   *ui.UI // set once the fleet exists, before anything runs; nil with NoUI
 	// backends are the model groups' routers, written before anything
 	// runs, then only read; exact the models on the event-fed index.
-	backends map[string]*proxy.Backend
+	backends map[string]*group.Backend
 	exact    map[string]bool
 	// groups are the model groups' engine parts (their subscribers, for
 	// readiness); pools their pools, static those of the groups whose
@@ -108,7 +109,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	a := &App{cfg: o.Config, pos: o.Positions, log: log, backends: map[string]*proxy.Backend{},
+	a := &App{cfg: o.Config, pos: o.Positions, log: log, backends: map[string]*group.Backend{},
 		exact: map[string]bool{}, static: map[string]*pool.Pool{}}
 	var err error
 	if a.tls, err = loadServeTLS(a.cfg.TLS); err != nil {
@@ -214,7 +215,7 @@ func (a *App) newGroups() error {
 // of snaps), tokenizer, pool, and its engines: discovery's, or
 // router.yaml's added to the pool.
 func (a *App) newGroup(i int, m config.Model, subMetrics *kvevents.SubscriberMetrics, snaps map[string]*kvindex.Snapshot) error {
-	bc := proxy.BackendConfig{Model: m.Name, Policy: m.Policy, ShadowServe: m.ShadowServe, Routing: m.Routing, Index: m.Index}
+	bc := group.BackendConfig{Model: m.Name, Policy: m.Policy, ShadowServe: m.ShadowServe, Routing: m.Routing, Index: m.Index}
 	for _, e := range m.Engines {
 		bc.Exact = bc.Exact || e.Events != ""
 	}
@@ -225,7 +226,7 @@ func (a *App) newGroup(i int, m config.Model, subMetrics *kvevents.SubscriberMet
 	}
 	a.exact[m.Name] = bc.Exact
 	rtReg := routingprom.Wrap(prometheus.WrapRegistererWith(prometheus.Labels{"model": m.Name}, a.reg))
-	b, err := proxy.NewBackend(bc, a.log, kvindexprom.Wrap(a.reg), rtReg)
+	b, err := group.NewBackend(bc, a.log, kvindexprom.Wrap(a.reg), rtReg)
 	if err != nil {
 		return fmt.Errorf("%s: %w", a.pos.Field("models", i), err)
 	}
@@ -260,8 +261,8 @@ func (a *App) newGroup(i int, m config.Model, subMetrics *kvevents.SubscriberMet
 // newServer builds the HTTP front (with the /ui page unless o.NoUI) and
 // the reloader of o.ConfigPath.
 func (a *App) newServer(o Options) error {
-	routers := map[string]proxy.Router{}
-	toks := map[string]proxy.Tokenizer{}
+	routers := map[string]group.Router{}
+	toks := map[string]group.Tokenizer{}
 	for _, g := range a.groups {
 		routers[g.model] = g.backend
 		if g.tokens.failover != nil {
@@ -403,13 +404,13 @@ func (a *App) Run(ctx context.Context, ln net.Listener) error {
 // "render").
 type tokenSource struct {
 	m        config.Model
-	failover *proxy.FailoverTokenizer
+	failover *group.FailoverTokenizer
 	local    *tokenizer.Local
 	client   *http.Client
 }
 
 // newTokenSource builds a model's tokenizer: none for "none"; else a
-// proxy.FailoverTokenizer that asks the first up engine and fails over on
+// group.FailoverTokenizer that asks the first up engine and fails over on
 // connection errors, so one engine down never turns routing into
 // load-only routing. Engines join it as the group's pool adds them
 // (engineParts): each brings its render endpoints ("render") or, with a
@@ -436,7 +437,7 @@ func newTokenSource(m config.Model, client *http.Client, log *slog.Logger, reg p
 			ts.local = ts.local.WithPrefixCache(cache)
 		}
 	}
-	ft, err := proxy.NewFailoverTokenizer(m.Name, nil, log)
+	ft, err := group.NewFailoverTokenizer(m.Name, nil, log)
 	if err != nil {
 		return nil, err
 	}
@@ -446,22 +447,22 @@ func newTokenSource(m config.Model, client *http.Client, log *slog.Logger, reg p
 
 // engine builds one engine's token source and, with a local tokenizer, its
 // mismatch probe (else nil).
-func (ts *tokenSource) engine(ep *fleet.Endpoint, log *slog.Logger, reg prometheus.Registerer) (proxy.EngineTokenizer, *tokenizer.Probe, error) {
+func (ts *tokenSource) engine(ep *fleet.Endpoint, log *slog.Logger, reg prometheus.Registerer) (group.EngineTokenizer, *tokenizer.Probe, error) {
 	remote, err := tokenizer.NewRemote(tokenizer.RemoteConfig{URL: ep.URL(), Model: ts.m.Name, Client: ts.client}, log, reg)
 	if err != nil {
-		return proxy.EngineTokenizer{}, nil, err
+		return group.EngineTokenizer{}, nil, err
 	}
 	src, err := tokenizer.NewSource(ts.local, remote)
 	if err != nil {
-		return proxy.EngineTokenizer{}, nil, err
+		return group.EngineTokenizer{}, nil, err
 	}
-	et := proxy.EngineTokenizer{Endpoint: ep, Tok: proxy.TokenSource{Src: src}}
+	et := group.EngineTokenizer{Endpoint: ep, Tok: proxy.TokenSource{Src: src}}
 	if ts.local == nil {
 		return et, nil, nil
 	}
 	probe, err := tokenizer.NewProbe(tokenizer.ProbeConfig{Engine: ep.Name(), Reaction: tokenizer.Reaction(ts.m.TokenizerMismatch)}, ts.local, remote, src, log, reg)
 	if err != nil {
-		return proxy.EngineTokenizer{}, nil, err
+		return group.EngineTokenizer{}, nil, err
 	}
 	return et, probe, nil
 }

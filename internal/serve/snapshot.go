@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"kvrouter/internal/config"
+	"kvrouter/internal/group"
 	"kvrouter/internal/kvindex"
-	"kvrouter/internal/proxy"
 )
 
 // readSnapshot reads the snapshot file at path (router.yaml snapshot.path)
@@ -49,7 +49,7 @@ func readSnapshot(path string, log *slog.Logger) map[string]*kvindex.Snapshot {
 // before the group's engines are added; a part the backend refuses
 // (another pool, a group without KV events) is one log line and that
 // group starts cold.
-func restoreSnapshot(snaps map[string]*kvindex.Snapshot, model string, b *proxy.Backend, log *slog.Logger) {
+func restoreSnapshot(snaps map[string]*kvindex.Snapshot, model string, b *group.Backend, log *slog.Logger) {
 	s := snaps[model]
 	if s == nil {
 		return
@@ -65,7 +65,7 @@ func restoreSnapshot(snaps map[string]*kvindex.Snapshot, model string, b *proxy.
 // writeSnapshot writes every exact index's snapshot to path atomically: a
 // temporary file in path's directory, synced, renamed over path, and the
 // directory synced.
-func writeSnapshot(path string, backends map[string]*proxy.Backend) (int, error) {
+func writeSnapshot(path string, backends map[string]*group.Backend) (int, error) {
 	var snaps []*kvindex.Snapshot
 	entries := 0
 	for _, m := range slices.Sorted(maps.Keys(backends)) {
@@ -103,7 +103,7 @@ func writeSnapshot(path string, backends map[string]*proxy.Backend) (int, error)
 
 // snapshotLoop writes a snapshot every interval until ctx ends (interval
 // <= 0: never); a failed write is logged and retried at the next tick.
-func snapshotLoop(ctx context.Context, cfg config.Snapshot, backends map[string]*proxy.Backend, log *slog.Logger) error {
+func snapshotLoop(ctx context.Context, cfg config.Snapshot, backends map[string]*group.Backend, log *slog.Logger) error {
 	if cfg.Path == "" || cfg.Interval <= 0 {
 		return nil
 	}

@@ -8,15 +8,15 @@ import (
 	"strings"
 	"testing"
 
+	"kvrouter/internal/group"
 	"kvrouter/internal/kvindex"
-	"kvrouter/internal/proxy"
 	"kvrouter/internal/vllm"
 	"kvrouter/internal/vllm/kvevents"
 )
 
-func snapBackend(t *testing.T, model string) *proxy.Backend {
+func snapBackend(t *testing.T, model string) *group.Backend {
 	t.Helper()
-	b, err := proxy.NewBackend(proxy.BackendConfig{Model: model, Replicas: []string{"e0"}, Exact: true}, nil, nil, nil)
+	b, err := group.NewBackend(group.BackendConfig{Model: model, Replicas: []string{"e0"}, Exact: true}, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +32,7 @@ func TestSnapshotFileRejected(t *testing.T) {
 	ev := vllm.Event{Type: vllm.BlockStored, BlockHashes: []vllm.BlockHash{7}, TokenIDs: make([]uint32, 16), BlockSize: 16}
 	b.Apply(kvevents.Update{Engine: "e0", Seq: 41, Sum: 99, Batch: vllm.Batch{Events: []vllm.Event{ev}}})
 	path := filepath.Join(t.TempDir(), "index.snap")
-	if n, err := writeSnapshot(path, map[string]*proxy.Backend{"m": b}); err != nil || n != 1 {
+	if n, err := writeSnapshot(path, map[string]*group.Backend{"m": b}); err != nil || n != 1 {
 		t.Fatalf("write: %d entries, %v", n, err)
 	}
 	if ents, _ := os.ReadDir(filepath.Dir(path)); len(ents) != 1 {

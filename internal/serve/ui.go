@@ -5,6 +5,7 @@ import (
 
 	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/group"
 	"kvrouter/internal/proxy"
 	"kvrouter/internal/ui"
 )
@@ -18,7 +19,7 @@ func newUI(cfg config.Config, flt *fleet.Fleet, reg prometheus.Gatherer, deps *p
 	}
 	page := ui.New(ui.Config{APIKey: cfg.APIKey, Policies: policies}, ui.Deps{Fleet: flt, Gatherer: reg})
 	deps.UI = page.Handler()
-	deps.OnDecision = func(model, id string, prompt int, d proxy.Decision) {
+	deps.OnDecision = func(model, id string, prompt int, d group.Decision) {
 		page.Record(model, id, d.Replica, d.CachedTokens, prompt, d.Explain)
 	}
 	return page

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"kvrouter/internal/enginesim"
+	"kvrouter/internal/group"
 	"kvrouter/internal/routing"
 )
 
@@ -71,7 +72,7 @@ func (f *fleet) addDPEngines(n int) error {
 			if err != nil {
 				return err
 			}
-			r := &replica{name: routing.RankReplica(engine, rank), core: core, rank: rank, route: engine}
+			r := &replica{name: group.RankReplica(engine, rank), core: core, rank: rank, route: engine}
 			if !f.cfg.DPRankBlind {
 				r.route = r.name
 			}

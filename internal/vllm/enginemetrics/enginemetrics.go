@@ -244,3 +244,15 @@ func (m Metrics) RateCounters() (prefillTokens, prefillSeconds, decodeTokens, de
 	}
 	return prefillTokens, m.PrefillSeconds, m.GenerationTokens, m.DecodeSeconds, true
 }
+
+// CacheConfig returns BlockSize (tokens), NumGPUBlocks (per engine) and
+// Engines: the cache figures a router sizes its index by.
+func (m Metrics) CacheConfig() (blockSize, gpuBlocks, engines int) {
+	return m.BlockSize, m.NumGPUBlocks, m.Engines
+}
+
+// Load returns Running and Waiting (requests, summed over engines) and
+// KVCacheUsage (fraction 0..1, averaged over engines).
+func (m Metrics) Load() (running, waiting, kvUsage float64) {
+	return m.Running, m.Waiting, m.KVCacheUsage
+}

@@ -2,6 +2,7 @@ package enginemetrics
 
 import (
 	"slices"
+	"strconv"
 	"strings"
 
 	dto "github.com/prometheus/client_model/go"
@@ -95,4 +96,12 @@ func adapterList(s string) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// RankLoad returns the load of data-parallel rank rank: PerEngine's entry
+// for the engine label value strconv.Itoa(rank); ok is false when the
+// engine exported no series with that label value.
+func (m Metrics) RankLoad(rank int) (running, waiting, kvUsage float64, ok bool) {
+	l, ok := m.PerEngine[strconv.Itoa(rank)]
+	return l.Running, l.Waiting, l.KVCacheUsage, ok
 }

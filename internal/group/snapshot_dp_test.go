@@ -1,4 +1,4 @@
-package proxy
+package group
 
 import (
 	"reflect"
@@ -55,12 +55,12 @@ func TestBackendRestoreDPRanks(t *testing.T) {
 	if !sameEngines(got, want) {
 		t.Fatalf("restored index\n%+v\nwant\n%+v", got.Engines, want.Engines)
 	}
-	want6 := src.indexStats()
-	if n := b.indexStats(); n.Entries != want6.Entries || n.Entries == 0 {
+	want6 := src.IndexStats()
+	if n := b.IndexStats(); n.Entries != want6.Entries || n.Entries == 0 {
 		t.Fatalf("%d entries, want %d", n.Entries, want6.Entries)
 	}
 	b.Resume("e0") // the snapshot's part enters once
-	if n := b.indexStats(); n.Entries != want6.Entries {
+	if n := b.IndexStats(); n.Entries != want6.Entries {
 		t.Fatalf("%d entries after a second resume, want %d", n.Entries, want6.Entries)
 	}
 }

@@ -1,4 +1,4 @@
-package proxy
+package group
 
 import (
 	"encoding/json"

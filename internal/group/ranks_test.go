@@ -1,4 +1,4 @@
-package proxy
+package group
 
 import (
 	"math/rand/v2"
@@ -59,7 +59,7 @@ func TestBackendRanks(t *testing.T) {
 		t.Fatalf("engine a: %+v %v", d3, err)
 	}
 	b.RemoveReplica("b")
-	if n := b.indexStats().Entries; n != 0 {
+	if n := b.IndexStats().Entries; n != 0 {
 		t.Errorf("b removed: %d entries left", n)
 	}
 	if d := route(true); d.Replica != "a" || d.HasDPRank {

@@ -1,4 +1,4 @@
-package proxy
+package group
 
 import (
 	"testing"
@@ -25,24 +25,24 @@ func TestBackendAddRemoveReplica(t *testing.T) {
 	if d := route(); d.Replica != "b" || d.CachedTokens == 0 {
 		t.Fatalf("before changes: %+v", d)
 	}
-	entries := b.indexStats().Entries
+	entries := b.IndexStats().Entries
 
 	b.AddReplica("c", 1)
 	b.AddReplica("c", 1) // idempotent
 	if d := route(); d.Replica != "b" {
 		t.Fatalf("after adding c: routed to %s", d.Replica)
 	}
-	if got := b.indexStats().Entries; got != entries {
+	if got := b.IndexStats().Entries; got != entries {
 		t.Fatalf("adding c changed the index: %d entries, want %d", got, entries)
 	}
 
 	b.RemoveReplica("b")
-	if got := b.indexStats().Entries; got != 0 {
+	if got := b.IndexStats().Entries; got != 0 {
 		t.Fatalf("b removed: %d entries left", got)
 	}
 	b.Apply(stored(prompt, 16)) // a late batch of b's subscriber
 	b.Apply(kvevents.Update{Engine: "b", Reset: kvevents.ResetRestart})
-	if got := b.indexStats().Entries; got != 0 {
+	if got := b.IndexStats().Entries; got != 0 {
 		t.Fatalf("a late update re-created b: %d entries", got)
 	}
 	if d := route(); d.Replica == "b" || d.CachedTokens != 0 {

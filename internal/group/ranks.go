@@ -1,11 +1,6 @@
-package proxy
+package group
 
-import (
-	"strconv"
-
-	"kvrouter/internal/routing"
-	"kvrouter/internal/vllm/enginemetrics"
-)
+import "kvrouter/internal/routing"
 
 // Data-parallel ranks as routing candidates.
 //
@@ -20,20 +15,10 @@ import (
 // header names are case-insensitive).
 //
 // So a Backend routes over ranks: an engine with dp_size > 1 is one routing
-// replica per rank, named rankReplica(engine, rank), each with its own index
+// replica per rank, named RankReplica(engine, rank), each with its own index
 // entries (from its own event stream), load lease and gauges (the engine's
-// /metrics per engine label). The chosen rank goes to the engine in the
-// header (Decision.DPRank).
-
-// RankHeader is the request header that pins a request to a data-parallel
-// rank of a vLLM engine.
-const RankHeader = "X-Data-Parallel-Rank"
-
-// rankReplica is the routing replica name of engine's data-parallel rank
-// (routing.RankReplica).
-func rankReplica(engine string, rank int) string {
-	return routing.RankReplica(engine, rank)
-}
+// /metrics per engine label). The chosen rank goes to the engine in a
+// request header (Decision.DPRank; the HTTP front sets it).
 
 // replicaNames returns the routing replicas of engine: one per rank when
 // its dp_size is above 1, else the engine's own name. Call with b.repMu
@@ -45,7 +30,7 @@ func (b *Backend) replicaNames(engine string) []string {
 	}
 	out := make([]string, dp)
 	for r := range dp {
-		out[r] = rankReplica(engine, r)
+		out[r] = RankReplica(engine, r)
 	}
 	return out
 }
@@ -53,7 +38,7 @@ func (b *Backend) replicaNames(engine string) []string {
 // splitReplica maps a routing replica name back to its engine and rank
 // (rank -1: the engine is routed whole).
 func (b *Backend) splitReplica(name string) (engine string, rank int) {
-	engine, r, ok := routing.SplitRankReplica(name)
+	engine, r, ok := SplitRankReplica(name)
 	if !ok || b.DPSize(engine) <= 1 || !b.has(engine) {
 		return name, -1
 	}
@@ -66,13 +51,13 @@ func (b *Backend) eventReplica(engine string, rank int) string {
 	if b.DPSize(engine) <= 1 {
 		return engine
 	}
-	return rankReplica(engine, rank)
+	return RankReplica(engine, rank)
 }
 
 // observeRanks passes one scrape's gauges to the router: per rank from the
 // series labelled with the rank's engine value when the engine has several
 // ranks (the engine's totals split evenly when a rank's series are absent).
-func (b *Backend) observeRanks(g *generation, engine string, m enginemetrics.Metrics, gauges routing.Gauges) {
+func (b *Backend) observeRanks(g *generation, engine string, m EngineMetrics, gauges routing.Gauges) {
 	dp := b.DPSize(engine)
 	if dp <= 1 {
 		g.router.ObserveGauges(engine, gauges)
@@ -80,12 +65,12 @@ func (b *Backend) observeRanks(g *generation, engine string, m enginemetrics.Met
 	}
 	for r := range dp {
 		rg := gauges
-		if l, ok := m.PerEngine[strconv.Itoa(r)]; ok {
-			rg.Waiting, rg.Running, rg.KVUsage = int(l.Waiting), int(l.Running), l.KVCacheUsage
+		if running, waiting, kvUsage, ok := m.RankLoad(r); ok {
+			rg.Waiting, rg.Running, rg.KVUsage = int(waiting), int(running), kvUsage
 		} else {
 			rg.Waiting, rg.Running = gauges.Waiting/dp, gauges.Running/dp
 		}
-		g.router.ObserveGauges(rankReplica(engine, r), rg)
+		g.router.ObserveGauges(RankReplica(engine, r), rg)
 	}
 }
 
@@ -102,7 +87,7 @@ func (b *Backend) observeRates(g *generation, engine string, s routing.RateSampl
 	f := float64(dp)
 	s.PrefillTokens, s.PrefillSeconds, s.DecodeTokens, s.DecodeSeconds = s.PrefillTokens/f, s.PrefillSeconds/f, s.DecodeTokens/f, s.DecodeSeconds/f
 	for r := range dp {
-		g.router.ObserveRates(rankReplica(engine, r), s)
+		g.router.ObserveRates(RankReplica(engine, r), s)
 	}
 }
 

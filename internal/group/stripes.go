@@ -1,4 +1,4 @@
-package proxy
+package group
 
 // SetStripes sets the group's place among the router replicas
 // (routing.Router.SetStripes): routers replicas, this one index-th. It

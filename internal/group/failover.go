@@ -1,4 +1,4 @@
-package proxy
+package group
 
 import (
 	"context"
@@ -10,21 +10,27 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"kvrouter/internal/fleet"
 	"kvrouter/internal/kvindex"
-	"kvrouter/internal/tokenizer"
 )
 
 // ErrNoTokenizerEngine is returned (wrapped) by FailoverTokenizer when no
 // engine of the model could tokenize a request: the request is routed by
-// load and kvrouter_proxy_tokenizer_unavailable_total counts it.
+// load (and the HTTP front counts it in
+// kvrouter_proxy_tokenizer_unavailable_total).
 var ErrNoTokenizerEngine = errors.New("no engine could tokenize")
+
+// Engine is what a FailoverTokenizer needs of an engine: its name, for
+// errors and Remove, and whether it is up (a fleet.Endpoint).
+type Engine interface {
+	Name() string
+	Up() bool
+}
 
 // EngineTokenizer is one engine's tokenizer: its render endpoints, or a
 // local tokenizer that falls back to them.
 type EngineTokenizer struct {
 	// Endpoint is the engine, for its health (Up).
-	Endpoint *fleet.Endpoint
+	Endpoint Engine
 	// Tok tokenizes through that engine.
 	Tok Tokenizer
 }
@@ -44,7 +50,7 @@ type FailoverTokenizer struct {
 	down    atomic.Bool
 }
 
-var _ Tokenizer = (*FailoverTokenizer)(nil)
+var _ MMTokenizer = (*FailoverTokenizer)(nil)
 
 // NewFailoverTokenizer returns a FailoverTokenizer over engines (none yet
 // for a group whose engines come from discovery: Add brings them). A nil
@@ -90,23 +96,21 @@ func (f *FailoverTokenizer) Tokens(ctx context.Context, chat bool, body []byte, 
 	return ids, err
 }
 
-// TokensMM is Tokens with the prompt's multimodal items, from the first
-// engine that answers (mediakeys.go).
+// TokensMM implements MMTokenizer: Tokens with the prompt's multimodal
+// items, from the first engine that answers (TokensMM of its tokenizer).
 func (f *FailoverTokenizer) TokensMM(ctx context.Context, chat bool, body []byte, text string) ([]uint32, []kvindex.MMItem, error) {
-	return f.each(ctx, func(tok Tokenizer) ([]uint32, []kvindex.MMItem, error) {
-		return tokensMM(tok, ctx, chat, body, text)
+	return f.Try(ctx, func(tok Tokenizer) ([]uint32, []kvindex.MMItem, error) {
+		return TokensMM(ctx, tok, chat, body, text)
 	})
 }
 
-// TokensChat is TokensMM for a chat request decoded from body.
-func (f *FailoverTokenizer) TokensChat(ctx context.Context, req tokenizer.ChatRequest, body []byte) ([]uint32, []kvindex.MMItem, error) {
-	return f.each(ctx, func(tok Tokenizer) ([]uint32, []kvindex.MMItem, error) {
-		return chatTokens(tok, ctx, req, body)
-	})
-}
-
-// each runs tokens on the engines' tokenizers in failover order.
-func (f *FailoverTokenizer) each(ctx context.Context, tokens func(Tokenizer) ([]uint32, []kvindex.MMItem, error)) ([]uint32, []kvindex.MMItem, error) {
+// Try runs tokens on the engines' tokenizers in failover order (the
+// first up engine, the next one after a connection error or timeout, the
+// first engine when none is up) and returns the first answer; an engine's
+// own error answer is final. With no engine able to answer the error
+// wraps ErrNoTokenizerEngine. Callers use it for the ways of tokenizing
+// that Tokens and TokensMM do not cover (a chat request decoded already).
+func (f *FailoverTokenizer) Try(ctx context.Context, tokens func(Tokenizer) ([]uint32, []kvindex.MMItem, error)) ([]uint32, []kvindex.MMItem, error) {
 	var errs []error
 	tried := 0
 	engines := *f.engines.Load()
@@ -159,4 +163,22 @@ func connError(ctx context.Context, err error) bool {
 	}
 	var ue *url.Error
 	return errors.As(err, &ue) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// MMTokenizer is met by Tokenizers that also return the prompt's
+// multimodal items (identifier and placeholder range, sorted by offset:
+// RouteInput.MM).
+type MMTokenizer interface {
+	Tokenizer
+	TokensMM(ctx context.Context, chat bool, body []byte, text string) ([]uint32, []kvindex.MMItem, error)
+}
+
+// TokensMM asks tok for the ids and, when it is an MMTokenizer, the items
+// (nil otherwise).
+func TokensMM(ctx context.Context, tok Tokenizer, chat bool, body []byte, text string) ([]uint32, []kvindex.MMItem, error) {
+	if t, ok := tok.(MMTokenizer); ok {
+		return t.TokensMM(ctx, chat, body, text)
+	}
+	ids, err := tok.Tokens(ctx, chat, body, text)
+	return ids, nil, err
 }

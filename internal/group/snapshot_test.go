@@ -1,4 +1,4 @@
-package proxy
+package group
 
 import (
 	"errors"
@@ -41,7 +41,7 @@ func TestBackendRestore(t *testing.T) {
 	if got := b.Resume("e1"); got != nil {
 		t.Fatalf("resume e1: %v", got)
 	}
-	if n := b.indexStats().Entries; n != 2 {
+	if n := b.IndexStats().Entries; n != 2 {
 		t.Fatalf("%d entries after resume, want 2", n)
 	}
 	other, _ := NewBackend(BackendConfig{Model: "other", Replicas: []string{"e0"}, Exact: true}, nil, nil, nil)

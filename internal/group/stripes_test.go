@@ -1,8 +1,6 @@
-package proxy
+package group
 
-import (
-	"testing"
-)
+import "testing"
 
 // TestBackendSetStripesSurvivesRebuild: the place SetStripes gives a
 // group's router holds after the index and router are rebuilt for a new

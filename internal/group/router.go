@@ -1,4 +1,4 @@
-package proxy
+package group
 
 import (
 	"context"
@@ -6,22 +6,15 @@ import (
 	"kvrouter/internal/kvindex"
 )
 
-// Router chooses the replica of one request among candidates. The proxy
+// Router chooses the replica of one request among candidates. A front
 // calls it once per attempt (a retry excludes the replicas already tried).
 // Implementations must be safe for concurrent use and fast (no I/O).
+// Backend is the Router of a model group.
 type Router interface {
 	Route(in *RouteInput) (Decision, error)
 }
 
-// textRouter is a Router that may route by prompt text. The proxy builds
-// RouteInput.Text, which costs a decode of every chat message, only when
-// UsesText reports true.
-type textRouter interface {
-	Router
-	UsesText() bool
-}
-
-// RouteInput is what the proxy knows of a request when routing it.
+// RouteInput is what a front knows of a request when routing it.
 type RouteInput struct {
 	// Model is the request's model name.
 	Model string
@@ -52,8 +45,9 @@ type RouteInput struct {
 	// range, sorted by offset): extra keys of the blocks they overlap
 	// (kvindex.Extras.MM). nil for text prompts.
 	MM []kvindex.MMItem
-	// PromptTokens is the prompt length for the prefill cost when Tokens
-	// is nil or shorter than the prompt (0: len(Tokens)); see mediakeys.go.
+	// PromptTokens is the prompt length in tokens for the prefill cost
+	// when Tokens is nil or shorter than the prompt (a media prompt whose
+	// items are unknown, routed by load; 0: len(Tokens)).
 	PromptTokens int
 	// Candidates are the names of the replicas that may serve the request,
 	// in configuration order; never empty.
@@ -79,7 +73,7 @@ type Decision struct {
 	// (an engine with dp_size > 1): sent in the X-data-parallel-rank header.
 	DPRank    int
 	HasDPRank bool
-	// Release ends the request's load lease; the proxy calls it exactly
+	// Release ends the request's load lease; the front calls it exactly
 	// once when the attempt ends (done, error, cancel or retry). Nil when
 	// nothing was recorded.
 	Release func()

@@ -1,4 +1,4 @@
-package proxy
+package group
 
 import (
 	"fmt"
@@ -13,8 +13,6 @@ import (
 	"kvrouter/internal/kvindex"
 	"kvrouter/internal/routing"
 	"kvrouter/internal/vllm"
-	"kvrouter/internal/vllm/enginemetrics"
-	"kvrouter/internal/vllm/kvevents"
 )
 
 // BackendConfig configures a Backend: one model group's routing.
@@ -39,6 +37,11 @@ type BackendConfig struct {
 	// index; absent: 1).
 	DPSize map[string]int
 }
+
+// PolicyShadow is the policy name of shadow mode: the group routes with
+// BackendConfig.ShadowServe and computes, without following, what kv would
+// choose (Decision.Shadow).
+const PolicyShadow = "shadow"
 
 // Backend is one model group's routing state: a kvindex over its engines,
 // a routing.Router over that index, and in shadow mode the kv policy whose
@@ -114,7 +117,7 @@ func NewBackend(cfg BackendConfig, log *slog.Logger, ixReg kvindex.Registerer, r
 		b.dp[n] = d
 	}
 	if ixReg != nil {
-		b.ixReg = &onceIndexReg{reg: ixReg, stats: b.indexStats}
+		b.ixReg = &onceIndexReg{reg: ixReg, stats: b.IndexStats}
 	}
 	if rtReg != nil {
 		b.rtReg = &onceRouterReg{reg: rtReg, stats: b.routerStats}
@@ -231,26 +234,48 @@ func (b *Backend) setBlockSize(engine string, n int, source string) {
 	b.log.Info("block size learned, index rebuilt", "block_size", n, "was", old.blockSize, "source", source, "engine", engine)
 }
 
+// EngineMetrics is one scrape of an engine's GET /metrics as a Backend
+// reads it; internal/vllm/enginemetrics.Metrics implements it (the group
+// does not parse the exposition itself, so it stays free of the Prometheus
+// text parser and net/http).
+type EngineMetrics interface {
+	// CacheConfig returns vllm:cache_config_info's block size (tokens) and
+	// number of GPU blocks per engine core, and the number of engine cores
+	// (data-parallel ranks) reporting; 0 when absent.
+	CacheConfig() (blockSize, gpuBlocks, engines int)
+	// Load returns the requests running and waiting, summed over ranks,
+	// and the KV cache usage (fraction 0..1, averaged over ranks).
+	Load() (running, waiting, kvUsage float64)
+	// RankLoad is Load of one data-parallel rank (the series labelled
+	// engine="rank"); ok is false when the engine exported none.
+	RankLoad(rank int) (running, waiting, kvUsage float64, ok bool)
+	// RateCounters returns the cumulative prefill and decode counters
+	// (tokens, seconds); ok is false when any is missing.
+	RateCounters() (prefillTokens, prefillSeconds, decodeTokens, decodeSeconds float64, ok bool)
+}
+
 // Observe takes one engine's scraped /metrics: load gauges for the router,
 // the block size and the number of GPU blocks over the engine's DP ranks
 // (the approximate index's capacity for the engine; the exact index's key
-// table is sized for the engines' sum).
-func (b *Backend) Observe(engine string, m enginemetrics.Metrics, at time.Time) {
+// table is sized for the engines' sum). at is when the scrape was taken.
+func (b *Backend) Observe(engine string, m EngineMetrics, at time.Time) {
 	if !b.has(engine) {
 		return // removed while its scrape was under way
 	}
+	blockSize, gpuBlocks, engines := m.CacheConfig()
 	blocks := 0
-	if m.NumGPUBlocks > 0 {
+	if gpuBlocks > 0 {
 		b.repMu.Lock() // before a rebuild for a new block size reads it
-		blocks = m.NumGPUBlocks * max(m.Engines, b.dp[engine], 1)
+		blocks = gpuBlocks * max(engines, b.dp[engine], 1)
 		r := b.reports[engine]
 		r.blocks = blocks
 		b.reports[engine] = r
 		b.repMu.Unlock()
 	}
-	b.setBlockSize(engine, m.BlockSize, "metrics")
+	b.setBlockSize(engine, blockSize, "metrics")
 	g := b.cur.Load()
-	b.observeRanks(g, engine, m, routing.Gauges{Waiting: int(m.Waiting), Running: int(m.Running), KVUsage: m.KVCacheUsage, At: at})
+	running, waiting, kvUsage := m.Load()
+	b.observeRanks(g, engine, m, routing.Gauges{Waiting: int(waiting), Running: int(running), KVUsage: kvUsage, At: at})
 	if pt, ps, dt, ds, ok := m.RateCounters(); ok {
 		b.observeRates(g, engine, routing.RateSample{At: at, PrefillTokens: pt, PrefillSeconds: ps, DecodeTokens: dt, DecodeSeconds: ds})
 	}
@@ -310,7 +335,7 @@ func (b *Backend) sizeIndex(g *generation) {
 // Apply takes one KV event update of engine (from its kvevents.Subscriber):
 // a reset drops the engine rank's entries first; a BlockStored with a new
 // block size rebuilds the index.
-func (b *Backend) Apply(u kvevents.Update) {
+func (b *Backend) Apply(u vllm.Update) {
 	if !b.has(u.Engine) {
 		return // a late update of an engine already removed: never re-add it
 	}
@@ -329,15 +354,16 @@ func (b *Backend) Apply(u kvevents.Update) {
 	if !u.NoBatch {
 		at = &kvindex.Mark{Seq: u.Seq, Sum: u.Sum}
 	}
-	g.exact.ApplyMarked(name, u.Rank, u.Reset != kvevents.ResetNone, &u.Batch, at)
+	g.exact.ApplyMarked(name, u.Rank, u.Reset != vllm.ResetNone, &u.Batch, at)
 }
 
 // Exact reports whether the model routes with the event-fed index
 // (kvindex.Exact) rather than the approximate one; GET /ready shows it.
 func (b *Backend) Exact() bool { return b.cur.Load().exact != nil }
 
-// UsesText implements textRouter: true when the serving policy is
-// prefix_chars.
+// UsesText reports whether the serving policy routes by prompt text
+// (prefix_chars): only then does the caller build RouteInput.Text, which
+// costs a decode of every chat message.
 func (b *Backend) UsesText() bool { return b.cur.Load().serving == "prefix_chars" }
 
 // Route implements Router.
@@ -351,7 +377,7 @@ func (b *Backend) Route(in *RouteInput) (Decision, error) {
 		MaxTokens:  in.MaxTokens,
 		Extras:     kvindex.Extras{CacheSalt: in.CacheSalt, LoRA: in.LoRA, MM: in.MM},
 	}
-	req.PromptTokens = in.PromptTokens // media prompts routed by load (mediakeys.go)
+	req.PromptTokens = in.PromptTokens // media prompts routed by load
 	for _, name := range *b.replicas.Load() {
 		if !slices.Contains(in.Candidates, name) {
 			req.Exclude = append(req.Exclude, b.replicaNames(name)...)
@@ -392,7 +418,7 @@ func (b *Backend) Route(in *RouteInput) (Decision, error) {
 	return out, nil
 }
 
-// SetIndexTrusted implements indexTruster: whether the policy sees the
+// SetIndexTrusted implements IndexTruster: whether the policy sees the
 // index's entries of engine (all its data-parallel ranks) in this
 // generation of the group (routing.Router.SetIndexTrusted).
 func (b *Backend) SetIndexTrusted(engine string, ok bool) {
@@ -490,7 +516,9 @@ func explanation(d routing.Decision, g *generation, prompt int) any {
 	return out
 }
 
-func (b *Backend) indexStats() kvindex.Stats {
+// IndexStats returns the statistics of the group's current index (exact
+// or approximate; kvindex.Stats), the figures its Registerer exports.
+func (b *Backend) IndexStats() kvindex.Stats {
 	g := b.cur.Load()
 	if g == nil {
 		return kvindex.Stats{}

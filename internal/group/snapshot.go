@@ -1,12 +1,11 @@
-package proxy
+package group
 
 import (
 	"fmt"
 	"slices"
 
 	"kvrouter/internal/kvindex"
-	"kvrouter/internal/routing"
-	"kvrouter/internal/vllm/kvevents"
+	"kvrouter/internal/vllm"
 )
 
 // Snapshot returns a snapshot of the group's exact index (nil when the
@@ -60,12 +59,12 @@ func (b *Backend) Restore(s *kvindex.Snapshot) error {
 // (ranks.go), whose entries and marks the index keeps under the rank
 // replica's name (found by name: Resume runs before the pool adds the
 // engine with its dp_size). Nil: start from nothing.
-func (b *Backend) Resume(engine string) map[int]kvevents.Position {
+func (b *Backend) Resume(engine string) map[int]vllm.Position {
 	g := b.cur.Load()
 	if g.exact == nil {
 		return nil
 	}
-	var out map[int]kvevents.Position
+	var out map[int]vllm.Position
 	for _, name := range b.resumeNames(engine) {
 		b.repMu.Lock()
 		s := b.pending[name]
@@ -81,9 +80,9 @@ func (b *Backend) Resume(engine string) map[int]kvevents.Position {
 		}
 		for r, m := range g.exact.Marks(name) {
 			if out == nil {
-				out = make(map[int]kvevents.Position)
+				out = make(map[int]vllm.Position)
 			}
-			out[r] = kvevents.Position{Seq: m.Seq, Sum: m.Sum}
+			out[r] = vllm.Position{Seq: m.Seq, Sum: m.Sum}
 		}
 	}
 	return out
@@ -100,7 +99,7 @@ func (b *Backend) resumeNames(engine string) []string {
 	b.repMu.Lock()
 	defer b.repMu.Unlock()
 	for name := range b.pending {
-		if e, _, ok := routing.SplitRankReplica(name); ok && e == engine && !slices.Contains(names, name) {
+		if e, _, ok := SplitRankReplica(name); ok && e == engine && !slices.Contains(names, name) {
 			names = append(names, name)
 		}
 	}
