@@ -60,7 +60,7 @@ image:
 	@echo "wrote $(IMAGE_FILE) ($(IMAGE))"
 
 fmt:
-	@out=$$(gofmt -l cmd internal tools 2>/dev/null); \
+	@out=$$(gofmt -l cmd internal test tools 2>/dev/null); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 vet:
@@ -78,7 +78,7 @@ deps:
 			echo "$$p imports k8s.io/ or ZeroMQ"; exit 1; fi; done
 
 # The ZeroMQ subscriber's replay tests time a real ROUTER/DEALER exchange
-# (5 s bounds); beside cmd/kvrouter's end-to-end tests on 2 cores they
+# (5 s bounds); beside test/e2e's end-to-end tests on 2 cores they
 # flaked, so they run on their own after the rest.
 QUIET_PKGS := ./internal/vllm/kvevents
 race:
@@ -87,7 +87,7 @@ race:
 
 ## fuzz: every Fuzz target for FUZZTIME each (seeds also run in "race").
 fuzz:
-	@set -e; for f in $$(grep -rl --include='*_test.go' '^func Fuzz' internal cmd 2>/dev/null); do \
+	@set -e; for f in $$(grep -rl --include='*_test.go' '^func Fuzz' internal cmd test 2>/dev/null); do \
 		dir=./$$(dirname $$f); \
 		for t in $$(grep -o '^func Fuzz[A-Za-z0-9_]*' $$f | sed 's/^func //'); do \
 			echo "fuzz $$dir $$t ($(FUZZTIME))"; \

@@ -4,72 +4,34 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"strings"
 	"time"
 
 	"kvrouter/internal/bench"
 	"kvrouter/internal/bench/report"
+	"kvrouter/internal/sim"
 	"kvrouter/internal/workload"
 )
 
-// workloadFlags are the workload options shared by bench and demo.
+// workloadFlags are bench's workload options (workload.Spec) and the
+// trace file.
 type workloadFlags struct {
-	kind                  string
-	trace                 string
-	requests, skip        int
-	speed, rate           float64
-	maxInput, maxOutput   int
-	seed                  uint64
-	systemTokens, qTokens int
-	outputTokens, groups  int
-	promptTokens          int
-	hotShare              float64
+	workload.Spec
+	trace string
 }
 
-func workloadKinds() []string {
-	return []string{"mooncake", "unique", "hot_prefix", "shared_prefix", "multi_turn"}
-}
-
-// buildWorkload makes the requests a bench or demo run replays.
+// build reads the trace (mooncake) and makes the requests.
 func (o *workloadFlags) build() (*workload.Workload, error) {
-	rng := rand.New(rand.NewPCG(o.seed, 0xbe4c))
-	var w *workload.Workload
-	var err error
-	n := o.requests
-	if n == 0 {
-		n = 200
-	}
-	out := o.outputTokens
-	switch o.kind {
-	case "mooncake":
-		var recs []workload.TraceRecord
+	var recs []workload.TraceRecord
+	if o.Kind == "mooncake" {
+		var err error
 		if recs, err = readTrace(o.trace); err != nil {
 			return nil, err
 		}
-		w, err = workload.Mooncake(recs, workload.MooncakeOptions{Speed: o.speed, Skip: o.skip, Limit: o.requests, MaxInputTokens: o.maxInput, MaxOutputTokens: o.maxOutput})
-	case "unique":
-		w, err = workload.Unique{Requests: n, PromptTokens: o.promptTokens, OutputTokens: out}.Generate(rng)
-	case "hot_prefix":
-		w, err = workload.HotPrefix{Requests: n, HotShare: o.hotShare, PrefixTokens: o.systemTokens, SuffixTokens: o.qTokens, OutputTokens: out}.Generate(rng)
-	case "shared_prefix":
-		w, err = workload.SharedPrefix{Groups: o.groups, Prompts: max(1, n/o.groups), SystemTokens: o.systemTokens, QuestionTokens: o.qTokens, OutputTokens: out}.Generate(rng)
-	case "multi_turn":
-		w, err = workload.MultiTurn{Conversations: max(1, n/6), Turns: 6, SystemTokens: o.systemTokens, UserTokens: o.qTokens, OutputTokens: out, SharedSystem: true}.Generate(rng)
-	default:
-		return nil, fmt.Errorf("%w: unknown workload %q (known: %s)", errUsage, o.kind, strings.Join(workloadKinds(), ", "))
 	}
+	w, err := o.Spec.Build(recs)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
-	}
-	if o.kind != "mooncake" || o.rate > 0 {
-		rate := o.rate
-		if rate == 0 {
-			rate = 10
-		}
-		if err := workload.Poisson(w, rate, rng); err != nil {
-			return nil, fmt.Errorf("%w: %v", errUsage, err)
-		}
 	}
 	return w, nil
 }
@@ -80,21 +42,21 @@ func (o *workloadFlags) register(fs interface {
 	Float64Var(*float64, string, float64, string)
 	Uint64Var(*uint64, string, uint64, string)
 }, defRequests int, defSpeed float64) {
-	fs.StringVar(&o.kind, "workload", "mooncake", "requests to replay: "+strings.Join(workloadKinds(), ", "))
+	fs.StringVar(&o.Kind, "workload", "mooncake", "requests to replay: "+strings.Join(workload.Kinds(), ", "))
 	fs.StringVar(&o.trace, "trace", "", "mooncake: trace file, JSON lines or gzip, Mooncake or Qwen-Bailian lines; sessions sent as x-session-id (default: the Mooncake conversation trace embedded in the binary)")
-	fs.IntVar(&o.requests, "requests", defRequests, "mooncake: replay this many records (0: all); synthetic workloads: number of requests (0: 200; shared_prefix rounds down to a multiple of --groups, multi_turn to whole 6-turn conversations)")
-	fs.IntVar(&o.skip, "skip", 0, "mooncake: skip this many records first")
-	fs.Float64Var(&o.speed, "speed", defSpeed, "mooncake: divide the trace's inter-arrival times by this")
-	fs.Float64Var(&o.rate, "rate", 0, "Poisson arrivals at this many requests/s (synthetic workloads: default 10; mooncake: replaces the trace's timestamps)")
-	fs.IntVar(&o.maxInput, "max-input-tokens", 0, "mooncake: truncate prompts to this many tokens (0: keep)")
-	fs.IntVar(&o.maxOutput, "max-output-tokens", 0, "mooncake: cap output lengths (0: keep)")
-	fs.IntVar(&o.promptTokens, "prompt-tokens", 2048, "unique: prompt length in tokens")
-	fs.IntVar(&o.systemTokens, "prefix-tokens", 2048, "hot_prefix, shared_prefix, multi_turn: shared prefix (system prompt) length in tokens")
-	fs.IntVar(&o.qTokens, "suffix-tokens", 256, "hot_prefix, shared_prefix, multi_turn: per-request suffix (question, user turn) length in tokens")
-	fs.IntVar(&o.outputTokens, "output-tokens", 128, "synthetic workloads: output length in tokens")
-	fs.IntVar(&o.groups, "groups", 16, "shared_prefix: number of prefix groups")
-	fs.Float64Var(&o.hotShare, "hot-share", 0.8, "hot_prefix: share of requests with the hot prefix (0..1)")
-	fs.Uint64Var(&o.seed, "seed", 1, "random seed (generators, Poisson arrivals, random policy)")
+	fs.IntVar(&o.Requests, "requests", defRequests, "mooncake: replay this many records (0: all); synthetic workloads: number of requests (0: 200; shared_prefix rounds down to a multiple of --groups, multi_turn to whole 6-turn conversations)")
+	fs.IntVar(&o.Skip, "skip", 0, "mooncake: skip this many records first")
+	fs.Float64Var(&o.Speed, "speed", defSpeed, "mooncake: divide the trace's inter-arrival times by this")
+	fs.Float64Var(&o.Rate, "rate", 0, "Poisson arrivals at this many requests/s (synthetic workloads: default 10; mooncake: replaces the trace's timestamps)")
+	fs.IntVar(&o.MaxInput, "max-input-tokens", 0, "mooncake: truncate prompts to this many tokens (0: keep)")
+	fs.IntVar(&o.MaxOutput, "max-output-tokens", 0, "mooncake: cap output lengths (0: keep)")
+	fs.IntVar(&o.PromptTokens, "prompt-tokens", 2048, "unique: prompt length in tokens")
+	fs.IntVar(&o.PrefixTokens, "prefix-tokens", 2048, "hot_prefix, shared_prefix, multi_turn: shared prefix (system prompt) length in tokens")
+	fs.IntVar(&o.SuffixTokens, "suffix-tokens", 256, "hot_prefix, shared_prefix, multi_turn: per-request suffix (question, user turn) length in tokens")
+	fs.IntVar(&o.OutputTokens, "output-tokens", 128, "synthetic workloads: output length in tokens")
+	fs.IntVar(&o.Groups, "groups", 16, "shared_prefix: number of prefix groups")
+	fs.Float64Var(&o.HotShare, "hot-share", 0.8, "hot_prefix: share of requests with the hot prefix (0..1)")
+	fs.Uint64Var(&o.Seed, "seed", 1, "random seed (generators, Poisson arrivals, random policy)")
 }
 
 // runBench implements "kvrouter bench": replay a workload open-loop against
@@ -133,7 +95,7 @@ func runBench(ctx context.Context, args []string, sio stdio) error {
 	if err != nil {
 		return err
 	}
-	base := bench.Config{Model: *model, Timeout: *timeout, MaxInFlight: *maxInFlight, Reset: *reset, Seed: wf.seed}
+	base := bench.Config{Model: *model, Timeout: *timeout, MaxInFlight: *maxInFlight, Reset: *reset, Seed: wf.Seed}
 	if *metrics != "" {
 		base.Metrics = splitList(*metrics)
 	}
@@ -162,20 +124,9 @@ func runBench(ctx context.Context, args []string, sio stdio) error {
 		}
 	}
 	log := slog.New(slog.NewTextHandler(sio.err, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	if len(cfgs) > 1 && !*reset {
-		// Each run after the first starts on caches the previous one warmed.
-		log.Warn("several runs against the same engines without --reset: later runs start with warm caches, so the comparison favours them")
-	}
-	var runs []*report.Run
-	for _, c := range cfgs {
-		run, err := bench.Run(ctx, c, w, nil, log)
-		if err != nil {
-			return err
-		}
-		runs = append(runs, run)
-		if ctx.Err() != nil {
-			break
-		}
+	runs, err := bench.RunAll(ctx, cfgs, w, log)
+	if err != nil {
+		return err
 	}
 	rep := report.New("kvrouter bench: "+w.Name, w.Info(), runs, report.SLO{TTFT: *sloTTFT, ITL: *sloITL})
 	if *boundBlocks > 0 {
@@ -186,9 +137,9 @@ func runBench(ctx context.Context, args []string, sio stdio) error {
 		if n == 0 {
 			n = len(splitList(*engines))
 		}
-		if err := setPooledBounds(ctx, rep, w, n, *boundBlocks); err != nil {
+		if err := sim.SetLiveBounds(ctx, rep, w, n, *boundBlocks); err != nil {
 			return err
 		}
 	}
-	return writeReport(rep, *asJSON, *htmlPath, sio)
+	return rep.Write(sio.out, sio.err, *asJSON, *htmlPath)
 }

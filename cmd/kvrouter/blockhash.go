@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -12,13 +11,6 @@ import (
 )
 
 const blockhashSynopsis = "--algo ALGO --seed SEED --block-size N [--lora NAME] [--cache-salt S] [--mm ID:OFFSET:LENGTH ...] < tokens.json"
-
-// blockhashOutput is what "kvrouter blockhash" prints, one JSON line.
-type blockhashOutput struct {
-	NoneHash    string   `json:"none_hash"`
-	Digests     []string `json:"digests"`
-	EventValues []string `json:"event_values"`
-}
 
 // runBlockhash implements "kvrouter blockhash": it reads a JSON array of
 // token ids on stdin and prints vLLM's prefix-cache block hashes for them,
@@ -72,16 +64,7 @@ func runBlockhash(ctx context.Context, args []string, sio stdio) error {
 			return fmt.Errorf("%w: --mm %s:%d:%d: want ranges in prompt order, disjoint, inside the %d tokens", errUsage, f.Identifier, f.Offset, f.Length, len(tokens))
 		}
 	}
-	digests := h.HashPrompt(tokens, *blockSize, vllm.RequestKeys{LoRAName: *lora, CacheSalt: *salt, MM: mm})
-	out := blockhashOutput{
-		NoneHash:    hex.EncodeToString(h.NoneHash()),
-		Digests:     make([]string, len(digests)),
-		EventValues: make([]string, len(digests)),
-	}
-	for i, d := range digests {
-		out.Digests[i] = hex.EncodeToString(d)
-		out.EventValues[i] = strconv.FormatUint(uint64(vllm.EventValue(d)), 10)
-	}
+	out := vllm.HashPromptText(h, tokens, *blockSize, vllm.RequestKeys{LoRAName: *lora, CacheSalt: *salt, MM: mm})
 	return json.NewEncoder(sio.out).Encode(out)
 }
 

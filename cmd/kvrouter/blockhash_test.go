@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"kvrouter/internal/vllm"
 )
 
 // TestBlockhashGolden runs "kvrouter blockhash" in-process on every golden
@@ -61,11 +63,11 @@ func TestBlockhashGolden(t *testing.T) {
 			if code := run(context.Background(), args, stdio{bytes.NewReader(c.Tokens), &out, &errb}); code != 0 {
 				t.Fatalf("exit %d: %s", code, errb.String())
 			}
-			var got blockhashOutput
+			var got vllm.PromptHashes
 			if err := json.Unmarshal(out.Bytes(), &got); err != nil {
 				t.Fatalf("output %q: %v", out.String(), err)
 			}
-			want := blockhashOutput{NoneHash: c.NoneHash, Digests: c.Digests, EventValues: c.EventValues}
+			want := vllm.PromptHashes{NoneHash: c.NoneHash, Digests: c.Digests, EventValues: c.EventValues}
 			if !reflect.DeepEqual(got, want) {
 				t.Errorf("\n got %+v\nwant %+v", got, want)
 			}
@@ -112,7 +114,7 @@ func TestBlockhashErrors(t *testing.T) {
 	if code := run(context.Background(), []string{"blockhash", "--algo", "xxhash"}, stdio{strings.NewReader("[1,2,3]"), &out, &out}); code != 0 {
 		t.Fatalf("exit %d: %s", code, out.String())
 	}
-	var got blockhashOutput
+	var got vllm.PromptHashes
 	if err := json.Unmarshal(out.Bytes(), &got); err != nil || len(got.NoneHash) != 64 || got.Digests == nil || len(got.Digests) != 0 {
 		t.Errorf("unset seed output %q (%v)", out.String(), err)
 	}

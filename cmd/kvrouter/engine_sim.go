@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -18,7 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"kvrouter/internal/enginesim"
-	"kvrouter/internal/tokenizer"
 	"kvrouter/internal/vllm"
 )
 
@@ -171,7 +169,7 @@ func parseEngineSimFlags(args []string, getenv func(string) string, sio stdio) (
 		cfg.NewHasher = func() (enginesim.BlockHasher, error) { return vllm.NewBlockHasher(algo, seed, nil) }
 	}
 	if *tokPath != "" {
-		tok, err := loadSimTokenizer(*tokPath)
+		tok, err := enginesim.LoadTokenizer(*tokPath)
 		errs = append(errs, err)
 		cfg.Tokenizer = tok
 		if cfg.Core.VocabSize == 0 {
@@ -182,34 +180,6 @@ func parseEngineSimFlags(args []string, getenv func(string) string, sio stdio) (
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
 	return &engineSimFlags{cfg: cfg, logLevel: logLevel}, nil
-}
-
-// simTokenizer adapts internal/tokenizer to enginesim.Tokenizer.
-type simTokenizer struct{ l *tokenizer.Local }
-
-func loadSimTokenizer(path string) (*simTokenizer, error) {
-	tok, err := tokenizer.Load(path)
-	if err != nil {
-		return nil, err
-	}
-	l, err := tokenizer.NewLocal(tok, tokenizer.ContentAuto)
-	if err != nil {
-		return nil, fmt.Errorf("chat template: %w", err)
-	}
-	return &simTokenizer{l: l}, nil
-}
-
-func (t *simTokenizer) Encode(text string, addSpecial bool) ([]uint32, error) {
-	return t.l.Encode(text, addSpecial), nil
-}
-
-func (t *simTokenizer) EncodeChat(body []byte) ([]uint32, error) {
-	var req tokenizer.ChatRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		return nil, err
-	}
-	_, ids, err := t.l.EncodeChat(req)
-	return ids, err
 }
 
 // runEngineSim implements "kvrouter engine-sim": it serves until ctx ends;
@@ -230,29 +200,5 @@ func runEngineSim(ctx context.Context, args []string, sio stdio) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan struct{})
-	var hupErr error // a panic of the SIGHUP goroutine, read after done
-	go func() {
-		defer close(done)
-		hupErr = recovered("SIGHUP handler", func() error {
-			for {
-				select {
-				case <-ctx.Done():
-					return nil
-				case <-hup:
-					log.Info("SIGHUP: restarting the simulated engine")
-					if err := srv.Restart(ctx); err != nil && ctx.Err() == nil {
-						log.Warn("restart failed", "err", err)
-					}
-				}
-			}
-		})()
-		cancel() // a panic stops the engine too
-	}()
-	err = srv.Run(ctx)
-	cancel()
-	<-done
-	return errors.Join(err, hupErr)
+	return srv.RunRestarting(ctx, hup)
 }

@@ -11,6 +11,9 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"kvrouter/internal/demo"
+	"kvrouter/internal/sim"
 )
 
 // command is one subcommand. run parses its own flags from args and returns
@@ -76,7 +79,7 @@ func run(ctx context.Context, args []string, sio stdio) int {
 			return 0
 		case errors.Is(err, flag.ErrHelp):
 			return 0
-		case errors.Is(err, errUsage):
+		case errors.Is(err, errUsage), errors.Is(err, demo.ErrConfig), errors.Is(err, sim.ErrConfig):
 			fmt.Fprintf(sio.err, "kvrouter %s: %v\n", c.name, err)
 			return 2
 		default:
@@ -89,7 +92,8 @@ func run(ctx context.Context, args []string, sio stdio) int {
 	return 2
 }
 
-// errUsage marks bad command-line arguments (exit code 2).
+// errUsage marks bad command-line arguments (exit code 2), as do the
+// packages' errors for configurations the flags filled badly.
 var errUsage = errors.New("usage")
 
 func usage(w io.Writer) {

@@ -48,6 +48,9 @@ func runPlan(ctx context.Context, args []string, sio stdio) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	shape := set["layers"] || set["attention-heads"] || set["kv-heads"] || set["head-dim"] || set["kv-lora-rank"] || set["qk-rope-head-dim"] || set["dtype"]
 	var m plan.Model
 	if *configPath != "" {
 		data, err := os.ReadFile(*configPath)
@@ -56,14 +59,12 @@ func runPlan(ctx context.Context, args []string, sio stdio) error {
 		}
 		// Flags fill or override; validation runs once they are in.
 		cm, err := plan.ParseConfig(data)
-		if err != nil && !overrides(fs) {
+		if err != nil && !shape { // a config missing a figure the flags complete
 			return fmt.Errorf("%s: %w", *configPath, err)
 		}
 		m = cm
 		m.Name = filepath.Base(filepath.Dir(*configPath))
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	for _, o := range []struct {
 		flag     string
 		src, dst *int
@@ -88,20 +89,18 @@ func runPlan(ctx context.Context, args []string, sio stdio) error {
 	in := plan.Input{Model: m, GPUs: *gpus, TP: *tp, Utilization: *util, Params: *params,
 		KVDType: *kvDType, BlockSize: *blockSize, Thinking: *thinking, ImageTokens: *images}
 	var errs []error
-	size := func(flagName, v string, dst *float64) {
-		if v == "" {
-			return
+	for _, sz := range []struct {
+		flag, v string
+		dst     *float64
+	}{{"gpu-memory", *gpuMem, &in.GPUMemory}, {"weights", *weights, &in.Weights}, {"reserve", *reserve, &in.Reserve}, {"kv-memory", *kvMem, &in.KVMemory}} {
+		if sz.v == "" {
+			continue
 		}
-		b, err := plan.ParseBytes(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("--%s: %v", flagName, err))
+		var err error
+		if *sz.dst, err = plan.ParseBytes(sz.v); err != nil {
+			errs = append(errs, fmt.Errorf("--%s: %v", sz.flag, err))
 		}
-		*dst = b
 	}
-	size("gpu-memory", *gpuMem, &in.GPUMemory)
-	size("weights", *weights, &in.Weights)
-	size("reserve", *reserve, &in.Reserve)
-	size("kv-memory", *kvMem, &in.KVMemory)
 	for _, c := range strings.Split(*contexts, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(c))
 		if err != nil {
@@ -126,17 +125,4 @@ func runPlan(ctx context.Context, args []string, sio stdio) error {
 		return enc.Encode(r)
 	}
 	return r.WriteText(sio.out)
-}
-
-// overrides reports whether any model-shape flag was given, so a config
-// missing a figure can be completed from the command line.
-func overrides(fs *flag.FlagSet) bool {
-	any := false
-	fs.Visit(func(f *flag.Flag) {
-		switch f.Name {
-		case "layers", "attention-heads", "kv-heads", "head-dim", "kv-lora-rank", "qk-rope-head-dim", "dtype":
-			any = true
-		}
-	})
-	return any
 }

@@ -1,26 +1,18 @@
 package main
 
 import (
-	"cmp"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"math"
 	"os"
-	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
-	"time"
-
-	"go.yaml.in/yaml/v3"
 
 	"kvrouter"
 	"kvrouter/internal/bench/report"
 	"kvrouter/internal/enginesim"
-	"kvrouter/internal/routing"
 	"kvrouter/internal/sim"
 	"kvrouter/internal/workload"
 )
@@ -79,7 +71,7 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	loads, err := parseLoads(*loadFlag)
+	loads, err := sim.ParseLoads(*loadFlag)
 	if err != nil {
 		return fmt.Errorf("%w: --load: %v", errUsage, err)
 	}
@@ -126,110 +118,34 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 		*maxModelLen = min(enginesim.DefaultMaxModelLen, (*gpuBlocks-1)*(*blockSize))
 	}
 	cfg.Engine.MaxModelLen = *maxModelLen
-	timing, _, err := enginesim.Profile(*profile)
-	if err != nil {
+	if _, _, err := enginesim.Profile(*profile); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	extra, err := parseScale(*scale)
+	extra, err := sim.ParseScale(*scale)
 	if err != nil {
 		return fmt.Errorf("%w: --scale: %v", errUsage, err)
 	}
-	if err := checkSimSize(*replicas, *requests, extra); err != nil {
+	if err := sim.CheckSize(*replicas, *requests, extra); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	if *routingFile != "" {
-		if cfg.Routing, err = loadRoutingConfig(*routingFile); err != nil {
+		if cfg.Routing, err = sim.LoadRoutingConfig(*routingFile); err != nil {
 			return err
 		}
 	}
-	var attrs []sim.Attribution // the last run's, with --attribute
-	bounds := &sim.BoundMemo{}  // a load sweep over a trace replays the same requests: one bound
-	// one simulates the scenario at load (0: its default) and reports it.
-	one := func(load float64) (*report.Report, float64, error) {
-		opts := sim.ScenarioOptions{Replicas: *replicas, Load: load, Requests: *requests, PrefillRate: timing.PrefillTokensPerSec * mean(scales), Seed: *seed}
-		if *scenario == "mooncake" || *scenario == "saturation" {
-			if opts.Trace, err = readTrace(*tracePath); err != nil {
-				return nil, 0, err
-			}
-		}
-		sc, err := sim.BuildScenario(*scenario, opts)
-		if err != nil {
-			return nil, 0, fmt.Errorf("%w: %v", errUsage, err)
-		}
-		if *speed > 0 && sc.Workload.Name == "mooncake" {
-			if sc.Workload, err = workload.Mooncake(opts.Trace, workload.MooncakeOptions{Speed: *speed, Limit: *requests}); err != nil {
-				return nil, 0, err
-			}
-			sc.Workload.Params["scenario"] = *scenario
-		}
-		w := sc.Workload
-		if *repeat != 1 {
-			if w, err = workload.Repeat(w, *repeat); err != nil {
-				return nil, 0, fmt.Errorf("%w: %v", errUsage, err)
-			}
-		}
-		cfg.Replicas = sc.Replicas
-		if *dpSize > 1 {
-			if sc.Replicas%*dpSize != 0 {
-				return nil, 0, fmt.Errorf("%w: --dp-size %d does not divide %d replicas", errUsage, *dpSize, sc.Replicas)
-			}
-			cfg.Replicas, cfg.DPSize, cfg.DPRankBlind = sc.Replicas / *dpSize, *dpSize, *dpBlind
-		}
-		cfg.Scale = append(sc.Scale, extra...)
-		if cfg.AdapterReplicas = sc.AdapterReplicas; cfg.AdapterReplicas > 0 && !policiesSet(fs) {
-			// The oracle does not model adapters: the default list without it.
-			cfg.Policies = slices.DeleteFunc(cfg.Policies, func(p string) bool { return p == sim.PolicyOracle })
-		}
-		start := time.Now()
-		runs, bound, at, err := simulate(ctx, cfg, w, *pooled, *attribute, bounds)
-		if err != nil {
-			return nil, 0, err
-		}
-		attrs = at
-		title := fmt.Sprintf("kvrouter sim: %s, %d replicas, load %.2g", *scenario, *replicas, sc.Load)
-		rep := report.New(title, w.Info(), runs, cfg.SLO)
-		rep.HitRateBound = sim.HitRateBound(w, *blockSize)
-		if bound != nil {
-			rep.SetPooledBound(report.PooledBound{HitRate: bound.HitRate, CachedTokens: bound.CachedTokens, GPUBlocks: bound.GPUBlocks, CPUBlocks: bound.CPUBlocks})
-		}
-		rep.Setup = map[string]string{
-			"replicas": strconv.Itoa(*replicas), "start_replicas": strconv.Itoa(sc.Replicas), "profile": *profile,
-			"block_size": strconv.Itoa(*blockSize), "event_delay": eventDelay.String(), "event_loss": fmt.Sprint(*eventLoss),
-			"seed": fmt.Sprint(*seed), "wall_time": time.Since(start).Round(time.Millisecond).String(),
-		}
-		if len(scales) > 0 {
-			rep.Setup["prefill_scale"], rep.Setup["rates"] = *prefillScale, *rates
-		}
-		if *routers > 1 {
-			rep.Setup["routers"], rep.Setup["front"] = strconv.Itoa(*routers), *front
-			rep.Setup["stripes"] = strconv.FormatBool(*stripes)
-		}
-		if *dpSize > 1 {
-			rep.Setup["dp_size"], rep.Setup["dp_rank_blind"] = strconv.Itoa(*dpSize), strconv.FormatBool(*dpBlind)
-		}
-		for _, s := range cfg.Scale {
-			rep.Setup["scale"] += fmt.Sprintf("%v:%+d ", s.At.Round(time.Second), s.Delta)
-		}
-		return rep, sc.Load, nil
-	}
-	var rep *report.Report
-	var sweep []report.SweepPoint
-	for _, load := range loads {
-		r, used, err := one(load)
-		if err != nil {
+	study := sim.Study{Scenario: *scenario, Replicas: *replicas, Requests: *requests, Repeat: *repeat, Loads: loads, Speed: *speed,
+		Scale: extra, DPSize: *dpSize, DPRankBlind: *dpBlind, Pooled: *pooled, Attribute: *attribute, PoliciesSet: policiesSet(fs),
+		PrefillScaleText: *prefillScale, Sim: cfg}
+	if *scenario == "mooncake" || *scenario == "saturation" {
+		if study.Trace, err = readTrace(*tracePath); err != nil {
 			return err
 		}
-		if len(loads) > 1 {
-			r.Sweep = sweep
-			r.AddSweep(used, r)
-			sweep = r.Sweep
-		}
-		rep = r
 	}
-	if *pdPrefill != 0 {
-		rep.Setup["pd_prefill"], rep.Setup["pd_link"] = strconv.Itoa(*pdPrefill), *pdLink
+	rep, attrs, err := sim.Compare(ctx, study)
+	if err != nil {
+		return err
 	}
-	if err := writeReport(rep, *asJSON, *htmlPath, sio); err != nil {
+	if err := rep.Write(sio.out, sio.err, *asJSON, *htmlPath); err != nil {
 		return err
 	}
 	if *attribute && !*asJSON {
@@ -239,76 +155,6 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 		fmt.Fprintln(sio.out, sim.PDVerdict(rep.Policies))
 	}
 	return nil
-}
-
-// parseLoads reads --load: one value (0: the scenario's default) or a
-// comma-separated list of positive loads to sweep.
-func parseLoads(s string) ([]float64, error) {
-	var out []float64
-	for _, part := range splitList(s) {
-		v, err := strconv.ParseFloat(part, 64)
-		if err != nil || v < 0 || math.IsInf(v, 0) || math.IsNaN(v) {
-			return nil, fmt.Errorf("%q: want a non-negative number", part)
-		}
-		out = append(out, v)
-	}
-	if len(out) == 0 {
-		return []float64{0}, nil
-	}
-	if len(out) > 1 {
-		for _, v := range out {
-			if v == 0 {
-				return nil, fmt.Errorf("a sweep needs positive loads, got %s", s)
-			}
-		}
-	}
-	return out, nil
-}
-
-// simulate runs cfg's policies on w and, when pooled, the pooled-cache
-// bound (from bounds when it holds w's) on its own goroutine beside them
-// (nil bound otherwise); attribute
-// runs sim.Attribute instead (bound, then policies, and the attribution).
-func simulate(ctx context.Context, cfg sim.Config, w *workload.Workload, pooled, attribute bool, bounds *sim.BoundMemo) ([]*report.Run, *sim.Bound, []sim.Attribution, error) {
-	if attribute {
-		runs, attrs, b, err := sim.Attribute(ctx, cfg, w)
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		return runs, &b, attrs, nil
-	}
-	if !pooled {
-		runs, err := sim.Run(ctx, cfg, w)
-		return runs, nil, nil, err
-	}
-	type result struct {
-		b   sim.Bound
-		err error
-	}
-	ch := make(chan result, 1)
-	bctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		defer func() {
-			if v := recover(); v != nil {
-				ch <- result{err: fmt.Errorf("sim: pooled bound: panic: %v", v)}
-			}
-		}()
-		b, err := bounds.PooledBound(bctx, cfg, w)
-		ch <- result{b, err}
-	}()
-	runs, err := sim.Run(ctx, cfg, w)
-	if err != nil {
-		cancel()
-	}
-	r := <-ch
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	if r.err != nil {
-		return nil, nil, nil, r.err
-	}
-	return runs, &r.b, nil, nil
 }
 
 func defaultLoads() string {
@@ -327,33 +173,6 @@ func scenarioList() string {
 	return b.String()
 }
 
-// writeReport prints rep as markdown (or JSON) on out and, when htmlPath is
-// set, writes the HTML page there.
-func writeReport(rep *report.Report, asJSON bool, htmlPath string, sio stdio) error {
-	if htmlPath != "" {
-		abs, err := filepath.Abs(htmlPath)
-		if err != nil {
-			return fmt.Errorf("html report: %w", err)
-		}
-		f, err := os.Create(abs)
-		if err != nil {
-			return fmt.Errorf("html report: %w", err)
-		}
-		err = rep.HTML(f)
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return fmt.Errorf("html report: %w", err)
-		}
-		fmt.Fprintf(sio.err, "HTML report written to %s\n", abs)
-	}
-	if asJSON {
-		return rep.JSON(sio.out)
-	}
-	return rep.Markdown(sio.out)
-}
-
 // readTrace reads a Mooncake trace from path, or the embedded one.
 func readTrace(path string) ([]workload.TraceRecord, error) {
 	var r io.ReadCloser
@@ -368,74 +187,6 @@ func readTrace(path string) ([]workload.TraceRecord, error) {
 	}
 	defer r.Close()
 	return workload.ReadTrace(r)
-}
-
-// loadRoutingConfig reads routing weights from a YAML file, rejecting
-// unknown fields.
-func loadRoutingConfig(path string) (routing.Config, error) {
-	var cfg routing.Config
-	f, err := os.Open(path)
-	if err != nil {
-		return cfg, fmt.Errorf("routing config: %w", err)
-	}
-	defer f.Close()
-	dec := yaml.NewDecoder(f)
-	dec.KnownFields(true)
-	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
-		return cfg, fmt.Errorf("routing config %s: %w", path, err)
-	}
-	return cfg, nil
-}
-
-// parseScale parses "TIME:DELTA,..." (e.g. "120s:+4,300s:-2").
-func parseScale(s string) ([]sim.Scale, error) {
-	var out []sim.Scale
-	for _, part := range splitList(s) {
-		at, delta, ok := strings.Cut(part, ":")
-		if !ok {
-			return nil, fmt.Errorf("%q: want TIME:DELTA", part)
-		}
-		d, err := time.ParseDuration(at)
-		if err != nil {
-			return nil, fmt.Errorf("%q: %v", part, err)
-		}
-		n, err := strconv.Atoi(strings.TrimPrefix(delta, "+"))
-		if err != nil || n == 0 {
-			return nil, fmt.Errorf("%q: delta must be a non-zero integer", part)
-		}
-		out = append(out, sim.Scale{At: d, Delta: n})
-	}
-	return out, nil
-}
-
-// maxSimReplicas bounds the simulated fleet at any moment: each replica is a
-// whole engine core with its own prefix cache (about 1 MB of index tables
-// and its block pool), so an unbounded --scale could exhaust memory.
-const maxSimReplicas = 1024
-
-// checkSimSize rejects fleet sizes and request counts the simulator cannot
-// run: --replicas outside 1..maxSimReplicas, a negative --requests, or
-// --scale steps that take the fleet above maxSimReplicas or below 1 at any
-// time.
-func checkSimSize(replicas, requests int, scale []sim.Scale) error {
-	if replicas < 1 || replicas > maxSimReplicas {
-		return fmt.Errorf("--replicas %d: want 1..%d", replicas, maxSimReplicas)
-	}
-	if requests < 0 {
-		return fmt.Errorf("--requests %d: must not be negative", requests)
-	}
-	steps := slices.Clone(scale)
-	slices.SortStableFunc(steps, func(a, b sim.Scale) int { return cmp.Compare(a.At, b.At) })
-	n := replicas
-	for _, st := range steps {
-		if n += st.Delta; n > maxSimReplicas {
-			return fmt.Errorf("--scale: %v:%+d makes %d replicas, more than %d", st.At, st.Delta, n, maxSimReplicas)
-		}
-		if n < 1 {
-			return fmt.Errorf("--scale: %v:%+d leaves %d replicas, need at least 1", st.At, st.Delta, n)
-		}
-	}
-	return nil
 }
 
 // splitList splits a comma-separated flag value, dropping empty items.
@@ -461,18 +212,6 @@ func parseFloats(s string) ([]float64, error) {
 		out = append(out, x)
 	}
 	return out, nil
-}
-
-// mean is the average of xs, 1 for none.
-func mean(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 1
-	}
-	sum := 0.0
-	for _, x := range xs {
-		sum += x
-	}
-	return sum / float64(len(xs))
 }
 
 // policiesSet reports whether --policies was given.

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 
@@ -49,35 +47,9 @@ func runTokenize(ctx context.Context, args []string, sio stdio) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	var req tokenizer.ChatRequest
-	if *chat {
-		if len(bytes.TrimSpace(input)) == 0 {
-			return errors.New(`chat request on stdin: empty; want a JSON object {"messages":[...], ...}`)
-		}
-		if err := json.Unmarshal(input, &req); err != nil {
-			return fmt.Errorf("chat request on stdin: %w", err)
-		}
-	}
-	tok, err := tokenizer.Load(*path)
-	if err != nil {
-		return err
-	}
 	var out tokenizeOutput
-	if *chat {
-		local, err := tokenizer.NewLocal(tok, tokenizer.ContentAuto)
-		if err != nil {
-			return err
-		}
-		text, ids, err := local.EncodeChat(req)
-		if err != nil {
-			return err
-		}
-		out = tokenizeOutput{IDs: ids, Text: &text}
-	} else {
-		out.IDs = tok.Encode(string(input), !*noSpecial)
-	}
-	if out.IDs == nil {
-		out.IDs = []uint32{}
+	if out.IDs, out.Text, err = tokenizer.EncodeInput(*path, input, *chat, *noSpecial); err != nil {
+		return err
 	}
 	enc := json.NewEncoder(sio.out)
 	enc.SetEscapeHTML(false)

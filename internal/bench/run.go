@@ -316,3 +316,25 @@ func (c *runner) scrapeAll(ctx context.Context) (counters, bool) {
 	}
 	return sum, true
 }
+
+// RunAll runs cfgs one after the other on w (Run, with a nil client) and
+// returns their runs in order, stopping after the run during which ctx
+// ended. Several runs without Reset warn on log: each run after the first
+// starts on caches the previous one warmed.
+func RunAll(ctx context.Context, cfgs []Config, w *workload.Workload, log *slog.Logger) ([]*report.Run, error) {
+	if len(cfgs) > 1 && !cfgs[0].Reset && log != nil {
+		log.Warn("several runs against the same engines without --reset: later runs start with warm caches, so the comparison favours them")
+	}
+	var runs []*report.Run
+	for _, c := range cfgs {
+		run, err := Run(ctx, c, w, nil, log)
+		if err != nil {
+			return nil, err
+		}
+		runs = append(runs, run)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return runs, nil
+}

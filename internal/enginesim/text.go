@@ -7,7 +7,7 @@ import (
 )
 
 // Tokenizer turns prompts and chats into the token ids the simulated engine
-// caches. cmd/kvrouter adapts internal/tokenizer (--tokenizer) to it; nil
+// caches. LoadTokenizer adapts internal/tokenizer (--tokenizer) to it; nil
 // in Config means ByteTokenizer. Implementations must be safe for concurrent
 // use (handlers call them in parallel).
 type Tokenizer interface {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Renders the plain manifests in deploy/manifests from the Helm chart, for
-# users without Helm: `make manifests` writes them; cmd/kvrouter's
+# users without Helm: `make manifests` writes them; test/e2e's
 # TestManifests renders them into a temporary directory and fails when the
 # committed files differ. Usage: render.sh [OUTDIR] (default deploy/manifests).
 set -euo pipefail

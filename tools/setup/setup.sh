@@ -17,7 +17,7 @@
 #   helm      helm v3.22.0 built from the Go module proxy into
 #             $KVROUTER_CACHE/bin (the chart tests)
 #   haproxy   Debian's haproxy: the front balancer of the several-replicas
-#             test (cmd/kvrouter TestE2EReplicasBehindHAProxy)
+#             test (test/e2e)
 #   k8s       Debian's kubernetes-client (kubectl), etcd and kube-apiserver
 #             for the Kubernetes tests, and for the real-node test kubelet,
 #             kube-scheduler, kube-controller-manager, Debian's containerd,
