@@ -109,7 +109,7 @@ func adapterPath(x *exchange) string {
 // and loading is configured, all of them (x.loadAdapter set).
 func (s *Server) healthy(dst []*fleet.Endpoint, x *exchange) ([]*fleet.Endpoint, time.Duration, error) {
 	if x.adapter == "" {
-		return s.deps.Fleet.Healthy(dst, x.req.model)
+		return s.deps.Fleet.Healthy(dst, x.req.Model)
 	}
 	n := len(dst)
 	eps, retry, err := s.deps.Fleet.Healthy(dst, x.m.cfg.Name)

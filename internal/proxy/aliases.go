@@ -7,6 +7,8 @@ import (
 	"io"
 	"slices"
 	"time"
+
+	"kvrouter/internal/request"
 )
 
 // Route aliases.
@@ -88,17 +90,21 @@ func (s *Server) alias(name string) (*AliasConfig, *model) {
 
 // applyAlias rewrites the body of a request for an alias (rewrite) and
 // parses it again; other requests are returned as they are.
-func (s *Server) applyAlias(x *exchange, k kind, req *request, body []byte) (*request, *apiError) {
-	al, m := s.alias(req.model)
+func (s *Server) applyAlias(x *exchange, k request.Kind, req *request.Parsed, body []byte) (*request.Parsed, *apiError) {
+	al, m := s.alias(req.Model)
 	if al == nil {
 		return req, nil
 	}
-	out, err := al.rewrite(body, m.cfg.Name, k == kindChat)
+	out, err := al.rewrite(body, m.cfg.Name, k == request.Chat)
 	if err != nil {
 		return nil, badRequest("", err.Error())
 	}
 	x.route = al
-	return parseRequest(k, out)
+	r, perr := request.Parse(k, out)
+	if perr != nil {
+		return r, requestError(perr)
+	}
+	return r, nil
 }
 
 // rewrite returns body with model set to base and the alias's defaults and

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/request"
 	"kvrouter/internal/tokenizer"
 )
 
@@ -88,7 +89,7 @@ func BenchmarkRelayEvent(b *testing.B) {
 	buf := make([]byte, 32<<10)
 	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
 	w := &flushDiscard{h: http.Header{}}
-	x := &exchange{w: w, r: r, start: time.Now(), req: &request{model: "m"}}
+	x := &exchange{w: w, r: r, start: time.Now(), req: &request.Parsed{Model: "m"}}
 	b.ReportAllocs()
 	events := 0
 	for b.Loop() {
@@ -136,14 +137,14 @@ func BenchmarkRouteOverhead(b *testing.B) {
 	}
 	for _, tc := range []struct {
 		name      string
-		k         kind
+		k         request.Kind
 		body      func(i int) []byte
 		minTokens int
 	}{
-		{"chat", kindChat, func(i int) []byte {
+		{"chat", request.Chat, func(i int) []byte {
 			return fmt.Appendf(nil, `{"model":"m","stream":true,"max_tokens":256,"messages":[{"role":"system","content":%q},{"role":"user","content":"Where is shipment %d? It left Rotterdam on Monday."}]}`, system, i)
 		}, 500},
-		{"token-ids", kindCompletion, func(i int) []byte {
+		{"token-ids", request.Completion, func(i int) []byte {
 			return fmt.Appendf(nil, `{"model":"m","stream":true,"max_tokens":256,"prompt":[%s%d]}`, ids.Bytes(), i)
 		}, 513},
 	} {

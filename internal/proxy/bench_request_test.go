@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"kvrouter/internal/request"
 	"kvrouter/internal/tokenizer"
 )
 
@@ -167,7 +168,7 @@ func freshConversation(body []byte, n int) []byte {
 // prompt's token count.
 func routeRequest(b *testing.B, srv *Server, body []byte) int {
 	x := &exchange{w: httptest.NewRecorder(), r: httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil).WithContext(context.Background()), start: time.Now()}
-	if !srv.parse(x, kindChat, body) {
+	if !srv.parse(x, request.Chat, body) {
 		b.Fatal("parse failed")
 	}
 	d, err := srv.decide(x, srv.routeInput(x, []string{"e0"}, false))

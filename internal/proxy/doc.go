@@ -11,6 +11,9 @@
 // body lists every engine's state; ?full=1 wants every engine), GET
 // /metrics (the registry given to Deps).
 //
+// Request bodies are parsed and validated by package request (one parse
+// per request); this package answers its errors.
+//
 // Forwarding: the body is forwarded as received, except that
 // vllm_xargs.kv_cache_report_mode = "full" is merged in (Config
 // DisableHitReport turns it off) so the engine reports the prefix blocks it

@@ -1,10 +1,13 @@
 package proxy
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"strconv"
 	"time"
+
+	"kvrouter/internal/request"
 )
 
 // Error types: the one vocabulary of the "type" field of every error the
@@ -38,6 +41,17 @@ func (e *apiError) Error() string { return e.message }
 
 func badRequest(param, msg string) *apiError {
 	return &apiError{status: http.StatusBadRequest, typ: typeInvalidRequest, param: param, message: msg}
+}
+
+// requestError is the answer to a request the parser refused: every
+// request.Error type is a 400 invalid_request_error naming the field.
+func requestError(e *request.Error) *apiError {
+	return badRequest(e.Param, e.Message)
+}
+
+// isNull reports whether raw is absent or JSON null.
+func isNull(raw json.RawMessage) bool {
+	return len(raw) == 0 || string(bytes.TrimSpace(raw)) == "null"
 }
 
 // errorBody is OpenAI's error JSON.

@@ -115,7 +115,7 @@ func (s *Server) observeDecision(x *exchange, d Decision) {
 	s.holds.Hold(&x.held, d.Replica)
 	x.replica, x.cached, x.indexCached = d.Replica, d.CachedTokens, d.IndexCachedTokens
 	s.traceDecision(x, d)
-	model := x.req.model
+	model := x.req.Model
 	if x.tokens != nil {
 		s.m.promptTokens.WithLabelValues(model).Observe(float64(len(x.tokens)))
 		s.m.cachedTokens.WithLabelValues(model).Observe(float64(d.CachedTokens))
@@ -158,7 +158,7 @@ func (s *Server) try(x *exchange, ep *fleet.Endpoint, d Decision, canRetry bool)
 	if x.bodyFor != nil {
 		body = x.bodyFor(ep.Name())
 	}
-	req, err := http.NewRequestWithContext(legCtx, http.MethodPost, ep.URL()+x.req.kind.path(), bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(legCtx, http.MethodPost, ep.URL()+x.req.Kind.Path(), bytes.NewReader(body))
 	if err != nil {
 		s.fail(x, serverError(err.Error()), outcomeUpstream)
 		return false
@@ -192,7 +192,7 @@ func (s *Server) try(x *exchange, ep *fleet.Endpoint, d Decision, canRetry bool)
 		// another replica. Drain a little so the connection may be reused.
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
 		resp.Body.Close()
-		s.m.retries.WithLabelValues(x.req.model, "status_"+strconv.Itoa(status)).Inc()
+		s.m.retries.WithLabelValues(x.req.Model, "status_"+strconv.Itoa(status)).Inc()
 		return true
 	}
 	defer resp.Body.Close()
@@ -200,7 +200,7 @@ func (s *Server) try(x *exchange, ep *fleet.Endpoint, d Decision, canRetry bool)
 	s.relay(x, ep, ctx, wd, resp, d.FirstToken, failed)
 	ok = status/100 == 2 && x.outcome == outcomeOK
 	if ok && x.tokens != nil && x.hit.seen {
-		s.trust.observe(x.m.router, x.req.model, ep.Name(), x.indexCached, x.hit.cached)
+		s.trust.observe(x.m.router, x.req.Model, ep.Name(), x.indexCached, x.hit.cached)
 	}
 	return false
 }
@@ -244,7 +244,7 @@ func (s *Server) upstreamFailed(x *exchange, ep *fleet.Endpoint, ctx context.Con
 	}
 	s.deps.Fleet.Report(ep, fleet.OutcomeOfError(err))
 	if canRetry {
-		s.m.retries.WithLabelValues(x.req.model, "conn_error").Inc()
+		s.m.retries.WithLabelValues(x.req.Model, "conn_error").Inc()
 		return true
 	}
 	// The cause (addresses, syscalls) goes to the log line with the

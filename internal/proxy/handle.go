@@ -19,6 +19,7 @@ import (
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/frontmetrics"
 	"kvrouter/internal/kvindex"
+	"kvrouter/internal/request"
 )
 
 // exchange is one client request's state, shared by its attempts, for the
@@ -28,7 +29,7 @@ type exchange struct {
 	r     *http.Request
 	id    string
 	start time.Time
-	req   *request
+	req   *request.Parsed
 	asked string // the model the body named, "" when it was not read
 	m     *model
 	// adapter is the LoRA adapter the request names as its model ("" for
@@ -78,7 +79,7 @@ type exchange struct {
 	// mm are the prompt's multimodal items from the engine's render
 	// (mediakeys.go); media is what its chat parts carry (media.go).
 	mm    []kvindex.MMItem
-	media mediaScan
+	media request.Media
 
 	// bodyHeld is the body_budget the request's body holds (body.go),
 	// given back by finish.
@@ -102,7 +103,7 @@ const (
 )
 
 // serveInference handles POST /v1/completions and /v1/chat/completions.
-func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, k kind) {
+func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, k request.Kind) {
 	x := &exchange{w: w, r: r, id: requestID(r), start: s.deps.Now()}
 	w.Header().Set("X-Request-Id", x.id)
 	s.startSpan(x, r.URL.Path)
@@ -129,18 +130,7 @@ func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	var probe struct {
-		Messages json.RawMessage `json:"messages"`
-		Prompt   json.RawMessage `json:"prompt"`
-		Input    json.RawMessage `json:"input"`
-	}
-	k := kindCompletion
-	if json.Unmarshal(body, &probe) == nil && !isNull(probe.Messages) {
-		k = kindChat
-	} else if isNull(probe.Prompt) && !isNull(probe.Input) {
-		k = kindResponses // a Responses body (responses.go)
-	}
-	if !s.parse(x, k, body) {
+	if !s.parse(x, request.Sniff(body), body) {
 		return
 	}
 	s.explain(x)
@@ -148,7 +138,7 @@ func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request) {
 
 // prepare reads, parses and tokenizes the request; false when it has
 // answered an error.
-func (s *Server) prepare(x *exchange, k kind) bool {
+func (s *Server) prepare(x *exchange, k request.Kind) bool {
 	body, ok := s.readBody(x)
 	return ok && s.parse(x, k, body)
 }
@@ -167,10 +157,14 @@ func checkContentType(ct string) *apiError {
 	return badRequest("", fmt.Sprintf("Content-Type %q: the body must be JSON (Content-Type: application/json)", ct))
 }
 
-func (s *Server) parse(x *exchange, k kind, body []byte) bool {
-	req, aerr := parseRequest(k, body)
+func (s *Server) parse(x *exchange, k request.Kind, body []byte) bool {
+	req, perr := request.Parse(k, body)
 	if req != nil {
-		x.asked = req.model
+		x.asked = req.Model
+	}
+	var aerr *apiError
+	if perr != nil {
+		aerr = requestError(perr)
 	}
 	if aerr == nil {
 		req, aerr = s.applyAlias(x, k, req, body)
@@ -183,24 +177,24 @@ func (s *Server) parse(x *exchange, k kind, body []byte) bool {
 		return false
 	}
 	x.req = req
-	m, ok := s.models[req.model]
+	m, ok := s.models[req.Model]
 	if !ok {
-		if m, ok = s.adapterModel(req.model); ok {
-			x.adapter = req.model
+		if m, ok = s.adapterModel(req.Model); ok {
+			x.adapter = req.Model
 		}
 	}
 	if !ok {
 		s.fail(x, &apiError{status: http.StatusNotFound, typ: typeNotFound, param: "model",
-			message: fmt.Sprintf("The model `%s` does not exist.", truncate(req.model, maxEcho))}, outcomeBadRequest)
+			message: fmt.Sprintf("The model `%s` does not exist.", truncate(req.Model, maxEcho))}, outcomeBadRequest)
 		return false
 	}
 	x.m = m
-	x.media = scanMedia(req)
+	x.media = req.Media()
 	if e := checkMedia(x); e != nil {
 		s.fail(x, e, outcomeBadRequest)
 		return false
 	}
-	fwd, err := req.forwardBody(!m.cfg.DisableHitReport)
+	fwd, err := req.ForwardBody(!m.cfg.DisableHitReport)
 	if err != nil {
 		s.fail(x, badRequest("", err.Error()), outcomeBadRequest)
 		return false
@@ -214,36 +208,36 @@ func (s *Server) parse(x *exchange, k kind, body []byte) bool {
 // tokenizer is "none" or fails: a tokenizer problem never fails a request.
 func (s *Server) tokenize(x *exchange) []uint32 {
 	req := x.req
-	if req.promptTokens != nil {
-		return req.promptTokens
+	if req.PromptTokens != nil {
+		return req.PromptTokens
 	}
 	if x.m.tok == nil {
 		return nil
 	}
 	t0 := time.Now()
 	ctx, span := s.startChild(x, spanTokenize, trace.SpanKindInternal)
-	chat, body := req.kind == kindChat, req.body
-	if req.kind == kindResponses { // rendered as the chat vLLM makes of it
-		if req.resp.chatBody == nil {
+	chat, body := req.Kind == request.Chat, req.Body
+	if req.Kind == request.Responses { // rendered as the chat vLLM makes of it
+		if req.Responses.ChatBody == nil {
 			span.End()
 			return nil
 		}
-		chat, body = true, req.resp.chatBody
+		chat, body = true, req.Responses.ChatBody
 	}
 	var ids []uint32
 	var mm []kvindex.MMItem
 	var err error
-	if creq, cerr := chatRequest(req); cerr == nil {
+	if creq, cerr := req.ChatRequest(); cerr == nil {
 		ids, mm, err = chatTokens(x.m.tok, ctx, creq, body)
 	} else {
-		ids, mm, err = tokensMM(x.m.tok, ctx, chat, body, req.promptText)
+		ids, mm, err = tokensMM(x.m.tok, ctx, chat, body, req.PromptText)
 	}
 	x.mm = mm
 	tm := s.m.view
 	if x.front != nil {
 		tm = x.front
 	}
-	tm.Tokenize.WithLabelValues(req.model).Observe(time.Since(t0).Seconds())
+	tm.Tokenize.WithLabelValues(req.Model).Observe(time.Since(t0).Seconds())
 	if err != nil {
 		span.SetStatus(codes.Error, err.Error())
 	} else {
@@ -251,12 +245,12 @@ func (s *Server) tokenize(x *exchange) []uint32 {
 	}
 	span.End()
 	if err != nil {
-		tm.TokenizeErrors.WithLabelValues(req.model).Inc()
+		tm.TokenizeErrors.WithLabelValues(req.Model).Inc()
 		if errors.Is(err, ErrNoTokenizerEngine) {
-			tm.TokenizerUnavailable.WithLabelValues(req.model).Inc()
+			tm.TokenizerUnavailable.WithLabelValues(req.Model).Inc()
 		}
 		if s.log.Enabled(x.r.Context(), slog.LevelDebug) {
-			s.log.Debug("tokenize failed, routing by load", "request_id", x.id, "model", req.model, "err", err)
+			s.log.Debug("tokenize failed, routing by load", "request_id", x.id, "model", req.Model, "err", err)
 		}
 		return nil
 	}
@@ -275,12 +269,12 @@ func (s *Server) fail(x *exchange, e *apiError, outcome string) {
 // routeInput builds the router's input for x, excluding tried replicas.
 func (s *Server) routeInput(x *exchange, cands []string, dry bool) *RouteInput {
 	in := &RouteInput{
-		Model:      x.req.model,
+		Model:      x.req.Model,
 		RequestID:  x.id,
 		Tokens:     x.tokens,
-		CacheSalt:  x.req.cacheSalt,
+		CacheSalt:  x.req.CacheSalt,
 		LoRA:       x.adapter,
-		MaxTokens:  x.req.maxTokens,
+		MaxTokens:  x.req.MaxTokens,
 		Candidates: cands,
 		DryRun:     dry,
 	}
@@ -289,7 +283,7 @@ func (s *Server) routeInput(x *exchange, cands []string, dry bool) *RouteInput {
 	}
 	mediaRouteInput(x, in)
 	if tr, ok := x.m.router.(textRouter); ok && tr.UsesText() {
-		in.Text = x.req.routingText()
+		in.Text = x.req.RoutingText()
 	}
 	for _, h := range x.m.cfg.SessionHeaders {
 		if v := x.r.Header.Get(h); v != "" {
@@ -305,7 +299,7 @@ func (s *Server) decide(x *exchange, in *RouteInput) (Decision, error) {
 	t0 := time.Now()
 	_, span := s.startChild(x, spanRoute, trace.SpanKindInternal)
 	d, err := x.m.router.Route(in)
-	s.m.decision.WithLabelValues(x.req.model).Observe(time.Since(t0).Seconds())
+	s.m.decision.WithLabelValues(x.req.Model).Observe(time.Since(t0).Seconds())
 	if err != nil {
 		span.SetStatus(codes.Error, err.Error())
 	} else {
@@ -314,7 +308,7 @@ func (s *Server) decide(x *exchange, in *RouteInput) (Decision, error) {
 	}
 	span.End()
 	if err == nil && s.deps.OnDecision != nil {
-		s.deps.OnDecision(x.req.model, x.id, len(x.tokens), d)
+		s.deps.OnDecision(x.req.Model, x.id, len(x.tokens), d)
 	}
 	return d, err
 }
@@ -349,7 +343,7 @@ func (s *Server) explain(x *exchange) {
 		Tokenized    bool            `json:"tokenized"`
 		Shadow       *ShadowDecision `json:"shadow,omitempty"`
 		Explain      any             `json:"explain,omitempty"`
-	}{x.req.model, d.Replica, "", d.CachedTokens, len(x.tokens), x.tokens != nil, d.Shadow, d.Explain}
+	}{x.req.Model, d.Replica, "", d.CachedTokens, len(x.tokens), x.tokens != nil, d.Shadow, d.Explain}
 	if ep := s.deps.Fleet.Endpoint(d.Replica); ep != nil {
 		out.URL = ep.URL()
 	}
@@ -369,7 +363,7 @@ func (s *Server) explain(x *exchange) {
 
 func (s *Server) noReplica(x *exchange, retry time.Duration, err error) {
 	s.fail(x, &apiError{status: http.StatusServiceUnavailable, typ: typeServiceUnavailable,
-		message: fmt.Sprintf("no healthy replica for model %q", x.req.model), retryAfter: max(retry, time.Second)}, outcomeNoReplica)
+		message: fmt.Sprintf("no healthy replica for model %q", x.req.Model), retryAfter: max(retry, time.Second)}, outcomeNoReplica)
 	x.err = err
 }
 

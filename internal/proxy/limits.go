@@ -31,7 +31,7 @@ func (s *Server) tooLong(x *exchange) *apiError {
 		return nil
 	}
 	limit := s.maxModelLen(x.m.cfg.Name)
-	prompt, out := len(x.tokens), x.req.outputTokens
+	prompt, out := len(x.tokens), x.req.OutputTokens
 	if limit <= 0 || prompt+out <= limit {
 		return nil
 	}

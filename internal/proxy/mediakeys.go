@@ -82,7 +82,7 @@ func mmItems(items []tokenizer.MMItem) []kvindex.MMItem {
 // tokens are unknown then, so this is a lower bound).
 func mediaRouteInput(x *exchange, in *RouteInput) {
 	in.MM = x.mm
-	if len(x.mm) > 0 || x.media.items == 0 {
+	if len(x.mm) > 0 || x.media.Items == 0 {
 		return
 	}
 	if in.Tokens != nil {
@@ -91,6 +91,36 @@ func mediaRouteInput(x *exchange, in *RouteInput) {
 		return
 	}
 	if in.PromptTokens == 0 {
-		in.PromptTokens = x.media.visualTokens
+		in.PromptTokens = x.media.VisualTokens
 	}
+}
+
+// chatTokenizer is met by Tokenizers that take a chat request already
+// decoded (TokenSource, FailoverTokenizer): no second decode of the body.
+type chatTokenizer interface {
+	// TokensChat is TokensMM for req, decoded from body.
+	TokensChat(ctx context.Context, req tokenizer.ChatRequest, body []byte) ([]uint32, []kvindex.MMItem, error)
+}
+
+var (
+	_ chatTokenizer = TokenSource{}
+	_ chatTokenizer = (*FailoverTokenizer)(nil)
+)
+
+// chatTokens asks tok for req's ids and items, decoded already when tok
+// takes it so, else from body.
+func chatTokens(tok Tokenizer, ctx context.Context, req tokenizer.ChatRequest, body []byte) ([]uint32, []kvindex.MMItem, error) {
+	if t, ok := tok.(chatTokenizer); ok {
+		return t.TokensChat(ctx, req, body)
+	}
+	return tokensMM(tok, ctx, true, body, "")
+}
+
+// TokensChat renders req with the source (tokenizer.Source.ChatRendered).
+func (t TokenSource) TokensChat(ctx context.Context, req tokenizer.ChatRequest, _ []byte) ([]uint32, []kvindex.MMItem, error) {
+	out, err := t.Src.ChatRendered(ctx, req)
+	if err != nil {
+		return nil, nil, err
+	}
+	return out.IDs, mmItems(out.MM), nil
 }

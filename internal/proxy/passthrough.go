@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/request"
 )
 
 // Pass-through endpoints: vLLM's pooling, scoring and tokenizer endpoints
@@ -76,7 +77,7 @@ func (s *Server) servePassthrough(w http.ResponseWriter, r *http.Request) {
 			message: fmt.Sprintf("The model `%s` does not exist.", truncate(name, maxEcho))}, outcomeBadRequest)
 		return
 	}
-	x.m, x.req = m, &request{model: m.cfg.Name, body: body}
+	x.m, x.req = m, &request.Parsed{Model: m.cfg.Name, Body: body}
 	eps, retry, err := s.deps.Fleet.Healthy(nil, m.cfg.Name)
 	if x.adapter != "" {
 		eps = slices.DeleteFunc(eps, func(ep *fleet.Endpoint) bool { return !ep.Listed(x.adapter) })

@@ -91,7 +91,7 @@ func (s *Server) planPD(x *exchange, prefill, decode []string) (pdPlan, error) {
 	case rule.Mode == pd.ModeNever:
 		p.Path, p.Verdict.Reason = pathLocal, pd.ReasonNever
 		return p, nil
-	case parallelSampling(x.req.body):
+	case parallelSampling(x.req.Body):
 		p.Path, p.Verdict.Reason = pathLocal, reasonParallelSampling
 		return p, nil
 	}
@@ -149,7 +149,7 @@ func (s *Server) dryRoute(x *exchange, cands []string) (pdPick, error) {
 // and returns the plan and the prefill pool; false when x has been answered
 // (503 without a healthy decode engine, 500 on a routing error).
 func (s *Server) planHealthy(x *exchange) (pdPlan, []string, bool) {
-	eps, retry, err := s.deps.Fleet.Healthy(nil, x.req.model)
+	eps, retry, err := s.deps.Fleet.Healthy(nil, x.req.Model)
 	prefill, decode := x.m.pd.split(eps)
 	if len(decode) == 0 {
 		if err == nil {
@@ -178,7 +178,7 @@ func (s *Server) forwardPD(x *exchange) {
 	if !ok {
 		return
 	}
-	s.pdm.requests.WithLabelValues(x.req.model, plan.Path, plan.Verdict.Reason).Inc()
+	s.pdm.requests.WithLabelValues(x.req.Model, plan.Path, plan.Verdict.Reason).Inc()
 	x.w.Header().Set("X-Kvrouter-Path", plan.Path)
 	x.only = g.isDecode
 	switch plan.Path {
@@ -267,7 +267,7 @@ func (s *Server) prefillTry(x *exchange, ep *fleet.Endpoint, d Decision, body []
 	}()
 	ctx, wd, end := s.startAttempt(x, ep)
 	defer end()
-	model := x.req.model
+	model := x.req.Model
 	failure := func(cause string, e *apiError, outcome string, err error) (json.RawMessage, bool) {
 		s.pdm.prefillFailures.WithLabelValues(model, cause).Inc()
 		if e != nil {
@@ -290,7 +290,7 @@ func (s *Server) prefillTry(x *exchange, ep *fleet.Endpoint, d Decision, body []
 		}
 		endLeg(leg, legStatus, false, err)
 	}()
-	req, err := http.NewRequestWithContext(legCtx, http.MethodPost, ep.URL()+x.req.kind.path(), bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(legCtx, http.MethodPost, ep.URL()+x.req.Kind.Path(), bytes.NewReader(body))
 	if err != nil {
 		return failure("conn_error", serverError(err.Error()), outcomeUpstream, err)
 	}
@@ -335,14 +335,14 @@ func (s *Server) prefillAnswer(x *exchange, ep *fleet.Endpoint, resp *http.Respo
 	s.deps.Fleet.Report(ep, fleet.OutcomeOf(status))
 	if status/100 != 2 {
 		if canRetry && (status == http.StatusTooManyRequests || status == http.StatusBadGateway || status == http.StatusServiceUnavailable) {
-			s.m.retries.WithLabelValues(x.req.model, "status_"+strconv.Itoa(status)).Inc()
+			s.m.retries.WithLabelValues(x.req.Model, "status_"+strconv.Itoa(status)).Inc()
 			return nil, true
 		}
 		err := fmt.Errorf("status %d", status)
 		if status/100 == 4 {
 			// The engine's own answer to the client's request (vLLM's
 			// OpenAI error JSON): relayed, no decode leg.
-			s.pdm.prefillFailures.WithLabelValues(x.req.model, "status").Inc()
+			s.pdm.prefillFailures.WithLabelValues(x.req.Model, "status").Inc()
 			h := x.w.Header()
 			h.Set("Content-Type", "application/json")
 			x.w.WriteHeader(status)
@@ -361,7 +361,7 @@ func (s *Server) prefillAnswer(x *exchange, ep *fleet.Endpoint, resp *http.Respo
 			message: fmt.Sprintf("prefill replica %s answered without kv_transfer_params (is it started with --kv-transfer-config and NixlConnector?) (request id %s)", ep.Name(), x.id)},
 			outcomeUpstream, errors.New("no kv_transfer_params"))
 	}
-	s.pdm.prefillSeconds.WithLabelValues(x.req.model).Observe(time.Since(t0).Seconds())
+	s.pdm.prefillSeconds.WithLabelValues(x.req.Model).Observe(time.Since(t0).Seconds())
 	return out.KVTransferParams, false
 }
 
@@ -415,7 +415,7 @@ func (s *Server) explainPD(x *exchange) {
 		pdPlan
 		Link          string  `json:"link"`
 		BytesPerToken float64 `json:"kv_bytes_per_token"`
-	}{x.req.model, len(x.tokens), x.tokens != nil, plan, x.m.pd.rule.Link, x.m.pd.rule.Model.BytesPerToken()}
+	}{x.req.Model, len(x.tokens), x.tokens != nil, plan, x.m.pd.rule.Link, x.m.pd.rule.Model.BytesPerToken()}
 	b, err := json.Marshal(out)
 	if err != nil {
 		s.fail(x, serverError("encoding decision: "+err.Error()), outcomeUpstream)

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/request"
 )
 
 // BenchmarkPDPlan measures the routing work P/D adds per request: planPD
@@ -69,7 +70,7 @@ func BenchmarkPDPlan(b *testing.B) {
 		}
 		d.Release()
 	}
-	x := &exchange{r: httptest.NewRequest("POST", "/v1/completions", nil), req: &request{model: "m"}, m: srv.models["m"],
+	x := &exchange{r: httptest.NewRequest("POST", "/v1/completions", nil), req: &request.Parsed{Model: "m"}, m: srv.models["m"],
 		tokens: append(prompt(0), prompt(900000)...)}
 	b.Run("pd_plan", func(b *testing.B) {
 		b.ReportAllocs()

@@ -12,6 +12,7 @@ import (
 
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/frontmetrics"
+	"kvrouter/internal/request"
 )
 
 // Picker is a Server's routing core for a front that does not forward
@@ -173,7 +174,7 @@ func (p *Picker) Pick(ctx context.Context, in PickInput) (*Pick, *PickError) {
 		s.fail(x, e, outcomeBadRequest)
 		return nil, perr()
 	}
-	eps, retry, err := s.deps.Fleet.Healthy(nil, x.req.model)
+	eps, retry, err := s.deps.Fleet.Healthy(nil, x.req.Model)
 	var cands []string
 	shed := false
 	for _, ep := range eps {
@@ -190,10 +191,10 @@ func (p *Picker) Pick(ctx context.Context, in PickInput) (*Pick, *PickError) {
 		switch {
 		case shed:
 			s.fail(x, &apiError{status: http.StatusTooManyRequests, typ: typeRateLimit,
-				message: fmt.Sprintf("every replica of model %q is at its limit of %d requests", x.req.model, in.MaxInFlight), retryAfter: time.Second}, outcomeShed)
+				message: fmt.Sprintf("every replica of model %q is at its limit of %d requests", x.req.Model, in.MaxInFlight), retryAfter: time.Second}, outcomeShed)
 		case in.Allow != nil && len(eps) > 0:
 			s.fail(x, &apiError{status: http.StatusServiceUnavailable, typ: typeServiceUnavailable,
-				message: fmt.Sprintf("no healthy replica of model %q in the gateway's endpoint subset", x.req.model), retryAfter: time.Second}, outcomeNoReplica)
+				message: fmt.Sprintf("no healthy replica of model %q in the gateway's endpoint subset", x.req.Model), retryAfter: time.Second}, outcomeNoReplica)
 		default:
 			if err == nil {
 				err = fleet.ErrNoEndpoint
@@ -216,8 +217,8 @@ func (p *Picker) Pick(ctx context.Context, in PickInput) (*Pick, *PickError) {
 		s.fail(x, serverError(fmt.Sprintf("router chose unknown replica %q", d.Replica)), outcomeUpstream)
 		return nil, perr()
 	}
-	pk := &Pick{Model: x.req.model, Replica: d.Replica, Addr: EndpointAddr(ep), Body: x.fwd, CachedTokens: d.CachedTokens,
-		PromptTokens: len(x.tokens), Tokenized: x.tokens != nil, Stream: x.req.stream, APIKey: ep.APIKey(), Shadow: d.Shadow, p: p, x: x, ep: ep, d: d}
+	pk := &Pick{Model: x.req.Model, Replica: d.Replica, Addr: EndpointAddr(ep), Body: x.fwd, CachedTokens: d.CachedTokens,
+		PromptTokens: len(x.tokens), Tokenized: x.tokens != nil, Stream: x.req.Stream, APIKey: ep.APIKey(), Shadow: d.Shadow, p: p, x: x, ep: ep, d: d}
 	pk.Fallbacks = p.fallbacks(x, cands, d.Replica)
 	pk.Decision = time.Since(t0)
 	ep.AddInFlight(1)
@@ -416,15 +417,15 @@ func EndpointAddr(ep *fleet.Endpoint) string {
 	return net.JoinHostPort(u.Hostname(), port)
 }
 
-func inferenceKind(path string) (kind, bool) {
+func inferenceKind(path string) (request.Kind, bool) {
 	if i := strings.IndexByte(path, '?'); i >= 0 {
 		path = path[:i]
 	}
 	switch path {
-	case kindChat.path():
-		return kindChat, true
-	case kindCompletion.path():
-		return kindCompletion, true
+	case request.Chat.Path():
+		return request.Chat, true
+	case request.Completion.Path():
+		return request.Completion, true
 	}
 	return 0, false
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/request"
 )
 
 // hopHeaders are hop-by-hop headers (RFC 9110 7.6.1), never relayed.
@@ -207,7 +208,7 @@ func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byt
 	rc := http.NewResponseController(x.w)
 	var pending []byte
 	var last time.Time
-	ttft, itl := s.m.ttft.WithLabelValues(x.req.model), s.m.itl.WithLabelValues(x.req.model)
+	ttft, itl := s.m.ttft.WithLabelValues(x.req.Model), s.m.itl.WithLabelValues(x.req.Model)
 	for {
 		n, rerr := body.Read(buf)
 		if n > 0 {
@@ -225,7 +226,7 @@ func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byt
 				end = len(chunk)
 			}
 			if end > 0 {
-				done = endsWithDone(chunk[:end]) || x.req.kind == kindResponses && endsResponse(chunk[:end])
+				done = endsWithDone(chunk[:end]) || x.req.Kind == request.Responses && endsResponse(chunk[:end])
 				x.hit.note(chunk[:end], true)
 				if !x.streamErr && hasErrorEvent(chunk[:end]) {
 					x.streamErr = true
@@ -253,7 +254,7 @@ func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byt
 		}
 		if rerr == io.EOF {
 			if len(pending) > 0 { // a final event without its blank line
-				done = endsWithDone(pending) || x.req.kind == kindResponses && endsResponse(pending)
+				done = endsWithDone(pending) || x.req.Kind == request.Responses && endsResponse(pending)
 				x.hit.note(pending, true)
 				if x.route != nil {
 					pending = x.filter(pending)

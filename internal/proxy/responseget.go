@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/request"
 )
 
 // GET /v1/responses/{id} (a stored response; with ?stream=true a
@@ -31,7 +32,7 @@ func (s *Server) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Request-Id", x.id)
 	defer s.finish(x)
 	id := r.PathValue("id")
-	x.req = &request{kind: kindResponses, model: modelUnknown}
+	x.req = &request.Parsed{Kind: request.Responses, Model: modelUnknown}
 	if !validResponseID(id) {
 		s.fail(x, &apiError{status: http.StatusBadRequest, typ: typeInvalidRequest, param: "response_id",
 			message: fmt.Sprintf("invalid response id %q: want 1 to %d letters, digits, '_' or '-' (vLLM's ids are resp_ and 32 hex digits)", truncate(id, maxEcho), maxResponseID)}, outcomeBadRequest)
@@ -78,7 +79,7 @@ func (s *Server) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 		if m == nil {
 			continue
 		}
-		x.m, x.req.model, x.asked, x.replica = m, m.cfg.Name, m.cfg.Name, name
+		x.m, x.req.Model, x.asked, x.replica = m, m.cfg.Name, m.cfg.Name, name
 		if !s.askByID(x, ep, i < len(order)-1) {
 			return
 		}

@@ -133,33 +133,33 @@ type responsePin struct {
 // client set none, and for a previous_response_id the engines to ask. It
 // answers the error itself and returns false when x cannot be forwarded.
 func (s *Server) pinResponse(x *exchange) bool {
-	rf := x.req.resp
-	if rf.requestID == "" {
+	rf := x.req.Responses
+	if rf.RequestID == "" {
 		fwd := x.fwd
 		x.bodyFor = func(engine string) []byte { return withRequestID(fwd, mintResponseID(engine)) }
 	}
-	if rf.prevID == "" {
+	if rf.PrevID == "" {
 		return true
 	}
 	x.tokens = nil // the prompt starts with history only the engine holds
 	eps, retry, err := s.healthy(nil, x)
 	healthy := names(eps)
-	hint, tagged := responseEngine(rf.prevID)
+	hint, tagged := responseEngine(rf.PrevID)
 	if !tagged {
-		hint, _ = s.learned.get(rf.prevID)
+		hint, _ = s.learned.get(rf.PrevID)
 	}
-	p := &responsePin{id: rf.prevID}
+	p := &responsePin{id: rf.PrevID}
 	switch {
 	case tagged && s.deps.Fleet.Endpoint(hint) != nil:
 		if !slices.Contains(healthy, hint) {
 			s.fail(x, &apiError{status: http.StatusServiceUnavailable, typ: typeServiceUnavailable, retryAfter: max(retry, time.Second),
-				message: fmt.Sprintf("replica %s, which holds response %q, is not healthy", hint, rf.prevID)}, outcomeNoReplica)
+				message: fmt.Sprintf("replica %s, which holds response %q, is not healthy", hint, rf.PrevID)}, outcomeNoReplica)
 			x.err = err
 			return false
 		}
 		p.order = []string{hint}
 	default:
-		p.order = probeOrder(rf.prevID, healthy, hint)
+		p.order = probeOrder(rf.PrevID, healthy, hint)
 	}
 	if len(p.order) == 0 {
 		s.noReplica(x, retry, err)
@@ -203,10 +203,10 @@ func (p *responsePin) canProbe(attempt int) bool { return attempt < len(p.order)
 // learnResponse remembers which engine answered a client-chosen response
 // id.
 func (s *Server) learnResponse(x *exchange) {
-	if x.req == nil || x.req.resp == nil || x.req.resp.requestID == "" || x.status/100 != 2 || x.replica == "" {
+	if x.req == nil || x.req.Responses == nil || x.req.Responses.RequestID == "" || x.status/100 != 2 || x.replica == "" {
 		return
 	}
-	s.learned.put(x.req.resp.requestID, x.replica)
+	s.learned.put(x.req.Responses.RequestID, x.replica)
 }
 
 // withRequestID returns body (a JSON object ending in '}', without a

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/request"
 	"kvrouter/internal/tracing"
 )
 
@@ -199,8 +200,8 @@ func (s *Server) routes(introspection bool) http.Handler {
 			allow[path] = append(allow[path], http.MethodHead)
 		}
 	}
-	handle("POST", "/v1/completions", s.auth(func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, kindCompletion) }))
-	handle("POST", "/v1/chat/completions", s.auth(func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, kindChat) }))
+	handle("POST", "/v1/completions", s.auth(func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, request.Completion) }))
+	handle("POST", "/v1/chat/completions", s.auth(func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, request.Chat) }))
 	// responses.go, responseget.go
 	handle("POST", responsesPath, s.auth(s.serveResponses))
 	handle("GET", responsesPath+"/{id}", s.auth(s.serveResponseByID))

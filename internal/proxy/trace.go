@@ -66,7 +66,7 @@ func (s *Server) endSpan(x *exchange) {
 		attribute.Int(attrRetries, x.retries),
 	}
 	if x.req != nil {
-		attrs = append(attrs, attribute.String(attrModel, x.req.model))
+		attrs = append(attrs, attribute.String(attrModel, x.req.Model))
 	}
 	if x.tokens != nil {
 		attrs = append(attrs, attribute.Int(attrPromptTokens, len(x.tokens)))

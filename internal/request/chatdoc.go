@@ -1,15 +1,14 @@
-package proxy
+package request
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/ardanlabs/jinja"
 
-	"kvrouter/internal/kvindex"
 	"kvrouter/internal/tokenizer"
+	"kvrouter/internal/vllm"
 )
 
 // A chat body is decoded once (tokenizer.DecodeDocument): the routing
@@ -39,9 +38,9 @@ func caseVariant(d *jinja.Dict) bool {
 	return false
 }
 
-// parseChatDoc is parseRequest for a chat body through one decode. ok is
+// parseChatDoc is Parse for a chat body through one decode. ok is
 // false when the body must be read the encoding/json way (see above).
-func parseChatDoc(body, trimmed []byte) (_ *request, _ *apiError, ok bool) {
+func parseChatDoc(body, trimmed []byte) (_ *Parsed, _ *Error, ok bool) {
 	doc, err := tokenizer.DecodeDocument(trimmed)
 	if err != nil || doc.Duplicate {
 		return nil, nil, false
@@ -76,17 +75,17 @@ func parseChatDoc(body, trimmed []byte) (_ *request, _ *apiError, ok bool) {
 	if !checkCase(msgs.Value) {
 		return nil, nil, false
 	}
-	r := &request{kind: kindChat, body: body, doc: doc}
+	r := &Parsed{Kind: Chat, Body: body, doc: doc}
 	if isNull(w.Model) {
 		return nil, badRequest("model", "model is required"), true
 	}
 	if m, _ := doc.Get("model"); !m.Value.IsString() || m.Value.AsString() == "" {
 		return nil, badRequest("model", "model must be a non-empty string"), true
 	} else {
-		r.model = m.Value.AsString()
+		r.Model = m.Value.AsString()
 	}
-	if e := r.parseFields(kindChat, &w); e != nil {
-		return &request{model: r.model}, e, true
+	if e := r.parseFields(Chat, &w); e != nil {
+		return &Parsed{Model: r.Model}, e, true
 	}
 	return r, nil, true
 }
@@ -125,7 +124,7 @@ func checkCase(msgs jinja.Value) bool {
 
 // parseMessageValues is parseMessages over the decoded messages, with the
 // same answers.
-func (r *request) parseMessageValues(v jinja.Value) *apiError {
+func (r *Parsed) parseMessageValues(v jinja.Value) *Error {
 	if v.IsUndefined() || v.IsNone() {
 		return badRequest("messages", "messages is required")
 	}
@@ -217,11 +216,11 @@ func chatTextValues(messages []jinja.Value) string {
 	return b.String()
 }
 
-// scanMediaValues is scanMedia over the decoded messages: a message whose
+// scanMediaValues is Media over the decoded messages: a message whose
 // parts encoding/json would not decode (an image_url that is not an
 // object, a url that is not a string) is skipped, as there.
-func scanMediaValues(messages []jinja.Value) mediaScan {
-	var ms mediaScan
+func scanMediaValues(messages []jinja.Value) Media {
+	var ms Media
 	var counts map[string]int
 	for _, m := range messages {
 		c, _ := m.AsDict().Get("content")
@@ -247,20 +246,20 @@ func scanMediaValues(messages []jinja.Value) mediaScan {
 			if u, ok := p.AsDict().Get("image_url"); ok && u.IsDict() {
 				if url, _ := u.AsDict().Get("url"); url.IsString() {
 					if w, h, ok := dataURLSize(url.AsString()); ok {
-						ms.pixels += int64(w) * int64(h)
-						ms.visualTokens += Qwen2VLImageTokens(w, h)
+						ms.Pixels += int64(w) * int64(h)
+						ms.VisualTokens += vllm.Qwen2VLImageTokens(w, h)
 					}
 				}
 			}
-			ms.items++
+			ms.Items++
 		}
 	}
-	ms.counts = counts
+	ms.Counts = counts
 	return ms
 }
 
 // mediaPartsDecode reports whether encoding/json decodes parts into
-// scanMedia's part struct (type a string or null, image_url an object or
+// Media's part struct (type a string or null, image_url an object or
 // null whose url is a string or null).
 func mediaPartsDecode(parts []jinja.Value) bool {
 	for _, p := range parts {
@@ -288,43 +287,14 @@ func mediaPartsDecode(parts []jinja.Value) bool {
 	return true
 }
 
-// chatTokenizer is met by Tokenizers that take a chat request already
-// decoded (TokenSource, FailoverTokenizer): no second decode of the body.
-type chatTokenizer interface {
-	// TokensChat is TokensMM for req, decoded from body.
-	TokensChat(ctx context.Context, req tokenizer.ChatRequest, body []byte) ([]uint32, []kvindex.MMItem, error)
-}
-
-var (
-	_ chatTokenizer = TokenSource{}
-	_ chatTokenizer = (*FailoverTokenizer)(nil)
-)
-
-// chatTokens asks tok for req's ids and items, decoded already when tok
-// takes it so, else from body.
-func chatTokens(tok Tokenizer, ctx context.Context, req tokenizer.ChatRequest, body []byte) ([]uint32, []kvindex.MMItem, error) {
-	if t, ok := tok.(chatTokenizer); ok {
-		return t.TokensChat(ctx, req, body)
-	}
-	return tokensMM(tok, ctx, true, body, "")
-}
-
-// TokensChat renders req with the source (tokenizer.Source.ChatRendered).
-func (t TokenSource) TokensChat(ctx context.Context, req tokenizer.ChatRequest, _ []byte) ([]uint32, []kvindex.MMItem, error) {
-	out, err := t.Src.ChatRendered(ctx, req)
-	if err != nil {
-		return nil, nil, err
-	}
-	return out.IDs, mmItems(out.MM), nil
-}
-
 // errNoDoc marks a request not decoded as a Document.
 var errNoDoc = errors.New("chat body not decoded once")
 
-// chatRequest is the chat request of a body decoded once; an error when
-// it was not (or holds what the renderer must read the encoding/json way).
-func chatRequest(r *request) (tokenizer.ChatRequest, error) {
-	if r.doc == nil || r.kind != kindChat {
+// ChatRequest is the chat request of a body decoded once, for a
+// tokenizer to render without decoding the body again; an error when it
+// was not (or holds what the renderer must read the encoding/json way).
+func (r *Parsed) ChatRequest() (tokenizer.ChatRequest, error) {
+	if r.doc == nil || r.Kind != Chat {
 		return tokenizer.ChatRequest{}, errNoDoc
 	}
 	return r.doc.ChatRequest()
