@@ -66,11 +66,14 @@ fmt:
 vet:
 	$(GO) vet $(PKGS)
 
-## deps: routing and kvindex never import net/http, so serve, sim and bench run the same code.
+## deps: routing, kvindex and pick never import net/http, so serve, sim and bench run the same code;
+## the endpoint picker reaches the routing core through package pick, not the HTTP front.
 deps:
-	@for p in ./internal/routing ./internal/kvindex; do \
+	@for p in ./internal/routing ./internal/kvindex ./internal/pick; do \
 		if $(GO) list -deps $$p 2>/dev/null | grep -qx 'net/http'; then \
 			echo "$$p imports net/http"; exit 1; fi; done
+	@if $(GO) list -deps ./internal/epp 2>/dev/null | grep -qx 'kvrouter/internal/proxy'; then \
+		echo "./internal/epp imports internal/proxy"; exit 1; fi
 
 # The ZeroMQ subscriber's replay tests time a real ROUTER/DEALER exchange
 # (5 s bounds); beside cmd/kvrouter's end-to-end tests on 2 cores they

@@ -76,7 +76,7 @@ func validateAdapters(m *ModelConfig, i int, seen map[string]bool) []error {
 // adapterModel returns the group serving adapter name: the group that
 // configures it, else one whose engines list it with the group's name as
 // parent.
-func (s *Server) adapterModel(name string) (*model, bool) {
+func (s *core) adapterModel(name string) (*model, bool) {
 	for _, m := range s.models {
 		for _, a := range m.cfg.Adapters {
 			if a.Name == name {

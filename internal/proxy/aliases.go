@@ -77,7 +77,7 @@ func validateAliases(m *ModelConfig, i int, seen map[string]bool) []error {
 }
 
 // alias returns the alias name and its group, or nil.
-func (s *Server) alias(name string) (*AliasConfig, *model) {
+func (s *core) alias(name string) (*AliasConfig, *model) {
 	for _, m := range s.models {
 		for i := range m.cfg.Aliases {
 			if m.cfg.Aliases[i].Name == name {
@@ -90,21 +90,17 @@ func (s *Server) alias(name string) (*AliasConfig, *model) {
 
 // applyAlias rewrites the body of a request for an alias (rewrite) and
 // parses it again; other requests are returned as they are.
-func (s *Server) applyAlias(x *exchange, k request.Kind, req *request.Parsed, body []byte) (*request.Parsed, *apiError) {
+func (s *core) applyAlias(x *flow, k request.Kind, req *request.Parsed, body []byte) (*request.Parsed, *request.Error) {
 	al, m := s.alias(req.Model)
 	if al == nil {
 		return req, nil
 	}
 	out, err := al.rewrite(body, m.cfg.Name, k == request.Chat)
 	if err != nil {
-		return nil, badRequest("", err.Error())
+		return nil, request.Invalid("", err.Error())
 	}
 	x.route = al
-	r, perr := request.Parse(k, out)
-	if perr != nil {
-		return r, requestError(perr)
-	}
-	return r, nil
+	return request.Parse(k, out)
 }
 
 // rewrite returns body with model set to base and the alias's defaults and

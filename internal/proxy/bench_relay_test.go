@@ -89,7 +89,7 @@ func BenchmarkRelayEvent(b *testing.B) {
 	buf := make([]byte, 32<<10)
 	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
 	w := &flushDiscard{h: http.Header{}}
-	x := &exchange{w: w, r: r, start: time.Now(), req: &request.Parsed{Model: "m"}}
+	x := &exchange{w: w, r: r, flow: flow{ctx: r.Context(), start: time.Now(), req: &request.Parsed{Model: "m"}}}
 	b.ReportAllocs()
 	events := 0
 	for b.Loop() {
@@ -154,11 +154,12 @@ func BenchmarkRouteOverhead(b *testing.B) {
 			i, tokens := 0, 0
 			for b.Loop() {
 				i++
-				x := &exchange{w: httptest.NewRecorder(), r: httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil).WithContext(context.Background()), start: time.Now()}
+				r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil).WithContext(context.Background())
+				x := &exchange{w: httptest.NewRecorder(), r: r, flow: flow{ctx: r.Context(), header: r.Header.Get, start: time.Now()}}
 				if !srv.parse(x, tc.k, tc.body(i)) {
 					b.Fatal("parse failed")
 				}
-				d, err := srv.decide(x, srv.routeInput(x, []string{"e0"}, false))
+				d, err := srv.decide(&x.flow, srv.routeInput(&x.flow, []string{"e0"}, false))
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"kvrouter/internal/request"
 )
 
 // DefaultBodyLimit is the default Config.BodyLimit, in bytes: 16 MiB, twice
@@ -105,8 +107,8 @@ func (b *bodyBudget) give(n int64) {
 // once for a declared length), 503 with Retry-After when the budget is
 // spent, 408 when the client stops sending, 400 otherwise.
 func (s *Server) readBody(x *exchange) ([]byte, bool) {
-	if e := checkContentType(x.r.Header.Get("Content-Type")); e != nil {
-		s.fail(x, e, outcomeBadRequest)
+	if e := request.CheckContentType(x.r.Header.Get("Content-Type")); e != nil {
+		s.fail(x, requestError(e), outcomeBadRequest)
 		return nil, false
 	}
 	limit := s.cfg.BodyLimit

@@ -11,8 +11,13 @@
 // body lists every engine's state; ?full=1 wants every engine), GET
 // /metrics (the registry given to Deps).
 //
-// Request bodies are parsed and validated by package request (one parse
-// per request); this package answers its errors.
+// Request path: the routing core (core.go, no net/http) admits a request
+// (parse with package request, resolve the model group by name, alias or
+// LoRA adapter, check, tokenize) and routes it; both fronts call it: the
+// HTTP handlers here, which then forward and relay, and the Picker
+// (picker.go), which serves the endpoint picker (package epp) through the
+// contract of package pick. Errors before routing are request.Error values
+// this package answers in OpenAI's error JSON.
 //
 // Forwarding: the body is forwarded as received, except that
 // vllm_xargs.kv_cache_report_mode = "full" is merged in (Config

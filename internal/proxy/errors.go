@@ -43,9 +43,16 @@ func badRequest(param, msg string) *apiError {
 	return &apiError{status: http.StatusBadRequest, typ: typeInvalidRequest, param: param, message: msg}
 }
 
-// requestError is the answer to a request the parser refused: every
-// request.Error type is a 400 invalid_request_error naming the field.
+// requestError is the answer to a request refused before routing: its
+// request.Error type picks the status and OpenAI type, with the same
+// param and message.
 func requestError(e *request.Error) *apiError {
+	switch e.Type {
+	case request.UnknownModel:
+		return &apiError{status: http.StatusNotFound, typ: typeNotFound, param: e.Param, message: e.Message}
+	case request.PromptTooLong:
+		return &apiError{status: http.StatusBadRequest, typ: typeVLLMBadRequest, param: e.Param, message: e.Message}
+	}
 	return badRequest(e.Param, e.Message)
 }
 
@@ -84,10 +91,19 @@ func (e *apiError) write(w http.ResponseWriter) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	if e.retryAfter > 0 {
-		h.Set("Retry-After", strconv.Itoa(int((e.retryAfter+time.Second-1)/time.Second)))
+		h.Set("Retry-After", strconv.Itoa(retryAfterSeconds(e.retryAfter)))
 	}
 	w.WriteHeader(e.status)
 	_, _ = w.Write(e.body())
+}
+
+// retryAfterSeconds is d as a Retry-After value: whole seconds, rounded
+// up (0 for none).
+func retryAfterSeconds(d time.Duration) int {
+	if d <= 0 {
+		return 0
+	}
+	return int((d + time.Second - 1) / time.Second)
 }
 
 // sseError is the event that ends a stream broken after its first byte:

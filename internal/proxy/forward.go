@@ -35,8 +35,8 @@ func (s *Server) forward(x *exchange) {
 		s.forwardPD(x) // pd.go: plans, then calls forward for the decode engine
 		return
 	}
-	if e := s.tooLong(x); e != nil {
-		s.fail(x, e, outcomeBadRequest)
+	if e := s.tooLong(&x.flow); e != nil {
+		s.fail(x, requestError(e), outcomeBadRequest)
 		return
 	}
 	var tried []string
@@ -59,7 +59,7 @@ func (s *Server) forward(x *exchange) {
 			s.noReplica(x, retry, err)
 			return
 		}
-		d, err := s.decide(x, s.routeInput(x, cands, false))
+		d, err := s.decide(&x.flow, s.routeInput(&x.flow, cands, false))
 		if err != nil {
 			if errors.Is(err, routing.ErrNoReplica) && reroutes < maxReroutes {
 				// The group lost its candidates after Healthy listed them

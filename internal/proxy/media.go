@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"fmt"
-	"net/http"
 
 	"kvrouter/internal/request"
 	"kvrouter/internal/vllm"
@@ -42,7 +41,7 @@ func Qwen2VLImageTokens(w, h int) int { return vllm.Qwen2VLImageTokens(w, h) }
 
 // mediaLimits returns the limits for x: its alias's when set, else its
 // group's (nil: none).
-func mediaLimits(x *exchange) *MediaLimits {
+func mediaLimits(x *flow) *MediaLimits {
 	if x.route != nil && x.route.Media != nil {
 		return x.route.Media
 	}
@@ -50,7 +49,7 @@ func mediaLimits(x *exchange) *MediaLimits {
 }
 
 // checkMedia applies x's media limits to its chat messages (x.media).
-func checkMedia(x *exchange) *apiError {
+func checkMedia(x *flow) *request.Error {
 	lim := mediaLimits(x)
 	if lim == nil || x.req.Kind != request.Chat {
 		return nil
@@ -70,8 +69,8 @@ func checkMedia(x *exchange) *apiError {
 	return nil
 }
 
-func mediaError(msg string) *apiError {
-	return &apiError{status: http.StatusBadRequest, typ: typeInvalidRequest, param: "messages", message: msg}
+func mediaError(msg string) *request.Error {
+	return request.Invalid("messages", msg)
 }
 
 // validateMedia checks limits at path.

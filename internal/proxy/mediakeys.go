@@ -80,7 +80,7 @@ func mmItems(items []tokenizer.MMItem) []kvindex.MMItem {
 // with its length as the prefill cost: the ids' count, or, with no ids,
 // the images' estimated visual tokens (Qwen2VLImageTokens; the text's
 // tokens are unknown then, so this is a lower bound).
-func mediaRouteInput(x *exchange, in *RouteInput) {
+func mediaRouteInput(x *flow, in *RouteInput) {
 	in.MM = x.mm
 	if len(x.mm) > 0 || x.media.Items == 0 {
 		return

@@ -32,8 +32,7 @@ var passthroughPaths = []string{
 }
 
 func (s *Server) servePassthrough(w http.ResponseWriter, r *http.Request) {
-	x := &exchange{w: w, r: r, id: requestID(r), start: s.deps.Now()}
-	w.Header().Set("X-Request-Id", x.id)
+	x := s.newExchange(w, r)
 	defer s.finish(x)
 	body, ok := s.readBody(x)
 	if !ok {

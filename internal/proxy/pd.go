@@ -135,7 +135,7 @@ func (s *Server) planPD(x *exchange, prefill, decode []string) (pdPlan, error) {
 
 // dryRoute is the router's choice among cands without recording it.
 func (s *Server) dryRoute(x *exchange, cands []string) (pdPick, error) {
-	d, err := s.decide(x, s.routeInput(x, cands, true))
+	d, err := s.decide(&x.flow, s.routeInput(&x.flow, cands, true))
 	if err != nil {
 		return pdPick{}, err
 	}
@@ -169,8 +169,8 @@ func (s *Server) planHealthy(x *exchange) (pdPlan, []string, bool) {
 // forwardPD serves x in a P/D group: plan, then the local path or the two
 // legs.
 func (s *Server) forwardPD(x *exchange) {
-	if e := s.tooLong(x); e != nil {
-		s.fail(x, e, outcomeBadRequest)
+	if e := s.tooLong(&x.flow); e != nil {
+		s.fail(x, requestError(e), outcomeBadRequest)
 		return
 	}
 	g := x.m.pd
@@ -223,9 +223,9 @@ func (s *Server) prefillLeg(x *exchange, pool []string) (json.RawMessage, bool) 
 			s.noReplica(x, time.Second, fmt.Errorf("every prefill engine tried: %w", fleet.ErrNoEndpoint))
 			return nil, false
 		}
-		in := s.routeInput(x, cands, false)
+		in := s.routeInput(&x.flow, cands, false)
 		in.MaxTokens = 1
-		d, err := s.decide(x, in)
+		d, err := s.decide(&x.flow, in)
 		if err != nil {
 			s.fail(x, serverError("routing: "+err.Error()), outcomeUpstream)
 			return nil, false

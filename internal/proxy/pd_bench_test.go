@@ -70,8 +70,9 @@ func BenchmarkPDPlan(b *testing.B) {
 		}
 		d.Release()
 	}
-	x := &exchange{r: httptest.NewRequest("POST", "/v1/completions", nil), req: &request.Parsed{Model: "m"}, m: srv.models["m"],
-		tokens: append(prompt(0), prompt(900000)...)}
+	r := httptest.NewRequest("POST", "/v1/completions", nil)
+	x := &exchange{r: r, flow: flow{ctx: r.Context(), header: r.Header.Get, req: &request.Parsed{Model: "m"}, m: srv.models["m"],
+		tokens: append(prompt(0), prompt(900000)...)}}
 	b.Run("pd_plan", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {

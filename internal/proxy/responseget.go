@@ -28,8 +28,7 @@ import (
 // client-sent "..", "/" or "?" (percent-encoded or not) reaches the engine
 // as path structure.
 func (s *Server) serveResponseByID(w http.ResponseWriter, r *http.Request) {
-	x := &exchange{w: w, r: r, id: requestID(r), start: s.deps.Now()}
-	w.Header().Set("X-Request-Id", x.id)
+	x := s.newExchange(w, r)
 	defer s.finish(x)
 	id := r.PathValue("id")
 	x.req = &request.Parsed{Kind: request.Responses, Model: modelUnknown}

@@ -16,8 +16,7 @@ const responsesPath = "/v1/responses"
 // when its input renders exactly, pinned to its holder when it continues
 // a stored response (responsepin.go).
 func (s *Server) serveResponses(w http.ResponseWriter, r *http.Request) {
-	x := &exchange{w: w, r: r, id: requestID(r), start: s.deps.Now()}
-	w.Header().Set("X-Request-Id", x.id)
+	x := s.newExchange(w, r)
 	s.startSpan(x, r.URL.Path)
 	defer s.finish(x)
 	if !s.prepare(x, request.Responses) {

@@ -7,6 +7,8 @@ import (
 	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"kvrouter/internal/request"
 )
 
 // What clients may send and what the router shows them
@@ -84,12 +86,12 @@ func (s *Server) dropClientControls(h http.Handler) http.Handler {
 
 // refuseClientControls returns the 400 for a body with kv_transfer_params
 // unless ClientsConfig allows it, else nil.
-func (s *Server) refuseClientControls(body []byte) *apiError {
+func (s *core) refuseClientControls(body []byte) *request.Error {
 	if s.cfg.Clients.AllowKVTransferParams || !hasTransferParams(body) {
 		return nil
 	}
 	s.lm.clients.WithLabelValues("kv_transfer_params").Inc()
-	return badRequest("kv_transfer_params", "kv_transfer_params is set by the router, not by clients (clients.allow_kv_transfer_params)")
+	return request.Invalid("kv_transfer_params", "kv_transfer_params is set by the router, not by clients (clients.allow_kv_transfer_params)")
 }
 
 // hasTransferParams reports whether the JSON object body has a top-level

@@ -57,18 +57,13 @@ type Deps struct {
 
 // Server is the HTTP front. Safe for concurrent use.
 type Server struct {
-	cfg     Config
-	deps    Deps
-	log     *slog.Logger
-	m       *metrics
+	core
 	pdm     *pdMetrics
-	models  map[string]*model
 	handler http.Handler
 	// admin serves Config.AdminListen (nil when it is not set); lm are
 	// the listeners' metrics, bodies the body_budget (listener.go,
 	// body.go).
 	admin  http.Handler
-	lm     *listenerMetrics
 	bodies *bodyBudget
 	// holds counts the exchanges writing each replica's series
 	// (replicas.go); removed are the other fronts' hooks
@@ -76,10 +71,8 @@ type Server struct {
 	holds     *frontmetrics.Holds
 	removedMu sync.Mutex
 	removed   []func(replica string)
-	tr        *tracing.Tracing
-	fm        *featureMetrics // adapters, route aliases
-	trust     *trust          // index trust per engine (trust.go)
-	loads     adapterLoads    // LoRA adapter loads under way
+	trust     *trust       // index trust per engine (trust.go)
+	loads     adapterLoads // LoRA adapter loads under way
 
 	// learned are client-chosen response ids (responsepin.go).
 	learned learnedResponses
@@ -107,8 +100,8 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 	if deps.Fleet == nil {
 		errs = append(errs, errors.New("no fleet"))
 	}
-	s := &Server{cfg: cfg, deps: deps, log: log, models: map[string]*model{},
-		tr: tracingOrDisabled(deps.Tracing)}
+	s := &Server{core: core{cfg: cfg, deps: deps, log: log, models: map[string]*model{},
+		tr: tracingOrDisabled(deps.Tracing)}}
 	for i, mc := range cfg.Models {
 		r := deps.Routers[mc.Name]
 		if r == nil {
@@ -265,6 +258,11 @@ func requestID(r *http.Request) string {
 	if id := r.Header.Get("X-Request-Id"); id != "" && len(id) <= 256 {
 		return id
 	}
+	return newRequestID()
+}
+
+// newRequestID returns a random request id: 32 hex digits.
+func newRequestID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
 	return hex.EncodeToString(b[:])

@@ -43,7 +43,7 @@ const (
 const maxCandidatesAttr = 4096
 
 // tracer returns the server's tracer.
-func (s *Server) tracer() trace.Tracer {
+func (s *core) tracer() trace.Tracer {
 	return s.tr.Provider.Tracer("kvrouter/internal/proxy")
 }
 
@@ -54,6 +54,7 @@ func (s *Server) startSpan(x *exchange, route string) {
 	ctx, x.span = s.tracer().Start(ctx, "POST "+route, trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithAttributes(attribute.String(attrRequestID, x.id), attribute.String(attrRoute, route)))
 	x.r = x.r.WithContext(ctx)
+	x.ctx = ctx
 }
 
 // endSpan records x's outcome on its span and ends it.
@@ -107,8 +108,8 @@ func (s *Server) traceDecision(x *exchange, d Decision) {
 }
 
 // startChild starts a child span of x's request span.
-func (s *Server) startChild(x *exchange, name string, kind trace.SpanKind) (context.Context, trace.Span) {
-	return s.tracer().Start(x.r.Context(), name, trace.WithSpanKind(kind))
+func (s *core) startChild(x *flow, name string, kind trace.SpanKind) (context.Context, trace.Span) {
+	return s.tracer().Start(x.ctx, name, trace.WithSpanKind(kind))
 }
 
 // startLeg starts the span of one engine attempt under ctx; the caller

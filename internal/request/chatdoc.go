@@ -77,10 +77,10 @@ func parseChatDoc(body, trimmed []byte) (_ *Parsed, _ *Error, ok bool) {
 	}
 	r := &Parsed{Kind: Chat, Body: body, doc: doc}
 	if isNull(w.Model) {
-		return nil, badRequest("model", "model is required"), true
+		return nil, Invalid("model", "model is required"), true
 	}
 	if m, _ := doc.Get("model"); !m.Value.IsString() || m.Value.AsString() == "" {
-		return nil, badRequest("model", "model must be a non-empty string"), true
+		return nil, Invalid("model", "model must be a non-empty string"), true
 	} else {
 		r.Model = m.Value.AsString()
 	}
@@ -126,23 +126,23 @@ func checkCase(msgs jinja.Value) bool {
 // same answers.
 func (r *Parsed) parseMessageValues(v jinja.Value) *Error {
 	if v.IsUndefined() || v.IsNone() {
-		return badRequest("messages", "messages is required")
+		return Invalid("messages", "messages is required")
 	}
 	if !v.IsList() {
-		return badRequest("messages", "messages must be an array of message objects")
+		return Invalid("messages", "messages must be an array of message objects")
 	}
 	items := v.AsList().Items
 	if len(items) == 0 {
-		return badRequest("messages", "messages must not be empty")
+		return Invalid("messages", "messages must not be empty")
 	}
 	for i, m := range items {
 		param := fmt.Sprintf("messages[%d]", i)
 		if !m.IsDict() {
-			return badRequest(param, param+" must be an object")
+			return Invalid(param, param+" must be an object")
 		}
 		d := m.AsDict()
 		if role, _ := d.Get("role"); !role.IsString() || role.AsString() == "" {
-			return badRequest(param+".role", param+".role must be a non-empty string")
+			return Invalid(param+".role", param+".role must be a non-empty string")
 		}
 		c, _ := d.Get("content")
 		switch {
@@ -151,11 +151,11 @@ func (r *Parsed) parseMessageValues(v jinja.Value) *Error {
 			parts := c.AsList().Items
 			for _, p := range parts { // every part decodes as {"type": string or null}
 				if !p.IsNone() && !p.IsDict() {
-					return badRequest(param+".content", param+".content must be a string or an array of content parts")
+					return Invalid(param+".content", param+".content must be a string or an array of content parts")
 				}
 				if p.IsDict() {
 					if t, ok := p.AsDict().Get("type"); ok && !t.IsNone() && !t.IsString() {
-						return badRequest(param+".content", param+".content must be a string or an array of content parts")
+						return Invalid(param+".content", param+".content must be a string or an array of content parts")
 					}
 				}
 			}
@@ -165,11 +165,11 @@ func (r *Parsed) parseMessageValues(v jinja.Value) *Error {
 					t, _ = p.AsDict().Get("type")
 				}
 				if !t.IsString() {
-					return badRequest(fmt.Sprintf("%s.content[%d].type", param, j), "content part type is required")
+					return Invalid(fmt.Sprintf("%s.content[%d].type", param, j), "content part type is required")
 				}
 			}
 		default:
-			return badRequest(param+".content", param+".content must be a string or an array of content parts")
+			return Invalid(param+".content", param+".content must be a string or an array of content parts")
 		}
 	}
 	r.msgVals = items

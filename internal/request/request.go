@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"mime"
 	"strings"
 	"unicode/utf8"
 
@@ -81,6 +82,21 @@ type Parsed struct {
 	textDone bool
 }
 
+// CheckContentType accepts what vLLM (FastAPI) reads as JSON: no
+// Content-Type (ct ""), application/json, or application/*+json. Anything
+// else (text/plain, curl -d's form type) is an InvalidRequest, as vLLM
+// answers it.
+func CheckContentType(ct string) *Error {
+	if ct == "" {
+		return nil
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	if err == nil && (mt == "application/json" || strings.HasPrefix(mt, "application/") && strings.HasSuffix(mt, "+json")) {
+		return nil
+	}
+	return Invalid("", fmt.Sprintf("Content-Type %q: the body must be JSON (Content-Type: application/json)", ct))
+}
+
 // Sniff tells the kind of a body sent to an endpoint that takes all of
 // them (the router's POST /v1/route): a chat when it has "messages", a
 // Responses body when it has "input" and no "prompt", else a completion.
@@ -120,12 +136,12 @@ type wire struct {
 func Parse(k Kind, body []byte) (*Parsed, *Error) {
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 || trimmed[0] != '{' {
-		return nil, badRequest("", "request body must be a JSON object")
+		return nil, Invalid("", "request body must be a JSON object")
 	}
 	if !utf8.Valid(trimmed) {
 		// encoding/json would replace the bytes with U+FFFD and route a
 		// prompt that is not the one sent; Python's json (vLLM) refuses it.
-		return nil, badRequest("", "request body is not valid UTF-8")
+		return nil, Invalid("", "request body is not valid UTF-8")
 	}
 	if k == Chat {
 		if r, e, ok := parseChatDoc(body, trimmed); ok {
@@ -141,17 +157,17 @@ func Parse(k Kind, body []byte) (*Parsed, *Error) {
 func parseRequestJSON(k Kind, body, trimmed []byte) (*Parsed, *Error) {
 	var w wire
 	if err := json.Unmarshal(trimmed, &w); err != nil {
-		return nil, badRequest("", fmt.Sprintf("malformed JSON: %v", err))
+		return nil, Invalid("", fmt.Sprintf("malformed JSON: %v", err))
 	}
 	if d := ambiguousKey(trimmed); d != "" {
-		return nil, badRequest("", "ambiguous JSON: "+d)
+		return nil, Invalid("", "ambiguous JSON: "+d)
 	}
 	r := &Parsed{Kind: k, Body: body}
 	if isNull(w.Model) {
-		return nil, badRequest("model", "model is required")
+		return nil, Invalid("model", "model is required")
 	}
 	if err := json.Unmarshal(w.Model, &r.Model); err != nil || r.Model == "" {
-		return nil, badRequest("model", "model must be a non-empty string")
+		return nil, Invalid("model", "model must be a non-empty string")
 	}
 	if e := r.parseFields(k, &w); e != nil {
 		return &Parsed{Model: r.Model}, e
@@ -163,17 +179,17 @@ func parseRequestJSON(k Kind, body, trimmed []byte) (*Parsed, *Error) {
 func (r *Parsed) parseFields(k Kind, w *wire) *Error {
 	if !isNull(w.Stream) {
 		if err := json.Unmarshal(w.Stream, &r.Stream); err != nil {
-			return badRequest("stream", "stream must be a boolean")
+			return Invalid("stream", "stream must be a boolean")
 		}
 	}
 	if !isNull(w.CacheSalt) {
 		if err := json.Unmarshal(w.CacheSalt, &r.CacheSalt); err != nil {
-			return badRequest("cache_salt", "cache_salt must be a string")
+			return Invalid("cache_salt", "cache_salt must be a string")
 		}
 	}
 	if !isNull(w.VLLMXArgs) {
 		if bytes.TrimSpace(w.VLLMXArgs)[0] != '{' {
-			return badRequest("vllm_xargs", "vllm_xargs must be an object")
+			return Invalid("vllm_xargs", "vllm_xargs must be an object")
 		}
 		r.xargs = w.VLLMXArgs
 	}
@@ -186,7 +202,7 @@ func (r *Parsed) parseFields(k Kind, w *wire) *Error {
 		}
 		var n int
 		if err := json.Unmarshal(f.raw, &n); err != nil || n < 0 {
-			return badRequest(f.name, f.name+" must be a non-negative integer")
+			return Invalid(f.name, f.name+" must be a non-negative integer")
 		}
 		r.MaxTokens = max(r.MaxTokens, n)
 		if f.name == "max_tokens" || k == Chat {
@@ -221,13 +237,13 @@ func isNull(raw json.RawMessage) bool {
 // parts (text, image_url, ...).
 func (r *Parsed) parseMessages(raw json.RawMessage) *Error {
 	if isNull(raw) {
-		return badRequest("messages", "messages is required")
+		return Invalid("messages", "messages is required")
 	}
 	if err := json.Unmarshal(raw, &r.messages); err != nil {
-		return badRequest("messages", "messages must be an array of message objects")
+		return Invalid("messages", "messages must be an array of message objects")
 	}
 	if len(r.messages) == 0 {
-		return badRequest("messages", "messages must not be empty")
+		return Invalid("messages", "messages must not be empty")
 	}
 	for i, m := range r.messages {
 		var msg struct {
@@ -236,11 +252,11 @@ func (r *Parsed) parseMessages(raw json.RawMessage) *Error {
 		}
 		param := fmt.Sprintf("messages[%d]", i)
 		if bytes.TrimSpace(m)[0] != '{' || json.Unmarshal(m, &msg) != nil {
-			return badRequest(param, param+" must be an object")
+			return Invalid(param, param+" must be an object")
 		}
 		var role string
 		if json.Unmarshal(msg.Role, &role) != nil || role == "" {
-			return badRequest(param+".role", param+".role must be a non-empty string")
+			return Invalid(param+".role", param+".role must be a non-empty string")
 		}
 		if isNull(msg.Content) {
 			continue
@@ -252,15 +268,15 @@ func (r *Parsed) parseMessages(raw json.RawMessage) *Error {
 				Type *string `json:"type"`
 			}
 			if json.Unmarshal(msg.Content, &parts) != nil {
-				return badRequest(param+".content", param+".content must be a string or an array of content parts")
+				return Invalid(param+".content", param+".content must be a string or an array of content parts")
 			}
 			for j, p := range parts {
 				if p.Type == nil {
-					return badRequest(fmt.Sprintf("%s.content[%d].type", param, j), "content part type is required")
+					return Invalid(fmt.Sprintf("%s.content[%d].type", param, j), "content part type is required")
 				}
 			}
 		default:
-			return badRequest(param+".content", param+".content must be a string or an array of content parts")
+			return Invalid(param+".content", param+".content must be a string or an array of content parts")
 		}
 	}
 	return nil
@@ -272,42 +288,42 @@ func (r *Parsed) parseMessages(raw json.RawMessage) *Error {
 func (r *Parsed) parsePrompt(raw json.RawMessage) *Error {
 	const msg = "prompt must be a string, an array of strings, an array of token ids or an array of token-id arrays"
 	if isNull(raw) {
-		return badRequest("prompt", "prompt is required")
+		return Invalid("prompt", "prompt is required")
 	}
 	raw = bytes.TrimSpace(raw)
 	r.hasPrompt = true
 	switch raw[0] {
 	case '"':
 		if json.Unmarshal(raw, &r.PromptText) != nil {
-			return badRequest("prompt", msg)
+			return Invalid("prompt", msg)
 		}
 		return nil
 	case '[':
 	default:
-		return badRequest("prompt", msg)
+		return Invalid("prompt", msg)
 	}
 	// raw is valid JSON (the whole body decoded): the first element's
 	// first byte tells the prompt's form, without decoding every element.
 	first := bytes.TrimLeft(raw[1:], " \t\r\n")
 	if len(first) == 0 || first[0] == ']' {
-		return badRequest("prompt", "prompt must not be empty")
+		return Invalid("prompt", "prompt must not be empty")
 	}
 	switch first[0] {
 	case '"':
 		var ss []string
 		if json.Unmarshal(raw, &ss) != nil {
-			return badRequest("prompt", msg)
+			return Invalid("prompt", msg)
 		}
 		r.PromptText = ss[0]
 	case '[':
 		var tt [][]float64
 		if json.Unmarshal(raw, &tt) != nil {
-			return badRequest("prompt", msg)
+			return Invalid("prompt", msg)
 		}
 		for i, t := range tt {
 			ids, ok := tokenIDs(t)
 			if !ok || len(ids) == 0 {
-				return badRequest(fmt.Sprintf("prompt[%d]", i), "token ids must be non-negative integers < 2^32, at least one")
+				return Invalid(fmt.Sprintf("prompt[%d]", i), "token ids must be non-negative integers < 2^32, at least one")
 			}
 			if i == 0 {
 				r.PromptTokens = ids
@@ -320,11 +336,11 @@ func (r *Parsed) parsePrompt(raw json.RawMessage) *Error {
 		}
 		var t []float64
 		if json.Unmarshal(raw, &t) != nil {
-			return badRequest("prompt", msg)
+			return Invalid("prompt", msg)
 		}
 		ids, ok := tokenIDs(t)
 		if !ok {
-			return badRequest("prompt", "token ids must be non-negative integers < 2^32")
+			return Invalid("prompt", "token ids must be non-negative integers < 2^32")
 		}
 		r.PromptTokens = ids
 	}

@@ -74,7 +74,7 @@ type ResponsesFields struct {
 func (r *Parsed) parseResponses() *Error {
 	var w responsesWire
 	if err := json.Unmarshal(r.Body, &w); err != nil {
-		return badRequest("", fmt.Sprintf("malformed JSON: %v", err))
+		return Invalid("", fmt.Sprintf("malformed JSON: %v", err))
 	}
 	r.Responses = &ResponsesFields{}
 	for _, f := range []struct {
@@ -86,23 +86,23 @@ func (r *Parsed) parseResponses() *Error {
 			continue
 		}
 		if json.Unmarshal(f.raw, f.dst) != nil || *f.dst == "" {
-			return badRequest(f.name, f.name+" must be a non-empty string")
+			return Invalid(f.name, f.name+" must be a non-empty string")
 		}
 	}
 	if !isNull(w.MaxOutput) {
 		var n int
 		if err := json.Unmarshal(w.MaxOutput, &n); err != nil || n < 0 {
-			return badRequest("max_output_tokens", "max_output_tokens must be a non-negative integer")
+			return Invalid("max_output_tokens", "max_output_tokens must be a non-negative integer")
 		}
 		// vLLM checks the context length with it (build_tok_params).
 		r.MaxTokens, r.OutputTokens = n, n
 	}
 	var instructions string
 	if !isNull(w.Instructions) && json.Unmarshal(w.Instructions, &instructions) != nil {
-		return badRequest("instructions", "instructions must be a string")
+		return Invalid("instructions", "instructions must be a string")
 	}
 	if isNull(w.Input) {
-		return badRequest("input", "input is required")
+		return Invalid("input", "input is required")
 	}
 	var msgs []json.RawMessage
 	exact := true
@@ -114,14 +114,14 @@ func (r *Parsed) parseResponses() *Error {
 	case '[':
 		var items []json.RawMessage
 		if json.Unmarshal(w.Input, &items) != nil {
-			return badRequest("input", "input must be a string or an array of input items")
+			return Invalid("input", "input must be a string or an array of input items")
 		}
 		if len(items) == 0 {
-			return badRequest("input", "input must not be empty")
+			return Invalid("input", "input must not be empty")
 		}
 		for i, it := range items {
 			if bytes.TrimSpace(it)[0] != '{' {
-				return badRequest(fmt.Sprintf("input[%d]", i), fmt.Sprintf("input[%d] must be an object", i))
+				return Invalid(fmt.Sprintf("input[%d]", i), fmt.Sprintf("input[%d] must be an object", i))
 			}
 			m, ok := itemMessage(it, i == len(items)-1)
 			if !ok {
@@ -131,7 +131,7 @@ func (r *Parsed) parseResponses() *Error {
 			msgs = append(msgs, m)
 		}
 	default:
-		return badRequest("input", "input must be a string or an array of input items")
+		return Invalid("input", "input must be a string or an array of input items")
 	}
 	if instructions != "" {
 		msgs = append([]json.RawMessage{chatMessage("system", instructions)}, msgs...)
