@@ -2,9 +2,11 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -76,7 +78,7 @@ func validateAliases(m *ModelConfig, i int, seen map[string]bool) []error {
 	return errs
 }
 
-// alias returns the alias name and its group, or nil.
+// alias returns the alias called name and its group, or nil.
 func (s *core) alias(name string) (*AliasConfig, *model) {
 	for _, m := range s.models {
 		for i := range m.cfg.Aliases {
@@ -88,19 +90,47 @@ func (s *core) alias(name string) (*AliasConfig, *model) {
 	return nil, nil
 }
 
-// applyAlias rewrites the body of a request for an alias (rewrite) and
-// parses it again; other requests are returned as they are.
-func (s *core) applyAlias(x *flow, k request.Kind, req *request.Parsed, body []byte) (*request.Parsed, *request.Error) {
-	al, m := s.alias(req.Model)
+// aliasFeature is a group's route aliases: a request naming an alias is
+// rewritten for the base model (rewrite), its answer filtered (hooks.filter)
+// and its series recorded at its end (hooks.end).
+type aliasFeature struct{ s *Server }
+
+func (aliasFeature) admit(context.Context, *flow) *request.Error { return nil }
+
+// rewrite rewrites the body of a request for an alias and parses it again;
+// other requests are returned as they are.
+func (f aliasFeature) rewrite(_ context.Context, x *flow, m *model, req *request.Parsed, body []byte) (*request.Parsed, *request.Error) {
+	al := m.aliasNamed(req.Model)
 	if al == nil {
 		return req, nil
 	}
-	out, err := al.rewrite(body, m.cfg.Name, k == request.Chat)
+	out, err := al.rewrite(body, m.cfg.Name, req.Kind == request.Chat)
 	if err != nil {
 		return nil, request.Invalid("", err.Error())
 	}
-	x.route = al
-	return request.Parse(k, out)
+	u := &aliasUse{al: al}
+	x.hooks.filter = u.filter
+	x.hooks.addEnd(func(x *exchange, attrs []slog.Attr) []slog.Attr {
+		f.s.observeRoute(x, u)
+		return attrs
+	})
+	return request.Parse(req.Kind, out)
+}
+
+// aliasNamed is m's alias called name, or nil.
+func (m *model) aliasNamed(name string) *AliasConfig {
+	for i := range m.cfg.Aliases {
+		if m.cfg.Aliases[i].Name == name {
+			return &m.cfg.Aliases[i]
+		}
+	}
+	return nil
+}
+
+// aliasUse is one request's use of an alias: what its answer reported.
+type aliasUse struct {
+	al    *AliasConfig
+	usage routeUsage
 }
 
 // rewrite returns body with model set to base and the alias's defaults and
@@ -191,11 +221,11 @@ var reasoningKeys = []string{"reasoning_content", "reasoning"}
 // in b (a whole non-streaming body, or whole events' "data:" lines) it
 // reads usage and, with StripReasoning, removes the reasoning fields of
 // every choice. Other bytes pass unchanged.
-func (x *exchange) filter(b []byte) []byte {
-	a := x.route
+func (u *aliasUse) filter(b []byte) []byte {
+	a := u.al
 	t := bytes.TrimSpace(b)
 	if len(t) > 0 && t[0] == '{' {
-		return x.filterJSON(b, a.StripReasoning)
+		return u.filterJSON(b, a.StripReasoning)
 	}
 	var out []byte
 	for len(b) > 0 {
@@ -217,7 +247,7 @@ func (x *exchange) filter(b []byte) []byte {
 				if sp {
 					out = append(out, ' ')
 				}
-				out = append(out, x.filterJSON(end, a.StripReasoning)...)
+				out = append(out, u.filterJSON(end, a.StripReasoning)...)
 				out = append(out, data[len(end):]...)
 				continue
 			}
@@ -228,7 +258,7 @@ func (x *exchange) filter(b []byte) []byte {
 }
 
 // filterJSON handles one JSON object: usage, then the reasoning fields.
-func (x *exchange) filterJSON(b []byte, strip bool) []byte {
+func (u *aliasUse) filterJSON(b []byte, strip bool) []byte {
 	hasUsage := bytes.Contains(b, []byte(`"usage"`))
 	hasReasoning := strip && bytes.Contains(b, []byte(`"reasoning`))
 	if !hasUsage && !hasReasoning {
@@ -238,7 +268,7 @@ func (x *exchange) filterJSON(b []byte, strip bool) []byte {
 	if json.Unmarshal(b, &obj) != nil {
 		return b
 	}
-	if u, ok := obj["usage"]; ok && !isNull(u) {
+	if raw, ok := obj["usage"]; ok && !isNull(raw) {
 		var us struct {
 			Prompt        int `json:"prompt_tokens"`
 			PromptDetails *struct {
@@ -248,14 +278,14 @@ func (x *exchange) filterJSON(b []byte, strip bool) []byte {
 				Reasoning int `json:"reasoning_tokens"`
 			} `json:"completion_tokens_details"`
 		}
-		if json.Unmarshal(u, &us) == nil {
-			x.usage.seen = true
-			x.usage.prompt += us.Prompt
+		if json.Unmarshal(raw, &us) == nil {
+			u.usage.seen = true
+			u.usage.prompt += us.Prompt
 			if us.PromptDetails != nil {
-				x.usage.cached += us.PromptDetails.Cached
+				u.usage.cached += us.PromptDetails.Cached
 			}
 			if us.CompletionDetails != nil {
-				x.usage.reasoning += us.CompletionDetails.Reasoning
+				u.usage.reasoning += us.CompletionDetails.Reasoning
 			}
 		}
 	}
@@ -287,16 +317,13 @@ func (x *exchange) filterJSON(b []byte, strip bool) []byte {
 }
 
 // observeRoute records an alias request's series at its end.
-func (s *Server) observeRoute(x *exchange) {
-	if x.route == nil {
-		return
-	}
-	r := x.route.Name
+func (s *Server) observeRoute(x *exchange, u *aliasUse) {
+	r := u.al.Name
 	s.fm.routeRequests.WithLabelValues(r, x.outcome).Inc()
-	if x.usage.seen {
-		s.fm.routeTokens.WithLabelValues(r, "prompt").Add(float64(x.usage.prompt))
-		s.fm.routeTokens.WithLabelValues(r, "cached").Add(float64(x.usage.cached))
-		s.fm.routeTokens.WithLabelValues(r, "reasoning").Add(float64(x.usage.reasoning))
+	if u.usage.seen {
+		s.fm.routeTokens.WithLabelValues(r, "prompt").Add(float64(u.usage.prompt))
+		s.fm.routeTokens.WithLabelValues(r, "cached").Add(float64(u.usage.cached))
+		s.fm.routeTokens.WithLabelValues(r, "reasoning").Add(float64(u.usage.reasoning))
 	}
 }
 
@@ -313,7 +340,7 @@ func copyFiltered(x *exchange, wd *watchdog, body io.Reader, firstToken func()) 
 	}
 	firstToken()
 	if len(b) < maxFilteredBody {
-		b = x.filter(b)
+		b = x.hooks.filter(b)
 	}
 	if _, werr := x.w.Write(b); werr != nil {
 		return &writeError{werr}

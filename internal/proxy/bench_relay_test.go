@@ -90,6 +90,7 @@ func BenchmarkRelayEvent(b *testing.B) {
 	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
 	w := &flushDiscard{h: http.Header{}}
 	x := &exchange{w: w, r: r, flow: flow{ctx: r.Context(), start: time.Now(), req: &request.Parsed{Model: "m"}}}
+	x.hooks = newHooks(&x.flow)
 	b.ReportAllocs()
 	events := 0
 	for b.Loop() {
@@ -156,7 +157,8 @@ func BenchmarkRouteOverhead(b *testing.B) {
 				i++
 				r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil).WithContext(context.Background())
 				x := &exchange{w: httptest.NewRecorder(), r: r, flow: flow{ctx: r.Context(), header: r.Header.Get, start: time.Now()}}
-				if !srv.parse(x, tc.k, tc.body(i)) {
+				x.hooks = newHooks(&x.flow)
+				if !srv.parse(x.ctx, x, tc.k, tc.body(i)) {
 					b.Fatal("parse failed")
 				}
 				d, err := srv.decide(&x.flow, srv.routeInput(&x.flow, []string{"e0"}, false))

@@ -169,7 +169,7 @@ func freshConversation(body []byte, n int) []byte {
 func routeRequest(b *testing.B, srv *Server, body []byte) int {
 	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil).WithContext(context.Background())
 	x := &exchange{w: httptest.NewRecorder(), r: r, flow: flow{ctx: r.Context(), header: r.Header.Get, start: time.Now()}}
-	if !srv.parse(x, request.Chat, body) {
+	if !srv.parse(x.ctx, x, request.Chat, body) {
 		b.Fatal("parse failed")
 	}
 	d, err := srv.decide(&x.flow, srv.routeInput(&x.flow, []string{"e0"}, false))

@@ -67,32 +67,34 @@ type flow struct {
 	// (mediakeys.go); media is what its chat parts carry.
 	mm    []kvindex.MMItem
 	media request.Media
-	// adapter is the LoRA adapter the request names as its model ("" for
-	// the base model); loadAdapter: no healthy engine has it, load it on
-	// the chosen one (adapters.go).
-	adapter     string
-	loadAdapter bool
-	// route is the alias the request named (nil: none); usage is what its
-	// answer reported (aliases.go).
-	route *AliasConfig
-	usage routeUsage
-	// noRouteTokens routes by load alone (P/D's decode leg, pd.go).
-	noRouteTokens bool
+	// hooks are the request's stages plugged in by its group's features
+	// (feature.go).
+	hooks hooks
 }
 
 // noHeader is the header of a request without headers.
 func noHeader(string) string { return "" }
 
-// admit parses body as a request of kind k, resolves its model group,
+// admit parses body as a request of kind k, resolves its model group
+// (group), runs the group's features (feature.go),
 // checks it, builds the body to forward and tokenizes the prompt, filling
 // in f. The error is the answer to give instead (outcome bad_request).
-func (s *core) admit(x *flow, k request.Kind, body []byte) *request.Error {
+func (s *core) admit(ctx context.Context, x *flow, k request.Kind, body []byte) *request.Error {
+	x.hooks = newHooks(x)
 	req, e := request.Parse(k, body)
 	if req != nil {
 		x.asked = req.Model
 	}
+	var m *model
 	if e == nil {
-		req, e = s.applyAlias(x, k, req, body)
+		m = s.group(req.Model)
+	}
+	if m != nil {
+		for _, f := range m.features {
+			if r, ok := f.(rewriter); ok && e == nil {
+				req, e = r.rewrite(ctx, x, m, req, body)
+			}
+		}
 	}
 	if e == nil {
 		e = s.refuseClientControls(body)
@@ -101,33 +103,44 @@ func (s *core) admit(x *flow, k request.Kind, body []byte) *request.Error {
 		return e
 	}
 	x.req = req
-	m, ok := s.models[req.Model]
-	if !ok {
-		if m, ok = s.adapterModel(req.Model); ok {
-			x.adapter = req.Model
-		}
-	}
-	if !ok {
+	if m == nil {
 		return &request.Error{Type: request.UnknownModel, Param: "model",
 			Message: fmt.Sprintf("The model `%s` does not exist.", truncate(req.Model, maxEcho))}
 	}
 	x.m = m
 	x.media = req.Media()
-	if e := checkMedia(x); e != nil {
-		return e
+	for _, f := range m.features {
+		if e := f.admit(ctx, x); e != nil {
+			return e
+		}
 	}
 	fwd, err := req.ForwardBody(!m.cfg.DisableHitReport)
 	if err != nil {
 		return request.Invalid("", err.Error())
 	}
 	x.fwd = fwd
-	x.tokens = s.tokenize(x)
+	x.tokens = s.tokenize(ctx, x)
+	return nil
+}
+
+// group is the model group serving name: the group called so, the one
+// with an alias or a LoRA adapter of that name, or nil.
+func (s *core) group(name string) *model {
+	if _, m := s.alias(name); m != nil {
+		return m
+	}
+	if m, ok := s.models[name]; ok {
+		return m
+	}
+	if m, ok := s.adapterModel(name); ok {
+		return m
+	}
 	return nil
 }
 
 // tokenize returns the prompt's token ids, or nil (route by load) when the
 // tokenizer is "none" or fails: a tokenizer problem never fails a request.
-func (s *core) tokenize(x *flow) []uint32 {
+func (s *core) tokenize(ctx context.Context, x *flow) []uint32 {
 	req := x.req
 	if req.PromptTokens != nil {
 		return req.PromptTokens
@@ -136,7 +149,7 @@ func (s *core) tokenize(x *flow) []uint32 {
 		return nil
 	}
 	t0 := time.Now()
-	ctx, span := s.startChild(x, spanTokenize, trace.SpanKindInternal)
+	ctx, span := s.startChild(ctx, spanTokenize, trace.SpanKindInternal)
 	chat, body := req.Kind == request.Chat, req.Body
 	if req.Kind == request.Responses { // rendered as the chat vLLM makes of it
 		if req.Responses.ChatBody == nil {
@@ -170,7 +183,7 @@ func (s *core) tokenize(x *flow) []uint32 {
 		if errors.Is(err, ErrNoTokenizerEngine) {
 			tm.TokenizerUnavailable.WithLabelValues(req.Model).Inc()
 		}
-		if s.log.Enabled(x.ctx, slog.LevelDebug) {
+		if s.log.Enabled(ctx, slog.LevelDebug) {
 			s.log.Debug("tokenize failed, routing by load", "request_id", x.id, "model", req.Model, "err", err)
 		}
 		return nil
@@ -220,14 +233,11 @@ func (s *core) routeInput(x *flow, cands []string, dry bool) *RouteInput {
 		RequestID:  x.id,
 		Tokens:     x.tokens,
 		CacheSalt:  x.req.CacheSalt,
-		LoRA:       x.adapter,
 		MaxTokens:  x.req.MaxTokens,
 		Candidates: cands,
 		DryRun:     dry,
 	}
-	if x.noRouteTokens {
-		in.Tokens = nil
-	}
+	x.hooks.route(in)
 	mediaRouteInput(x, in)
 	if tr, ok := x.m.router.(textRouter); ok && tr.UsesText() {
 		in.Text = x.req.RoutingText()
@@ -244,7 +254,7 @@ func (s *core) routeInput(x *flow, cands []string, dry bool) *RouteInput {
 // decide asks the model's router, timing the decision.
 func (s *core) decide(x *flow, in *RouteInput) (Decision, error) {
 	t0 := time.Now()
-	_, span := s.startChild(x, spanRoute, trace.SpanKindInternal)
+	_, span := s.startChild(x.ctx, spanRoute, trace.SpanKindInternal)
 	d, err := x.m.router.Route(in)
 	s.m.decision.WithLabelValues(x.req.Model).Observe(time.Since(t0).Seconds())
 	if err != nil {

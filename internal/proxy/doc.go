@@ -19,6 +19,17 @@
 // contract of package pick. Errors before routing are request.Error values
 // this package answers in OpenAI's error JSON.
 //
+// Per-request features (feature.go): route aliases (aliases.go), LoRA
+// adapters (adapters.go), media limits (media.go), response pinning
+// (responsepin.go) and P/D legs (pd.go) are values registered once per
+// model group. The core calls each for every request of its group; each
+// checks the request and plugs in per-request hooks (route input, engines
+// allowed, a plan before the first attempt, the body per engine, which
+// failures are retried, a filter on the answer, a step at the end), the
+// way httputil.ReverseProxy takes Rewrite and ModifyResponse. The request
+// path (handle.go, forward.go, relay.go) calls the hooks and names no
+// feature.
+//
 // Forwarding: the body is forwarded as received, except that
 // vllm_xargs.kv_cache_report_mode = "full" is merged in (Config
 // DisableHitReport turns it off) so the engine reports the prefix blocks it

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -37,27 +38,15 @@ type exchange struct {
 	// streamErr: the engine's event stream carried an error event.
 	streamErr bool
 	err       error
-	// P/D (pd.go): only, when set, limits the replicas forward may choose;
-	// prefill names the prefill leg's replica.
-	only    func(name string) bool
-	prefill string
-	// Responses (responsepin.go): pin orders the engines of a request
-	// continuing a stored response; bodyFor, when set, is the body sent to
-	// an engine (instead of fwd).
-	pin     *responsePin
-	bodyFor func(engine string) []byte
-
 	// bodyHeld is the body_budget the request's body holds (body.go),
 	// given back by finish.
 	bodyHeld int64
-	// enginePath is the path and query a request naming a response id is
-	// sent to (responseget.go).
-	enginePath string
 }
 
 // newExchange starts the HTTP front's state of request r.
 func (s *Server) newExchange(w http.ResponseWriter, r *http.Request) *exchange {
 	x := &exchange{w: w, r: r, flow: flow{ctx: r.Context(), id: requestID(r), start: s.deps.Now(), header: r.Header.Get}}
+	x.hooks = newHooks(&x.flow)
 	w.Header().Set("X-Request-Id", x.id)
 	return x
 }
@@ -80,14 +69,14 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, k reques
 	x := s.newExchange(w, r)
 	s.startSpan(x, r.URL.Path)
 	defer s.finish(x)
-	if !s.prepare(x, k) {
+	if !s.prepare(x.ctx, x, k) {
 		return
 	}
 	if v := r.Header.Get("X-Kvrouter-Route-Only"); v != "" && v != "0" && v != "false" {
-		s.explain(x)
+		s.explain(x.ctx, x)
 		return
 	}
-	s.forward(x)
+	s.forward(x.ctx, x)
 }
 
 // serveRoute handles POST /v1/route: a completion, chat or Responses body
@@ -101,23 +90,23 @@ func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if !s.parse(x, request.Sniff(body), body) {
+	if !s.parse(x.ctx, x, request.Sniff(body), body) {
 		return
 	}
-	s.explain(x)
+	s.explain(x.ctx, x)
 }
 
 // prepare reads, parses and tokenizes the request; false when it has
 // answered an error.
-func (s *Server) prepare(x *exchange, k request.Kind) bool {
+func (s *Server) prepare(ctx context.Context, x *exchange, k request.Kind) bool {
 	body, ok := s.readBody(x)
-	return ok && s.parse(x, k, body)
+	return ok && s.parse(ctx, x, k, body)
 }
 
 // parse runs the routing core's admission of body (core.go); false when
 // it has answered the error.
-func (s *Server) parse(x *exchange, k request.Kind, body []byte) bool {
-	if e := s.admit(&x.flow, k, body); e != nil {
+func (s *Server) parse(ctx context.Context, x *exchange, k request.Kind, body []byte) bool {
+	if e := s.admit(ctx, &x.flow, k, body); e != nil {
 		s.fail(x, requestError(e), outcomeBadRequest)
 		return false
 	}
@@ -133,10 +122,10 @@ func (s *Server) fail(x *exchange, e *apiError, outcome string) {
 	}
 }
 
-// explain answers the routing decision as JSON without forwarding.
-func (s *Server) explain(x *exchange) {
-	if x.m.pd != nil && x.m.pd.active() {
-		s.explainPD(x)
+// explain answers the routing decision as JSON without forwarding (or
+// as x's features explain it, hooks.explain).
+func (s *Server) explain(ctx context.Context, x *exchange) {
+	if x.hooks.explain(ctx, x) {
 		return
 	}
 	eps, retry, err := s.healthy(nil, x)
@@ -235,7 +224,7 @@ func (s *Server) finish(x *exchange) {
 	if x.outcome == "" {
 		x.outcome = outcomeOK
 	}
-	s.observeRoute(x)
+	extra := x.hooks.end(x, nil)
 	s.bodies.give(x.bodyHeld)
 	s.m.requests.WithLabelValues(label, x.replica, x.outcome).Inc()
 	s.holds.Release(&x.held)
@@ -251,9 +240,7 @@ func (s *Server) finish(x *exchange) {
 			slog.Int("prompt_tokens", len(x.tokens)), slog.Int("retries", x.retries),
 			slog.Float64("duration_ms", float64(s.deps.Now().Sub(x.start).Microseconds())/1000),
 		}
-		if x.prefill != "" {
-			attrs = append(attrs, slog.String("prefill_replica", x.prefill))
-		}
+		attrs = append(attrs, extra...)
 		if x.err != nil {
 			attrs = append(attrs, slog.String("err", x.err.Error()))
 		}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"fmt"
 
 	"kvrouter/internal/request"
@@ -39,11 +40,17 @@ type MediaLimits struct {
 // models count differently.
 func Qwen2VLImageTokens(w, h int) int { return vllm.Qwen2VLImageTokens(w, h) }
 
+// mediaFeature is a group's media limits, checked before routing.
+type mediaFeature struct{}
+
+// admit applies x's media limits to its chat messages (x.media).
+func (mediaFeature) admit(_ context.Context, x *flow) *request.Error { return checkMedia(x) }
+
 // mediaLimits returns the limits for x: its alias's when set, else its
 // group's (nil: none).
 func mediaLimits(x *flow) *MediaLimits {
-	if x.route != nil && x.route.Media != nil {
-		return x.route.Media
+	if al := x.m.aliasNamed(x.asked); al != nil && al.Media != nil {
+		return al.Media
 	}
 	return x.m.cfg.Media
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strconv"
@@ -17,6 +18,7 @@ import (
 
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/pd"
+	"kvrouter/internal/request"
 )
 
 // Disaggregated prefill and decode (P/D) is a routing decision of the same
@@ -166,57 +168,91 @@ func (s *Server) planHealthy(x *exchange) (pdPlan, []string, bool) {
 	return plan, prefill, true
 }
 
-// forwardPD serves x in a P/D group: plan, then the local path or the two
-// legs.
-func (s *Server) forwardPD(x *exchange) {
+// pdFeature runs a P/D group's requests (hooks plan and explain): the
+// plan, then the local path or the two legs.
+type pdFeature struct {
+	s *Server
+	g *pdGroup
+}
+
+// admit plugs the P/D plan and explanation in.
+func (f pdFeature) admit(_ context.Context, x *flow) *request.Error {
+	x.hooks.addPlan(f.plan)
+	x.hooks.explain = func(_ context.Context, x *exchange) bool {
+		if !f.g.active() {
+			return false
+		}
+		f.s.explainPD(x)
+		return true
+	}
+	return nil
+}
+
+// plan serves x in a P/D group while the group has roles: plan, then
+// narrow the attempts to the decode pool (the local path) or the prefill
+// pool (the whole path), or run the prefill leg and send the decode leg
+// with its kv_transfer_params, routed by load. False when x was answered.
+func (f pdFeature) plan(ctx context.Context, x *exchange) bool {
+	s, g := f.s, f.g
+	if !g.active() {
+		return true
+	}
 	if e := s.tooLong(&x.flow); e != nil {
 		s.fail(x, requestError(e), outcomeBadRequest)
-		return
+		return false
 	}
-	g := x.m.pd
 	plan, prefill, ok := s.planHealthy(x)
 	if !ok {
-		return
+		return false
 	}
 	s.pdm.requests.WithLabelValues(x.req.Model, plan.Path, plan.Verdict.Reason).Inc()
 	x.w.Header().Set("X-Kvrouter-Path", plan.Path)
-	x.only = g.isDecode
 	switch plan.Path {
 	case pathLocal:
-		s.forward(x)
-		return
+		x.hooks.addEngines(g.keep(g.isDecode))
+		return true
 	case pathWhole:
 		// A plain request on the prefill pool (no kv_transfer_params): the
 		// kv policy over it picks the engine the plan weighed, unless its
 		// state changed meanwhile; a retry may go to another prefill engine.
-		x.only = g.isPrefill
-		s.forward(x)
-		return
+		x.hooks.addEngines(g.keep(g.isPrefill))
+		return true
 	}
-	params, ok := s.prefillLeg(x, prefill)
+	params, ok := s.prefillLeg(ctx, x, prefill)
 	if !ok {
-		return
+		return false
 	}
 	body, err := withTransferParams(x.fwd, params)
 	if err != nil {
 		s.fail(x, serverError("decode leg body: "+err.Error()), outcomeUpstream)
-		return
+		return false
 	}
-	x.fwd, x.noRouteTokens = body, true
-	s.forward(x)
+	x.fwd = body
+	x.hooks.addEngines(g.keep(g.isDecode))
+	x.hooks.addRoute(func(in *RouteInput) { in.Tokens = nil })
+	return true
+}
+
+// keep is an engines stage keeping the engines in role (isDecode,
+// isPrefill).
+func (g *pdGroup) keep(in func(name string) bool) func([]*fleet.Endpoint) ([]*fleet.Endpoint, error) {
+	return func(eps []*fleet.Endpoint) ([]*fleet.Endpoint, error) {
+		return slices.DeleteFunc(eps, func(ep *fleet.Endpoint) bool { return !in(ep.Name()) }), nil
+	}
 }
 
 // prefillLeg runs the prefill leg on the prefill pool, retrying like
 // forward while the failure allows, and returns the engine's
 // kv_transfer_params; false when x has been answered (an error, or the
 // client left).
-func (s *Server) prefillLeg(x *exchange, pool []string) (json.RawMessage, bool) {
+func (s *Server) prefillLeg(ctx context.Context, x *exchange, pool []string) (json.RawMessage, bool) {
 	body, err := prefillBody(x.fwd)
 	if err != nil {
 		s.fail(x, serverError("prefill leg body: "+err.Error()), outcomeUpstream)
 		return nil, false
 	}
 	var tried []string
+	prefillReplica := "" // the last prefill leg's engine, for the log line
 	for attempt := 0; ; attempt++ {
 		cands := slices.DeleteFunc(slices.Clone(pool), func(n string) bool { return slices.Contains(tried, n) })
 		if len(cands) == 0 {
@@ -239,10 +275,16 @@ func (s *Server) prefillLeg(x *exchange, pool []string) (json.RawMessage, bool) 
 			return nil, false
 		}
 		tried = append(tried, d.Replica)
-		x.prefill, x.replica = d.Replica, d.Replica // the decode leg's choice replaces replica
+		x.replica = d.Replica // the decode leg's choice replaces it
+		if attempt == 0 {
+			x.hooks.addEnd(func(x *exchange, attrs []slog.Attr) []slog.Attr {
+				return append(attrs, slog.String("prefill_replica", prefillReplica))
+			})
+		}
+		prefillReplica = d.Replica
 		x.w.Header().Set("X-Kvrouter-Prefill-Replica", d.Replica)
 		x.w.Header().Set("X-Kvrouter-Prefill-Cached-Tokens", strconv.Itoa(d.CachedTokens))
-		params, retry := s.prefillTry(x, ep, d, body, attempt < x.m.cfg.Retries)
+		params, retry := s.prefillTry(ctx, x, ep, d, body, attempt < x.m.cfg.Retries)
 		if params != nil {
 			return params, true
 		}
@@ -256,7 +298,7 @@ func (s *Server) prefillLeg(x *exchange, pool []string) (json.RawMessage, bool) 
 // prefillTry sends one prefill leg to ep. It returns the transfer
 // parameters, or nil and whether to retry elsewhere (only when canRetry);
 // on nil without retry, x is answered.
-func (s *Server) prefillTry(x *exchange, ep *fleet.Endpoint, d Decision, body []byte, canRetry bool) (params json.RawMessage, retry bool) {
+func (s *Server) prefillTry(ctx context.Context, x *exchange, ep *fleet.Endpoint, d Decision, body []byte, canRetry bool) (params json.RawMessage, retry bool) {
 	if d.Release != nil {
 		defer d.Release()
 	}
@@ -265,7 +307,7 @@ func (s *Server) prefillTry(x *exchange, ep *fleet.Endpoint, d Decision, body []
 			d.Failed()
 		}
 	}()
-	ctx, wd, end := s.startAttempt(x, ep)
+	ctx, wd, end := s.startAttempt(ctx, x, ep)
 	defer end()
 	model := x.req.Model
 	failure := func(cause string, e *apiError, outcome string, err error) (json.RawMessage, bool) {

@@ -73,6 +73,7 @@ func BenchmarkPDPlan(b *testing.B) {
 	r := httptest.NewRequest("POST", "/v1/completions", nil)
 	x := &exchange{r: r, flow: flow{ctx: r.Context(), header: r.Header.Get, req: &request.Parsed{Model: "m"}, m: srv.models["m"],
 		tokens: append(prompt(0), prompt(900000)...)}}
+	x.hooks = newHooks(&x.flow)
 	b.Run("pd_plan", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {

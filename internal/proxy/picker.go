@@ -79,7 +79,7 @@ func (p *Picker) Pick(ctx context.Context, in pick.Input) (*pick.Pick, *pick.Err
 	if int64(len(in.Body)) > s.cfg.BodyLimit {
 		return nil, p.fail(f, p.tooLarge(), outcomeBadRequest, nil)
 	}
-	if e := s.admit(f, k, in.Body); e != nil {
+	if e := s.admit(ctx, f, k, in.Body); e != nil {
 		return nil, p.fail(f, requestError(e), outcomeBadRequest, nil)
 	}
 	if e := s.tooLong(f); e != nil {

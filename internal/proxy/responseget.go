@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -42,7 +43,6 @@ func (s *Server) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 		s.fail(x, badRequest("", "malformed query string: "+err.Error()), outcomeBadRequest)
 		return
 	}
-	x.enginePath = p
 	var all []string
 	byName := map[string]*fleet.Endpoint{}
 	var retry time.Duration
@@ -79,19 +79,20 @@ func (s *Server) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		x.m, x.req.Model, x.asked, x.replica = m, m.cfg.Name, m.cfg.Name, name
-		if !s.askByID(x, ep, i < len(order)-1) {
+		if !s.askByID(x.ctx, x, ep, p, i < len(order)-1) {
 			return
 		}
 		x.retries++
 	}
 }
 
-// askByID sends the client's request to ep and relays the answer; true
-// when ep answered 404 and another engine may be asked (nothing written).
-func (s *Server) askByID(x *exchange, ep *fleet.Endpoint, more bool) bool {
-	ctx, wd, end := s.startAttempt(x, ep)
+// askByID sends the client's request to ep at path (the engine's path and
+// query) and relays the answer; true when ep answered 404 and another
+// engine may be asked (nothing written).
+func (s *Server) askByID(ctx context.Context, x *exchange, ep *fleet.Endpoint, path string, more bool) bool {
+	ctx, wd, end := s.startAttempt(ctx, x, ep)
 	defer end()
-	req, err := http.NewRequestWithContext(ctx, x.r.Method, ep.URL()+x.enginePath, http.NoBody)
+	req, err := http.NewRequestWithContext(ctx, x.r.Method, ep.URL()+path, http.NoBody)
 	if err != nil {
 		s.fail(x, serverError(err.Error()), outcomeUpstream)
 		return false
@@ -99,7 +100,7 @@ func (s *Server) askByID(x *exchange, ep *fleet.Endpoint, more bool) bool {
 	outHeaders(req.Header, x.r.Header, x.id, ep.APIKey())
 	resp, err := x.m.transport.RoundTrip(req)
 	if err != nil {
-		return s.upstreamFailed(x, ep, ctx, err, false)
+		return s.upstreamFailed(ctx, x, ep, err, false)
 	}
 	defer resp.Body.Close()
 	s.deps.Fleet.Report(ep, fleet.OutcomeOf(resp.StatusCode))
@@ -107,7 +108,7 @@ func (s *Server) askByID(x *exchange, ep *fleet.Endpoint, more bool) bool {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
 		return true
 	}
-	s.relay(x, ep, ctx, wd, resp, nil, func() {})
+	s.relay(ctx, x, ep, wd, resp, nil, func() {})
 	return false
 }
 

@@ -1,16 +1,21 @@
 package proxy
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/base32"
 	"encoding/hex"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
 	"sync"
 	"time"
+
+	"kvrouter/internal/fleet"
+	"kvrouter/internal/request"
 )
 
 // Pinning previous_response_id to the engine that holds the response.
@@ -122,6 +127,21 @@ func (l *learnedResponses) get(id string) (string, bool) {
 	return e, ok
 }
 
+// pinFeature serves the Responses API's state: a request continuing a
+// stored response goes to the engine holding it (or probes for it), and a
+// response id the client chose is remembered with its engine (hooks plan,
+// engines, body, retry, end).
+type pinFeature struct{ s *Server }
+
+// admit plugs pinResponse in as x's plan when x is a Responses request.
+func (f pinFeature) admit(_ context.Context, x *flow) *request.Error {
+	if x.req.Kind != request.Responses {
+		return nil
+	}
+	x.hooks.addPlan(f.s.pinResponse)
+	return nil
+}
+
 // responsePin is the engine order of a request continuing a stored
 // response: attempt i goes to order[i].
 type responsePin struct {
@@ -132,11 +152,16 @@ type responsePin struct {
 // pinResponse prepares x's forwarding: the router's request_id when the
 // client set none, and for a previous_response_id the engines to ask. It
 // answers the error itself and returns false when x cannot be forwarded.
-func (s *Server) pinResponse(x *exchange) bool {
+func (s *Server) pinResponse(_ context.Context, x *exchange) bool {
 	rf := x.req.Responses
 	if rf.RequestID == "" {
 		fwd := x.fwd
-		x.bodyFor = func(engine string) []byte { return withRequestID(fwd, mintResponseID(engine)) }
+		x.hooks.body = func(engine string) []byte { return withRequestID(fwd, mintResponseID(engine)) }
+	} else {
+		x.hooks.addEnd(func(x *exchange, attrs []slog.Attr) []slog.Attr {
+			s.learnResponse(x)
+			return attrs
+		})
 	}
 	if rf.PrevID == "" {
 		return true
@@ -165,8 +190,15 @@ func (s *Server) pinResponse(x *exchange) bool {
 		s.noReplica(x, retry, err)
 		return false
 	}
-	x.pin = p
-	x.only = func(name string) bool { return name == p.order[min(x.retries, len(p.order)-1)] }
+	// Attempt i goes to order[i]; another engine cannot hold the response:
+	// move on only when this one answered 404 (or could not be reached).
+	x.hooks.addEngines(func(eps []*fleet.Endpoint) ([]*fleet.Endpoint, error) {
+		next := p.order[min(x.retries, len(p.order)-1)]
+		return slices.DeleteFunc(eps, func(ep *fleet.Endpoint) bool { return ep.Name() != next }), nil
+	})
+	x.hooks.retry = func(attempt, status int) bool {
+		return p.canProbe(attempt) && (status == 0 || status == http.StatusNotFound)
+	}
 	return true
 }
 

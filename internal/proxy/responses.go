@@ -19,7 +19,7 @@ func (s *Server) serveResponses(w http.ResponseWriter, r *http.Request) {
 	x := s.newExchange(w, r)
 	s.startSpan(x, r.URL.Path)
 	defer s.finish(x)
-	if !s.prepare(x, request.Responses) {
+	if !s.prepare(x.ctx, x, request.Responses) {
 		return
 	}
 	if x.m.pd != nil {
@@ -28,14 +28,10 @@ func (s *Server) serveResponses(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if v := r.Header.Get("X-Kvrouter-Route-Only"); v != "" && v != "0" && v != "false" {
-		s.explain(x)
+		s.explain(x.ctx, x)
 		return
 	}
-	if !s.pinResponse(x) {
-		return
-	}
-	s.forward(x)
-	s.learnResponse(x)
+	s.forward(x.ctx, x) // pinned by its features (responsepin.go)
 }
 
 // responseEnds are the event lines of a Responses stream's last event:

@@ -85,6 +85,9 @@ type model struct {
 	tok       Tokenizer
 	transport *http.Transport
 	pd        *pdGroup // nil unless engines have roles (pd.go)
+	// features are the group's per-request features, in order
+	// (feature.go).
+	features []feature
 }
 
 // New builds a Server from a defaults-filled, validated cfg. It starts no
@@ -110,7 +113,9 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 		if deps.Fleet != nil && mc.Discovery == nil && len(deps.Fleet.Endpoints(mc.Name)) == 0 {
 			errs = append(errs, fmt.Errorf("models[%d] %q: no engines in the fleet", i, mc.Name))
 		}
-		s.models[mc.Name] = &model{cfg: mc, router: r, tok: deps.Tokenizers[mc.Name], transport: newTransport(mc.Timeouts, deps.EngineTLS), pd: newPDGroup(mc)}
+		m := &model{cfg: mc, router: r, tok: deps.Tokenizers[mc.Name], transport: newTransport(mc.Timeouts, deps.EngineTLS), pd: newPDGroup(mc)}
+		m.features = newFeatures(s, &m.cfg, m.pd)
+		s.models[mc.Name] = m
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)

@@ -107,9 +107,9 @@ func (s *Server) traceDecision(x *exchange, d Decision) {
 	x.span.AddEvent("decision", trace.WithAttributes(attrs...))
 }
 
-// startChild starts a child span of x's request span.
-func (s *core) startChild(x *flow, name string, kind trace.SpanKind) (context.Context, trace.Span) {
-	return s.tracer().Start(x.ctx, name, trace.WithSpanKind(kind))
+// startChild starts a child span of the span in ctx (a request's).
+func (s *core) startChild(ctx context.Context, name string, kind trace.SpanKind) (context.Context, trace.Span) {
+	return s.tracer().Start(ctx, name, trace.WithSpanKind(kind))
 }
 
 // startLeg starts the span of one engine attempt under ctx; the caller
