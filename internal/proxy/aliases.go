@@ -134,7 +134,7 @@ type aliasUse struct {
 }
 
 // rewrite returns body with model set to base and the alias's defaults and
-// caps applied. body is a valid JSON object (parseRequest checked it).
+// caps applied. body is a valid JSON object (request.Parse checked it).
 func (a *AliasConfig) rewrite(body []byte, base string, chat bool) ([]byte, error) {
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(body, &obj); err != nil {

@@ -97,7 +97,7 @@ func (s *core) refuseClientControls(body []byte) *request.Error {
 // hasTransferParams reports whether the JSON object body has a top-level
 // kv_transfer_params that is not null (vLLM's default), its key compared
 // after unescaping as vLLM's pydantic reads it. body is valid JSON
-// (parseRequest checked it); anything else reports false. It walks the
+// (request.Parse checked it); anything else reports false. It walks the
 // top level only, skipping nested values and strings with IndexByte, so
 // it costs a fraction of a decode.
 func hasTransferParams(body []byte) bool {
