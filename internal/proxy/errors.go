@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"kvrouter/internal/pick"
 	"kvrouter/internal/request"
 )
 
@@ -61,29 +62,14 @@ func isNull(raw json.RawMessage) bool {
 	return len(raw) == 0 || string(bytes.TrimSpace(raw)) == "null"
 }
 
-// errorBody is OpenAI's error JSON.
-type errorBody struct {
-	Error errorDetail `json:"error"`
-}
-
-type errorDetail struct {
-	Message string  `json:"message"`
-	Type    string  `json:"type"`
-	Param   *string `json:"param"`
-	Code    int     `json:"code"`
-}
-
 // maxMessage bounds an error message, in bytes: a safety net behind the
 // cut of each echoed input (maxEcho).
 const maxMessage = 4 << 10
 
+// body is e in OpenAI's error JSON (pick.ErrorBody), the message cut at
+// maxMessage.
 func (e *apiError) body() []byte {
-	d := errorDetail{Message: truncate(e.message, maxMessage), Type: e.typ, Code: e.status}
-	if e.param != "" {
-		d.Param = &e.param
-	}
-	b, _ := json.Marshal(errorBody{Error: d}) // cannot fail: strings and ints
-	return b
+	return pick.ErrorBody(e.status, e.typ, e.param, truncate(e.message, maxMessage))
 }
 
 // write answers e. Only callable before the response headers are written.
@@ -109,8 +95,7 @@ func retryAfterSeconds(d time.Duration) int {
 // sseError is the event that ends a stream broken after its first byte:
 // OpenAI clients raise an API error when an event's data has an "error" key.
 func sseError(msg string, code int) []byte {
-	d := errorDetail{Message: msg, Type: typeServer, Code: code}
-	b, _ := json.Marshal(errorBody{Error: d})
+	b := pick.ErrorBody(code, typeServer, "", msg)
 	out := make([]byte, 0, len(b)+8)
 	out = append(out, "data: "...)
 	out = append(out, b...)
