@@ -19,12 +19,15 @@ import (
 
 // The routing core: the per-request steps both fronts share, free of
 // net/http. A request is parsed (package request), resolved to its model
-// group (by name, alias or LoRA adapter), checked, given the body to
-// forward and tokenized (admit); then routed, as often as its front asks
-// (routeInput, decide). The HTTP front (handle.go, forward.go, relay.go)
-// forwards and relays; the endpoint picker (picker.go) hands the decision
-// to a gateway. Errors before routing are *request.Error values, which each
-// front answers in its own way.
+// group (by name, alias or LoRA adapter), run through the group's features
+// (feature.go), given the body to forward and tokenized (admit); then
+// routed, as often as its front asks (routeInput, decide). The HTTP front
+// (handle.go, forward.go, relay.go) forwards and relays; the endpoint
+// picker (picker.go) hands the decision to a gateway. Errors before
+// routing are *request.Error values, which each front answers in its own
+// way. The core sits beside the model group's types it routes with
+// (Router, RouteInput, Decision, Tokenizer, model); it imports no
+// net/http, so it moves with them.
 
 // core is the state the routing core reads: configuration, model groups,
 // collaborators and metrics. A Server embeds it.
