@@ -66,16 +66,19 @@ fmt:
 vet:
 	$(GO) vet $(PKGS)
 
-## deps: routing, kvindex and group (a model group's state) never import net/http, so serve, sim
-## and bench run the same code; config (router.yaml's schema), group and the HTTP front never import
-## the Kubernetes client or ZeroMQ.
+## deps: routing, kvindex, group (a model group's state) and pick never import net/http, so serve,
+## sim and bench run the same code; config (router.yaml's schema), group and the HTTP front never
+## import the Kubernetes client or ZeroMQ; the endpoint picker reaches the routing core through
+## package pick, not the HTTP front.
 deps:
-	@for p in ./internal/routing ./internal/kvindex ./internal/group; do \
+	@for p in ./internal/routing ./internal/kvindex ./internal/group ./internal/pick; do \
 		if $(GO) list -deps $$p 2>/dev/null | grep -qx 'net/http'; then \
 			echo "$$p imports net/http"; exit 1; fi; done
 	@for p in ./internal/config ./internal/group ./internal/proxy; do \
 		if $(GO) list -deps $$p 2>/dev/null | grep -q -e '^k8s\.io/' -e 'zmq'; then \
 			echo "$$p imports k8s.io/ or ZeroMQ"; exit 1; fi; done
+	@if $(GO) list -deps ./internal/epp 2>/dev/null | grep -qx 'kvrouter/internal/proxy'; then \
+		echo "./internal/epp imports internal/proxy"; exit 1; fi
 
 # The ZeroMQ subscriber's replay tests time a real ROUTER/DEALER exchange
 # (5 s bounds); beside test/e2e's end-to-end tests on 2 cores they

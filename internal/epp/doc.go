@@ -4,9 +4,9 @@
 // processing protocol (envoy.service.ext_proc.v3.ExternalProcessor, gRPC),
 // which Pod of an InferencePool serves each request; the gateway forwards
 // the request itself. The request is parsed, tokenized and routed by the
-// HTTP front's own core (proxy.Picker): same models, routers, index,
-// policies and load leases, so `kvrouter serve` and `kvrouter epp` pick
-// alike.
+// HTTP front's own routing core (a Picker, proxy.Server.Picker; the
+// contract is package pick): same models, routers, index, policies and
+// load leases, so `kvrouter serve` and `kvrouter epp` pick alike.
 //
 // Protocol: the Endpoint Picker Protocol v1.0.0,
 // kubernetes-sigs/gateway-api-inference-extension

@@ -6,6 +6,6 @@ package epp
 // was served by or passed through (exchange.held) until Process ends.
 
 // replicaRemoved is the hook the picker calls for an engine removed from
-// the pool (proxy.Picker.OnReplicaRemoved): its series go now when no
+// the pool (Picker.OnReplicaRemoved): its series go now when no
 // stream holds them, else when the last one ends.
 func (s *Server) replicaRemoved(replica string) { s.holds.Removed(replica) }

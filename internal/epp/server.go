@@ -18,16 +18,34 @@ import (
 	"google.golang.org/grpc/status"
 
 	"kvrouter/internal/frontmetrics"
-	"kvrouter/internal/proxy"
+	"kvrouter/internal/pick"
 )
 
-// picker is the routing core the EPP asks (proxy.Picker).
+// picker is what a stream asks of the routing core.
 type picker interface {
-	Pick(ctx context.Context, in proxy.PickInput) (*proxy.Pick, *proxy.PickError)
+	// Pick parses, tokenizes and routes a request; the error is the
+	// answer to give instead.
+	Pick(ctx context.Context, in pick.Input) (*pick.Pick, *pick.Error)
+	// EndpointNamed is an engine for a request that is no inference
+	// request (no lease).
 	EndpointNamed(allow func(addr string) bool) (name, addr string, ok bool)
-	TooLarge() *proxy.PickError
+	// TooLarge is the answer to a body over BodyLimit bytes.
+	TooLarge() *pick.Error
 	BodyLimit() int64
 	HasReplica(replica string) bool
+}
+
+// Picker is the routing core the EPP asks: the HTTP front's own
+// (proxy.Server.Picker), so that both fronts parse, tokenize and route
+// alike.
+type Picker interface {
+	picker
+	// FrontMetrics is the request metrics set the HTTP front registered;
+	// the EPP takes its front="epp" view.
+	FrontMetrics() *frontmetrics.Set
+	// OnReplicaRemoved registers f, called with the name of each engine
+	// removed from the pool.
+	OnReplicaRemoved(f func(replica string))
 }
 
 // Deps are a Server's collaborators.
@@ -35,7 +53,7 @@ type Deps struct {
 	// Picker routes requests (proxy.Server.Picker()). Required. Its
 	// FrontMetrics are the request series the EPP exports with
 	// front="epp", beside the HTTP front's.
-	Picker *proxy.Picker
+	Picker Picker
 	// Models are the configured model names, and Replicas the engines
 	// known at start, for their metric series (created at 0).
 	Models   []string

@@ -10,18 +10,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"kvrouter/internal/frontmetrics"
-	"kvrouter/internal/proxy"
+	"kvrouter/internal/pick"
 )
 
 // noPicker is a picker that is never asked: the test's client sends no
 // request.
 type noPicker struct{}
 
-func (noPicker) Pick(context.Context, proxy.PickInput) (*proxy.Pick, *proxy.PickError) {
-	return nil, &proxy.PickError{Status: 503}
+func (noPicker) Pick(context.Context, pick.Input) (*pick.Pick, *pick.Error) {
+	return nil, &pick.Error{Status: 503}
 }
 func (noPicker) EndpointNamed(func(string) bool) (string, string, bool) { return "", "", false }
-func (noPicker) TooLarge() *proxy.PickError                             { return &proxy.PickError{Status: 413} }
+func (noPicker) TooLarge() *pick.Error                                  { return &pick.Error{Status: 413} }
 func (noPicker) BodyLimit() int64                                       { return 1 << 20 }
 func (noPicker) HasReplica(string) bool                                 { return false }
 

@@ -18,7 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"kvrouter/internal/proxy"
+	"kvrouter/internal/pick"
 )
 
 // phase is where an exchange is in the ext_proc sequence.
@@ -47,7 +47,7 @@ type exchange struct {
 	start     time.Time
 	lastEvent time.Time // when the last chunk completing an event came (streamed responses)
 
-	pick    *proxy.Pick
+	pick    *pick.Pick
 	model   string // metric label: a configured model, "unknown", or "" (passthrough)
 	replica string
 	status  int
@@ -156,7 +156,7 @@ func (x *exchange) complete(withBody bool) error {
 		return x.passthrough(withBody)
 	}
 	t0 := time.Now()
-	pk, perr := x.s.pick.Pick(x.stream.Context(), proxy.PickInput{
+	pk, perr := x.s.pick.Pick(x.stream.Context(), pick.Input{
 		Path: path, Header: func(n string) string { return x.headers[n] }, Body: x.body.buf,
 		RequestID: x.id, Allow: x.allow, MaxInFlight: x.s.cfg.MaxInFlight,
 	})
@@ -200,8 +200,8 @@ func (x *exchange) complete(withBody bool) error {
 func (x *exchange) passthrough(withBody bool) error {
 	name, addr, ok := x.s.pick.EndpointNamed(x.allow)
 	if !ok {
-		return x.fail(&proxy.PickError{Status: http.StatusServiceUnavailable, RetryAfter: 1, Outcome: outcomeNoReplica,
-			Body: proxy.ErrorBody(http.StatusServiceUnavailable, "", "no healthy replica")})
+		return x.fail(&pick.Error{Status: http.StatusServiceUnavailable, RetryAfter: 1, Outcome: outcomeNoReplica,
+			Body: pick.ErrorBody(http.StatusServiceUnavailable, "", "", "no healthy replica")})
 	}
 	x.outcome, x.replica = outcomePassthrough, name
 	x.s.holds.Hold(&x.held, name)
@@ -348,7 +348,7 @@ func (x *exchange) close() {
 }
 
 // fail answers e as a local reply and ends the stream.
-func (x *exchange) fail(e *proxy.PickError) error {
+func (x *exchange) fail(e *pick.Error) error {
 	ended := x.phase == phaseDone
 	x.phase = phaseDone
 	x.outcome, x.status = e.Outcome, e.Status
@@ -372,8 +372,8 @@ func (x *exchange) protocol(msg string) error {
 	if x.model == "" {
 		x.model = "unknown"
 	}
-	return x.fail(&proxy.PickError{Status: http.StatusInternalServerError, Outcome: outcomeProtocol, Model: x.model,
-		Body: proxy.ErrorBody(http.StatusInternalServerError, "", "endpoint picker: malformed ext_proc sequence: "+msg), Err: errors.New(msg)})
+	return x.fail(&pick.Error{Status: http.StatusInternalServerError, Outcome: outcomeProtocol, Model: x.model,
+		Body: pick.ErrorBody(http.StatusInternalServerError, "", "", "endpoint picker: malformed ext_proc sequence: "+msg), Err: errors.New(msg)})
 }
 
 // record counts the request and logs its one line.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"kvrouter/internal/group"
 	"net/http"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 
 	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/request"
 )
 
 // LoRA adapters.
@@ -43,7 +45,7 @@ const adapterTimeout = 2 * time.Minute
 // adapterModel returns the group serving adapter name: the group that
 // configures it, else one whose engines list it with the group's name as
 // parent.
-func (s *Server) adapterModel(name string) (*model, bool) {
+func (s *core) adapterModel(name string) (*model, bool) {
 	for _, m := range s.models {
 		for _, a := range m.cfg.Adapters {
 			if a.Name == name {
@@ -61,43 +63,83 @@ func (s *Server) adapterModel(name string) (*model, bool) {
 	return nil, false
 }
 
-// adapterPath is the configured lora_path of x's adapter ("" none).
-func adapterPath(x *exchange) string {
-	for _, a := range x.m.cfg.Adapters {
-		if a.Name == x.adapter {
-			return a.Path
+// adapterFeature serves a request naming one of the group's LoRA adapters
+// as its model: routed with the adapter's key, to engines that have it, or
+// loaded on the chosen one (hooks route, engines, chosen).
+type adapterFeature struct{ s *Server }
+
+// admit plugs x's adapter stages in when x names an adapter.
+func (f adapterFeature) admit(_ context.Context, x *flow) *request.Error {
+	if x.req.Model == x.m.cfg.Name {
+		return nil // the base model (or an alias of it)
+	}
+	a := &adapterUse{name: x.req.Model, m: x.m}
+	x.hooks.addRoute(func(in *group.RouteInput) { in.LoRA = a.name })
+	x.hooks.addEngines(a.engines)
+	x.hooks.chosen = func(ctx context.Context, x *exchange, ep *fleet.Endpoint) bool {
+		if !a.load {
+			return true
+		}
+		if err := f.s.ensureAdapter(ctx, a, ep); err != nil {
+			f.s.fail(x, &apiError{status: http.StatusServiceUnavailable, typ: typeServiceUnavailable, retryAfter: time.Second,
+				message: fmt.Sprintf("LoRA adapter %q could not be loaded on replica %s (request id %s)", a.name, ep.Name(), x.id)}, outcomeUpstream)
+			x.err = err
+			return false
+		}
+		return true
+	}
+	return nil
+}
+
+// adapterUse is one request's adapter: its name, its group, and whether
+// the engines listed last have none that holds it (load it on the chosen
+// one).
+type adapterUse struct {
+	name string
+	m    *model
+	load bool
+}
+
+// path is the configured lora_path of the adapter ("" none).
+func (a *adapterUse) path() string {
+	for _, c := range a.m.cfg.Adapters {
+		if c.Name == a.name {
+			return c.Path
 		}
 	}
 	return ""
 }
 
-// healthy returns the engines that may serve x: the healthy engines of its
-// model group, for an adapter only those that list it, or, when none does
-// and loading is configured, all of them (x.loadAdapter set).
-func (s *Server) healthy(dst []*fleet.Endpoint, x *exchange) ([]*fleet.Endpoint, time.Duration, error) {
-	if x.adapter == "" {
-		return s.deps.Fleet.Healthy(dst, x.req.model)
+// engines keeps the healthy engines that list the adapter, or, when none
+// does and loading is configured, all of them (load set).
+func (a *adapterUse) engines(eps []*fleet.Endpoint) ([]*fleet.Endpoint, error) {
+	var out []*fleet.Endpoint
+	for _, ep := range eps {
+		if ep.Listed(a.name) {
+			out = append(out, ep)
+		}
 	}
+	a.load = false
+	if len(out) > 0 {
+		return out, nil
+	}
+	if a.m.cfg.AdapterLoading == config.AdapterLoadingLoad && a.path() != "" {
+		a.load = true
+		return withFreeLoRASlot(eps, 0), nil
+	}
+	return nil, fmt.Errorf("adapter %q: no healthy engine has it loaded: %w", a.name, fleet.ErrNoEndpoint)
+}
+
+// healthy returns the engines that may serve x: the healthy engines of its
+// model group, narrowed by its features (hooks.engines).
+func (s *Server) healthy(dst []*fleet.Endpoint, x *exchange) ([]*fleet.Endpoint, time.Duration, error) {
 	n := len(dst)
 	eps, retry, err := s.deps.Fleet.Healthy(dst, x.m.cfg.Name)
 	if err != nil {
 		return eps, retry, err
 	}
-	out := eps[:n]
-	for _, ep := range eps[n:] {
-		if ep.Listed(x.adapter) {
-			out = append(out, ep)
-		}
-	}
-	x.loadAdapter = false
-	if len(out) > n {
-		return out, retry, nil
-	}
-	if x.m.cfg.AdapterLoading == config.AdapterLoadingLoad && adapterPath(x) != "" {
-		x.loadAdapter = true
-		return withFreeLoRASlot(eps, n), retry, nil
-	}
-	return out, retry, fmt.Errorf("adapter %q: no healthy engine has it loaded: %w", x.adapter, fleet.ErrNoEndpoint)
+	keep, err := x.hooks.engines(eps[n:])
+	return append(eps[:n], keep...), retry, err
 }
 
 // withFreeLoRASlot keeps, of eps[n:], the engines with a free LoRA slot
@@ -129,14 +171,14 @@ type adapterLoad struct {
 	err  error
 }
 
-// ensureAdapter loads x's adapter on ep unless ep lists it, waiting for a
+// ensureAdapter loads adapter a on ep unless ep lists it, waiting for a
 // load already under way. Loading takes the engine's time (reading the
-// weights), bounded by adapterTimeout and the client's context.
-func (s *Server) ensureAdapter(x *exchange, ep *fleet.Endpoint) error {
-	if ep.Listed(x.adapter) {
+// weights), bounded by adapterTimeout and ctx, the client's.
+func (s *Server) ensureAdapter(ctx context.Context, a *adapterUse, ep *fleet.Endpoint) error {
+	if ep.Listed(a.name) {
 		return nil
 	}
-	key := ep.Name() + "\x00" + x.adapter
+	key := ep.Name() + "\x00" + a.name
 	s.loads.mu.Lock()
 	if s.loads.pending == nil {
 		s.loads.pending = map[string]*adapterLoad{}
@@ -151,21 +193,22 @@ func (s *Server) ensureAdapter(x *exchange, ep *fleet.Endpoint) error {
 		select {
 		case <-l.done:
 			return l.err
-		case <-x.r.Context().Done():
-			return x.r.Context().Err()
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.r.Context()), adapterTimeout)
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), adapterTimeout)
 	defer cancel()
 	t0 := time.Now()
-	l.err = s.loadAdapter(ctx, x, ep)
+	l.err = s.loadAdapter(lctx, a, ep)
+	group := a.m.cfg.Name
 	if l.err == nil {
-		ep.NoteAdapter(x.adapter, x.m.cfg.Name)
-		s.fm.adapterLoads.WithLabelValues(x.m.cfg.Name, ep.Name(), "ok").Inc()
-		s.log.Info("LoRA adapter loaded", "model", x.m.cfg.Name, "adapter", x.adapter, "engine", ep.Name(),
+		ep.NoteAdapter(a.name, group)
+		s.fm.adapterLoads.WithLabelValues(group, ep.Name(), "ok").Inc()
+		s.log.Info("LoRA adapter loaded", "model", group, "adapter", a.name, "engine", ep.Name(),
 			"load_ms", float64(time.Since(t0).Microseconds())/1000)
 	} else {
-		s.fm.adapterLoads.WithLabelValues(x.m.cfg.Name, ep.Name(), "error").Inc()
+		s.fm.adapterLoads.WithLabelValues(group, ep.Name(), "error").Inc()
 	}
 	s.loads.mu.Lock()
 	delete(s.loads.pending, key)
@@ -177,8 +220,8 @@ func (s *Server) ensureAdapter(x *exchange, ep *fleet.Endpoint) error {
 // loadAdapter sends POST /v1/load_lora_adapter to ep. vLLM answers 200
 // with a text body, or 400 when the adapter is already loaded (counted as
 // loaded: another client raced us).
-func (s *Server) loadAdapter(ctx context.Context, x *exchange, ep *fleet.Endpoint) error {
-	body, _ := json.Marshal(map[string]string{"lora_name": x.adapter, "lora_path": adapterPath(x)})
+func (s *Server) loadAdapter(ctx context.Context, a *adapterUse, ep *fleet.Endpoint) error {
+	body, _ := json.Marshal(map[string]string{"lora_name": a.name, "lora_path": a.path()})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.URL()+"/v1/load_lora_adapter", bytes.NewReader(body))
 	if err != nil {
 		return err
@@ -187,9 +230,9 @@ func (s *Server) loadAdapter(ctx context.Context, x *exchange, ep *fleet.Endpoin
 	if k := ep.APIKey(); k != "" {
 		req.Header.Set("Authorization", "Bearer "+k)
 	}
-	resp, err := x.m.transport.RoundTrip(req)
+	resp, err := a.m.transport.RoundTrip(req)
 	if err != nil {
-		return fmt.Errorf("load adapter %q on %s: %w", x.adapter, ep.Name(), err)
+		return fmt.Errorf("load adapter %q on %s: %w", a.name, ep.Name(), err)
 	}
 	defer resp.Body.Close()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
@@ -199,5 +242,5 @@ func (s *Server) loadAdapter(ctx context.Context, x *exchange, ep *fleet.Endpoin
 	case resp.StatusCode == http.StatusBadRequest && strings.Contains(string(msg), "already been loaded"):
 		return nil
 	}
-	return fmt.Errorf("load adapter %q on %s: %w", x.adapter, ep.Name(), errors.New(resp.Status+": "+truncate(string(msg), 256)))
+	return fmt.Errorf("load adapter %q on %s: %w", a.name, ep.Name(), errors.New(resp.Status+": "+truncate(string(msg), 256)))
 }

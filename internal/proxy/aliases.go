@@ -2,13 +2,16 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"slices"
 	"time"
 
 	"kvrouter/internal/config"
+	"kvrouter/internal/request"
 )
 
 // Route aliases.
@@ -29,8 +32,8 @@ import (
 // delta before the answer reaches the client; kvrouter never logs response
 // bodies.
 
-// alias returns the alias name and its group, or nil.
-func (s *Server) alias(name string) (*config.Alias, *model) {
+// alias returns the alias called name and its group, or nil.
+func (s *core) alias(name string) (*config.Alias, *model) {
 	for _, m := range s.models {
 		for i := range m.cfg.Aliases {
 			if m.cfg.Aliases[i].Name == name {
@@ -41,23 +44,51 @@ func (s *Server) alias(name string) (*config.Alias, *model) {
 	return nil, nil
 }
 
-// applyAlias rewrites the body of a request for an alias (rewriteAlias) and
-// parses it again; other requests are returned as they are.
-func (s *Server) applyAlias(x *exchange, k kind, req *request, body []byte) (*request, *apiError) {
-	al, m := s.alias(req.model)
+// aliasFeature is a group's route aliases: a request naming an alias is
+// rewritten for the base model (rewrite), its answer filtered (hooks.filter)
+// and its series recorded at its end (hooks.end).
+type aliasFeature struct{ s *Server }
+
+func (aliasFeature) admit(context.Context, *flow) *request.Error { return nil }
+
+// rewrite rewrites the body of a request for an alias and parses it again;
+// other requests are returned as they are.
+func (f aliasFeature) rewrite(_ context.Context, x *flow, m *model, req *request.Parsed, body []byte) (*request.Parsed, *request.Error) {
+	al := m.aliasNamed(req.Model)
 	if al == nil {
 		return req, nil
 	}
-	out, err := rewriteAlias(al, body, m.cfg.Name, k == kindChat)
+	out, err := rewriteAlias(al, body, m.cfg.Name, req.Kind == request.Chat)
 	if err != nil {
-		return nil, badRequest("", err.Error())
+		return nil, request.Invalid("", err.Error())
 	}
-	x.route = al
-	return parseRequest(k, out)
+	u := &aliasUse{al: al}
+	x.hooks.filter = u.filter
+	x.hooks.addEnd(func(x *exchange, attrs []slog.Attr) []slog.Attr {
+		f.s.observeRoute(x, u)
+		return attrs
+	})
+	return request.Parse(req.Kind, out)
+}
+
+// aliasNamed is m's alias called name, or nil.
+func (m *model) aliasNamed(name string) *config.Alias {
+	for i := range m.cfg.Aliases {
+		if m.cfg.Aliases[i].Name == name {
+			return &m.cfg.Aliases[i]
+		}
+	}
+	return nil
+}
+
+// aliasUse is one request's use of an alias: what its answer reported.
+type aliasUse struct {
+	al    *config.Alias
+	usage routeUsage
 }
 
 // rewriteAlias returns body with model set to base and alias a's defaults and
-// caps applied. body is a valid JSON object (parseRequest checked it).
+// caps applied. body is a valid JSON object (request.Parse checked it).
 func rewriteAlias(a *config.Alias, body []byte, base string, chat bool) ([]byte, error) {
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(body, &obj); err != nil {
@@ -144,11 +175,11 @@ var reasoningKeys = []string{"reasoning_content", "reasoning"}
 // in b (a whole non-streaming body, or whole events' "data:" lines) it
 // reads usage and, with StripReasoning, removes the reasoning fields of
 // every choice. Other bytes pass unchanged.
-func (x *exchange) filter(b []byte) []byte {
-	a := x.route
+func (u *aliasUse) filter(b []byte) []byte {
+	a := u.al
 	t := bytes.TrimSpace(b)
 	if len(t) > 0 && t[0] == '{' {
-		return x.filterJSON(b, a.StripReasoning)
+		return u.filterJSON(b, a.StripReasoning)
 	}
 	var out []byte
 	for len(b) > 0 {
@@ -170,7 +201,7 @@ func (x *exchange) filter(b []byte) []byte {
 				if sp {
 					out = append(out, ' ')
 				}
-				out = append(out, x.filterJSON(end, a.StripReasoning)...)
+				out = append(out, u.filterJSON(end, a.StripReasoning)...)
 				out = append(out, data[len(end):]...)
 				continue
 			}
@@ -181,7 +212,7 @@ func (x *exchange) filter(b []byte) []byte {
 }
 
 // filterJSON handles one JSON object: usage, then the reasoning fields.
-func (x *exchange) filterJSON(b []byte, strip bool) []byte {
+func (u *aliasUse) filterJSON(b []byte, strip bool) []byte {
 	hasUsage := bytes.Contains(b, []byte(`"usage"`))
 	hasReasoning := strip && bytes.Contains(b, []byte(`"reasoning`))
 	if !hasUsage && !hasReasoning {
@@ -191,7 +222,7 @@ func (x *exchange) filterJSON(b []byte, strip bool) []byte {
 	if json.Unmarshal(b, &obj) != nil {
 		return b
 	}
-	if u, ok := obj["usage"]; ok && !isNull(u) {
+	if raw, ok := obj["usage"]; ok && !isNull(raw) {
 		var us struct {
 			Prompt        int `json:"prompt_tokens"`
 			PromptDetails *struct {
@@ -201,14 +232,14 @@ func (x *exchange) filterJSON(b []byte, strip bool) []byte {
 				Reasoning int `json:"reasoning_tokens"`
 			} `json:"completion_tokens_details"`
 		}
-		if json.Unmarshal(u, &us) == nil {
-			x.usage.seen = true
-			x.usage.prompt += us.Prompt
+		if json.Unmarshal(raw, &us) == nil {
+			u.usage.seen = true
+			u.usage.prompt += us.Prompt
 			if us.PromptDetails != nil {
-				x.usage.cached += us.PromptDetails.Cached
+				u.usage.cached += us.PromptDetails.Cached
 			}
 			if us.CompletionDetails != nil {
-				x.usage.reasoning += us.CompletionDetails.Reasoning
+				u.usage.reasoning += us.CompletionDetails.Reasoning
 			}
 		}
 	}
@@ -240,16 +271,13 @@ func (x *exchange) filterJSON(b []byte, strip bool) []byte {
 }
 
 // observeRoute records an alias request's series at its end.
-func (s *Server) observeRoute(x *exchange) {
-	if x.route == nil {
-		return
-	}
-	r := x.route.Name
+func (s *Server) observeRoute(x *exchange, u *aliasUse) {
+	r := u.al.Name
 	s.fm.routeRequests.WithLabelValues(r, x.outcome).Inc()
-	if x.usage.seen {
-		s.fm.routeTokens.WithLabelValues(r, "prompt").Add(float64(x.usage.prompt))
-		s.fm.routeTokens.WithLabelValues(r, "cached").Add(float64(x.usage.cached))
-		s.fm.routeTokens.WithLabelValues(r, "reasoning").Add(float64(x.usage.reasoning))
+	if u.usage.seen {
+		s.fm.routeTokens.WithLabelValues(r, "prompt").Add(float64(u.usage.prompt))
+		s.fm.routeTokens.WithLabelValues(r, "cached").Add(float64(u.usage.cached))
+		s.fm.routeTokens.WithLabelValues(r, "reasoning").Add(float64(u.usage.reasoning))
 	}
 }
 
@@ -266,7 +294,7 @@ func copyFiltered(x *exchange, wd *watchdog, body io.Reader, firstToken func()) 
 	}
 	firstToken()
 	if len(b) < maxFilteredBody {
-		b = x.filter(b)
+		b = x.hooks.filter(b)
 	}
 	if _, werr := x.w.Write(b); werr != nil {
 		return &writeError{werr}

@@ -16,6 +16,7 @@ import (
 	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/group"
+	"kvrouter/internal/request"
 	"kvrouter/internal/tokenizer"
 )
 
@@ -90,7 +91,8 @@ func BenchmarkRelayEvent(b *testing.B) {
 	buf := make([]byte, 32<<10)
 	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
 	w := &flushDiscard{h: http.Header{}}
-	x := &exchange{w: w, r: r, start: time.Now(), req: &request{model: "m"}}
+	x := &exchange{w: w, r: r, flow: flow{ctx: r.Context(), start: time.Now(), req: &request.Parsed{Model: "m"}}}
+	x.hooks = newHooks(&x.flow)
 	b.ReportAllocs()
 	events := 0
 	for b.Loop() {
@@ -138,14 +140,14 @@ func BenchmarkRouteOverhead(b *testing.B) {
 	}
 	for _, tc := range []struct {
 		name      string
-		k         kind
+		k         request.Kind
 		body      func(i int) []byte
 		minTokens int
 	}{
-		{"chat", kindChat, func(i int) []byte {
+		{"chat", request.Chat, func(i int) []byte {
 			return fmt.Appendf(nil, `{"model":"m","stream":true,"max_tokens":256,"messages":[{"role":"system","content":%q},{"role":"user","content":"Where is shipment %d? It left Rotterdam on Monday."}]}`, system, i)
 		}, 500},
-		{"token-ids", kindCompletion, func(i int) []byte {
+		{"token-ids", request.Completion, func(i int) []byte {
 			return fmt.Appendf(nil, `{"model":"m","stream":true,"max_tokens":256,"prompt":[%s%d]}`, ids.Bytes(), i)
 		}, 513},
 	} {
@@ -155,11 +157,13 @@ func BenchmarkRouteOverhead(b *testing.B) {
 			i, tokens := 0, 0
 			for b.Loop() {
 				i++
-				x := &exchange{w: httptest.NewRecorder(), r: httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil).WithContext(context.Background()), start: time.Now()}
-				if !srv.parse(x, tc.k, tc.body(i)) {
+				r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil).WithContext(context.Background())
+				x := &exchange{w: httptest.NewRecorder(), r: r, flow: flow{ctx: r.Context(), header: r.Header.Get, start: time.Now()}}
+				x.hooks = newHooks(&x.flow)
+				if !srv.parse(x.ctx, x, tc.k, tc.body(i)) {
 					b.Fatal("parse failed")
 				}
-				d, err := srv.decide(x, srv.routeInput(x, []string{"e0"}, false))
+				d, err := srv.decide(&x.flow, srv.routeInput(&x.flow, []string{"e0"}, false))
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"kvrouter/internal/request"
 	"kvrouter/internal/tokenizer"
 )
 
@@ -166,11 +167,12 @@ func freshConversation(body []byte, n int) []byte {
 // forward (parse, template, tokens, keys, kv decision) and returns its
 // prompt's token count.
 func routeRequest(b *testing.B, srv *Server, body []byte) int {
-	x := &exchange{w: httptest.NewRecorder(), r: httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil).WithContext(context.Background()), start: time.Now()}
-	if !srv.parse(x, kindChat, body) {
+	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil).WithContext(context.Background())
+	x := &exchange{w: httptest.NewRecorder(), r: r, flow: flow{ctx: r.Context(), header: r.Header.Get, start: time.Now()}}
+	if !srv.parse(x.ctx, x, request.Chat, body) {
 		b.Fatal("parse failed")
 	}
-	d, err := srv.decide(x, srv.routeInput(x, []string{"e0"}, false))
+	d, err := srv.decide(&x.flow, srv.routeInput(&x.flow, []string{"e0"}, false))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"kvrouter/internal/config"
+	"kvrouter/internal/request"
 )
 
 // bodyChunk is the first buffer for a body of unknown length (chunked),
@@ -96,8 +97,8 @@ func (b *bodyBudget) give(n int64) {
 // once for a declared length), 503 with Retry-After when the budget is
 // spent, 408 when the client stops sending, 400 otherwise.
 func (s *Server) readBody(x *exchange) ([]byte, bool) {
-	if e := checkContentType(x.r.Header.Get("Content-Type")); e != nil {
-		s.fail(x, e, outcomeBadRequest)
+	if e := request.CheckContentType(x.r.Header.Get("Content-Type")); e != nil {
+		s.fail(x, requestError(e), outcomeBadRequest)
 		return nil, false
 	}
 	limit := s.cfg.BodyLimit

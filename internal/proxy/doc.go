@@ -11,6 +11,25 @@
 // body lists every engine's state; ?full=1 wants every engine), GET
 // /metrics (the registry given to Deps).
 //
+// Request path: the routing core (core.go, no net/http) admits a request
+// (parse with package request, resolve the model group by name, alias or
+// LoRA adapter, check, tokenize) and routes it; both fronts call it: the
+// HTTP handlers here, which then forward and relay, and the Picker
+// (picker.go), which serves the endpoint picker (package epp) through the
+// contract of package pick. Errors before routing are request.Error values
+// this package answers in OpenAI's error JSON.
+//
+// Per-request features (feature.go): route aliases (aliases.go), LoRA
+// adapters (adapters.go), media limits (media.go), response pinning
+// (responsepin.go) and P/D legs (pd.go) are values registered once per
+// model group. The core calls each for every request of its group; each
+// checks the request and plugs in per-request hooks (route input, engines
+// allowed, a plan before the first attempt, the body per engine, which
+// failures are retried, a filter on the answer, a step at the end), the
+// way httputil.ReverseProxy takes Rewrite and ModifyResponse. The request
+// path (handle.go, forward.go, relay.go) calls the hooks and names no
+// feature.
+//
 // Forwarding: the body is forwarded as received, except that
 // vllm_xargs.kv_cache_report_mode = "full" is merged in (config.Config
 // DisableHitReport turns it off) so the engine reports the prefix blocks it

@@ -1,10 +1,14 @@
 package proxy
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"strconv"
 	"time"
+
+	"kvrouter/internal/pick"
+	"kvrouter/internal/request"
 )
 
 // Error types: the one vocabulary of the "type" field of every error the
@@ -40,29 +44,32 @@ func badRequest(param, msg string) *apiError {
 	return &apiError{status: http.StatusBadRequest, typ: typeInvalidRequest, param: param, message: msg}
 }
 
-// errorBody is OpenAI's error JSON.
-type errorBody struct {
-	Error errorDetail `json:"error"`
+// requestError is the answer to a request refused before routing: its
+// request.Error type picks the status and OpenAI type, with the same
+// param and message.
+func requestError(e *request.Error) *apiError {
+	switch e.Type {
+	case request.UnknownModel:
+		return &apiError{status: http.StatusNotFound, typ: typeNotFound, param: e.Param, message: e.Message}
+	case request.PromptTooLong:
+		return &apiError{status: http.StatusBadRequest, typ: typeVLLMBadRequest, param: e.Param, message: e.Message}
+	}
+	return badRequest(e.Param, e.Message)
 }
 
-type errorDetail struct {
-	Message string  `json:"message"`
-	Type    string  `json:"type"`
-	Param   *string `json:"param"`
-	Code    int     `json:"code"`
+// isNull reports whether raw is absent or JSON null.
+func isNull(raw json.RawMessage) bool {
+	return len(raw) == 0 || string(bytes.TrimSpace(raw)) == "null"
 }
 
 // maxMessage bounds an error message, in bytes: a safety net behind the
 // cut of each echoed input (maxEcho).
 const maxMessage = 4 << 10
 
+// body is e in OpenAI's error JSON (pick.ErrorBody), the message cut at
+// maxMessage.
 func (e *apiError) body() []byte {
-	d := errorDetail{Message: truncate(e.message, maxMessage), Type: e.typ, Code: e.status}
-	if e.param != "" {
-		d.Param = &e.param
-	}
-	b, _ := json.Marshal(errorBody{Error: d}) // cannot fail: strings and ints
-	return b
+	return pick.ErrorBody(e.status, e.typ, e.param, truncate(e.message, maxMessage))
 }
 
 // write answers e. Only callable before the response headers are written.
@@ -70,17 +77,25 @@ func (e *apiError) write(w http.ResponseWriter) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	if e.retryAfter > 0 {
-		h.Set("Retry-After", strconv.Itoa(int((e.retryAfter+time.Second-1)/time.Second)))
+		h.Set("Retry-After", strconv.Itoa(retryAfterSeconds(e.retryAfter)))
 	}
 	w.WriteHeader(e.status)
 	_, _ = w.Write(e.body())
 }
 
+// retryAfterSeconds is d as a Retry-After value: whole seconds, rounded
+// up (0 for none).
+func retryAfterSeconds(d time.Duration) int {
+	if d <= 0 {
+		return 0
+	}
+	return int((d + time.Second - 1) / time.Second)
+}
+
 // sseError is the event that ends a stream broken after its first byte:
 // OpenAI clients raise an API error when an event's data has an "error" key.
 func sseError(msg string, code int) []byte {
-	d := errorDetail{Message: msg, Type: typeServer, Code: code}
-	b, _ := json.Marshal(errorBody{Error: d})
+	b := pick.ErrorBody(code, typeServer, "", msg)
 	out := make([]byte, 0, len(b)+8)
 	out = append(out, "data: "...)
 	out = append(out, b...)

@@ -250,30 +250,3 @@ func TestTooLongAnsweredWithoutForwarding(t *testing.T) {
 		})
 	}
 }
-
-// TestOutputTokens: the output budget vLLM checks the context length with
-// (build_tok_params): a chat's max_completion_tokens when given, else
-// max_tokens; a completion's max_tokens only.
-func TestOutputTokens(t *testing.T) {
-	tests := []struct {
-		k    kind
-		body string
-		want int
-	}{
-		{kindChat, `{"model":"m","messages":[{"role":"user","content":"a"}],"max_tokens":10,"max_completion_tokens":5}`, 5},
-		{kindChat, `{"model":"m","messages":[{"role":"user","content":"a"}],"max_completion_tokens":0,"max_tokens":10}`, 0},
-		{kindChat, `{"model":"m","messages":[{"role":"user","content":"a"}],"max_tokens":10}`, 10},
-		{kindChat, `{"model":"m","messages":[{"role":"user","content":"a"}]}`, 0},
-		{kindCompletion, `{"model":"m","prompt":"a","max_completion_tokens":50}`, 0},
-		{kindCompletion, `{"model":"m","prompt":"a","max_tokens":7,"max_completion_tokens":50}`, 7},
-	}
-	for _, tt := range tests {
-		r, aerr := parseRequest(tt.k, []byte(tt.body))
-		if aerr != nil {
-			t.Fatal(aerr)
-		}
-		if r.outputTokens != tt.want {
-			t.Errorf("%s: outputTokens %d, want %d", tt.body, r.outputTokens, tt.want)
-		}
-	}
-}

@@ -30,14 +30,15 @@ var (
 const maxReroutes = 3
 
 // forward routes x and relays the engine's answer, retrying on another
-// replica while nothing has reached the client.
-func (s *Server) forward(x *exchange) {
-	if x.m.pd != nil && x.only == nil && x.m.pd.active() {
-		s.forwardPD(x) // pd.go: plans, then calls forward for the decode engine
+// replica while nothing has reached the client. Its features' stages
+// (x.hooks) plan the request first, narrow each attempt's engines, act on
+// the chosen engine, give the body and tell which failures may be retried.
+func (s *Server) forward(ctx context.Context, x *exchange) {
+	if !x.hooks.plan(ctx, x) {
 		return
 	}
-	if e := s.tooLong(x); e != nil {
-		s.fail(x, e, outcomeBadRequest)
+	if e := s.tooLong(&x.flow); e != nil {
+		s.fail(x, requestError(e), outcomeBadRequest)
 		return
 	}
 	var tried []string
@@ -49,7 +50,7 @@ func (s *Server) forward(x *exchange) {
 		buf, retry, err = s.healthy(buf[:0], x)
 		cands := make([]string, 0, len(buf))
 		for _, ep := range buf {
-			if !slices.Contains(tried, ep.Name()) && (x.only == nil || x.only(ep.Name())) {
+			if !slices.Contains(tried, ep.Name()) {
 				cands = append(cands, ep.Name())
 			}
 		}
@@ -60,7 +61,7 @@ func (s *Server) forward(x *exchange) {
 			s.noReplica(x, retry, err)
 			return
 		}
-		d, err := s.decide(x, s.routeInput(x, cands, false))
+		d, err := s.decide(&x.flow, s.routeInput(&x.flow, cands, false))
 		if err != nil {
 			if errors.Is(err, routing.ErrNoReplica) && reroutes < maxReroutes {
 				// The group lost its candidates after Healthy listed them
@@ -87,24 +88,15 @@ func (s *Server) forward(x *exchange) {
 			s.fail(x, serverError(fmt.Sprintf("router chose unknown replica %q", d.Replica)), outcomeUpstream)
 			return
 		}
-		if x.loadAdapter {
-			if err := s.ensureAdapter(x, ep); err != nil {
-				if d.Release != nil {
-					d.Release()
-				}
-				s.fail(x, &apiError{status: http.StatusServiceUnavailable, typ: typeServiceUnavailable, retryAfter: time.Second,
-					message: fmt.Sprintf("LoRA adapter %q could not be loaded on replica %s (request id %s)", x.adapter, ep.Name(), x.id)}, outcomeUpstream)
-				x.err = err
-				return
+		if !x.hooks.chosen(ctx, x, ep) {
+			if d.Release != nil {
+				d.Release()
 			}
+			return
 		}
 		s.observeDecision(x, d)
 		tried = append(tried, d.Replica)
-		canRetry := attempt < x.m.cfg.Retries
-		if x.pin != nil {
-			canRetry = x.pin.canProbe(attempt) // responsepin.go
-		}
-		if !s.try(x, ep, d, canRetry) {
+		if !s.try(ctx, x, ep, d, attempt) {
 			return
 		}
 		x.retries++
@@ -116,7 +108,7 @@ func (s *Server) observeDecision(x *exchange, d group.Decision) {
 	s.holds.Hold(&x.held, d.Replica)
 	x.replica, x.cached, x.indexCached = d.Replica, d.CachedTokens, d.IndexCachedTokens
 	s.traceDecision(x, d)
-	model := x.req.model
+	model := x.req.Model
 	if x.tokens != nil {
 		s.m.promptTokens.WithLabelValues(model).Observe(float64(len(x.tokens)))
 		s.m.cachedTokens.WithLabelValues(model).Observe(float64(d.CachedTokens))
@@ -126,10 +118,11 @@ func (s *Server) observeDecision(x *exchange, d group.Decision) {
 	}
 }
 
-// try sends one attempt to ep. It returns true when the caller should retry
-// on another replica (only when canRetry and nothing was written to the
-// client); otherwise the exchange is answered, one way or another.
-func (s *Server) try(x *exchange, ep *fleet.Endpoint, d group.Decision, canRetry bool) (retry bool) {
+// try sends attempt (0-based) to ep. It returns true when the caller
+// should retry on another replica (only when x.hooks.retry allows it and
+// nothing was written to the client); otherwise the exchange is answered,
+// one way or another.
+func (s *Server) try(ctx context.Context, x *exchange, ep *fleet.Endpoint, d group.Decision, attempt int) (retry bool) {
 	if d.Release != nil {
 		defer d.Release()
 	}
@@ -143,7 +136,7 @@ func (s *Server) try(x *exchange, ep *fleet.Endpoint, d group.Decision, canRetry
 			failed() // before Release: the request's predictions go
 		}
 	}()
-	ctx, wd, end := s.startAttempt(x, ep)
+	ctx, wd, end := s.startAttempt(ctx, x, ep)
 	defer end()
 
 	legCtx, leg := s.startLeg(ctx, x, ep)
@@ -155,11 +148,8 @@ func (s *Server) try(x *exchange, ep *fleet.Endpoint, d group.Decision, canRetry
 		}
 		endLeg(leg, legStatus, retry, err)
 	}()
-	body := x.fwd
-	if x.bodyFor != nil {
-		body = x.bodyFor(ep.Name())
-	}
-	req, err := http.NewRequestWithContext(legCtx, http.MethodPost, ep.URL()+x.req.kind.path(), bytes.NewReader(body))
+	body := x.hooks.body(ep.Name())
+	req, err := http.NewRequestWithContext(legCtx, http.MethodPost, ep.URL()+x.req.Kind.Path(), bytes.NewReader(body))
 	if err != nil {
 		s.fail(x, serverError(err.Error()), outcomeUpstream)
 		return false
@@ -173,7 +163,7 @@ func (s *Server) try(x *exchange, ep *fleet.Endpoint, d group.Decision, canRetry
 
 	resp, err := x.m.transport.RoundTrip(req)
 	if err != nil {
-		return s.upstreamFailed(x, ep, ctx, err, canRetry)
+		return s.upstreamFailed(ctx, x, ep, err, x.hooks.retry(attempt, 0))
 	}
 	wd.heard(time.Now()) // the answer started: the engine is not stalled
 	status := resp.StatusCode
@@ -182,43 +172,37 @@ func (s *Server) try(x *exchange, ep *fleet.Endpoint, d group.Decision, canRetry
 	if status/100 != 2 {
 		failed() // as soon as the engine's error status is known
 	}
-	retryable := status == http.StatusTooManyRequests || status == http.StatusBadGateway || status == http.StatusServiceUnavailable
-	if x.pin != nil {
-		// Another engine cannot hold the response: move on only when this
-		// one does not have it (responsepin.go).
-		retryable = status == http.StatusNotFound
-	}
-	if canRetry && retryable {
+	if x.hooks.retry(attempt, status) {
 		// Backpressure or a gateway's failure: nothing was written, try
 		// another replica. Drain a little so the connection may be reused.
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
 		resp.Body.Close()
-		s.m.retries.WithLabelValues(x.req.model, "status_"+strconv.Itoa(status)).Inc()
+		s.m.retries.WithLabelValues(x.req.Model, "status_"+strconv.Itoa(status)).Inc()
 		return true
 	}
 	defer resp.Body.Close()
 	x.hit = hitReport{}
-	s.relay(x, ep, ctx, wd, resp, d.FirstToken, failed)
+	s.relay(ctx, x, ep, wd, resp, d.FirstToken, failed)
 	ok = status/100 == 2 && x.outcome == outcomeOK
 	if ok && x.tokens != nil && x.hit.seen {
-		s.trust.observe(x.m.router, x.req.model, ep.Name(), x.indexCached, x.hit.cached)
+		s.trust.observe(x.m.router, x.req.Model, ep.Name(), x.indexCached, x.hit.cached)
 	}
 	return false
 }
 
 // startAttempt begins one request of x to ep (an attempt, a P/D leg, a
 // pass-through): ep's series are held for x, its in-flight counts (the
-// proxy's gauge and the fleet endpoint's) go up, and ctx, a child of the
-// client's request context, is cancelled by the first-byte and idle
+// proxy's gauge and the fleet endpoint's) go up, and the context returned,
+// a child of ctx (the client's request context), is cancelled by the first-byte and idle
 // watchdog wd (its cause says which). end stops the watchdog, cancels ctx
 // and takes the in-flight counts down; call it exactly once.
-func (s *Server) startAttempt(x *exchange, ep *fleet.Endpoint) (ctx context.Context, wd *watchdog, end func()) {
+func (s *Server) startAttempt(ctx context.Context, x *exchange, ep *fleet.Endpoint) (_ context.Context, wd *watchdog, end func()) {
 	s.holds.Hold(&x.held, ep.Name())
 	inflight := s.m.inFlight.WithLabelValues(ep.Name())
 	inflight.Inc()
 	ep.AddInFlight(1)
 	answered := ep.Await(time.Now()) // stall detection (fleet/stall.go)
-	ctx, cancel := context.WithCancelCause(x.r.Context())
+	ctx, cancel := context.WithCancelCause(ctx)
 	wd = newWatchdog(cancel, x.m.cfg.Timeouts.FirstByte, x.m.cfg.Timeouts.Idle)
 	wd.ep, wd.answered = ep, answered
 	return ctx, wd, func() {
@@ -232,7 +216,7 @@ func (s *Server) startAttempt(x *exchange, ep *fleet.Endpoint) (ctx context.Cont
 
 // upstreamFailed handles a RoundTrip error (nothing received from the
 // engine, nothing written to the client).
-func (s *Server) upstreamFailed(x *exchange, ep *fleet.Endpoint, ctx context.Context, err error, canRetry bool) bool {
+func (s *Server) upstreamFailed(ctx context.Context, x *exchange, ep *fleet.Endpoint, err error, canRetry bool) bool {
 	x.err = err
 	switch cause := context.Cause(ctx); {
 	case x.r.Context().Err() != nil:
@@ -245,7 +229,7 @@ func (s *Server) upstreamFailed(x *exchange, ep *fleet.Endpoint, ctx context.Con
 	}
 	s.deps.Fleet.Report(ep, fleet.OutcomeOfError(err))
 	if canRetry {
-		s.m.retries.WithLabelValues(x.req.model, "conn_error").Inc()
+		s.m.retries.WithLabelValues(x.req.Model, "conn_error").Inc()
 		return true
 	}
 	// The cause (addresses, syscalls) goes to the log line with the
@@ -317,4 +301,11 @@ func (w *watchdog) heard(now time.Time) {
 func (w *watchdog) stop() {
 	w.stopped.Store(true)
 	w.t.Stop()
+}
+
+// retryableStatus reports whether an engine's answer status means another
+// engine may serve the request: backpressure (429) or a gateway's failure
+// (502, 503).
+func retryableStatus(status int) bool {
+	return status == http.StatusTooManyRequests || status == http.StatusBadGateway || status == http.StatusServiceUnavailable
 }

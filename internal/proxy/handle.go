@@ -1,55 +1,31 @@
 package proxy
 
 import (
+	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
-	"mime"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 	"unicode/utf8"
 
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/trace"
-
-	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/frontmetrics"
 	"kvrouter/internal/group"
-	"kvrouter/internal/kvindex"
+	"kvrouter/internal/request"
 )
 
-// exchange is one client request's state, shared by its attempts, for the
-// final log line and metrics.
+// exchange is one client request's state on the HTTP front, shared by its
+// attempts, for the final log line and metrics: the routing core's flow
+// (core.go) and what the HTTP exchange adds.
 type exchange struct {
-	w     http.ResponseWriter
-	r     *http.Request
-	id    string
-	start time.Time
-	req   *request
-	asked string // the model the body named, "" when it was not read
-	m     *model
-	// adapter is the LoRA adapter the request names as its model ("" for
-	// the base model); loadAdapter: no healthy engine has it, load it on
-	// the chosen one (adapters.go).
-	adapter     string
-	loadAdapter bool
-	// route is the alias the request named (nil: none); usage is what its
-	// answer reported (aliases.go).
-	route   *config.Alias
-	usage   routeUsage
-	fwd     []byte   // the body sent upstream
-	tokens  []uint32 // nil when unknown
+	flow
+	w       http.ResponseWriter
+	r       *http.Request
 	replica string   // last replica tried
 	held    []string // replicas whose series this exchange holds (Server.holds)
-	// front is the front whose tokenizer series count the request: nil
-	// for the HTTP front's own, the EPP's view for a Picker's.
-	front  *frontmetrics.Front
-	cached int
+	cached  int
 	// indexCached is what the index said the chosen engine holds, in
 	// tokens, trusted or not; hit is what the engine reported (trust.go).
 	indexCached int
@@ -63,31 +39,17 @@ type exchange struct {
 	// streamErr: the engine's event stream carried an error event.
 	streamErr bool
 	err       error
-	// span is the request's trace span (a no-op one when tracing is off).
-	span trace.Span
-	// P/D (pd.go): only, when set, limits the replicas forward may choose;
-	// noRouteTokens routes the decode leg by load alone; prefill names the
-	// prefill leg's replica.
-	only          func(name string) bool
-	noRouteTokens bool
-	prefill       string
-	// Responses (responsepin.go): pin orders the engines of a request
-	// continuing a stored response; bodyFor, when set, is the body sent to
-	// an engine (instead of fwd).
-	pin     *responsePin
-	bodyFor func(engine string) []byte
-
-	// mm are the prompt's multimodal items from the engine's render
-	// (mediakeys.go); media is what its chat parts carry (media.go).
-	mm    []kvindex.MMItem
-	media mediaScan
-
 	// bodyHeld is the body_budget the request's body holds (body.go),
 	// given back by finish.
 	bodyHeld int64
-	// enginePath is the path and query a request naming a response id is
-	// sent to (responseget.go).
-	enginePath string
+}
+
+// newExchange starts the HTTP front's state of request r.
+func (s *Server) newExchange(w http.ResponseWriter, r *http.Request) *exchange {
+	x := &exchange{w: w, r: r, flow: flow{ctx: r.Context(), id: requestID(r), start: s.deps.Now(), header: r.Header.Get}}
+	x.hooks = newHooks(&x.flow)
+	w.Header().Set("X-Request-Id", x.id)
+	return x
 }
 
 // Outcome labels of kvrouter_proxy_requests_total (front="http"), from
@@ -104,165 +66,52 @@ const (
 )
 
 // serveInference handles POST /v1/completions and /v1/chat/completions.
-func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, k kind) {
-	x := &exchange{w: w, r: r, id: requestID(r), start: s.deps.Now()}
-	w.Header().Set("X-Request-Id", x.id)
+func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, k request.Kind) {
+	x := s.newExchange(w, r)
 	s.startSpan(x, r.URL.Path)
 	defer s.finish(x)
-	if !s.prepare(x, k) {
+	if !s.prepare(x.ctx, x, k) {
 		return
 	}
 	if v := r.Header.Get("X-Kvrouter-Route-Only"); v != "" && v != "0" && v != "false" {
-		s.explain(x)
+		s.explain(x.ctx, x)
 		return
 	}
-	s.forward(x)
+	s.forward(x.ctx, x)
 }
 
 // serveRoute handles POST /v1/route: a completion, chat or Responses body
 // (told apart by "messages", then "input" without "prompt"), answered with
 // the decision instead of forwarded.
 func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request) {
-	x := &exchange{w: w, r: r, id: requestID(r), start: s.deps.Now()}
-	w.Header().Set("X-Request-Id", x.id)
+	x := s.newExchange(w, r)
 	s.startSpan(x, r.URL.Path)
 	defer s.finish(x)
 	body, ok := s.readBody(x)
 	if !ok {
 		return
 	}
-	var probe struct {
-		Messages json.RawMessage `json:"messages"`
-		Prompt   json.RawMessage `json:"prompt"`
-		Input    json.RawMessage `json:"input"`
-	}
-	k := kindCompletion
-	if json.Unmarshal(body, &probe) == nil && !isNull(probe.Messages) {
-		k = kindChat
-	} else if isNull(probe.Prompt) && !isNull(probe.Input) {
-		k = kindResponses // a Responses body (responses.go)
-	}
-	if !s.parse(x, k, body) {
+	if !s.parse(x.ctx, x, request.Sniff(body), body) {
 		return
 	}
-	s.explain(x)
+	s.explain(x.ctx, x)
 }
 
 // prepare reads, parses and tokenizes the request; false when it has
 // answered an error.
-func (s *Server) prepare(x *exchange, k kind) bool {
+func (s *Server) prepare(ctx context.Context, x *exchange, k request.Kind) bool {
 	body, ok := s.readBody(x)
-	return ok && s.parse(x, k, body)
+	return ok && s.parse(ctx, x, k, body)
 }
 
-// checkContentType accepts what vLLM (FastAPI) reads as JSON: no
-// Content-Type, application/json, or application/*+json. Anything else
-// (text/plain, curl -d's form type) is a 400, as vLLM answers it.
-func checkContentType(ct string) *apiError {
-	if ct == "" {
-		return nil
-	}
-	mt, _, err := mime.ParseMediaType(ct)
-	if err == nil && (mt == "application/json" || strings.HasPrefix(mt, "application/") && strings.HasSuffix(mt, "+json")) {
-		return nil
-	}
-	return badRequest("", fmt.Sprintf("Content-Type %q: the body must be JSON (Content-Type: application/json)", ct))
-}
-
-func (s *Server) parse(x *exchange, k kind, body []byte) bool {
-	req, aerr := parseRequest(k, body)
-	if req != nil {
-		x.asked = req.model
-	}
-	if aerr == nil {
-		req, aerr = s.applyAlias(x, k, req, body)
-	}
-	if aerr == nil {
-		aerr = s.refuseClientControls(body)
-	}
-	if aerr != nil {
-		s.fail(x, aerr, outcomeBadRequest)
+// parse runs the routing core's admission of body (core.go); false when
+// it has answered the error.
+func (s *Server) parse(ctx context.Context, x *exchange, k request.Kind, body []byte) bool {
+	if e := s.admit(ctx, &x.flow, k, body); e != nil {
+		s.fail(x, requestError(e), outcomeBadRequest)
 		return false
 	}
-	x.req = req
-	m, ok := s.models[req.model]
-	if !ok {
-		if m, ok = s.adapterModel(req.model); ok {
-			x.adapter = req.model
-		}
-	}
-	if !ok {
-		s.fail(x, &apiError{status: http.StatusNotFound, typ: typeNotFound, param: "model",
-			message: fmt.Sprintf("The model `%s` does not exist.", truncate(req.model, maxEcho))}, outcomeBadRequest)
-		return false
-	}
-	x.m = m
-	x.media = scanMedia(req)
-	if e := checkMedia(x); e != nil {
-		s.fail(x, e, outcomeBadRequest)
-		return false
-	}
-	fwd, err := req.forwardBody(!m.cfg.DisableHitReport)
-	if err != nil {
-		s.fail(x, badRequest("", err.Error()), outcomeBadRequest)
-		return false
-	}
-	x.fwd = fwd
-	x.tokens = s.tokenize(x)
 	return true
-}
-
-// tokenize returns the prompt's token ids, or nil (route by load) when the
-// tokenizer is "none" or fails: a tokenizer problem never fails a request.
-func (s *Server) tokenize(x *exchange) []uint32 {
-	req := x.req
-	if req.promptTokens != nil {
-		return req.promptTokens
-	}
-	if x.m.tok == nil {
-		return nil
-	}
-	t0 := time.Now()
-	ctx, span := s.startChild(x, spanTokenize, trace.SpanKindInternal)
-	chat, body := req.kind == kindChat, req.body
-	if req.kind == kindResponses { // rendered as the chat vLLM makes of it
-		if req.resp.chatBody == nil {
-			span.End()
-			return nil
-		}
-		chat, body = true, req.resp.chatBody
-	}
-	var ids []uint32
-	var mm []kvindex.MMItem
-	var err error
-	if creq, cerr := chatRequest(req); cerr == nil {
-		ids, mm, err = chatTokens(x.m.tok, ctx, creq, body)
-	} else {
-		ids, mm, err = group.TokensMM(ctx, x.m.tok, chat, body, req.promptText)
-	}
-	x.mm = mm
-	tm := s.m.view
-	if x.front != nil {
-		tm = x.front
-	}
-	tm.Tokenize.WithLabelValues(req.model).Observe(time.Since(t0).Seconds())
-	if err != nil {
-		span.SetStatus(codes.Error, err.Error())
-	} else {
-		span.SetAttributes(attribute.Int(attrPromptTokens, len(ids)))
-	}
-	span.End()
-	if err != nil {
-		tm.TokenizeErrors.WithLabelValues(req.model).Inc()
-		if errors.Is(err, group.ErrNoTokenizerEngine) {
-			tm.TokenizerUnavailable.WithLabelValues(req.model).Inc()
-		}
-		if s.log.Enabled(x.r.Context(), slog.LevelDebug) {
-			s.log.Debug("tokenize failed, routing by load", "request_id", x.id, "model", req.model, "err", err)
-		}
-		return nil
-	}
-	return ids
 }
 
 // fail answers an error before any byte of a response was written.
@@ -274,57 +123,10 @@ func (s *Server) fail(x *exchange, e *apiError, outcome string) {
 	}
 }
 
-// routeInput builds the router's input for x, excluding tried replicas.
-func (s *Server) routeInput(x *exchange, cands []string, dry bool) *group.RouteInput {
-	in := &group.RouteInput{
-		Model:      x.req.model,
-		RequestID:  x.id,
-		Tokens:     x.tokens,
-		CacheSalt:  x.req.cacheSalt,
-		LoRA:       x.adapter,
-		MaxTokens:  x.req.maxTokens,
-		Candidates: cands,
-		DryRun:     dry,
-	}
-	if x.noRouteTokens {
-		in.Tokens = nil
-	}
-	mediaRouteInput(x, in)
-	if tr, ok := x.m.router.(textRouter); ok && tr.UsesText() {
-		in.Text = x.req.routingText()
-	}
-	for _, h := range x.m.cfg.SessionHeaders {
-		if v := x.r.Header.Get(h); v != "" {
-			in.Session = v
-			break
-		}
-	}
-	return in
-}
-
-// decide asks the model's router, timing the decision.
-func (s *Server) decide(x *exchange, in *group.RouteInput) (group.Decision, error) {
-	t0 := time.Now()
-	_, span := s.startChild(x, spanRoute, trace.SpanKindInternal)
-	d, err := x.m.router.Route(in)
-	s.m.decision.WithLabelValues(x.req.model).Observe(time.Since(t0).Seconds())
-	if err != nil {
-		span.SetStatus(codes.Error, err.Error())
-	} else {
-		span.SetAttributes(attribute.String(attrReplica, d.Replica), attribute.Int(attrCached, d.CachedTokens),
-			attribute.Int("kvrouter.candidate_count", len(in.Candidates)))
-	}
-	span.End()
-	if err == nil && s.deps.OnDecision != nil {
-		s.deps.OnDecision(x.req.model, x.id, len(x.tokens), d)
-	}
-	return d, err
-}
-
-// explain answers the routing decision as JSON without forwarding.
-func (s *Server) explain(x *exchange) {
-	if x.m.pd != nil && x.m.pd.active() {
-		s.explainPD(x)
+// explain answers the routing decision as JSON without forwarding (or
+// as x's features explain it, hooks.explain).
+func (s *Server) explain(ctx context.Context, x *exchange) {
+	if x.hooks.explain(ctx, x) {
 		return
 	}
 	eps, retry, err := s.healthy(nil, x)
@@ -332,7 +134,7 @@ func (s *Server) explain(x *exchange) {
 		s.noReplica(x, retry, err)
 		return
 	}
-	d, err := s.decide(x, s.routeInput(x, names(eps), true))
+	d, err := s.decide(&x.flow, s.routeInput(&x.flow, names(eps), true))
 	if err != nil {
 		s.fail(x, serverError("routing: "+err.Error()), outcomeUpstream)
 		return
@@ -351,7 +153,7 @@ func (s *Server) explain(x *exchange) {
 		Tokenized    bool                  `json:"tokenized"`
 		Shadow       *group.ShadowDecision `json:"shadow,omitempty"`
 		Explain      any                   `json:"explain,omitempty"`
-	}{x.req.model, d.Replica, "", d.CachedTokens, len(x.tokens), x.tokens != nil, d.Shadow, d.Explain}
+	}{x.req.Model, d.Replica, "", d.CachedTokens, len(x.tokens), x.tokens != nil, d.Shadow, d.Explain}
 	if ep := s.deps.Fleet.Endpoint(d.Replica); ep != nil {
 		out.URL = ep.URL()
 	}
@@ -370,9 +172,15 @@ func (s *Server) explain(x *exchange) {
 }
 
 func (s *Server) noReplica(x *exchange, retry time.Duration, err error) {
-	s.fail(x, &apiError{status: http.StatusServiceUnavailable, typ: typeServiceUnavailable,
-		message: fmt.Sprintf("no healthy replica for model %q", x.req.model), retryAfter: max(retry, time.Second)}, outcomeNoReplica)
+	s.fail(x, noReplicaError(&x.flow, retry), outcomeNoReplica)
 	x.err = err
+}
+
+// noReplicaError is the 503 of a request of f's model without a healthy
+// replica, retry the fleet's hint for Retry-After (at least a second).
+func noReplicaError(f *flow, retry time.Duration) *apiError {
+	return &apiError{status: http.StatusServiceUnavailable, typ: typeServiceUnavailable,
+		message: fmt.Sprintf("no healthy replica for model %q", f.req.Model), retryAfter: max(retry, time.Second)}
 }
 
 func names(eps []*fleet.Endpoint) []string {
@@ -417,7 +225,7 @@ func (s *Server) finish(x *exchange) {
 	if x.outcome == "" {
 		x.outcome = outcomeOK
 	}
-	s.observeRoute(x)
+	extra := x.hooks.end(x, nil)
 	s.bodies.give(x.bodyHeld)
 	s.m.requests.WithLabelValues(label, x.replica, x.outcome).Inc()
 	s.holds.Release(&x.held)
@@ -433,9 +241,7 @@ func (s *Server) finish(x *exchange) {
 			slog.Int("prompt_tokens", len(x.tokens)), slog.Int("retries", x.retries),
 			slog.Float64("duration_ms", float64(s.deps.Now().Sub(x.start).Microseconds())/1000),
 		}
-		if x.prefill != "" {
-			attrs = append(attrs, slog.String("prefill_replica", x.prefill))
-		}
+		attrs = append(attrs, extra...)
 		if x.err != nil {
 			attrs = append(attrs, slog.String("err", x.err.Error()))
 		}

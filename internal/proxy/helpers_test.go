@@ -370,3 +370,15 @@ func dataLines(s string) []string {
 
 var _ = bytes.Equal
 var _ = slices.Contains[[]string]
+
+// errorBody is OpenAI's error JSON, as the tests read it.
+type errorBody struct {
+	Error errorDetail `json:"error"`
+}
+
+type errorDetail struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    int     `json:"code"`
+}

@@ -69,9 +69,9 @@ func mmItems(items []tokenizer.MMItem) []kvindex.MMItem {
 // with its length as the prefill cost: the ids' count, or, with no ids,
 // the images' estimated visual tokens (Qwen2VLImageTokens; the text's
 // tokens are unknown then, so this is a lower bound).
-func mediaRouteInput(x *exchange, in *group.RouteInput) {
+func mediaRouteInput(x *flow, in *group.RouteInput) {
 	in.MM = x.mm
-	if len(x.mm) > 0 || x.media.items == 0 {
+	if len(x.mm) > 0 || x.media.Items == 0 {
 		return
 	}
 	if in.Tokens != nil {
@@ -80,6 +80,39 @@ func mediaRouteInput(x *exchange, in *group.RouteInput) {
 		return
 	}
 	if in.PromptTokens == 0 {
-		in.PromptTokens = x.media.visualTokens
+		in.PromptTokens = x.media.VisualTokens
 	}
+}
+
+// chatTokenizer is met by Tokenizers that take a chat request already
+// decoded (TokenSource): no second decode of the body.
+type chatTokenizer interface {
+	// TokensChat is TokensMM for req, decoded from body.
+	TokensChat(ctx context.Context, req tokenizer.ChatRequest, body []byte) ([]uint32, []kvindex.MMItem, error)
+}
+
+var _ chatTokenizer = TokenSource{}
+
+// chatTokens asks tok for req's ids and items, decoded already when tok
+// takes it so, else from body; a group.FailoverTokenizer asks its engines'
+// tokenizers so in failover order.
+func chatTokens(ctx context.Context, tok group.Tokenizer, req tokenizer.ChatRequest, body []byte) ([]uint32, []kvindex.MMItem, error) {
+	switch t := tok.(type) {
+	case chatTokenizer:
+		return t.TokensChat(ctx, req, body)
+	case *group.FailoverTokenizer:
+		return t.Try(ctx, func(tok group.Tokenizer) ([]uint32, []kvindex.MMItem, error) {
+			return chatTokens(ctx, tok, req, body)
+		})
+	}
+	return group.TokensMM(ctx, tok, true, body, "")
+}
+
+// TokensChat renders req with the source (tokenizer.Source.ChatRendered).
+func (t TokenSource) TokensChat(ctx context.Context, req tokenizer.ChatRequest, _ []byte) ([]uint32, []kvindex.MMItem, error) {
+	out, err := t.Src.ChatRendered(ctx, req)
+	if err != nil {
+		return nil, nil, err
+	}
+	return out.IDs, mmItems(out.MM), nil
 }

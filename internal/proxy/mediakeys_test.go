@@ -1,13 +1,9 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
-	"image"
-	"image/png"
 	"reflect"
 	"strings"
 	"testing"
@@ -84,38 +80,6 @@ func TestMediaRouteInput(t *testing.T) {
 			}
 			if n != tc.tokens || !reflect.DeepEqual(in.MM, tc.mm) || in.PromptTokens != tc.prompt {
 				t.Fatalf("route input: %d tokens, mm %+v, prompt tokens %d; want %d, %+v, %d", n, in.MM, in.PromptTokens, tc.tokens, tc.mm, tc.prompt)
-			}
-		})
-	}
-}
-
-// BenchmarkScanMedia: the per-request cost of reading a chat's media parts
-// (every chat pays it, for the limits and the keys): a 10-message text chat,
-// and one 896x896 PNG data URL with a question.
-func BenchmarkScanMedia(b *testing.B) {
-	var text []string
-	for i := range 10 {
-		text = append(text, fmt.Sprintf(`{"role":"user","content":"message %d: %s"}`, i, strings.Repeat("words ", 40)))
-	}
-	var buf bytes.Buffer
-	if err := png.Encode(&buf, image.NewGray(image.Rect(0, 0, 896, 896))); err != nil {
-		b.Fatal(err)
-	}
-	url := "data:image/png;base64," + base64.StdEncoding.EncodeToString(buf.Bytes())
-	for _, bc := range []struct{ name, body string }{
-		{"text-10-messages", `{"model":"m","messages":[` + strings.Join(text, ",") + `]}`},
-		{"one-image", `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"` + url + `"}},{"type":"text","text":"what is it?"}]}]}`},
-	} {
-		req, aerr := parseRequest(kindChat, []byte(bc.body))
-		if aerr != nil {
-			b.Fatal(aerr.message)
-		}
-		b.Run(bc.name, func(b *testing.B) {
-			b.ReportAllocs()
-			for b.Loop() {
-				if ms := scanMedia(req); ms.items != strings.Count(bc.name, "image") {
-					b.Fatalf("%d items", ms.items)
-				}
 			}
 		})
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/request"
 )
 
 // Pass-through endpoints: vLLM's pooling, scoring and tokenizer endpoints
@@ -31,8 +32,7 @@ var passthroughPaths = []string{
 }
 
 func (s *Server) servePassthrough(w http.ResponseWriter, r *http.Request) {
-	x := &exchange{w: w, r: r, id: requestID(r), start: s.deps.Now()}
-	w.Header().Set("X-Request-Id", x.id)
+	x := s.newExchange(w, r)
 	defer s.finish(x)
 	body, ok := s.readBody(x)
 	if !ok {
@@ -56,9 +56,10 @@ func (s *Server) servePassthrough(w http.ResponseWriter, r *http.Request) {
 	}
 	x.asked = name
 	m, ok := s.models[name]
+	adapter := "" // the LoRA adapter named, served by its base's engines that list it
 	if !ok {
 		if m, ok = s.adapterModel(name); ok {
-			x.adapter = name
+			adapter = name
 		}
 	}
 	if !ok {
@@ -76,10 +77,10 @@ func (s *Server) servePassthrough(w http.ResponseWriter, r *http.Request) {
 			message: fmt.Sprintf("The model `%s` does not exist.", truncate(name, maxEcho))}, outcomeBadRequest)
 		return
 	}
-	x.m, x.req = m, &request{model: m.cfg.Name, body: body}
+	x.m, x.req = m, &request.Parsed{Model: m.cfg.Name, Body: body}
 	eps, retry, err := s.deps.Fleet.Healthy(nil, m.cfg.Name)
-	if x.adapter != "" {
-		eps = slices.DeleteFunc(eps, func(ep *fleet.Endpoint) bool { return !ep.Listed(x.adapter) })
+	if adapter != "" {
+		eps = slices.DeleteFunc(eps, func(ep *fleet.Endpoint) bool { return !ep.Listed(adapter) })
 	}
 	if len(eps) == 0 {
 		if err == nil {
@@ -94,7 +95,7 @@ func (s *Server) servePassthrough(w http.ResponseWriter, r *http.Request) {
 	slices.SortStableFunc(eps, func(a, b *fleet.Endpoint) int { return int(a.InFlight() - b.InFlight()) })
 	for i, ep := range eps[:min(len(eps), 2)] {
 		x.replica = ep.Name()
-		if !s.passOnce(x, ep, body, i == 0 && len(eps) > 1) {
+		if !s.passOnce(x.ctx, x, ep, body, i == 0 && len(eps) > 1) {
 			return
 		}
 		x.retries++
@@ -103,8 +104,8 @@ func (s *Server) servePassthrough(w http.ResponseWriter, r *http.Request) {
 
 // passOnce sends body to ep and relays the answer; true when the caller
 // should try another engine (a connection error, canRetry, nothing sent).
-func (s *Server) passOnce(x *exchange, ep *fleet.Endpoint, body []byte, canRetry bool) bool {
-	ctx, wd, end := s.startAttempt(x, ep)
+func (s *Server) passOnce(ctx context.Context, x *exchange, ep *fleet.Endpoint, body []byte, canRetry bool) bool {
+	ctx, wd, end := s.startAttempt(ctx, x, ep)
 	defer end()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.URL()+x.r.URL.Path, bytes.NewReader(body))
 	if err != nil {
@@ -121,10 +122,10 @@ func (s *Server) passOnce(x *exchange, ep *fleet.Endpoint, body []byte, canRetry
 				return true
 			}
 		}
-		return s.upstreamFailed(x, ep, ctx, err, false)
+		return s.upstreamFailed(ctx, x, ep, err, false)
 	}
 	defer resp.Body.Close()
 	s.deps.Fleet.Report(ep, fleet.OutcomeOf(resp.StatusCode))
-	s.relay(x, ep, ctx, wd, resp, nil, func() {})
+	s.relay(ctx, x, ep, wd, resp, nil, func() {})
 	return false
 }

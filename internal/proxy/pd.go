@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strconv"
@@ -18,6 +19,7 @@ import (
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/group"
 	"kvrouter/internal/pd"
+	"kvrouter/internal/request"
 )
 
 // Disaggregated prefill and decode (P/D) is a routing decision of the same
@@ -92,7 +94,7 @@ func (s *Server) planPD(x *exchange, prefill, decode []string) (pdPlan, error) {
 	case rule.Mode == pd.ModeNever:
 		p.Path, p.Verdict.Reason = pathLocal, pd.ReasonNever
 		return p, nil
-	case parallelSampling(x.req.body):
+	case parallelSampling(x.req.Body):
 		p.Path, p.Verdict.Reason = pathLocal, reasonParallelSampling
 		return p, nil
 	}
@@ -136,7 +138,7 @@ func (s *Server) planPD(x *exchange, prefill, decode []string) (pdPlan, error) {
 
 // dryRoute is the router's choice among cands without recording it.
 func (s *Server) dryRoute(x *exchange, cands []string) (pdPick, error) {
-	d, err := s.decide(x, s.routeInput(x, cands, true))
+	d, err := s.decide(&x.flow, s.routeInput(&x.flow, cands, true))
 	if err != nil {
 		return pdPick{}, err
 	}
@@ -150,7 +152,7 @@ func (s *Server) dryRoute(x *exchange, cands []string) (pdPick, error) {
 // and returns the plan and the prefill pool; false when x has been answered
 // (503 without a healthy decode engine, 500 on a routing error).
 func (s *Server) planHealthy(x *exchange) (pdPlan, []string, bool) {
-	eps, retry, err := s.deps.Fleet.Healthy(nil, x.req.model)
+	eps, retry, err := s.deps.Fleet.Healthy(nil, x.req.Model)
 	prefill, decode := x.m.pd.split(eps)
 	if len(decode) == 0 {
 		if err == nil {
@@ -167,66 +169,100 @@ func (s *Server) planHealthy(x *exchange) (pdPlan, []string, bool) {
 	return plan, prefill, true
 }
 
-// forwardPD serves x in a P/D group: plan, then the local path or the two
-// legs.
-func (s *Server) forwardPD(x *exchange) {
-	if e := s.tooLong(x); e != nil {
-		s.fail(x, e, outcomeBadRequest)
-		return
+// pdFeature runs a P/D group's requests (hooks plan and explain): the
+// plan, then the local path or the two legs.
+type pdFeature struct {
+	s *Server
+	g *pdGroup
+}
+
+// admit plugs the P/D plan and explanation in.
+func (f pdFeature) admit(_ context.Context, x *flow) *request.Error {
+	x.hooks.addPlan(f.plan)
+	x.hooks.explain = func(_ context.Context, x *exchange) bool {
+		if !f.g.active() {
+			return false
+		}
+		f.s.explainPD(x)
+		return true
 	}
-	g := x.m.pd
+	return nil
+}
+
+// plan serves x in a P/D group while the group has roles: plan, then
+// narrow the attempts to the decode pool (the local path) or the prefill
+// pool (the whole path), or run the prefill leg and send the decode leg
+// with its kv_transfer_params, routed by load. False when x was answered.
+func (f pdFeature) plan(ctx context.Context, x *exchange) bool {
+	s, g := f.s, f.g
+	if !g.active() {
+		return true
+	}
+	if e := s.tooLong(&x.flow); e != nil {
+		s.fail(x, requestError(e), outcomeBadRequest)
+		return false
+	}
 	plan, prefill, ok := s.planHealthy(x)
 	if !ok {
-		return
+		return false
 	}
-	s.pdm.requests.WithLabelValues(x.req.model, plan.Path, plan.Verdict.Reason).Inc()
+	s.pdm.requests.WithLabelValues(x.req.Model, plan.Path, plan.Verdict.Reason).Inc()
 	x.w.Header().Set("X-Kvrouter-Path", plan.Path)
-	x.only = g.isDecode
 	switch plan.Path {
 	case pathLocal:
-		s.forward(x)
-		return
+		x.hooks.addEngines(g.keep(g.isDecode))
+		return true
 	case pathWhole:
 		// A plain request on the prefill pool (no kv_transfer_params): the
 		// kv policy over it picks the engine the plan weighed, unless its
 		// state changed meanwhile; a retry may go to another prefill engine.
-		x.only = g.isPrefill
-		s.forward(x)
-		return
+		x.hooks.addEngines(g.keep(g.isPrefill))
+		return true
 	}
-	params, ok := s.prefillLeg(x, prefill)
+	params, ok := s.prefillLeg(ctx, x, prefill)
 	if !ok {
-		return
+		return false
 	}
 	body, err := withTransferParams(x.fwd, params)
 	if err != nil {
 		s.fail(x, serverError("decode leg body: "+err.Error()), outcomeUpstream)
-		return
+		return false
 	}
-	x.fwd, x.noRouteTokens = body, true
-	s.forward(x)
+	x.fwd = body
+	x.hooks.addEngines(g.keep(g.isDecode))
+	x.hooks.addRoute(func(in *group.RouteInput) { in.Tokens = nil })
+	return true
+}
+
+// keep is an engines stage keeping the engines in role (isDecode,
+// isPrefill).
+func (g *pdGroup) keep(in func(name string) bool) func([]*fleet.Endpoint) ([]*fleet.Endpoint, error) {
+	return func(eps []*fleet.Endpoint) ([]*fleet.Endpoint, error) {
+		return slices.DeleteFunc(eps, func(ep *fleet.Endpoint) bool { return !in(ep.Name()) }), nil
+	}
 }
 
 // prefillLeg runs the prefill leg on the prefill pool, retrying like
 // forward while the failure allows, and returns the engine's
 // kv_transfer_params; false when x has been answered (an error, or the
 // client left).
-func (s *Server) prefillLeg(x *exchange, pool []string) (json.RawMessage, bool) {
+func (s *Server) prefillLeg(ctx context.Context, x *exchange, pool []string) (json.RawMessage, bool) {
 	body, err := prefillBody(x.fwd)
 	if err != nil {
 		s.fail(x, serverError("prefill leg body: "+err.Error()), outcomeUpstream)
 		return nil, false
 	}
 	var tried []string
+	prefillReplica := "" // the last prefill leg's engine, for the log line
 	for attempt := 0; ; attempt++ {
 		cands := slices.DeleteFunc(slices.Clone(pool), func(n string) bool { return slices.Contains(tried, n) })
 		if len(cands) == 0 {
 			s.noReplica(x, time.Second, fmt.Errorf("every prefill engine tried: %w", fleet.ErrNoEndpoint))
 			return nil, false
 		}
-		in := s.routeInput(x, cands, false)
+		in := s.routeInput(&x.flow, cands, false)
 		in.MaxTokens = 1
-		d, err := s.decide(x, in)
+		d, err := s.decide(&x.flow, in)
 		if err != nil {
 			s.fail(x, serverError("routing: "+err.Error()), outcomeUpstream)
 			return nil, false
@@ -240,10 +276,16 @@ func (s *Server) prefillLeg(x *exchange, pool []string) (json.RawMessage, bool) 
 			return nil, false
 		}
 		tried = append(tried, d.Replica)
-		x.prefill, x.replica = d.Replica, d.Replica // the decode leg's choice replaces replica
+		x.replica = d.Replica // the decode leg's choice replaces it
+		if attempt == 0 {
+			x.hooks.addEnd(func(x *exchange, attrs []slog.Attr) []slog.Attr {
+				return append(attrs, slog.String("prefill_replica", prefillReplica))
+			})
+		}
+		prefillReplica = d.Replica
 		x.w.Header().Set("X-Kvrouter-Prefill-Replica", d.Replica)
 		x.w.Header().Set("X-Kvrouter-Prefill-Cached-Tokens", strconv.Itoa(d.CachedTokens))
-		params, retry := s.prefillTry(x, ep, d, body, attempt < x.m.cfg.Retries)
+		params, retry := s.prefillTry(ctx, x, ep, d, body, attempt < x.m.cfg.Retries)
 		if params != nil {
 			return params, true
 		}
@@ -257,7 +299,7 @@ func (s *Server) prefillLeg(x *exchange, pool []string) (json.RawMessage, bool) 
 // prefillTry sends one prefill leg to ep. It returns the transfer
 // parameters, or nil and whether to retry elsewhere (only when canRetry);
 // on nil without retry, x is answered.
-func (s *Server) prefillTry(x *exchange, ep *fleet.Endpoint, d group.Decision, body []byte, canRetry bool) (params json.RawMessage, retry bool) {
+func (s *Server) prefillTry(ctx context.Context, x *exchange, ep *fleet.Endpoint, d group.Decision, body []byte, canRetry bool) (params json.RawMessage, retry bool) {
 	if d.Release != nil {
 		defer d.Release()
 	}
@@ -266,9 +308,9 @@ func (s *Server) prefillTry(x *exchange, ep *fleet.Endpoint, d group.Decision, b
 			d.Failed()
 		}
 	}()
-	ctx, wd, end := s.startAttempt(x, ep)
+	ctx, wd, end := s.startAttempt(ctx, x, ep)
 	defer end()
-	model := x.req.model
+	model := x.req.Model
 	failure := func(cause string, e *apiError, outcome string, err error) (json.RawMessage, bool) {
 		s.pdm.prefillFailures.WithLabelValues(model, cause).Inc()
 		if e != nil {
@@ -291,7 +333,7 @@ func (s *Server) prefillTry(x *exchange, ep *fleet.Endpoint, d group.Decision, b
 		}
 		endLeg(leg, legStatus, false, err)
 	}()
-	req, err := http.NewRequestWithContext(legCtx, http.MethodPost, ep.URL()+x.req.kind.path(), bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(legCtx, http.MethodPost, ep.URL()+x.req.Kind.Path(), bytes.NewReader(body))
 	if err != nil {
 		return failure("conn_error", serverError(err.Error()), outcomeUpstream, err)
 	}
@@ -336,14 +378,14 @@ func (s *Server) prefillAnswer(x *exchange, ep *fleet.Endpoint, resp *http.Respo
 	s.deps.Fleet.Report(ep, fleet.OutcomeOf(status))
 	if status/100 != 2 {
 		if canRetry && (status == http.StatusTooManyRequests || status == http.StatusBadGateway || status == http.StatusServiceUnavailable) {
-			s.m.retries.WithLabelValues(x.req.model, "status_"+strconv.Itoa(status)).Inc()
+			s.m.retries.WithLabelValues(x.req.Model, "status_"+strconv.Itoa(status)).Inc()
 			return nil, true
 		}
 		err := fmt.Errorf("status %d", status)
 		if status/100 == 4 {
 			// The engine's own answer to the client's request (vLLM's
 			// OpenAI error JSON): relayed, no decode leg.
-			s.pdm.prefillFailures.WithLabelValues(x.req.model, "status").Inc()
+			s.pdm.prefillFailures.WithLabelValues(x.req.Model, "status").Inc()
 			h := x.w.Header()
 			h.Set("Content-Type", "application/json")
 			x.w.WriteHeader(status)
@@ -362,7 +404,7 @@ func (s *Server) prefillAnswer(x *exchange, ep *fleet.Endpoint, resp *http.Respo
 			message: fmt.Sprintf("prefill replica %s answered without kv_transfer_params (is it started with --kv-transfer-config and NixlConnector?) (request id %s)", ep.Name(), x.id)},
 			outcomeUpstream, errors.New("no kv_transfer_params"))
 	}
-	s.pdm.prefillSeconds.WithLabelValues(x.req.model).Observe(time.Since(t0).Seconds())
+	s.pdm.prefillSeconds.WithLabelValues(x.req.Model).Observe(time.Since(t0).Seconds())
 	return out.KVTransferParams, false
 }
 
@@ -416,7 +458,7 @@ func (s *Server) explainPD(x *exchange) {
 		pdPlan
 		Link          string  `json:"link"`
 		BytesPerToken float64 `json:"kv_bytes_per_token"`
-	}{x.req.model, len(x.tokens), x.tokens != nil, plan, x.m.pd.rule.Link, x.m.pd.rule.Model.BytesPerToken()}
+	}{x.req.Model, len(x.tokens), x.tokens != nil, plan, x.m.pd.rule.Link, x.m.pd.rule.Model.BytesPerToken()}
 	b, err := json.Marshal(out)
 	if err != nil {
 		s.fail(x, serverError("encoding decision: "+err.Error()), outcomeUpstream)

@@ -10,6 +10,7 @@ import (
 	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/group"
+	"kvrouter/internal/request"
 )
 
 // BenchmarkPDPlan measures the routing work P/D adds per request: planPD
@@ -71,8 +72,10 @@ func BenchmarkPDPlan(b *testing.B) {
 		}
 		d.Release()
 	}
-	x := &exchange{r: httptest.NewRequest("POST", "/v1/completions", nil), req: &request{model: "m"}, m: srv.models["m"],
-		tokens: append(prompt(0), prompt(900000)...)}
+	r := httptest.NewRequest("POST", "/v1/completions", nil)
+	x := &exchange{r: r, flow: flow{ctx: r.Context(), header: r.Header.Get, req: &request.Parsed{Model: "m"}, m: srv.models["m"],
+		tokens: append(prompt(0), prompt(900000)...)}}
+	x.hooks = newHooks(&x.flow)
 	b.Run("pd_plan", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/request"
 )
 
 // hopHeaders are hop-by-hop headers (RFC 9110 7.6.1), never relayed.
@@ -71,14 +72,14 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }
 
 // relay writes the engine's response to the client as it arrives; failed
 // is called as soon as an event stream carries an engine error event.
-func (s *Server) relay(x *exchange, ep *fleet.Endpoint, ctx context.Context, wd *watchdog, resp *http.Response, firstToken, failed func()) {
+func (s *Server) relay(ctx context.Context, x *exchange, ep *fleet.Endpoint, wd *watchdog, resp *http.Response, firstToken, failed func()) {
 	if firstToken == nil {
 		firstToken = func() {}
 	}
 	h := x.w.Header()
 	copyHeaders(h, resp.Header, "X-Request-Id")
-	if x.route != nil {
-		h.Del("Content-Length") // the route's filter may change the body
+	if x.hooks.filter != nil {
+		h.Del("Content-Length") // the filter may change the body
 	}
 	h.Set("X-Kvrouter-Replica", ep.Name())
 	h.Set("X-Kvrouter-Cached-Tokens", strconv.Itoa(x.cached))
@@ -119,7 +120,7 @@ func (s *Server) relay(x *exchange, ep *fleet.Endpoint, ctx context.Context, wd 
 			// without it. The client must not take that as a whole answer.
 			err = errNoDone
 		}
-	} else if x.route != nil {
+	} else if x.hooks.filter != nil {
 		err = copyFiltered(x, wd, body, firstToken)
 	} else {
 		err = copyBody(x.w, wd, body, *bp, firstToken)
@@ -207,7 +208,7 @@ func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byt
 	rc := http.NewResponseController(x.w)
 	var pending []byte
 	var last time.Time
-	ttft, itl := s.m.ttft.WithLabelValues(x.req.model), s.m.itl.WithLabelValues(x.req.model)
+	ttft, itl := s.m.ttft.WithLabelValues(x.req.Model), s.m.itl.WithLabelValues(x.req.Model)
 	for {
 		n, rerr := body.Read(buf)
 		if n > 0 {
@@ -225,15 +226,15 @@ func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byt
 				end = len(chunk)
 			}
 			if end > 0 {
-				done = endsWithDone(chunk[:end]) || x.req.kind == kindResponses && endsResponse(chunk[:end])
+				done = endsWithDone(chunk[:end]) || x.req.Kind == request.Responses && endsResponse(chunk[:end])
 				x.hit.note(chunk[:end], true)
 				if !x.streamErr && hasErrorEvent(chunk[:end]) {
 					x.streamErr = true
 					failed()
 				}
 				out := chunk[:end]
-				if x.route != nil {
-					out = x.filter(out)
+				if filter := x.hooks.filter; filter != nil {
+					out = filter(out)
 				}
 				if _, werr := x.w.Write(out); werr != nil {
 					return done, &writeError{werr}
@@ -253,10 +254,10 @@ func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byt
 		}
 		if rerr == io.EOF {
 			if len(pending) > 0 { // a final event without its blank line
-				done = endsWithDone(pending) || x.req.kind == kindResponses && endsResponse(pending)
+				done = endsWithDone(pending) || x.req.Kind == request.Responses && endsResponse(pending)
 				x.hit.note(pending, true)
-				if x.route != nil {
-					pending = x.filter(pending)
+				if filter := x.hooks.filter; filter != nil {
+					pending = filter(pending)
 				}
 				if _, werr := x.w.Write(pending); werr != nil {
 					return done, &writeError{werr}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"kvrouter/internal/fleet"
+	"kvrouter/internal/request"
 )
 
 // GET /v1/responses/{id} (a stored response; with ?stream=true a
@@ -27,11 +29,10 @@ import (
 // client-sent "..", "/" or "?" (percent-encoded or not) reaches the engine
 // as path structure.
 func (s *Server) serveResponseByID(w http.ResponseWriter, r *http.Request) {
-	x := &exchange{w: w, r: r, id: requestID(r), start: s.deps.Now()}
-	w.Header().Set("X-Request-Id", x.id)
+	x := s.newExchange(w, r)
 	defer s.finish(x)
 	id := r.PathValue("id")
-	x.req = &request{kind: kindResponses, model: modelUnknown}
+	x.req = &request.Parsed{Kind: request.Responses, Model: modelUnknown}
 	if !validResponseID(id) {
 		s.fail(x, &apiError{status: http.StatusBadRequest, typ: typeInvalidRequest, param: "response_id",
 			message: fmt.Sprintf("invalid response id %q: want 1 to %d letters, digits, '_' or '-' (vLLM's ids are resp_ and 32 hex digits)", truncate(id, maxEcho), maxResponseID)}, outcomeBadRequest)
@@ -42,7 +43,6 @@ func (s *Server) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 		s.fail(x, badRequest("", "malformed query string: "+err.Error()), outcomeBadRequest)
 		return
 	}
-	x.enginePath = p
 	var all []string
 	byName := map[string]*fleet.Endpoint{}
 	var retry time.Duration
@@ -78,20 +78,21 @@ func (s *Server) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 		if m == nil {
 			continue
 		}
-		x.m, x.req.model, x.asked, x.replica = m, m.cfg.Name, m.cfg.Name, name
-		if !s.askByID(x, ep, i < len(order)-1) {
+		x.m, x.req.Model, x.asked, x.replica = m, m.cfg.Name, m.cfg.Name, name
+		if !s.askByID(x.ctx, x, ep, p, i < len(order)-1) {
 			return
 		}
 		x.retries++
 	}
 }
 
-// askByID sends the client's request to ep and relays the answer; true
-// when ep answered 404 and another engine may be asked (nothing written).
-func (s *Server) askByID(x *exchange, ep *fleet.Endpoint, more bool) bool {
-	ctx, wd, end := s.startAttempt(x, ep)
+// askByID sends the client's request to ep at path (the engine's path and
+// query) and relays the answer; true when ep answered 404 and another
+// engine may be asked (nothing written).
+func (s *Server) askByID(ctx context.Context, x *exchange, ep *fleet.Endpoint, path string, more bool) bool {
+	ctx, wd, end := s.startAttempt(ctx, x, ep)
 	defer end()
-	req, err := http.NewRequestWithContext(ctx, x.r.Method, ep.URL()+x.enginePath, http.NoBody)
+	req, err := http.NewRequestWithContext(ctx, x.r.Method, ep.URL()+path, http.NoBody)
 	if err != nil {
 		s.fail(x, serverError(err.Error()), outcomeUpstream)
 		return false
@@ -99,7 +100,7 @@ func (s *Server) askByID(x *exchange, ep *fleet.Endpoint, more bool) bool {
 	outHeaders(req.Header, x.r.Header, x.id, ep.APIKey())
 	resp, err := x.m.transport.RoundTrip(req)
 	if err != nil {
-		return s.upstreamFailed(x, ep, ctx, err, false)
+		return s.upstreamFailed(ctx, x, ep, err, false)
 	}
 	defer resp.Body.Close()
 	s.deps.Fleet.Report(ep, fleet.OutcomeOf(resp.StatusCode))
@@ -107,7 +108,7 @@ func (s *Server) askByID(x *exchange, ep *fleet.Endpoint, more bool) bool {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
 		return true
 	}
-	s.relay(x, ep, ctx, wd, resp, nil, func() {})
+	s.relay(ctx, x, ep, wd, resp, nil, func() {})
 	return false
 }
 

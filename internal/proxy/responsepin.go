@@ -1,16 +1,21 @@
 package proxy
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/base32"
 	"encoding/hex"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
 	"sync"
 	"time"
+
+	"kvrouter/internal/fleet"
+	"kvrouter/internal/request"
 )
 
 // Pinning previous_response_id to the engine that holds the response.
@@ -122,6 +127,21 @@ func (l *learnedResponses) get(id string) (string, bool) {
 	return e, ok
 }
 
+// pinFeature serves the Responses API's state: a request continuing a
+// stored response goes to the engine holding it (or probes for it), and a
+// response id the client chose is remembered with its engine (hooks plan,
+// engines, body, retry, end).
+type pinFeature struct{ s *Server }
+
+// admit plugs pinResponse in as x's plan when x is a Responses request.
+func (f pinFeature) admit(_ context.Context, x *flow) *request.Error {
+	if x.req.Kind != request.Responses {
+		return nil
+	}
+	x.hooks.addPlan(f.s.pinResponse)
+	return nil
+}
+
 // responsePin is the engine order of a request continuing a stored
 // response: attempt i goes to order[i].
 type responsePin struct {
@@ -132,41 +152,53 @@ type responsePin struct {
 // pinResponse prepares x's forwarding: the router's request_id when the
 // client set none, and for a previous_response_id the engines to ask. It
 // answers the error itself and returns false when x cannot be forwarded.
-func (s *Server) pinResponse(x *exchange) bool {
-	rf := x.req.resp
-	if rf.requestID == "" {
+func (s *Server) pinResponse(_ context.Context, x *exchange) bool {
+	rf := x.req.Responses
+	if rf.RequestID == "" {
 		fwd := x.fwd
-		x.bodyFor = func(engine string) []byte { return withRequestID(fwd, mintResponseID(engine)) }
+		x.hooks.body = func(engine string) []byte { return withRequestID(fwd, mintResponseID(engine)) }
+	} else {
+		x.hooks.addEnd(func(x *exchange, attrs []slog.Attr) []slog.Attr {
+			s.learnResponse(x)
+			return attrs
+		})
 	}
-	if rf.prevID == "" {
+	if rf.PrevID == "" {
 		return true
 	}
 	x.tokens = nil // the prompt starts with history only the engine holds
 	eps, retry, err := s.healthy(nil, x)
 	healthy := names(eps)
-	hint, tagged := responseEngine(rf.prevID)
+	hint, tagged := responseEngine(rf.PrevID)
 	if !tagged {
-		hint, _ = s.learned.get(rf.prevID)
+		hint, _ = s.learned.get(rf.PrevID)
 	}
-	p := &responsePin{id: rf.prevID}
+	p := &responsePin{id: rf.PrevID}
 	switch {
 	case tagged && s.deps.Fleet.Endpoint(hint) != nil:
 		if !slices.Contains(healthy, hint) {
 			s.fail(x, &apiError{status: http.StatusServiceUnavailable, typ: typeServiceUnavailable, retryAfter: max(retry, time.Second),
-				message: fmt.Sprintf("replica %s, which holds response %q, is not healthy", hint, rf.prevID)}, outcomeNoReplica)
+				message: fmt.Sprintf("replica %s, which holds response %q, is not healthy", hint, rf.PrevID)}, outcomeNoReplica)
 			x.err = err
 			return false
 		}
 		p.order = []string{hint}
 	default:
-		p.order = probeOrder(rf.prevID, healthy, hint)
+		p.order = probeOrder(rf.PrevID, healthy, hint)
 	}
 	if len(p.order) == 0 {
 		s.noReplica(x, retry, err)
 		return false
 	}
-	x.pin = p
-	x.only = func(name string) bool { return name == p.order[min(x.retries, len(p.order)-1)] }
+	// Attempt i goes to order[i]; another engine cannot hold the response:
+	// move on only when this one answered 404 (or could not be reached).
+	x.hooks.addEngines(func(eps []*fleet.Endpoint) ([]*fleet.Endpoint, error) {
+		next := p.order[min(x.retries, len(p.order)-1)]
+		return slices.DeleteFunc(eps, func(ep *fleet.Endpoint) bool { return ep.Name() != next }), nil
+	})
+	x.hooks.retry = func(attempt, status int) bool {
+		return p.canProbe(attempt) && (status == 0 || status == http.StatusNotFound)
+	}
 	return true
 }
 
@@ -203,10 +235,10 @@ func (p *responsePin) canProbe(attempt int) bool { return attempt < len(p.order)
 // learnResponse remembers which engine answered a client-chosen response
 // id.
 func (s *Server) learnResponse(x *exchange) {
-	if x.req == nil || x.req.resp == nil || x.req.resp.requestID == "" || x.status/100 != 2 || x.replica == "" {
+	if x.req == nil || x.req.Responses == nil || x.req.Responses.RequestID == "" || x.status/100 != 2 || x.replica == "" {
 		return
 	}
-	s.learned.put(x.req.resp.requestID, x.replica)
+	s.learned.put(x.req.Responses.RequestID, x.replica)
 }
 
 // withRequestID returns body (a JSON object ending in '}', without a

@@ -13,59 +13,7 @@ import (
 	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/group"
-	"kvrouter/internal/routing"
 )
-
-// TestRoutingText: the text prefix_chars routes by is built as
-// production-stack's PrefixAwareRouter.route_request builds it
-// (routing_logic.py at a6c01db): chat contents joined by "\n", a content
-// list's type "text" parts joined by " ", an absent content as "", a null
-// one left out; a completion's string prompt (the first of a batch); a
-// token-id prompt as routing.TokenText (our extension).
-func TestRoutingText(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		k    kind
-		body string
-		want string
-	}{
-		{"chat strings", kindChat,
-			`{"model":"m","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Hi\nthere"},{"role":"assistant","content":"Hello."},{"role":"user","content":"Why?"}]}`,
-			"You are terse.\nHi\nthere\nHello.\nWhy?"},
-		{"chat parts", kindChat,
-			`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"look at"},{"type":"image_url","image_url":{"url":"data:x"}},{"type":"text","text":"this"}]},{"role":"user","content":"ok"}]}`,
-			"look at this\nok"},
-		{"chat part without text", kindChat,
-			`{"model":"m","messages":[{"role":"user","content":[{"type":"text"},{"type":"text","text":"b"}]}]}`,
-			" b"},
-		{"chat only non-text parts", kindChat,
-			`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:x"}}]},{"role":"user","content":"q"}]}`,
-			"\nq"},
-		{"chat null content left out", kindChat,
-			`{"model":"m","messages":[{"role":"system","content":"s"},{"role":"assistant","content":null,"tool_calls":[]},{"role":"user","content":"u"}]}`,
-			"s\nu"},
-		{"chat absent content is empty", kindChat,
-			`{"model":"m","messages":[{"role":"system","content":"s"},{"role":"assistant"},{"role":"user","content":"u"}]}`,
-			"s\n\nu"},
-		{"chat escapes and unicode", kindChat,
-			`{"model":"m","messages":[{"role":"user","content":"caf\u00e9 \"q\" 日本"}]}`,
-			"café \"q\" 日本"},
-		{"completion string", kindCompletion, `{"model":"m","prompt":"abc"}`, "abc"},
-		{"completion batch", kindCompletion, `{"model":"m","prompt":["first","second"]}`, "first"},
-		{"completion token ids", kindCompletion, `{"model":"m","prompt":[1,200,70000]}`,
-			routing.TokenText([]uint32{1, 200, 70000})},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			r, e := parseRequest(tc.k, []byte(tc.body))
-			if e != nil {
-				t.Fatal(e.message)
-			}
-			if got := r.routingText(); got != tc.want {
-				t.Fatalf("routing text %q, want %q", got, tc.want)
-			}
-		})
-	}
-}
 
 // newTextServer is a Server routing model "m" over n loopback engines with
 // the production Backend and policy.

@@ -7,6 +7,8 @@ import (
 	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"kvrouter/internal/request"
 )
 
 // What clients may send and what the router shows them
@@ -74,18 +76,18 @@ func (s *Server) dropClientControls(h http.Handler) http.Handler {
 
 // refuseClientControls returns the 400 for a body with kv_transfer_params
 // unless config.Clients allows it, else nil.
-func (s *Server) refuseClientControls(body []byte) *apiError {
+func (s *core) refuseClientControls(body []byte) *request.Error {
 	if s.cfg.Clients.AllowKVTransferParams || !hasTransferParams(body) {
 		return nil
 	}
 	s.lm.clients.WithLabelValues("kv_transfer_params").Inc()
-	return badRequest("kv_transfer_params", "kv_transfer_params is set by the router, not by clients (clients.allow_kv_transfer_params)")
+	return request.Invalid("kv_transfer_params", "kv_transfer_params is set by the router, not by clients (clients.allow_kv_transfer_params)")
 }
 
 // hasTransferParams reports whether the JSON object body has a top-level
 // kv_transfer_params that is not null (vLLM's default), its key compared
 // after unescaping as vLLM's pydantic reads it. body is valid JSON
-// (parseRequest checked it); anything else reports false. It walks the
+// (request.Parse checked it); anything else reports false. It walks the
 // top level only, skipping nested values and strings with IndexByte, so
 // it costs a fraction of a decode.
 func hasTransferParams(body []byte) bool {

@@ -20,6 +20,7 @@ import (
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/frontmetrics"
 	"kvrouter/internal/group"
+	"kvrouter/internal/request"
 	"kvrouter/internal/tracing"
 )
 
@@ -58,18 +59,13 @@ type Deps struct {
 
 // Server is the HTTP front. Safe for concurrent use.
 type Server struct {
-	cfg     config.Config
-	deps    Deps
-	log     *slog.Logger
-	m       *metrics
+	core
 	pdm     *pdMetrics
-	models  map[string]*model
 	handler http.Handler
 	// admin serves config.Config.AdminListen (nil when it is not set); lm are
 	// the listeners' metrics, bodies the body_budget (listener.go,
 	// body.go).
 	admin  http.Handler
-	lm     *listenerMetrics
 	bodies *bodyBudget
 	// holds counts the exchanges writing each replica's series
 	// (replicas.go); removed are the other fronts' hooks
@@ -77,10 +73,8 @@ type Server struct {
 	holds     *frontmetrics.Holds
 	removedMu sync.Mutex
 	removed   []func(replica string)
-	tr        *tracing.Tracing
-	fm        *featureMetrics // adapters, route aliases
-	trust     *trust          // index trust per engine (trust.go)
-	loads     adapterLoads    // LoRA adapter loads under way
+	trust     *trust       // index trust per engine (trust.go)
+	loads     adapterLoads // LoRA adapter loads under way
 
 	// learned are client-chosen response ids (responsepin.go).
 	learned learnedResponses
@@ -93,6 +87,9 @@ type model struct {
 	tok       group.Tokenizer
 	transport *http.Transport
 	pd        *pdGroup // nil unless engines have roles (pd.go)
+	// features are the group's per-request features, in order
+	// (feature.go).
+	features []feature
 }
 
 // New builds a Server from a defaults-filled, validated cfg. It starts no
@@ -108,8 +105,8 @@ func New(cfg config.Config, deps Deps, log *slog.Logger, reg prometheus.Register
 	if deps.Fleet == nil {
 		errs = append(errs, errors.New("no fleet"))
 	}
-	s := &Server{cfg: cfg, deps: deps, log: log, models: map[string]*model{},
-		tr: tracingOrDisabled(deps.Tracing)}
+	s := &Server{core: core{cfg: cfg, deps: deps, log: log, models: map[string]*model{},
+		tr: tracingOrDisabled(deps.Tracing)}}
 	for i, mc := range cfg.Models {
 		r := deps.Routers[mc.Name]
 		if r == nil {
@@ -118,7 +115,9 @@ func New(cfg config.Config, deps Deps, log *slog.Logger, reg prometheus.Register
 		if deps.Fleet != nil && mc.Discovery == nil && len(deps.Fleet.Endpoints(mc.Name)) == 0 {
 			errs = append(errs, fmt.Errorf("models[%d] %q: no engines in the fleet", i, mc.Name))
 		}
-		s.models[mc.Name] = &model{cfg: mc, router: r, tok: deps.Tokenizers[mc.Name], transport: newTransport(mc.Timeouts, deps.EngineTLS), pd: newPDGroup(mc)}
+		m := &model{cfg: mc, router: r, tok: deps.Tokenizers[mc.Name], transport: newTransport(mc.Timeouts, deps.EngineTLS), pd: newPDGroup(mc)}
+		m.features = newFeatures(s, &m.cfg, m.pd)
+		s.models[mc.Name] = m
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
@@ -201,8 +200,8 @@ func (s *Server) routes(introspection bool) http.Handler {
 			allow[path] = append(allow[path], http.MethodHead)
 		}
 	}
-	handle("POST", "/v1/completions", s.auth(func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, kindCompletion) }))
-	handle("POST", "/v1/chat/completions", s.auth(func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, kindChat) }))
+	handle("POST", "/v1/completions", s.auth(func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, request.Completion) }))
+	handle("POST", "/v1/chat/completions", s.auth(func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, request.Chat) }))
 	// responses.go, responseget.go
 	handle("POST", responsesPath, s.auth(s.serveResponses))
 	handle("GET", responsesPath+"/{id}", s.auth(s.serveResponseByID))
@@ -266,6 +265,11 @@ func requestID(r *http.Request) string {
 	if id := r.Header.Get("X-Request-Id"); id != "" && len(id) <= 256 {
 		return id
 	}
+	return newRequestID()
+}
+
+// newRequestID returns a random request id: 32 hex digits.
+func newRequestID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
 	return hex.EncodeToString(b[:])

@@ -44,7 +44,7 @@ const (
 const maxCandidatesAttr = 4096
 
 // tracer returns the server's tracer.
-func (s *Server) tracer() trace.Tracer {
+func (s *core) tracer() trace.Tracer {
 	return s.tr.Provider.Tracer("kvrouter/internal/proxy")
 }
 
@@ -55,6 +55,7 @@ func (s *Server) startSpan(x *exchange, route string) {
 	ctx, x.span = s.tracer().Start(ctx, "POST "+route, trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithAttributes(attribute.String(attrRequestID, x.id), attribute.String(attrRoute, route)))
 	x.r = x.r.WithContext(ctx)
+	x.ctx = ctx
 }
 
 // endSpan records x's outcome on its span and ends it.
@@ -67,7 +68,7 @@ func (s *Server) endSpan(x *exchange) {
 		attribute.Int(attrRetries, x.retries),
 	}
 	if x.req != nil {
-		attrs = append(attrs, attribute.String(attrModel, x.req.model))
+		attrs = append(attrs, attribute.String(attrModel, x.req.Model))
 	}
 	if x.tokens != nil {
 		attrs = append(attrs, attribute.Int(attrPromptTokens, len(x.tokens)))
@@ -107,9 +108,9 @@ func (s *Server) traceDecision(x *exchange, d group.Decision) {
 	x.span.AddEvent("decision", trace.WithAttributes(attrs...))
 }
 
-// startChild starts a child span of x's request span.
-func (s *Server) startChild(x *exchange, name string, kind trace.SpanKind) (context.Context, trace.Span) {
-	return s.tracer().Start(x.r.Context(), name, trace.WithSpanKind(kind))
+// startChild starts a child span of the span in ctx (a request's).
+func (s *core) startChild(ctx context.Context, name string, kind trace.SpanKind) (context.Context, trace.Span) {
+	return s.tracer().Start(ctx, name, trace.WithSpanKind(kind))
 }
 
 // startLeg starts the span of one engine attempt under ctx; the caller

@@ -1,12 +1,10 @@
-package proxy
+package request
 
 import (
 	"bytes"
 	"encoding/json"
 	"fmt"
 	"strings"
-
-	"kvrouter/internal/config"
 )
 
 // routerKeys are the top-level request keys the router reads (the fields
@@ -158,13 +156,17 @@ func (s *keyScanner) objectName() string {
 	if len(s.path) == 0 {
 		return "the request body"
 	}
-	p := make([]any, len(s.path))
-	for i, e := range s.path {
-		if e.key != nil {
-			p[i] = string(e.key)
-		} else {
-			p[i] = e.idx
+	// "messages[0].content": keys joined by ".", indexes in brackets.
+	var b strings.Builder
+	for _, e := range s.path {
+		if e.key == nil {
+			fmt.Fprintf(&b, "[%d]", e.idx)
+			continue
 		}
+		if b.Len() > 0 {
+			b.WriteByte('.')
+		}
+		b.Write(e.key)
 	}
-	return config.FieldPath(p...)
+	return b.String()
 }

@@ -1,10 +1,11 @@
-package proxy
+package request
 
 import (
 	"bytes"
 	"encoding/json"
 	"fmt"
 	"math"
+	"mime"
 	"strings"
 	"unicode/utf8"
 
@@ -14,61 +15,105 @@ import (
 	"kvrouter/internal/tokenizer"
 )
 
-// kind is which OpenAI endpoint a request body is for.
-type kind uint8
+// Kind is which OpenAI endpoint a request body is for.
+type Kind uint8
 
+// The kinds of body, by endpoint.
 const (
-	kindCompletion kind = iota // POST /v1/completions: "prompt"
-	kindChat                   // POST /v1/chat/completions: "messages"
-	kindResponses              // POST /v1/responses: "input" (responses.go)
+	Completion Kind = iota // POST /v1/completions: "prompt"
+	Chat                   // POST /v1/chat/completions: "messages"
+	Responses              // POST /v1/responses: "input" (responses.go)
 )
 
-func (k kind) path() string {
-	if k == kindResponses {
-		return responsesPath
+// Path is the endpoint's path, on the router and on the engine.
+func (k Kind) Path() string {
+	if k == Responses {
+		return "/v1/responses"
 	}
-	if k == kindChat {
+	if k == Chat {
 		return "/v1/chat/completions"
 	}
 	return "/v1/completions"
 }
 
-// request is the part of an OpenAI request body the router reads; the body
-// itself is forwarded unchanged but for the vllm_xargs merge.
-type request struct {
-	kind   kind
-	body   []byte
-	model  string
-	stream bool
+// Parsed is the part of an OpenAI request body the router reads; the body
+// itself is forwarded unchanged but for the vllm_xargs merge (ForwardBody).
+// A Parsed is not safe for concurrent use (RoutingText caches).
+type Parsed struct {
+	// Kind is the endpoint the body was parsed for.
+	Kind Kind
+	// Body is the body as received.
+	Body []byte
+	// Model is the model the body names.
+	Model string
+	// Stream is the body's "stream".
+	Stream bool
 	// messages are the chat messages, validated: objects with a string role.
 	messages []json.RawMessage
-	// promptText is a completion's string prompt (the first one of a batch).
-	promptText string
-	// promptTokens are a completion's token-id prompt (the first one of a
+	// PromptText is a completion's string prompt (the first one of a batch).
+	PromptText string
+	// PromptTokens are a completion's token-id prompt (the first one of a
 	// batch); nil for text prompts.
-	promptTokens []uint32
+	PromptTokens []uint32
 	hasPrompt    bool
-	// cacheSalt is vLLM's cache_salt, "" when absent.
-	cacheSalt string
+	// CacheSalt is vLLM's cache_salt, "" when absent.
+	CacheSalt string
 	// xargs is the raw vllm_xargs object, nil when absent.
 	xargs json.RawMessage
-	// maxTokens is max_tokens or max_completion_tokens, 0 when absent.
-	maxTokens int
-	// outputTokens is the output budget vLLM checks the context length
-	// with (renderers/params.py TokenizeParams.max_output_tokens, built by
-	// the requests' build_tok_params): a chat's max_completion_tokens when
-	// given, else its max_tokens; a completion's max_tokens
-	// (max_completion_tokens is no completions field); 0 when absent.
-	outputTokens int
-	// resp holds a Responses request's own fields (nil for other kinds).
-	resp *responsesFields
+	// MaxTokens is max_tokens or max_completion_tokens, in tokens, 0 when
+	// absent.
+	MaxTokens int
+	// OutputTokens is the output budget vLLM checks the context length
+	// with, in tokens (renderers/params.py
+	// TokenizeParams.max_output_tokens, built by the requests'
+	// build_tok_params): a chat's max_completion_tokens when given, else
+	// its max_tokens; a completion's max_tokens (max_completion_tokens is
+	// no completions field); 0 when absent.
+	OutputTokens int
+	// Responses holds a Responses request's own fields (nil for other
+	// kinds).
+	Responses *ResponsesFields
 	// doc is a chat body decoded once (chatdoc.go), nil when it was read
 	// the encoding/json way; msgVals are then its checked messages.
 	doc     *tokenizer.Document
 	msgVals []jinja.Value
-	// text caches routingText; textDone tells it was built.
+	// text caches RoutingText; textDone tells it was built.
 	text     string
 	textDone bool
+}
+
+// CheckContentType accepts what vLLM (FastAPI) reads as JSON: no
+// Content-Type (ct ""), application/json, or application/*+json. Anything
+// else (text/plain, curl -d's form type) is an InvalidRequest, as vLLM
+// answers it.
+func CheckContentType(ct string) *Error {
+	if ct == "" {
+		return nil
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	if err == nil && (mt == "application/json" || strings.HasPrefix(mt, "application/") && strings.HasSuffix(mt, "+json")) {
+		return nil
+	}
+	return Invalid("", fmt.Sprintf("Content-Type %q: the body must be JSON (Content-Type: application/json)", ct))
+}
+
+// Sniff tells the kind of a body sent to an endpoint that takes all of
+// them (the router's POST /v1/route): a chat when it has "messages", a
+// Responses body when it has "input" and no "prompt", else a completion.
+// It does not validate: Parse does.
+func Sniff(body []byte) Kind {
+	var probe struct {
+		Messages json.RawMessage `json:"messages"`
+		Prompt   json.RawMessage `json:"prompt"`
+		Input    json.RawMessage `json:"input"`
+	}
+	k := Completion
+	if json.Unmarshal(body, &probe) == nil && !isNull(probe.Messages) {
+		k = Chat
+	} else if isNull(probe.Prompt) && !isNull(probe.Input) {
+		k = Responses
+	}
+	return k
 }
 
 // wire is the decoding target: every field the router checks, kept raw so
@@ -84,21 +129,21 @@ type wire struct {
 	MaxCompl  json.RawMessage `json:"max_completion_tokens"`
 }
 
-// parseRequest decodes and validates an OpenAI request body. Errors are
-// *apiError 400s in OpenAI's shape, naming the field; with an error, the
-// request is nil, or holds only the model name when the error came after
-// it was read (for the request's log line and metrics).
-func parseRequest(k kind, body []byte) (*request, *apiError) {
+// Parse decodes and validates an OpenAI request body of kind k. Errors
+// are InvalidRequest, naming the offending field in Param; with an error,
+// the request is nil, or holds only the model name when the error came
+// after it was read (for the request's log line and metrics).
+func Parse(k Kind, body []byte) (*Parsed, *Error) {
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 || trimmed[0] != '{' {
-		return nil, badRequest("", "request body must be a JSON object")
+		return nil, Invalid("", "request body must be a JSON object")
 	}
 	if !utf8.Valid(trimmed) {
 		// encoding/json would replace the bytes with U+FFFD and route a
 		// prompt that is not the one sent; Python's json (vLLM) refuses it.
-		return nil, badRequest("", "request body is not valid UTF-8")
+		return nil, Invalid("", "request body is not valid UTF-8")
 	}
-	if k == kindChat {
+	if k == Chat {
 		if r, e, ok := parseChatDoc(body, trimmed); ok {
 			return r, e
 		}
@@ -106,45 +151,45 @@ func parseRequest(k kind, body []byte) (*request, *apiError) {
 	return parseRequestJSON(k, body, trimmed)
 }
 
-// parseRequestJSON is parseRequest the encoding/json way, for bodies the
+// parseRequestJSON is Parse the encoding/json way, for bodies the
 // one-pass chat decoder leaves to it (chatdoc.go) and every other kind.
 // trimmed is body without surrounding space, valid UTF-8.
-func parseRequestJSON(k kind, body, trimmed []byte) (*request, *apiError) {
+func parseRequestJSON(k Kind, body, trimmed []byte) (*Parsed, *Error) {
 	var w wire
 	if err := json.Unmarshal(trimmed, &w); err != nil {
-		return nil, badRequest("", fmt.Sprintf("malformed JSON: %v", err))
+		return nil, Invalid("", fmt.Sprintf("malformed JSON: %v", err))
 	}
 	if d := ambiguousKey(trimmed); d != "" {
-		return nil, badRequest("", "ambiguous JSON: "+d)
+		return nil, Invalid("", "ambiguous JSON: "+d)
 	}
-	r := &request{kind: k, body: body}
+	r := &Parsed{Kind: k, Body: body}
 	if isNull(w.Model) {
-		return nil, badRequest("model", "model is required")
+		return nil, Invalid("model", "model is required")
 	}
-	if err := json.Unmarshal(w.Model, &r.model); err != nil || r.model == "" {
-		return nil, badRequest("model", "model must be a non-empty string")
+	if err := json.Unmarshal(w.Model, &r.Model); err != nil || r.Model == "" {
+		return nil, Invalid("model", "model must be a non-empty string")
 	}
 	if e := r.parseFields(k, &w); e != nil {
-		return &request{model: r.model}, e
+		return &Parsed{Model: r.Model}, e
 	}
 	return r, nil
 }
 
 // parseFields reads and checks the fields after the model.
-func (r *request) parseFields(k kind, w *wire) *apiError {
+func (r *Parsed) parseFields(k Kind, w *wire) *Error {
 	if !isNull(w.Stream) {
-		if err := json.Unmarshal(w.Stream, &r.stream); err != nil {
-			return badRequest("stream", "stream must be a boolean")
+		if err := json.Unmarshal(w.Stream, &r.Stream); err != nil {
+			return Invalid("stream", "stream must be a boolean")
 		}
 	}
 	if !isNull(w.CacheSalt) {
-		if err := json.Unmarshal(w.CacheSalt, &r.cacheSalt); err != nil {
-			return badRequest("cache_salt", "cache_salt must be a string")
+		if err := json.Unmarshal(w.CacheSalt, &r.CacheSalt); err != nil {
+			return Invalid("cache_salt", "cache_salt must be a string")
 		}
 	}
 	if !isNull(w.VLLMXArgs) {
 		if bytes.TrimSpace(w.VLLMXArgs)[0] != '{' {
-			return badRequest("vllm_xargs", "vllm_xargs must be an object")
+			return Invalid("vllm_xargs", "vllm_xargs must be an object")
 		}
 		r.xargs = w.VLLMXArgs
 	}
@@ -157,15 +202,15 @@ func (r *request) parseFields(k kind, w *wire) *apiError {
 		}
 		var n int
 		if err := json.Unmarshal(f.raw, &n); err != nil || n < 0 {
-			return badRequest(f.name, f.name+" must be a non-negative integer")
+			return Invalid(f.name, f.name+" must be a non-negative integer")
 		}
-		r.maxTokens = max(r.maxTokens, n)
-		if f.name == "max_tokens" || k == kindChat {
-			r.outputTokens = n // a chat's max_completion_tokens, read second, wins
+		r.MaxTokens = max(r.MaxTokens, n)
+		if f.name == "max_tokens" || k == Chat {
+			r.OutputTokens = n // a chat's max_completion_tokens, read second, wins
 		}
 	}
 	switch k {
-	case kindChat:
+	case Chat:
 		if r.doc != nil {
 			msgs, _ := r.doc.Get("messages")
 			return r.parseMessageValues(msgs.Value)
@@ -173,11 +218,11 @@ func (r *request) parseFields(k kind, w *wire) *apiError {
 		if e := r.parseMessages(w.Messages); e != nil {
 			return e
 		}
-	case kindCompletion:
+	case Completion:
 		if e := r.parsePrompt(w.Prompt); e != nil {
 			return e
 		}
-	case kindResponses:
+	case Responses:
 		return r.parseResponses()
 	}
 	return nil
@@ -190,15 +235,15 @@ func isNull(raw json.RawMessage) bool {
 // parseMessages checks that messages is a non-empty array of objects with a
 // string role and a content that is a string, null, or an array of typed
 // parts (text, image_url, ...).
-func (r *request) parseMessages(raw json.RawMessage) *apiError {
+func (r *Parsed) parseMessages(raw json.RawMessage) *Error {
 	if isNull(raw) {
-		return badRequest("messages", "messages is required")
+		return Invalid("messages", "messages is required")
 	}
 	if err := json.Unmarshal(raw, &r.messages); err != nil {
-		return badRequest("messages", "messages must be an array of message objects")
+		return Invalid("messages", "messages must be an array of message objects")
 	}
 	if len(r.messages) == 0 {
-		return badRequest("messages", "messages must not be empty")
+		return Invalid("messages", "messages must not be empty")
 	}
 	for i, m := range r.messages {
 		var msg struct {
@@ -207,11 +252,11 @@ func (r *request) parseMessages(raw json.RawMessage) *apiError {
 		}
 		param := fmt.Sprintf("messages[%d]", i)
 		if bytes.TrimSpace(m)[0] != '{' || json.Unmarshal(m, &msg) != nil {
-			return badRequest(param, param+" must be an object")
+			return Invalid(param, param+" must be an object")
 		}
 		var role string
 		if json.Unmarshal(msg.Role, &role) != nil || role == "" {
-			return badRequest(param+".role", param+".role must be a non-empty string")
+			return Invalid(param+".role", param+".role must be a non-empty string")
 		}
 		if isNull(msg.Content) {
 			continue
@@ -223,15 +268,15 @@ func (r *request) parseMessages(raw json.RawMessage) *apiError {
 				Type *string `json:"type"`
 			}
 			if json.Unmarshal(msg.Content, &parts) != nil {
-				return badRequest(param+".content", param+".content must be a string or an array of content parts")
+				return Invalid(param+".content", param+".content must be a string or an array of content parts")
 			}
 			for j, p := range parts {
 				if p.Type == nil {
-					return badRequest(fmt.Sprintf("%s.content[%d].type", param, j), "content part type is required")
+					return Invalid(fmt.Sprintf("%s.content[%d].type", param, j), "content part type is required")
 				}
 			}
 		default:
-			return badRequest(param+".content", param+".content must be a string or an array of content parts")
+			return Invalid(param+".content", param+".content must be a string or an array of content parts")
 		}
 	}
 	return nil
@@ -240,69 +285,69 @@ func (r *request) parseMessages(raw json.RawMessage) *apiError {
 // parsePrompt accepts vLLM's prompt shapes: a string, an array of strings,
 // an array of token ids, or an array of token-id arrays. The router routes a
 // batch by its first prompt.
-func (r *request) parsePrompt(raw json.RawMessage) *apiError {
+func (r *Parsed) parsePrompt(raw json.RawMessage) *Error {
 	const msg = "prompt must be a string, an array of strings, an array of token ids or an array of token-id arrays"
 	if isNull(raw) {
-		return badRequest("prompt", "prompt is required")
+		return Invalid("prompt", "prompt is required")
 	}
 	raw = bytes.TrimSpace(raw)
 	r.hasPrompt = true
 	switch raw[0] {
 	case '"':
-		if json.Unmarshal(raw, &r.promptText) != nil {
-			return badRequest("prompt", msg)
+		if json.Unmarshal(raw, &r.PromptText) != nil {
+			return Invalid("prompt", msg)
 		}
 		return nil
 	case '[':
 	default:
-		return badRequest("prompt", msg)
+		return Invalid("prompt", msg)
 	}
 	// raw is valid JSON (the whole body decoded): the first element's
 	// first byte tells the prompt's form, without decoding every element.
 	first := bytes.TrimLeft(raw[1:], " \t\r\n")
 	if len(first) == 0 || first[0] == ']' {
-		return badRequest("prompt", "prompt must not be empty")
+		return Invalid("prompt", "prompt must not be empty")
 	}
 	switch first[0] {
 	case '"':
 		var ss []string
 		if json.Unmarshal(raw, &ss) != nil {
-			return badRequest("prompt", msg)
+			return Invalid("prompt", msg)
 		}
-		r.promptText = ss[0]
+		r.PromptText = ss[0]
 	case '[':
 		var tt [][]float64
 		if json.Unmarshal(raw, &tt) != nil {
-			return badRequest("prompt", msg)
+			return Invalid("prompt", msg)
 		}
 		for i, t := range tt {
 			ids, ok := tokenIDs(t)
 			if !ok || len(ids) == 0 {
-				return badRequest(fmt.Sprintf("prompt[%d]", i), "token ids must be non-negative integers < 2^32, at least one")
+				return Invalid(fmt.Sprintf("prompt[%d]", i), "token ids must be non-negative integers < 2^32, at least one")
 			}
 			if i == 0 {
-				r.promptTokens = ids
+				r.PromptTokens = ids
 			}
 		}
 	default:
 		if ids, ok := appendIntArray(nil, raw); ok && len(ids) > 0 {
-			r.promptTokens = ids
+			r.PromptTokens = ids
 			return nil
 		}
 		var t []float64
 		if json.Unmarshal(raw, &t) != nil {
-			return badRequest("prompt", msg)
+			return Invalid("prompt", msg)
 		}
 		ids, ok := tokenIDs(t)
 		if !ok {
-			return badRequest("prompt", "token ids must be non-negative integers < 2^32")
+			return Invalid("prompt", "token ids must be non-negative integers < 2^32")
 		}
-		r.promptTokens = ids
+		r.PromptTokens = ids
 	}
 	return nil
 }
 
-// routingText is the prompt text prefix_chars routes by, built as
+// RoutingText is the prompt text prefix_chars routes by, built as
 // production-stack's PrefixAwareRouter builds it (routing.PrefixChars cites
 // the source): a completion's string prompt (the first of a batch;
 // production-stack fails on a list), a token-id prompt as
@@ -310,7 +355,7 @@ func (r *request) parsePrompt(raw json.RawMessage) *apiError {
 // a string as is, a list of parts as the "text" of its parts of type
 // "text" joined by " ", an absent content as "", a null one left out.
 // Built once per request, when the router uses it.
-func (r *request) routingText() string {
+func (r *Parsed) RoutingText() string {
 	if r.textDone {
 		return r.text
 	}
@@ -318,12 +363,12 @@ func (r *request) routingText() string {
 	switch {
 	case r.msgVals != nil:
 		r.text = chatTextValues(r.msgVals)
-	case r.kind == kindChat || r.kind == kindResponses:
+	case r.Kind == Chat || r.Kind == Responses:
 		r.text = chatText(r.messages)
-	case r.promptTokens != nil:
-		r.text = routing.TokenText(r.promptTokens)
+	case r.PromptTokens != nil:
+		r.text = routing.TokenText(r.PromptTokens)
 	default:
-		r.text = r.promptText
+		r.text = r.PromptText
 	}
 	return r.text
 }
@@ -445,16 +490,16 @@ func appendIntArray(ids []uint32, raw []byte) (_ []uint32, ok bool) {
 // prefix blocks it reused as KV events (vLLM >= 2026-07).
 const hitReportKey = "kv_cache_report_mode"
 
-// forwardBody returns the body to send upstream: with
+// ForwardBody returns the body to send upstream: with
 // vllm_xargs.kv_cache_report_mode = "full" merged in when inject is set and
 // the client did not choose a mode itself, else the body unchanged.
-func (r *request) forwardBody(inject bool) ([]byte, error) {
+func (r *Parsed) ForwardBody(inject bool) ([]byte, error) {
 	if !inject {
-		return r.body, nil
+		return r.Body, nil
 	}
 	if r.xargs == nil {
 		// Common case: splice before the closing brace, no re-encoding.
-		b := bytes.TrimRight(r.body, " \t\r\n")
+		b := bytes.TrimRight(r.Body, " \t\r\n")
 		if len(b) == 0 || b[len(b)-1] != '}' {
 			return nil, fmt.Errorf("body does not end with '}'")
 		}
@@ -468,11 +513,11 @@ func (r *request) forwardBody(inject bool) ([]byte, error) {
 		return nil, fmt.Errorf("vllm_xargs: %w", err)
 	}
 	if _, ok := xargs[hitReportKey]; ok {
-		return r.body, nil
+		return r.Body, nil
 	}
 	xargs[hitReportKey] = json.RawMessage(`"full"`)
 	var top map[string]json.RawMessage
-	if err := json.Unmarshal(r.body, &top); err != nil {
+	if err := json.Unmarshal(r.Body, &top); err != nil {
 		return nil, fmt.Errorf("body: %w", err)
 	}
 	nx, err := json.Marshal(xargs)

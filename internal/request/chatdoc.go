@@ -1,16 +1,14 @@
-package proxy
+package request
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/ardanlabs/jinja"
 
-	"kvrouter/internal/group"
-	"kvrouter/internal/kvindex"
 	"kvrouter/internal/tokenizer"
+	"kvrouter/internal/vllm"
 )
 
 // A chat body is decoded once (tokenizer.DecodeDocument): the routing
@@ -40,9 +38,9 @@ func caseVariant(d *jinja.Dict) bool {
 	return false
 }
 
-// parseChatDoc is parseRequest for a chat body through one decode. ok is
+// parseChatDoc is Parse for a chat body through one decode. ok is
 // false when the body must be read the encoding/json way (see above).
-func parseChatDoc(body, trimmed []byte) (_ *request, _ *apiError, ok bool) {
+func parseChatDoc(body, trimmed []byte) (_ *Parsed, _ *Error, ok bool) {
 	doc, err := tokenizer.DecodeDocument(trimmed)
 	if err != nil || doc.Duplicate {
 		return nil, nil, false
@@ -77,17 +75,17 @@ func parseChatDoc(body, trimmed []byte) (_ *request, _ *apiError, ok bool) {
 	if !checkCase(msgs.Value) {
 		return nil, nil, false
 	}
-	r := &request{kind: kindChat, body: body, doc: doc}
+	r := &Parsed{Kind: Chat, Body: body, doc: doc}
 	if isNull(w.Model) {
-		return nil, badRequest("model", "model is required"), true
+		return nil, Invalid("model", "model is required"), true
 	}
 	if m, _ := doc.Get("model"); !m.Value.IsString() || m.Value.AsString() == "" {
-		return nil, badRequest("model", "model must be a non-empty string"), true
+		return nil, Invalid("model", "model must be a non-empty string"), true
 	} else {
-		r.model = m.Value.AsString()
+		r.Model = m.Value.AsString()
 	}
-	if e := r.parseFields(kindChat, &w); e != nil {
-		return &request{model: r.model}, e, true
+	if e := r.parseFields(Chat, &w); e != nil {
+		return &Parsed{Model: r.Model}, e, true
 	}
 	return r, nil, true
 }
@@ -126,25 +124,25 @@ func checkCase(msgs jinja.Value) bool {
 
 // parseMessageValues is parseMessages over the decoded messages, with the
 // same answers.
-func (r *request) parseMessageValues(v jinja.Value) *apiError {
+func (r *Parsed) parseMessageValues(v jinja.Value) *Error {
 	if v.IsUndefined() || v.IsNone() {
-		return badRequest("messages", "messages is required")
+		return Invalid("messages", "messages is required")
 	}
 	if !v.IsList() {
-		return badRequest("messages", "messages must be an array of message objects")
+		return Invalid("messages", "messages must be an array of message objects")
 	}
 	items := v.AsList().Items
 	if len(items) == 0 {
-		return badRequest("messages", "messages must not be empty")
+		return Invalid("messages", "messages must not be empty")
 	}
 	for i, m := range items {
 		param := fmt.Sprintf("messages[%d]", i)
 		if !m.IsDict() {
-			return badRequest(param, param+" must be an object")
+			return Invalid(param, param+" must be an object")
 		}
 		d := m.AsDict()
 		if role, _ := d.Get("role"); !role.IsString() || role.AsString() == "" {
-			return badRequest(param+".role", param+".role must be a non-empty string")
+			return Invalid(param+".role", param+".role must be a non-empty string")
 		}
 		c, _ := d.Get("content")
 		switch {
@@ -153,11 +151,11 @@ func (r *request) parseMessageValues(v jinja.Value) *apiError {
 			parts := c.AsList().Items
 			for _, p := range parts { // every part decodes as {"type": string or null}
 				if !p.IsNone() && !p.IsDict() {
-					return badRequest(param+".content", param+".content must be a string or an array of content parts")
+					return Invalid(param+".content", param+".content must be a string or an array of content parts")
 				}
 				if p.IsDict() {
 					if t, ok := p.AsDict().Get("type"); ok && !t.IsNone() && !t.IsString() {
-						return badRequest(param+".content", param+".content must be a string or an array of content parts")
+						return Invalid(param+".content", param+".content must be a string or an array of content parts")
 					}
 				}
 			}
@@ -167,11 +165,11 @@ func (r *request) parseMessageValues(v jinja.Value) *apiError {
 					t, _ = p.AsDict().Get("type")
 				}
 				if !t.IsString() {
-					return badRequest(fmt.Sprintf("%s.content[%d].type", param, j), "content part type is required")
+					return Invalid(fmt.Sprintf("%s.content[%d].type", param, j), "content part type is required")
 				}
 			}
 		default:
-			return badRequest(param+".content", param+".content must be a string or an array of content parts")
+			return Invalid(param+".content", param+".content must be a string or an array of content parts")
 		}
 	}
 	r.msgVals = items
@@ -218,11 +216,11 @@ func chatTextValues(messages []jinja.Value) string {
 	return b.String()
 }
 
-// scanMediaValues is scanMedia over the decoded messages: a message whose
+// scanMediaValues is Media over the decoded messages: a message whose
 // parts encoding/json would not decode (an image_url that is not an
 // object, a url that is not a string) is skipped, as there.
-func scanMediaValues(messages []jinja.Value) mediaScan {
-	var ms mediaScan
+func scanMediaValues(messages []jinja.Value) Media {
+	var ms Media
 	var counts map[string]int
 	for _, m := range messages {
 		c, _ := m.AsDict().Get("content")
@@ -248,20 +246,20 @@ func scanMediaValues(messages []jinja.Value) mediaScan {
 			if u, ok := p.AsDict().Get("image_url"); ok && u.IsDict() {
 				if url, _ := u.AsDict().Get("url"); url.IsString() {
 					if w, h, ok := dataURLSize(url.AsString()); ok {
-						ms.pixels += int64(w) * int64(h)
-						ms.visualTokens += Qwen2VLImageTokens(w, h)
+						ms.Pixels += int64(w) * int64(h)
+						ms.VisualTokens += vllm.Qwen2VLImageTokens(w, h)
 					}
 				}
 			}
-			ms.items++
+			ms.Items++
 		}
 	}
-	ms.counts = counts
+	ms.Counts = counts
 	return ms
 }
 
 // mediaPartsDecode reports whether encoding/json decodes parts into
-// scanMedia's part struct (type a string or null, image_url an object or
+// Media's part struct (type a string or null, image_url an object or
 // null whose url is a string or null).
 func mediaPartsDecode(parts []jinja.Value) bool {
 	for _, p := range parts {
@@ -289,46 +287,14 @@ func mediaPartsDecode(parts []jinja.Value) bool {
 	return true
 }
 
-// chatTokenizer is met by Tokenizers that take a chat request already
-// decoded (TokenSource, FailoverTokenizer): no second decode of the body.
-type chatTokenizer interface {
-	// TokensChat is TokensMM for req, decoded from body.
-	TokensChat(ctx context.Context, req tokenizer.ChatRequest, body []byte) ([]uint32, []kvindex.MMItem, error)
-}
-
-var _ chatTokenizer = TokenSource{}
-
-// chatTokens asks tok for req's ids and items, decoded already when tok
-// takes it so, else from body; a group.FailoverTokenizer asks its engines'
-// tokenizers so in failover order.
-func chatTokens(tok group.Tokenizer, ctx context.Context, req tokenizer.ChatRequest, body []byte) ([]uint32, []kvindex.MMItem, error) {
-	switch t := tok.(type) {
-	case chatTokenizer:
-		return t.TokensChat(ctx, req, body)
-	case *group.FailoverTokenizer:
-		return t.Try(ctx, func(tok group.Tokenizer) ([]uint32, []kvindex.MMItem, error) {
-			return chatTokens(tok, ctx, req, body)
-		})
-	}
-	return group.TokensMM(ctx, tok, true, body, "")
-}
-
-// TokensChat renders req with the source (tokenizer.Source.ChatRendered).
-func (t TokenSource) TokensChat(ctx context.Context, req tokenizer.ChatRequest, _ []byte) ([]uint32, []kvindex.MMItem, error) {
-	out, err := t.Src.ChatRendered(ctx, req)
-	if err != nil {
-		return nil, nil, err
-	}
-	return out.IDs, mmItems(out.MM), nil
-}
-
 // errNoDoc marks a request not decoded as a Document.
 var errNoDoc = errors.New("chat body not decoded once")
 
-// chatRequest is the chat request of a body decoded once; an error when
-// it was not (or holds what the renderer must read the encoding/json way).
-func chatRequest(r *request) (tokenizer.ChatRequest, error) {
-	if r.doc == nil || r.kind != kindChat {
+// ChatRequest is the chat request of a body decoded once, for a
+// tokenizer to render without decoding the body again; an error when it
+// was not (or holds what the renderer must read the encoding/json way).
+func (r *Parsed) ChatRequest() (tokenizer.ChatRequest, error) {
+	if r.doc == nil || r.Kind != Chat {
 		return tokenizer.ChatRequest{}, errNoDoc
 	}
 	return r.doc.ChatRequest()

@@ -1,4 +1,4 @@
-package proxy
+package request
 
 import (
 	"bufio"
@@ -86,31 +86,31 @@ func sameParse(body []byte) string {
 	if !ok {
 		return ""
 	}
-	ref, re := parseRequestJSON(kindChat, body, trimmed)
+	ref, re := parseRequestJSON(Chat, body, trimmed)
 	if (fe == nil) != (re == nil) {
 		return fmt.Sprintf("error %v, encoding/json's %v", fe, re)
 	}
 	if fe != nil {
-		if fe.message != re.message || fe.param != re.param || (fast == nil) != (ref == nil) || fast != nil && fast.model != ref.model {
-			return fmt.Sprintf("error %q (%s), encoding/json's %q (%s)", fe.message, fe.param, re.message, re.param)
+		if fe.Message != re.Message || fe.Param != re.Param || (fast == nil) != (ref == nil) || fast != nil && fast.Model != ref.Model {
+			return fmt.Sprintf("error %q (%s), encoding/json's %q (%s)", fe.Message, fe.Param, re.Message, re.Param)
 		}
 		return ""
 	}
-	if fast.model != ref.model || fast.stream != ref.stream || fast.cacheSalt != ref.cacheSalt || fast.maxTokens != ref.maxTokens ||
-		fast.outputTokens != ref.outputTokens || !bytes.Equal(fast.xargs, ref.xargs) {
+	if fast.Model != ref.Model || fast.Stream != ref.Stream || fast.CacheSalt != ref.CacheSalt || fast.MaxTokens != ref.MaxTokens ||
+		fast.OutputTokens != ref.OutputTokens || !bytes.Equal(fast.xargs, ref.xargs) {
 		return fmt.Sprintf("fields %+v, encoding/json's %+v", fast, ref)
 	}
 	if len(fast.msgVals) != len(ref.messages) {
 		return fmt.Sprintf("%d messages, encoding/json's %d", len(fast.msgVals), len(ref.messages))
 	}
-	if a, b := fast.routingText(), ref.routingText(); a != b {
+	if a, b := fast.RoutingText(), ref.RoutingText(); a != b {
 		return fmt.Sprintf("routing text %q, encoding/json's %q", a, b)
 	}
-	if a, b := scanMedia(fast), scanMedia(ref); !reflect.DeepEqual(a, b) {
+	if a, b := fast.Media(), ref.Media(); !reflect.DeepEqual(a, b) {
 		return fmt.Sprintf("media %+v, encoding/json's %+v", a, b)
 	}
-	a, errA := fast.forwardBody(true)
-	b, errB := ref.forwardBody(true)
+	a, errA := fast.ForwardBody(true)
+	b, errB := ref.ForwardBody(true)
 	if !bytes.Equal(a, b) || (errA == nil) != (errB == nil) {
 		return "forwarded bodies differ"
 	}

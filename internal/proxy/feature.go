@@ -1,0 +1,145 @@
+package proxy
+
+import (
+	"context"
+	"kvrouter/internal/config"
+	"kvrouter/internal/group"
+	"log/slog"
+
+	"kvrouter/internal/fleet"
+	"kvrouter/internal/request"
+)
+
+// Features: the optional per-request behaviours of a model group (route
+// aliases, LoRA adapters, media limits, response pinning, P/D legs). Each
+// is a value registered once when the group is built (newFeatures); the
+// request path knows none of them. For every request of the group the
+// routing core calls the registered features in order: a rewriter first
+// (before any check; an alias's body is rewritten and parsed again), then
+// each admit, which checks the request and plugs the request's hooks in.
+// The hooks (a per-request set of stages, as httputil.ReverseProxy takes
+// Rewrite, ModifyResponse and ErrorHandler) are what the HTTP front and
+// the core call at fixed points; a feature keeps its per-request state in
+// the closures it plugs in. Every hook has a default that does nothing, so
+// the request path calls them without asking which feature is there.
+//
+// A new per-request feature is a type here with admit (and rewrite if it
+// changes the request before it is checked), registered in newFeatures,
+// using the hooks below; a stage none of them offers is a new hook field
+// with its default and one call in the request path.
+
+// feature is one optional behaviour of a model group.
+type feature interface {
+	// admit checks x, whose group and request are known, and plugs its
+	// hooks into x.hooks; the error answers the request.
+	admit(ctx context.Context, x *flow) *request.Error
+}
+
+// rewriter is a feature that may replace a request before it is checked:
+// req was parsed from body and names group m (x.m is not set yet); the
+// result is the request as the group serves it.
+type rewriter interface {
+	rewrite(ctx context.Context, x *flow, m *model, req *request.Parsed, body []byte) (*request.Parsed, *request.Error)
+}
+
+// hooks are one request's stages, plugged in by its group's features.
+// Stages of the HTTP front (forwarding, relaying, the log line) take its
+// exchange; the endpoint picker calls only route. Each field is set by
+// newHooks and never nil but filter; features compose with what is there.
+type hooks struct {
+	// route completes the router's input (before the media keys and the
+	// prefix_chars text): an adapter's LoRA key, a P/D decode leg routed
+	// by load.
+	route func(in *group.RouteInput)
+	// engines narrows the group's healthy engines a request may use, in
+	// place: an adapter's holders, a P/D leg's pool, a pinned response's
+	// engine for this attempt. The error says why none is left.
+	engines func(eps []*fleet.Endpoint) ([]*fleet.Endpoint, error)
+	// plan runs once before the first attempt is routed; false when it
+	// answered the request (a P/D prefill leg, a pinned response's 503).
+	plan func(ctx context.Context, x *exchange) bool
+	// explain answers a route-only request instead of the plain decision;
+	// false: not handled (P/D's plan).
+	explain func(ctx context.Context, x *exchange) bool
+	// chosen runs once the router chose ep for an attempt, before the
+	// request is sent; false when it answered the request (an adapter
+	// that could not be loaded there).
+	chosen func(ctx context.Context, x *exchange, ep *fleet.Endpoint) bool
+	// body is the body sent to engine (default: the flow's fwd).
+	body func(engine string) []byte
+	// retry reports whether an attempt (0-based) that failed with status
+	// (0: a connection error, nothing received) may be followed by another
+	// on another engine.
+	retry func(attempt, status int) bool
+	// filter, when not nil, rewrites the relayed answer: a whole
+	// non-streaming body, or whole events (an alias's usage and
+	// reasoning).
+	filter func(b []byte) []byte
+	// end runs in finish, before the request's series and log line, and
+	// may add to the line (an alias's series, a P/D prefill replica, a
+	// learned response id).
+	end func(x *exchange, attrs []slog.Attr) []slog.Attr
+}
+
+// newHooks are x's default stages: nothing added, the group's retry
+// policy.
+func newHooks(x *flow) hooks {
+	return hooks{
+		route:   func(*group.RouteInput) {},
+		engines: func(eps []*fleet.Endpoint) ([]*fleet.Endpoint, error) { return eps, nil },
+		plan:    func(context.Context, *exchange) bool { return true },
+		explain: func(context.Context, *exchange) bool { return false },
+		chosen:  func(context.Context, *exchange, *fleet.Endpoint) bool { return true },
+		body:    func(string) []byte { return x.fwd },
+		retry: func(attempt, status int) bool {
+			return attempt < x.m.cfg.Retries && (status == 0 || retryableStatus(status))
+		},
+		end: func(_ *exchange, attrs []slog.Attr) []slog.Attr { return attrs },
+	}
+}
+
+// addRoute runs f after the route stages already there.
+func (h *hooks) addRoute(f func(in *group.RouteInput)) {
+	prev := h.route
+	h.route = func(in *group.RouteInput) { prev(in); f(in) }
+}
+
+// addEngines narrows after the engines stages already there.
+func (h *hooks) addEngines(f func(eps []*fleet.Endpoint) ([]*fleet.Endpoint, error)) {
+	prev := h.engines
+	h.engines = func(eps []*fleet.Endpoint) ([]*fleet.Endpoint, error) {
+		eps, err := prev(eps)
+		if err != nil {
+			return eps, err
+		}
+		return f(eps)
+	}
+}
+
+// addPlan runs f after the plan stages already there, while they go on.
+func (h *hooks) addPlan(f func(ctx context.Context, x *exchange) bool) {
+	prev := h.plan
+	h.plan = func(ctx context.Context, x *exchange) bool { return prev(ctx, x) && f(ctx, x) }
+}
+
+// addEnd runs f after the end stages already there.
+func (h *hooks) addEnd(f func(x *exchange, attrs []slog.Attr) []slog.Attr) {
+	prev := h.end
+	h.end = func(x *exchange, attrs []slog.Attr) []slog.Attr { return f(x, prev(x, attrs)) }
+}
+
+// newFeatures are the features of group mc in the order they run: route
+// aliases (rewrite), LoRA adapters, media limits, response pinning, P/D.
+func newFeatures(s *Server, mc *config.Model, pd *pdGroup) []feature {
+	var fs []feature
+	if len(mc.Aliases) > 0 {
+		fs = append(fs, aliasFeature{s: s})
+	}
+	fs = append(fs, adapterFeature{s: s}) // adapters may be learned from the engines' listings
+	fs = append(fs, mediaFeature{})
+	fs = append(fs, pinFeature{s: s})
+	if pd != nil {
+		fs = append(fs, pdFeature{s: s, g: pd})
+	}
+	return fs
+}
