@@ -126,15 +126,34 @@ func (t *table) find(s *store, h uint64) uint32 {
 	return 0
 }
 
-// slot returns the slot index holding h, or -1.
+// slot returns the slot index holding h, or -1. It is probe without the
+// free-slot search, for lookups and removals.
 func (t *table) slot(s *store, h uint64) int {
 	if t.n == 0 {
 		return -1
 	}
-	if i, _, found := t.probe(s, h); found {
-		return i
+	mask := uint64(len(t.g) - 1)
+	m := mix(h)
+	want := lsbs * uint64(tagOf(m))
+	for gi := m & mask; ; gi = (gi + 1) & mask {
+		g := &t.g[gi]
+		w0, w1 := g.tagWords()
+		for b := zeroBytes(w0 ^ want); b != 0; b &= b - 1 {
+			p := bits.TrailingZeros64(b) >> 3 & 7
+			if t.keyOf(s, g.vals[p]) == h {
+				return int(gi)<<slotShift | p
+			}
+		}
+		for b := zeroBytes(w1^want) & hiTags; b != 0; b &= b - 1 {
+			p := 8 + bits.TrailingZeros64(b)>>3&3
+			if t.keyOf(s, g.vals[p]) == h {
+				return int(gi)<<slotShift | p
+			}
+		}
+		if g.over == 0 {
+			return -1
+		}
 	}
-	return -1
 }
 
 // probe looks h up: found, it returns h's slot; otherwise a free slot in
@@ -153,13 +172,13 @@ func (t *table) probe(s *store, h uint64) (i int, tag uint8, found bool) {
 		g := &t.g[gi]
 		w0, w1 := g.tagWords()
 		for b := zeroBytes(w0 ^ want); b != 0; b &= b - 1 {
-			p := bits.TrailingZeros64(b) >> 3
+			p := bits.TrailingZeros64(b) >> 3 & 7
 			if t.keyOf(s, g.vals[p]) == h {
 				return int(gi)<<slotShift | p, 0, true
 			}
 		}
 		for b := zeroBytes(w1^want) & hiTags; b != 0; b &= b - 1 {
-			p := 8 + bits.TrailingZeros64(b)>>3
+			p := 8 + bits.TrailingZeros64(b)>>3&3
 			if t.keyOf(s, g.vals[p]) == h {
 				return int(gi)<<slotShift | p, 0, true
 			}
