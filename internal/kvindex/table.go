@@ -81,6 +81,13 @@ const (
 // zeroBytes returns w with bit 8k+7 set exactly where byte k of w is 0.
 func zeroBytes(w uint64) uint64 { return ^((w&low7 + low7) | w | low7) }
 
+// candidates returns w with bit 8k+7 set where byte k of w is 0, and
+// possibly at some bytes above the lowest such byte (a borrow passing a
+// 0x01 byte), in three operations on a probe's critical path: the lowest
+// bit set is exact, a tag match above it is only a candidate, which the key
+// compare settles.
+func candidates(w uint64) uint64 { return (w - lsbs) &^ w & (lsbs << 7) }
+
 // tagWords returns g's tags 0..7 and 8..11 (the high 4 bytes of the second
 // word are the overflow count and padding: callers mask them with hiTags).
 func (g *group) tagWords() (uint64, uint64) {
@@ -120,17 +127,21 @@ func (t *table) keyOf(s *store, idx uint32) uint64 {
 
 // find returns the entry index stored under h, or 0.
 func (t *table) find(s *store, h uint64) uint32 {
-	if i := t.slot(s, h); i >= 0 {
-		return t.get(i)
-	}
-	return 0
+	_, v := t.lookup(s, h)
+	return v
 }
 
-// slot returns the slot index holding h, or -1. It is probe without the
-// free-slot search, for lookups and removals.
+// slot returns the slot index holding h, or -1.
 func (t *table) slot(s *store, h uint64) int {
+	i, _ := t.lookup(s, h)
+	return i
+}
+
+// lookup returns the slot holding h and its value, or -1 and 0. It is
+// probe without the free-slot search, for lookups and removals.
+func (t *table) lookup(s *store, h uint64) (int, uint32) {
 	if t.n == 0 {
-		return -1
+		return -1, 0
 	}
 	mask := uint64(len(t.g) - 1)
 	m := mix(h)
@@ -138,20 +149,20 @@ func (t *table) slot(s *store, h uint64) int {
 	for gi := m & mask; ; gi = (gi + 1) & mask {
 		g := &t.g[gi]
 		w0, w1 := g.tagWords()
-		for b := zeroBytes(w0 ^ want); b != 0; b &= b - 1 {
+		for b := candidates(w0 ^ want); b != 0; b &= b - 1 {
 			p := bits.TrailingZeros64(b) >> 3 & 7
-			if t.keyOf(s, g.vals[p]) == h {
-				return int(gi)<<slotShift | p
+			if v := g.vals[p]; t.keyOf(s, v) == h {
+				return int(gi)<<slotShift | p, v
 			}
 		}
-		for b := zeroBytes(w1^want) & hiTags; b != 0; b &= b - 1 {
+		for b := candidates(w1^want) & hiTags; b != 0; b &= b - 1 {
 			p := 8 + bits.TrailingZeros64(b)>>3&3
-			if t.keyOf(s, g.vals[p]) == h {
-				return int(gi)<<slotShift | p
+			if v := g.vals[p]; t.keyOf(s, v) == h {
+				return int(gi)<<slotShift | p, v
 			}
 		}
 		if g.over == 0 {
-			return -1
+			return -1, 0
 		}
 	}
 }
@@ -171,13 +182,13 @@ func (t *table) probe(s *store, h uint64) (i int, tag uint8, found bool) {
 	for gi := m & mask; ; gi = (gi + 1) & mask {
 		g := &t.g[gi]
 		w0, w1 := g.tagWords()
-		for b := zeroBytes(w0 ^ want); b != 0; b &= b - 1 {
+		for b := candidates(w0 ^ want); b != 0; b &= b - 1 {
 			p := bits.TrailingZeros64(b) >> 3 & 7
 			if t.keyOf(s, g.vals[p]) == h {
 				return int(gi)<<slotShift | p, 0, true
 			}
 		}
-		for b := zeroBytes(w1^want) & hiTags; b != 0; b &= b - 1 {
+		for b := candidates(w1^want) & hiTags; b != 0; b &= b - 1 {
 			p := 8 + bits.TrailingZeros64(b)>>3&3
 			if t.keyOf(s, g.vals[p]) == h {
 				return int(gi)<<slotShift | p, 0, true
