@@ -2,8 +2,8 @@ package kvindex
 
 import "kvrouter/internal/vllm"
 
-// Applying a batch costs a few cache misses per block (table slots, the
-// entry, its key's slot), each on the previous one's
+// Applying a batch costs a few cache misses per block (table groups, the
+// entry, its key's group), each on the previous one's
 // result. The warm passes below load, ahead of the real work, what it will
 // touch, in loops whose iterations do not depend on each other, so that the
 // processor overlaps the misses of many blocks instead of taking them one
@@ -51,7 +51,7 @@ func (x *Exact) warmRemovals(id ReplicaID, rank int32, b *vllm.Batch) {
 const warmChunk = 64
 
 // warmWindow touches, for the gathered removals [x.warmEnd, +warmChunk),
-// their source-table slot, then their entry, then their key's key-table
+// their source-table group, then their entry, then their key's key-table
 // home group, and records what it found for warmSlot. Caller holds x.mu.
 func (x *Exact) warmWindow() {
 	st := &x.st
