@@ -104,8 +104,9 @@
 //
 // Memory: an entry costs 32 bytes (half a cache line, so loading one is one
 // miss; Approx adds 8 bytes of LRU links kept beside the entries) plus its
-// share of two open-addressing tables (5 bytes a slot: entry index and a tag byte, 4 bits of displacement
-// and a 4-bit fingerprint of the hashed value) and, for keys with a
+// share of two open-addressing tables (groups of 12 slots in a 64-byte cache line: a 4-byte entry index
+// and a tag byte, a 7-bit fingerprint of the hashed value, a slot; at most 10 values a group on average
+// before the table doubles) and, for keys with a
 // holder record, of the record (16 + 16*ceil(replicas/64) bytes); measured
 // bytes per entry are in docs/routing.md. Stats.Bytes reports the index's own
 // allocation. Config.ExpectedEntries allocates the key table for a known

@@ -16,9 +16,9 @@ func TestExactExpectedEntries(t *testing.T) {
 	c := newClock()
 	plain := testExact(c, func(cfg *Config) { cfg.PredictTTL = -1 })
 	sized := testExact(c, func(cfg *Config) { cfg.PredictTTL = -1; cfg.ExpectedEntries = 3000 })
-	slots := sized.st.keys.size()
-	if slots != 4096 {
-		t.Fatalf("key table for 3,000 entries: %d slots, want 4096", slots)
+	groups := len(sized.st.keys.g)
+	if groups != 512 { // 3,000 at 10 a group: 300, rounded up to a power of two
+		t.Fatalf("key table for 3,000 entries: %d groups, want 512", groups)
 	}
 	rng := rand.New(rand.NewPCG(5, 9))
 	toks := make([][]uint32, prompts)
@@ -55,18 +55,18 @@ func TestExactExpectedEntries(t *testing.T) {
 	if sized.Stats().Entries < 500 {
 		t.Fatalf("only %d entries: test too small", sized.Stats().Entries)
 	}
-	if sized.st.keys.size() != slots {
-		t.Fatalf("sized key table grew from %d to %d slots", slots, sized.st.keys.size())
+	if len(sized.st.keys.g) != groups {
+		t.Fatalf("sized key table grew from %d to %d groups", groups, len(sized.st.keys.g))
 	}
 	// Reserve on a filled index rehashes it: lookups unchanged, no
 	// growth until the reserved size; a smaller Reserve changes nothing.
 	plain.Reserve(20_000)
-	if got := plain.st.keys.size(); got != 32768 {
-		t.Fatalf("reserved for 20,000: %d slots, want 32768", got)
+	if got := len(plain.st.keys.g); got != 2048 {
+		t.Fatalf("reserved for 20,000: %d groups, want 2048", got)
 	}
 	plain.Reserve(10)
-	if got := plain.st.keys.size(); got != 32768 {
-		t.Fatalf("Reserve(10) shrank the table to %d slots", got)
+	if got := len(plain.st.keys.g); got != 2048 {
+		t.Fatalf("Reserve(10) shrank the table to %d groups", got)
 	}
 	for q := range prompts {
 		if got, want := plain.Lookup(keys[q], nil), sized.Lookup(keys[q], nil); !slices.Equal(got, want) {

@@ -120,7 +120,9 @@ func (s *store) listOf(src uint32) *lru {
 func (s *store) addSource(r ReplicaID, rank, group int32) uint32 {
 	for i := range s.srcs {
 		if !s.srcs[i].live && s.srcs[i].tab.n == 0 {
-			s.srcs[i] = source{tab: table{b: s.srcs[i].tab.b, byAux: s.auxKeyed}, replica: r, rank: rank, group: group, live: true}
+			g := s.srcs[i].tab.g
+			clear(g) // saturated overflow counts too
+			s.srcs[i] = source{tab: table{g: g, byAux: s.auxKeyed}, replica: r, rank: rank, group: group, live: true}
 			return uint32(i)
 		}
 	}

@@ -1,29 +1,66 @@
 package kvindex
 
-// table is an open-addressing hash set of entry indices with linear probing.
-// The keys live in the entries themselves (byAux: entry.aux, else entry.key)
-// or, for a key table value tagged recTag, in the key's holder record, so a
-// slot costs 4 bytes plus one tag byte, kept together so that a probe loads
-// one cache line. The tag's low 4 bits are the displacement: how far the
-// slot is from its value's home slot (saturating at dispMax); its high 4 bits
-// are a fingerprint of the hashed value (fpOf). The displacement lets probes
-// skip values of other homes and deletions shift values back without reading
-// their entries; the fingerprint lets probes skip 15 in 16 values of the same
-// home without loading their entries (the key compare is a cache miss in a
-// large index). 0 marks an empty slot (entry 0 is a sentinel).
+import (
+	"encoding/binary"
+	"math/bits"
+	"unsafe"
+)
+
+// table is an open-addressing hash set of entry indices. The keys live in
+// the entries themselves (byAux: entry.aux, else entry.key) or, for a key
+// table value tagged recTag, in the key's holder record, so a slot holds
+// only a 4-byte value and a tag byte.
+//
+// Slots come in groups of groupSlots, one group per 64-byte cache line:
+// the tags, an overflow count, then the values. A value's home group is
+// the low bits of mix(key); it sits in the first group from its home (in
+// order, wrapping) that had a free slot when it was placed. A group's
+// overflow count is the number of values placed beyond it whose probe
+// passed it (saturating at overMax, where it stays), so a probe that finds
+// no match in a group with a zero count is over. A tag is a 7-bit
+// fingerprint of the key with the high bit set (tagOf); 0 marks a free
+// slot. A probe compares a group's tags in two word operations and loads
+// only the entries behind matching tags (the key compare is a cache miss in
+// a large index): a false match costs 1 in 128 values.
+//
+// Deleting a value frees its slot and decrements the overflow counts
+// between its home and its group (none when it sits at home): no other
+// value moves, and a deletion writes one cache line in nearly all cases.
+//
+// Slot indices are group<<slotShift | position; positions groupSlots and
+// above are never used (get returns 0 there), so size() slots can be
+// iterated as before.
 type table struct {
-	b     []byte // 5 bytes a slot: value (little endian), displacement
+	g     []group
 	n     int
 	byAux bool
 }
 
-// dispMax is the saturated displacement: a slot this far or farther from its
-// home says so, and deletion reads its key to find the home.
-const dispMax = 15
+// group is one cache line of slots.
+type group struct {
+	tags [groupSlots]uint8
+	over uint8 // overflow count
+	_    [3]uint8
+	vals [groupSlots]uint32
+}
 
-// fpOf returns h's fingerprint, in the tag byte's high 4 bits: bits 60..63
-// of mix(h), which the home slot (low bits) does not use.
-func fpOf(m uint64) uint8 { return uint8(m>>56) & 0xf0 }
+var (
+	_ [64 - unsafe.Sizeof(group{})]struct{}
+	_ [unsafe.Sizeof(group{}) - 64]struct{}
+)
+
+const (
+	groupSlots = 12
+	slotShift  = 4
+	overMax    = 255
+	// maxLoad is the values a group may hold on average before the table
+	// doubles (10 of 12 slots).
+	maxLoad = 10
+)
+
+// tagOf returns the tag of a key whose mix is m: bits 57..63 of m, which the
+// home group (low bits) does not use, and the high bit.
+func tagOf(m uint64) uint8 { return uint8(m>>56) | 0x80 }
 
 // mix spreads a 64-bit value over the slot range (keys and engine hashes are
 // hashes already, but tests and traces use small integers).
@@ -36,32 +73,47 @@ func mix(h uint64) uint64 {
 	return h
 }
 
-// size returns the number of slots.
-func (t *table) size() int { return len(t.b) / 5 }
+const (
+	lsbs = 0x0101010101010101
+	low7 = 0x7f7f7f7f7f7f7f7f
+)
 
-// get returns slot i's value (0: empty).
-func (t *table) get(i int) uint32 {
-	p := t.b[5*i : 5*i+4]
-	return uint32(p[0]) | uint32(p[1])<<8 | uint32(p[2])<<16 | uint32(p[3])<<24
+// zeroBytes returns w with bit 8k+7 set exactly where byte k of w is 0.
+func zeroBytes(w uint64) uint64 { return ^((w&low7 + low7) | w | low7) }
+
+// candidates returns w with bit 8k+7 set where byte k of w is 0, and
+// possibly at some bytes above the lowest such byte (a borrow passing a
+// 0x01 byte), in three operations on a probe's critical path: the lowest
+// bit set is exact, a tag match above it is only a candidate, which the key
+// compare settles.
+func candidates(w uint64) uint64 { return (w - lsbs) &^ w & (lsbs << 7) }
+
+// tagWords returns g's tags 0..7 and 8..11 (the high 4 bytes of the second
+// word are the overflow count and padding: callers mask them with hiTags).
+func (g *group) tagWords() (uint64, uint64) {
+	return binary.LittleEndian.Uint64(g.tags[:8]), binary.LittleEndian.Uint64((*[16]byte)(unsafe.Pointer(g))[8:])
 }
 
-// dispAt returns slot i's displacement.
-func (t *table) dispAt(i int) uint8 { return t.b[5*i+4] & dispMax }
+// hiTags masks the tag bytes of tagWords' second word in a zeroBytes mask.
+const hiTags = 0x80808080
 
-// tagAt returns slot i's tag byte: fingerprint | displacement.
-func (t *table) tagAt(i int) uint8 { return t.b[5*i+4] }
+// size returns the number of slot indices (groups << slotShift).
+func (t *table) size() int { return len(t.g) << slotShift }
+
+// get returns slot i's value (0: free).
+func (t *table) get(i int) uint32 {
+	g := &t.g[i>>slotShift]
+	if p := i & (1<<slotShift - 1); p < groupSlots {
+		return g.vals[p]
+	}
+	return 0
+}
 
 // put replaces slot i's value by one of the same key.
-func (t *table) put(i int, v uint32) {
-	p := t.b[5*i : 5*i+4]
-	p[0], p[1], p[2], p[3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
-}
+func (t *table) put(i int, v uint32) { t.g[i>>slotShift].vals[i&(1<<slotShift-1)] = v }
 
-// set writes slot i's value and tag byte.
-func (t *table) set(i int, v uint32, tag uint8) {
-	t.put(i, v)
-	t.b[5*i+4] = tag
-}
+// touch loads h's home group (a warm pass), returning a byte of it.
+func (t *table) touch(h uint64) uint8 { return t.g[mix(h)&uint64(len(t.g)-1)].over }
 
 func (t *table) keyOf(s *store, idx uint32) uint64 {
 	if t.byAux {
@@ -75,100 +127,157 @@ func (t *table) keyOf(s *store, idx uint32) uint64 {
 
 // find returns the entry index stored under h, or 0.
 func (t *table) find(s *store, h uint64) uint32 {
-	if i := t.slot(s, h); i >= 0 {
-		return t.get(i)
-	}
-	return 0
+	_, v := t.lookup(s, h)
+	return v
 }
 
 // slot returns the slot index holding h, or -1.
 func (t *table) slot(s *store, h uint64) int {
-	if t.n == 0 {
-		return -1
-	}
-	if i, _, found := t.probe(s, h); found {
-		return i
-	}
-	return -1
+	i, _ := t.lookup(s, h)
+	return i
 }
 
-// probe looks h up: found, it returns h's slot; otherwise the empty slot
-// where the probe ended, and the tag a value of h placed there gets (-1 when
-// the table has no slots), for insertAt.
+// lookup returns the slot holding h and its value, or -1 and 0. It is
+// probe without the free-slot search, for lookups and removals.
+func (t *table) lookup(s *store, h uint64) (int, uint32) {
+	if t.n == 0 {
+		return -1, 0
+	}
+	mask := uint64(len(t.g) - 1)
+	m := mix(h)
+	want := lsbs * uint64(tagOf(m))
+	for gi := m & mask; ; gi = (gi + 1) & mask {
+		g := &t.g[gi]
+		w0, w1 := g.tagWords()
+		for b := candidates(w0 ^ want); b != 0; b &= b - 1 {
+			p := bits.TrailingZeros64(b) >> 3 & 7
+			if v := g.vals[p]; t.keyOf(s, v) == h {
+				return int(gi)<<slotShift | p, v
+			}
+		}
+		for b := candidates(w1^want) & hiTags; b != 0; b &= b - 1 {
+			p := 8 + bits.TrailingZeros64(b)>>3&3
+			if v := g.vals[p]; t.keyOf(s, v) == h {
+				return int(gi)<<slotShift | p, v
+			}
+		}
+		if g.over == 0 {
+			return -1, 0
+		}
+	}
+}
+
+// probe looks h up: found, it returns h's slot; otherwise a free slot in
+// the first group from h's home that has one, if the probe reached it (else
+// -1), and the tag a value of h gets, for insertAt.
 func (t *table) probe(s *store, h uint64) (i int, tag uint8, found bool) {
-	if t.size() == 0 {
+	if len(t.g) == 0 {
 		return -1, 0, false
 	}
-	mask := uint64(t.size() - 1)
+	mask := uint64(len(t.g) - 1)
 	m := mix(h)
-	fp := fpOf(m)
-	d := uint8(0)
-	for j := m & mask; ; j = (j + 1) & mask {
-		idx := t.get(int(j))
-		if idx == 0 {
-			return int(j), fp | d, false
+	tag = tagOf(m)
+	want := lsbs * uint64(tag)
+	free := -1
+	for gi := m & mask; ; gi = (gi + 1) & mask {
+		g := &t.g[gi]
+		w0, w1 := g.tagWords()
+		for b := candidates(w0 ^ want); b != 0; b &= b - 1 {
+			p := bits.TrailingZeros64(b) >> 3 & 7
+			if t.keyOf(s, g.vals[p]) == h {
+				return int(gi)<<slotShift | p, 0, true
+			}
 		}
-		if t.tagAt(int(j)) == fp|d && t.keyOf(s, idx) == h {
-			return int(j), 0, true
+		for b := candidates(w1^want) & hiTags; b != 0; b &= b - 1 {
+			p := 8 + bits.TrailingZeros64(b)>>3&3
+			if t.keyOf(s, g.vals[p]) == h {
+				return int(gi)<<slotShift | p, 0, true
+			}
 		}
-		if d < dispMax {
-			d++
+		if free < 0 {
+			if b := zeroBytes(w0); b != 0 {
+				free = int(gi)<<slotShift | bits.TrailingZeros64(b)>>3
+			} else if b := zeroBytes(w1) & hiTags; b != 0 {
+				free = int(gi)<<slotShift | 8 + bits.TrailingZeros64(b)>>3
+			}
+		}
+		if g.over == 0 {
+			return free, tag, false
 		}
 	}
 }
 
-// insertAt adds idx under h, which must not be present, at the empty slot i
+// insertAt adds idx under h, which must not be present, at the free slot i
 // with tag that probe returned, unless the table must grow first (or i < 0):
-// then it probes again.
+// then it places it anew.
 func (t *table) insertAt(s *store, h uint64, i int, tag uint8, idx uint32) {
-	if i < 0 || (t.n+1)*4 > t.size()*3 {
+	if i < 0 || t.n+1 > len(t.g)*maxLoad {
 		t.insert(s, h, idx)
 		return
 	}
-	t.set(i, idx, tag)
+	gi := i >> slotShift
+	t.overflow(h, gi)
+	g := &t.g[gi]
+	g.tags[i&(1<<slotShift-1)] = tag
+	g.vals[i&(1<<slotShift-1)] = idx
 	t.n++
+}
+
+// overflow counts a value of h placed in group gi in the overflow counts of
+// the groups its probe passed.
+func (t *table) overflow(h uint64, gi int) {
+	mask := len(t.g) - 1
+	for j := int(mix(h)) & mask; j != gi; j = (j + 1) & mask {
+		if t.g[j].over < overMax {
+			t.g[j].over++
+		}
+	}
 }
 
 // insert adds idx under h, which must not be present.
 func (t *table) insert(s *store, h uint64, idx uint32) {
-	if (t.n+1)*4 > t.size()*3 {
+	if t.n+1 > len(t.g)*maxLoad {
 		t.grow(s)
 	}
 	t.place(h, idx)
 	t.n++
 }
 
-// place puts idx in the first free slot from h's home.
+// place puts idx in the first free slot from h's home group.
 func (t *table) place(h uint64, idx uint32) {
-	mask := uint64(t.size() - 1)
+	mask := uint64(len(t.g) - 1)
 	m := mix(h)
-	i := m & mask
-	d := uint8(0)
-	for t.get(int(i)) != 0 {
-		i = (i + 1) & mask
-		if d < dispMax {
-			d++
+	for gi := m & mask; ; gi = (gi + 1) & mask {
+		g := &t.g[gi]
+		w0, w1 := g.tagWords()
+		p := -1
+		if b := zeroBytes(w0); b != 0 {
+			p = bits.TrailingZeros64(b) >> 3
+		} else if b := zeroBytes(w1) & hiTags; b != 0 {
+			p = 8 + bits.TrailingZeros64(b)>>3
+		}
+		if p >= 0 {
+			g.tags[p], g.vals[p] = tagOf(m), idx
+			return
+		}
+		if g.over < overMax {
+			g.over++
 		}
 	}
-	t.set(int(i), idx, fpOf(m)|d)
 }
 
 func (t *table) grow(s *store) {
-	size := 16
-	if t.size() > 0 {
-		size = t.size() * 2
-	}
-	t.rehash(s, size)
+	t.rehash(s, max(1, 2*len(t.g)))
 }
 
-// rehash moves the values into a table of size slots (a power of two that
-// holds them). Finding a value's key loads its entry or record, a cache
-// miss in a large index; the keys of rehashBatch values are loaded in a
-// loop of independent loads before they are placed, so that the processor
+// rehash moves the values into a table of groups groups (a power of two
+// that holds them). Finding a value's key loads its entry or record, a
+// cache miss in a large index; the keys of rehashBatch values are loaded in
+// a loop of independent loads before they are placed, so that the processor
 // overlaps those misses instead of taking them one after another.
-func (t *table) rehash(s *store, size int) {
+func (t *table) rehash(s *store, groups int) {
 	old := *t
-	t.b = make([]byte, 5*size)
+	t.g = make([]group, groups)
 	var idxs [rehashBatch]uint32
 	var hs [rehashBatch]uint64
 	for i := 0; i < old.size(); {
@@ -192,52 +301,43 @@ func (t *table) rehash(s *store, size int) {
 const rehashBatch = 64
 
 // reserve sizes the table for n values without growing: the smallest power
-// of two of at least 16 slots that holds n at a load of at most 3/4, unless
-// it is that large already; present values are rehashed.
+// of two of groups that holds n at the maximum load, unless it is that large
+// already; present values are rehashed.
 func (t *table) reserve(s *store, n int) {
-	size := 16
-	for n*4 > size*3 {
-		size *= 2
+	groups := 1
+	for n > groups*maxLoad {
+		groups *= 2
 	}
-	if size > t.size() {
-		t.rehash(s, size)
+	if groups > len(t.g) {
+		t.rehash(s, groups)
 	}
 }
 
-// deleteSlot empties slot i, shifting later entries of its probe run back.
+// deleteSlot frees slot i and takes its value out of the overflow counts of
+// the groups before it from its home (none when it sits at home). No other
+// value moves.
 func (t *table) deleteSlot(s *store, i int) {
-	mask := t.size() - 1
-	j := i
-	for {
-		j = (j + 1) & mask
-		idx := t.get(j)
-		if idx == 0 {
-			break
-		}
-		var home int
-		if d := t.dispAt(j); d < dispMax {
-			home = (j - int(d)) & mask
-		} else {
-			home = int(mix(t.keyOf(s, idx))) & mask
-		}
-		// Move idx into the hole at i unless its home lies cyclically in (i, j].
-		if (i <= j && (home <= i || home > j)) || (i > j && home <= i && home > j) {
-			t.set(i, idx, t.tagAt(j)&^dispMax|uint8(min((i-home)&mask, dispMax)))
-			i = j
+	gi, p := i>>slotShift, i&(1<<slotShift-1)
+	g := &t.g[gi]
+	v := g.vals[p]
+	g.tags[p], g.vals[p] = 0, 0
+	t.n--
+	mask := len(t.g) - 1
+	for j := int(mix(t.keyOf(s, v))) & mask; j != gi; j = (j + 1) & mask {
+		if t.g[j].over < overMax {
+			t.g[j].over--
 		}
 	}
-	t.set(i, 0, 0)
-	t.n--
 }
 
 // reset empties the table, keeping small allocations.
 func (t *table) reset() {
-	if t.size() > 1024 {
-		t.b = nil
+	if len(t.g) > 16 {
+		t.g = nil
 	} else {
-		clear(t.b)
+		clear(t.g)
 	}
 	t.n = 0
 }
 
-func (t *table) bytes() int64 { return int64(cap(t.b)) }
+func (t *table) bytes() int64 { return int64(cap(t.g)) * int64(unsafe.Sizeof(group{})) }

@@ -2,8 +2,8 @@ package kvindex
 
 import "kvrouter/internal/vllm"
 
-// Applying a batch costs a few cache misses per block (table slots, the
-// entry, its key's slot), each on the previous one's
+// Applying a batch costs a few cache misses per block (table groups, the
+// entry, its key's group), each on the previous one's
 // result. The warm passes below load, ahead of the real work, what it will
 // touch, in loops whose iterations do not depend on each other, so that the
 // processor overlaps the misses of many blocks instead of taking them one
@@ -51,8 +51,8 @@ func (x *Exact) warmRemovals(id ReplicaID, rank int32, b *vllm.Batch) {
 const warmChunk = 64
 
 // warmWindow touches, for the gathered removals [x.warmEnd, +warmChunk),
-// their source-table slot, then their entry, then their key's key-table
-// slot, and records what it found for warmSlot. Caller holds x.mu.
+// their source-table group, then their entry, then their key's key-table
+// home group, and records what it found for warmSlot. Caller holds x.mu.
 func (x *Exact) warmWindow() {
 	st := &x.st
 	lo := x.warmEnd
@@ -63,10 +63,10 @@ func (x *Exact) warmWindow() {
 	for k := range buf {
 		w := &buf[k]
 		if t := &st.srcs[w.src].tab; t.size() > 0 {
-			sink += uint64(t.b[5*(mix(w.h)&uint64(t.size()-1))])
+			sink += uint64(t.touch(w.h))
 		}
 	}
-	kmask := uint64(st.keys.size() - 1)
+	kmask := uint64(len(st.keys.g) - 1)
 	for k := range buf {
 		w := &buf[k]
 		t := &st.srcs[w.src].tab
@@ -79,7 +79,7 @@ func (x *Exact) warmWindow() {
 	if st.keys.size() > 0 {
 		for _, w := range buf {
 			if w.slot != noWarm {
-				sink += uint64(st.keys.b[5*w.slot])
+				sink += uint64(st.keys.g[w.slot].over)
 			}
 		}
 	}
@@ -87,7 +87,7 @@ func (x *Exact) warmWindow() {
 }
 
 // warmItem is a removal gathered by warmRemovals: the engine hash, its
-// source, a table slot to load (noWarm: none), and the source-table slot
+// source, a key-table group to load (noWarm: none), and the source-table slot
 // and entry the hash had then (noWarm, 0: none), for warmSlot.
 type warmItem struct {
 	h     uint64
@@ -107,10 +107,8 @@ func (x *Exact) warmStores(src uint32, hs []vllm.BlockHash, keys []Key) {
 		return
 	}
 	var sink uint64
-	mask := uint64(t.size() - 1)
-	kmask := uint64(x.st.keys.size() - 1)
 	for i, k := range keys {
-		sink += uint64(t.get(int(mix(uint64(hs[i]))&mask))) + uint64(x.st.keys.get(int(mix(uint64(k))&kmask)))
+		sink += uint64(t.touch(uint64(hs[i]))) + uint64(x.st.keys.touch(uint64(k)))
 	}
 	x.sink += sink
 }
