@@ -47,7 +47,9 @@ type Deps struct {
 // Group is one configured model group as admission sees it. Built by the
 // front once per group; read-only afterwards.
 type Group struct {
-	Cfg    config.Model
+	// Cfg is the group's configuration (config.Model).
+	Cfg config.Model
+	// Router chooses the group's engine for each request. Required.
 	Router group.Router
 	// Tok tokenizes the group's prompts; nil: tokenizer "none".
 	Tok group.Tokenizer
@@ -81,8 +83,10 @@ func New(cfg config.Config, groups map[string]*Group, deps Deps, log *slog.Logge
 type Flow struct {
 	// Ctx is the request's context (its trace span's), cancelled when the
 	// client leaves.
-	Ctx   context.Context
-	ID    string
+	Ctx context.Context
+	// ID is the request id (the client's x-request-id, or a new one).
+	ID string
+	// Start is when the front received the request (Deps.Now).
 	Start time.Time
 	// Header returns a client request header's first value ("" when
 	// absent). Required.
@@ -92,7 +96,9 @@ type Flow struct {
 	Metrics *frontmetrics.Front
 	// Span is the request's trace span (nil or a no-op one when tracing
 	// is off).
-	Span  trace.Span
+	Span trace.Span
+	// Req is the request as its group serves it (after a Rewriter), set
+	// by Admit once parsed and checked.
 	Req   *request.Parsed
 	Asked string // the model the body named, "" when it was not read
 	// Group is the request's model group, set by Admit once the request

@@ -186,6 +186,7 @@ func (s *Server) noReplica(x *exchange, retry time.Duration, err error) {
 // the front's stages of each of its group's features (frontStages), and
 // sets x's model group.
 func (s *Server) admit(ctx context.Context, x *exchange, k request.Kind, body []byte) *request.Error {
+	x.hooks = newHooks(x)
 	x.Plug = func(ctx context.Context, f admission.Feature, g *admission.Group) {
 		if st, ok := f.(frontStages); ok {
 			st.plug(ctx, x, s.models[g.Cfg.Name])
