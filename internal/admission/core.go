@@ -120,8 +120,8 @@ type Flow struct {
 	route func(in *group.RouteInput)
 }
 
-// NoHeader is the header of a request without headers.
-func NoHeader(string) string { return "" }
+// noHeader is the header of a request without headers.
+func noHeader(string) string { return "" }
 
 // Admit parses body as a request of kind k, resolves its model group
 // (Lookup), runs the group's features (doc.go), checks it, builds the

@@ -79,7 +79,7 @@ func TestAdmitPlugsEachFeatureOnce(t *testing.T) {
 				rewriter{stage{name: "alias", log: &log}},
 				stage{name: "check", log: &log, refuse: tc.refuse},
 				stage{name: "last", log: &log})
-			x := &Flow{Ctx: context.Background(), ID: "r1", Header: NoHeader,
+			x := &Flow{Ctx: context.Background(), ID: "r1", Header: noHeader,
 				Plug: func(_ context.Context, f Feature, g *Group) {
 					if g == nil || g.Cfg.Name != "m" {
 						t.Errorf("plug of %v with group %v, want m", f, g)
@@ -113,7 +113,7 @@ func TestAdmitPlugsEachFeatureOnce(t *testing.T) {
 func TestAdmitUnknownModel(t *testing.T) {
 	var log []string
 	c := newTestCore(t, stage{name: "check", log: &log})
-	x := &Flow{Ctx: context.Background(), Header: NoHeader}
+	x := &Flow{Ctx: context.Background(), Header: noHeader}
 	e := c.Admit(context.Background(), x, request.Completion, []byte(`{"model":"other","prompt":"hi"}`))
 	if e == nil || e.Type != request.UnknownModel || e.Param != "model" {
 		t.Fatalf("Admit: %+v, want an unknown model error on param model", e)
@@ -130,7 +130,7 @@ func TestRouteStagesInOrder(t *testing.T) {
 	c := newTestCore(t,
 		stage{name: "a", log: &log, route: func(in *group.RouteInput) { in.LoRA += "a" }},
 		stage{name: "b", log: &log, route: func(in *group.RouteInput) { in.LoRA += "b" }})
-	x := &Flow{Ctx: context.Background(), ID: "r1", Header: NoHeader}
+	x := &Flow{Ctx: context.Background(), ID: "r1", Header: noHeader}
 	body := []byte(`{"model":"m","prompt":"hi"}`)
 	if e := c.Admit(context.Background(), x, request.Completion, body); e != nil {
 		t.Fatal(e)

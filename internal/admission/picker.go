@@ -79,7 +79,7 @@ const outcomeShed = frontmetrics.OutcomeShed
 // holds a load lease on its replica and predicted blocks until End.
 func (p *Picker) Pick(ctx context.Context, in pick.Input) (*pick.Pick, *pick.Error) {
 	s := p.s
-	header := NoHeader
+	header := noHeader
 	if in.Header != nil {
 		header = func(name string) string { return in.Header(strings.ToLower(name)) }
 	}

@@ -77,7 +77,7 @@ func (s *Server) servePassthrough(w http.ResponseWriter, r *http.Request) {
 			message: fmt.Sprintf("The model `%s` does not exist.", truncate(name, maxEcho))}, outcomeBadRequest)
 		return
 	}
-	x.m, x.Req = m, &request.Parsed{Model: m.Cfg.Name, Body: body}
+	x.m, x.Group, x.Req = m, m.Group, &request.Parsed{Model: m.Cfg.Name, Body: body}
 	eps, retry, err := s.deps.Fleet.Healthy(nil, m.Cfg.Name)
 	if adapter != "" {
 		eps = slices.DeleteFunc(eps, func(ep *fleet.Endpoint) bool { return !ep.Listed(adapter) })

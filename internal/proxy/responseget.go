@@ -78,7 +78,7 @@ func (s *Server) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 		if m == nil {
 			continue
 		}
-		x.m, x.Req.Model, x.Asked, x.replica = m, m.Cfg.Name, m.Cfg.Name, name
+		x.m, x.Group, x.Req.Model, x.Asked, x.replica = m, m.Group, m.Cfg.Name, m.Cfg.Name, name
 		if !s.askByID(x.Ctx, x, ep, p, i < len(order)-1) {
 			return
 		}
