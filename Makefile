@@ -74,7 +74,9 @@ deps:
 	@for p in ./internal/routing ./internal/kvindex ./internal/group ./internal/pick; do \
 		if $(GO) list -deps $$p 2>/dev/null | grep -qx 'net/http'; then \
 			echo "$$p imports net/http"; exit 1; fi; done
-	@for p in ./internal/config ./internal/group ./internal/proxy; do \
+	@if $(GO) list -f '{{join .Imports "\n"}}' ./internal/admission 2>/dev/null | grep -qx 'net/http'; then \
+		echo "./internal/admission imports net/http"; exit 1; fi
+	@for p in ./internal/config ./internal/group ./internal/admission ./internal/proxy; do \
 		if $(GO) list -deps $$p 2>/dev/null | grep -q -e '^k8s\.io/' -e 'zmq'; then \
 			echo "$$p imports k8s.io/ or ZeroMQ"; exit 1; fi; done
 	@if $(GO) list -deps ./internal/epp 2>/dev/null | grep -qx 'kvrouter/internal/proxy'; then \

@@ -4,8 +4,8 @@
 // processing protocol (envoy.service.ext_proc.v3.ExternalProcessor, gRPC),
 // which Pod of an InferencePool serves each request; the gateway forwards
 // the request itself. The request is parsed, tokenized and routed by the
-// HTTP front's own routing core (a Picker, proxy.Server.Picker; the
-// contract is package pick): same models, routers, index, policies and
+// HTTP front's own routing core (an admission.Picker, from
+// proxy.Server.Picker; the contract is package pick): same models, routers, index, policies and
 // load leases, so `kvrouter serve` and `kvrouter epp` pick alike.
 //
 // Protocol: the Endpoint Picker Protocol v1.0.0,

@@ -36,7 +36,7 @@ type picker interface {
 }
 
 // Picker is the routing core the EPP asks: the HTTP front's own
-// (proxy.Server.Picker), so that both fronts parse, tokenize and route
+// (admission.Picker, from proxy.Server.Picker), so that both fronts parse, tokenize and route
 // alike.
 type Picker interface {
 	picker

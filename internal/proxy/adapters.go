@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"kvrouter/internal/admission"
 	"kvrouter/internal/group"
 	"net/http"
 	"strings"
@@ -42,23 +43,11 @@ import (
 // adapterTimeout bounds one POST /v1/load_lora_adapter.
 const adapterTimeout = 2 * time.Minute
 
-// adapterModel returns the group serving adapter name: the group that
-// configures it, else one whose engines list it with the group's name as
-// parent.
-func (s *core) adapterModel(name string) (*model, bool) {
-	for _, m := range s.models {
-		for _, a := range m.cfg.Adapters {
-			if a.Name == name {
-				return m, true
-			}
-		}
-	}
-	for _, ep := range s.deps.Fleet.All() {
-		if parent, ok := ep.AdapterParent(name); ok {
-			if m, ok := s.models[parent]; ok {
-				return m, true
-			}
-		}
+// adapterModel returns the group serving adapter name
+// (admission.Core.AdapterGroup).
+func (s *Server) adapterModel(name string) (*model, bool) {
+	if g := s.core.AdapterGroup(name); g != nil {
+		return s.models[g.Cfg.Name], true
 	}
 	return nil, false
 }
@@ -68,13 +57,23 @@ func (s *core) adapterModel(name string) (*model, bool) {
 // loaded on the chosen one (hooks route, engines, chosen).
 type adapterFeature struct{ s *Server }
 
-// admit plugs x's adapter stages in when x names an adapter.
-func (f adapterFeature) admit(_ context.Context, x *flow) *request.Error {
-	if x.req.Model == x.m.cfg.Name {
+// Admit adds x's adapter key to its route when x names an adapter.
+func (f adapterFeature) Admit(_ context.Context, x *admission.Flow) *request.Error {
+	if x.Req.Model == x.Group.Cfg.Name {
 		return nil // the base model (or an alias of it)
 	}
-	a := &adapterUse{name: x.req.Model, m: x.m}
-	x.hooks.addRoute(func(in *group.RouteInput) { in.LoRA = a.name })
+	name := x.Req.Model
+	x.AddRoute(func(in *group.RouteInput) { in.LoRA = name })
+	return nil
+}
+
+// plug narrows x's engines to the adapter's holders and loads it on the
+// chosen one when none holds it, when x names an adapter.
+func (f adapterFeature) plug(_ context.Context, x *exchange, m *model) {
+	if x.Req.Model == m.Cfg.Name {
+		return // the base model (or an alias of it)
+	}
+	a := &adapterUse{name: x.Req.Model, m: m}
 	x.hooks.addEngines(a.engines)
 	x.hooks.chosen = func(ctx context.Context, x *exchange, ep *fleet.Endpoint) bool {
 		if !a.load {
@@ -82,13 +81,12 @@ func (f adapterFeature) admit(_ context.Context, x *flow) *request.Error {
 		}
 		if err := f.s.ensureAdapter(ctx, a, ep); err != nil {
 			f.s.fail(x, &apiError{status: http.StatusServiceUnavailable, typ: typeServiceUnavailable, retryAfter: time.Second,
-				message: fmt.Sprintf("LoRA adapter %q could not be loaded on replica %s (request id %s)", a.name, ep.Name(), x.id)}, outcomeUpstream)
+				message: fmt.Sprintf("LoRA adapter %q could not be loaded on replica %s (request id %s)", a.name, ep.Name(), x.ID)}, outcomeUpstream)
 			x.err = err
 			return false
 		}
 		return true
 	}
-	return nil
 }
 
 // adapterUse is one request's adapter: its name, its group, and whether
@@ -102,7 +100,7 @@ type adapterUse struct {
 
 // path is the configured lora_path of the adapter ("" none).
 func (a *adapterUse) path() string {
-	for _, c := range a.m.cfg.Adapters {
+	for _, c := range a.m.Cfg.Adapters {
 		if c.Name == a.name {
 			return c.Path
 		}
@@ -123,7 +121,7 @@ func (a *adapterUse) engines(eps []*fleet.Endpoint) ([]*fleet.Endpoint, error) {
 	if len(out) > 0 {
 		return out, nil
 	}
-	if a.m.cfg.AdapterLoading == config.AdapterLoadingLoad && a.path() != "" {
+	if a.m.Cfg.AdapterLoading == config.AdapterLoadingLoad && a.path() != "" {
 		a.load = true
 		return withFreeLoRASlot(eps, 0), nil
 	}
@@ -134,7 +132,7 @@ func (a *adapterUse) engines(eps []*fleet.Endpoint) ([]*fleet.Endpoint, error) {
 // model group, narrowed by its features (hooks.engines).
 func (s *Server) healthy(dst []*fleet.Endpoint, x *exchange) ([]*fleet.Endpoint, time.Duration, error) {
 	n := len(dst)
-	eps, retry, err := s.deps.Fleet.Healthy(dst, x.m.cfg.Name)
+	eps, retry, err := s.deps.Fleet.Healthy(dst, x.m.Cfg.Name)
 	if err != nil {
 		return eps, retry, err
 	}
@@ -201,7 +199,7 @@ func (s *Server) ensureAdapter(ctx context.Context, a *adapterUse, ep *fleet.End
 	defer cancel()
 	t0 := time.Now()
 	l.err = s.loadAdapter(lctx, a, ep)
-	group := a.m.cfg.Name
+	group := a.m.Cfg.Name
 	if l.err == nil {
 		ep.NoteAdapter(a.name, group)
 		s.fm.adapterLoads.WithLabelValues(group, ep.Name(), "ok").Inc()

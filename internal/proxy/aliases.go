@@ -10,6 +10,7 @@ import (
 	"slices"
 	"time"
 
+	"kvrouter/internal/admission"
 	"kvrouter/internal/config"
 	"kvrouter/internal/request"
 )
@@ -32,14 +33,11 @@ import (
 // delta before the answer reaches the client; kvrouter never logs response
 // bodies.
 
-// alias returns the alias called name and its group, or nil.
-func (s *core) alias(name string) (*config.Alias, *model) {
-	for _, m := range s.models {
-		for i := range m.cfg.Aliases {
-			if m.cfg.Aliases[i].Name == name {
-				return &m.cfg.Aliases[i], m
-			}
-		}
+// alias returns the alias called name and its group, or nil
+// (admission.Core.Alias).
+func (s *Server) alias(name string) (*config.Alias, *model) {
+	if al, g := s.core.Alias(name); al != nil {
+		return al, s.models[g.Cfg.Name]
 	}
 	return nil, nil
 }
@@ -49,18 +47,29 @@ func (s *core) alias(name string) (*config.Alias, *model) {
 // and its series recorded at its end (hooks.end).
 type aliasFeature struct{ s *Server }
 
-func (aliasFeature) admit(context.Context, *flow) *request.Error { return nil }
+// Admit does nothing: an alias is served by Rewrite.
+func (aliasFeature) Admit(context.Context, *admission.Flow) *request.Error { return nil }
 
-// rewrite rewrites the body of a request for an alias and parses it again;
+// Rewrite rewrites the body of a request for an alias and parses it again;
 // other requests are returned as they are.
-func (f aliasFeature) rewrite(_ context.Context, x *flow, m *model, req *request.Parsed, body []byte) (*request.Parsed, *request.Error) {
-	al := m.aliasNamed(req.Model)
+func (f aliasFeature) Rewrite(_ context.Context, _ *admission.Flow, g *admission.Group, req *request.Parsed, body []byte) (*request.Parsed, *request.Error) {
+	al := g.Alias(req.Model)
 	if al == nil {
 		return req, nil
 	}
-	out, err := rewriteAlias(al, body, m.cfg.Name, req.Kind == request.Chat)
+	out, err := rewriteAlias(al, body, g.Cfg.Name, req.Kind == request.Chat)
 	if err != nil {
 		return nil, request.Invalid("", err.Error())
+	}
+	return request.Parse(req.Kind, out)
+}
+
+// plug filters the answer of a request for an alias and records its
+// series at its end.
+func (f aliasFeature) plug(_ context.Context, x *exchange, m *model) {
+	al := m.Alias(x.Asked)
+	if al == nil {
+		return
 	}
 	u := &aliasUse{al: al}
 	x.hooks.filter = u.filter
@@ -68,17 +77,6 @@ func (f aliasFeature) rewrite(_ context.Context, x *flow, m *model, req *request
 		f.s.observeRoute(x, u)
 		return attrs
 	})
-	return request.Parse(req.Kind, out)
-}
-
-// aliasNamed is m's alias called name, or nil.
-func (m *model) aliasNamed(name string) *config.Alias {
-	for i := range m.cfg.Aliases {
-		if m.cfg.Aliases[i].Name == name {
-			return &m.cfg.Aliases[i]
-		}
-	}
-	return nil
 }
 
 // aliasUse is one request's use of an alias: what its answer reported.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"kvrouter/internal/admission"
 	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/group"
@@ -91,8 +92,8 @@ func BenchmarkRelayEvent(b *testing.B) {
 	buf := make([]byte, 32<<10)
 	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
 	w := &flushDiscard{h: http.Header{}}
-	x := &exchange{w: w, r: r, flow: flow{ctx: r.Context(), start: time.Now(), req: &request.Parsed{Model: "m"}}}
-	x.hooks = newHooks(&x.flow)
+	x := &exchange{w: w, r: r, Flow: admission.Flow{Ctx: r.Context(), Start: time.Now(), Req: &request.Parsed{Model: "m"}}}
+	x.hooks = newHooks(x)
 	b.ReportAllocs()
 	events := 0
 	for b.Loop() {
@@ -152,25 +153,25 @@ func BenchmarkRouteOverhead(b *testing.B) {
 		}, 513},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			srv := newBenchServer(b, "http://127.0.0.1:1", TokenSource{Src: src})
+			srv := newBenchServer(b, "http://127.0.0.1:1", admission.TokenSource{Src: src})
 			b.ReportAllocs()
 			i, tokens := 0, 0
 			for b.Loop() {
 				i++
 				r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil).WithContext(context.Background())
-				x := &exchange{w: httptest.NewRecorder(), r: r, flow: flow{ctx: r.Context(), header: r.Header.Get, start: time.Now()}}
-				x.hooks = newHooks(&x.flow)
-				if !srv.parse(x.ctx, x, tc.k, tc.body(i)) {
+				x := &exchange{w: httptest.NewRecorder(), r: r, Flow: admission.Flow{Ctx: r.Context(), Header: r.Header.Get, Start: time.Now()}}
+				x.hooks = newHooks(x)
+				if !srv.parse(x.Ctx, x, tc.k, tc.body(i)) {
 					b.Fatal("parse failed")
 				}
-				d, err := srv.decide(&x.flow, srv.routeInput(&x.flow, []string{"e0"}, false))
+				d, err := srv.core.Decide(x.Ctx, &x.Flow, srv.core.RouteInput(x.Ctx, &x.Flow, []string{"e0"}, false))
 				if err != nil {
 					b.Fatal(err)
 				}
 				if d.Release != nil {
 					d.Release()
 				}
-				tokens = len(x.tokens)
+				tokens = len(x.Tokens)
 			}
 			if tokens < tc.minTokens {
 				b.Fatalf("prompt has %d tokens, want >= %d", tokens, tc.minTokens)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"kvrouter/internal/admission"
 	"kvrouter/internal/request"
 	"kvrouter/internal/tokenizer"
 )
@@ -168,18 +169,18 @@ func freshConversation(body []byte, n int) []byte {
 // prompt's token count.
 func routeRequest(b *testing.B, srv *Server, body []byte) int {
 	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil).WithContext(context.Background())
-	x := &exchange{w: httptest.NewRecorder(), r: r, flow: flow{ctx: r.Context(), header: r.Header.Get, start: time.Now()}}
-	if !srv.parse(x.ctx, x, request.Chat, body) {
+	x := &exchange{w: httptest.NewRecorder(), r: r, Flow: admission.Flow{Ctx: r.Context(), Header: r.Header.Get, Start: time.Now()}}
+	if !srv.parse(x.Ctx, x, request.Chat, body) {
 		b.Fatal("parse failed")
 	}
-	d, err := srv.decide(&x.flow, srv.routeInput(&x.flow, []string{"e0"}, false))
+	d, err := srv.core.Decide(x.Ctx, &x.Flow, srv.core.RouteInput(x.Ctx, &x.Flow, []string{"e0"}, false))
 	if err != nil {
 		b.Fatal(err)
 	}
 	if d.Release != nil {
 		d.Release()
 	}
-	return len(x.tokens)
+	return len(x.Tokens)
 }
 
 // measuredRequest is routeRequest for the measured requests only, so
@@ -243,7 +244,7 @@ func BenchmarkRequestCPU(b *testing.B) {
 		cont bool // continue a conversation routed just before (untimed)
 	}{{"conv=new/tokens=100k", false}, {"conv=continue/tokens=100k", true}} {
 		b.Run(tc.name, func(b *testing.B) {
-			srv := newBenchServer(b, "http://127.0.0.1:1", TokenSource{Src: src})
+			srv := newBenchServer(b, "http://127.0.0.1:1", admission.TokenSource{Src: src})
 			route := func(body []byte) int { return routeRequest(b, srv, body) }
 			next++
 			tokens := route(freshConversation(base, next)) // warms the word cache, as a running router's is

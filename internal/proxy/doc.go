@@ -11,24 +11,28 @@
 // body lists every engine's state; ?full=1 wants every engine), GET
 // /metrics (the registry given to Deps).
 //
-// Request path: the routing core (core.go, no net/http) admits a request
-// (parse with package request, resolve the model group by name, alias or
-// LoRA adapter, check, tokenize) and routes it; both fronts call it: the
-// HTTP handlers here, which then forward and relay, and the Picker
-// (picker.go), which serves the endpoint picker (package epp) through the
-// contract of package pick. Errors before routing are request.Error values
-// this package answers in OpenAI's error JSON.
+// Request path: package admission (no net/http) admits a request (parse
+// with package request, resolve the model group by name, alias or LoRA
+// adapter, run the group's features, check, tokenize) and routes it; both
+// fronts use the same admission.Core: the HTTP handlers here, which then
+// forward and relay, and the endpoint picker (package epp), which gets it
+// as an admission.Picker from Server.Picker. Errors before routing are
+// request.Error values this package answers in OpenAI's error JSON.
 //
 // Per-request features (feature.go): route aliases (aliases.go), LoRA
 // adapters (adapters.go), media limits (media.go), response pinning
 // (responsepin.go) and P/D legs (pd.go) are values registered once per
-// model group. The core calls each for every request of its group; each
-// checks the request and plugs in per-request hooks (route input, engines
-// allowed, a plan before the first attempt, the body per engine, which
-// failures are retried, a filter on the answer, a step at the end), the
-// way httputil.ReverseProxy takes Rewrite and ModifyResponse. The request
-// path (handle.go, forward.go, relay.go) calls the hooks and names no
-// feature.
+// model group (newFeatures). Admission runs their stages both fronts
+// need (admission.Feature, admission.Rewriter: rewrite, check, the route
+// input); the stages only this front runs are declared here
+// (frontStages): each feature admission passed plugs its per-request
+// hooks into the exchange (engines allowed, a plan before the first
+// attempt, the body per engine, which failures are retried, a filter on
+// the answer, a step at the end), the way httputil.ReverseProxy takes
+// Rewrite and ModifyResponse. The request path (handle.go, forward.go,
+// relay.go) calls the hooks and names no feature. A new per-request
+// feature is a type in feature.go's style, registered in newFeatures:
+// Admit for what both fronts must do, plug for this front's stages.
 //
 // Forwarding: the body is forwarded as received, except that
 // vllm_xargs.kv_cache_report_mode = "full" is merged in (config.Config

@@ -192,7 +192,7 @@ func TestTooLongAnsweredWithoutForwarding(t *testing.T) {
 			go func() { fleetDone <- rg.fleet.Run(ctx) }() // its model check reads /v1/models
 			t.Cleanup(func() { cancel(); <-done; <-fleetDone })
 			deadline := time.Now().Add(5 * time.Second)
-			for rg.srv.maxModelLen("m") != 4096 {
+			for rg.srv.core.MaxModelLen("m") != 4096 {
 				if time.Now().After(deadline) {
 					t.Fatal("max_model_len not learned from /v1/models")
 				}

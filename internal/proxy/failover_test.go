@@ -45,7 +45,7 @@ func TestFailoverTokenizer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rg.srv.models["m"].tok = ft
+	rg.srv.models["m"].Tok = ft
 	route := func() (bool, int) {
 		t.Helper()
 		var d struct {

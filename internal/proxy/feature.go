@@ -2,55 +2,45 @@ package proxy
 
 import (
 	"context"
-	"kvrouter/internal/config"
-	"kvrouter/internal/group"
 	"log/slog"
 
+	"kvrouter/internal/admission"
+	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
-	"kvrouter/internal/request"
 )
 
 // Features: the optional per-request behaviours of a model group (route
 // aliases, LoRA adapters, media limits, response pinning, P/D legs). Each
-// is a value registered once when the group is built (newFeatures); the
-// request path knows none of them. For every request of the group the
-// routing core calls the registered features in order: a rewriter first
-// (before any check; an alias's body is rewritten and parsed again), then
-// each admit, which checks the request and plugs the request's hooks in.
-// The hooks (a per-request set of stages, as httputil.ReverseProxy takes
-// Rewrite, ModifyResponse and ErrorHandler) are what the HTTP front and
-// the core call at fixed points; a feature keeps its per-request state in
-// the closures it plugs in. Every hook has a default that does nothing, so
-// the request path calls them without asking which feature is there.
+// is a value registered once when the group is built (newFeatures) and
+// run by admission (package admission: its Rewrite and Admit stages, for
+// both fronts). The stages only the HTTP front runs are declared here as
+// frontStages: admission calls the front back once per feature that
+// passed (Server.admit), and the feature plugs its stages into the
+// exchange's hooks. The hooks (a per-request set of stages, as
+// httputil.ReverseProxy takes Rewrite, ModifyResponse and ErrorHandler)
+// are what forward, relay and finish call at fixed points; a feature keeps
+// its per-request state in the closures it plugs in. Every hook has a
+// default that does nothing, so the request path calls them without
+// asking which feature is there.
 //
-// A new per-request feature is a type here with admit (and rewrite if it
-// changes the request before it is checked), registered in newFeatures,
-// using the hooks below; a stage none of them offers is a new hook field
-// with its default and one call in the request path.
+// A new per-request feature is a type here with admission.Feature's Admit
+// (and admission.Rewriter's Rewrite if it changes the request before it
+// is checked) for what the endpoint picker must do too, and plug for the
+// HTTP front's stages, registered in newFeatures; a stage none of the
+// hooks offers is a new hook field with its default and one call in the
+// request path.
 
-// feature is one optional behaviour of a model group.
-type feature interface {
-	// admit checks x, whose group and request are known, and plugs its
-	// hooks into x.hooks; the error answers the request.
-	admit(ctx context.Context, x *flow) *request.Error
+// frontStages is a feature with stages of the HTTP front: plug adds them
+// to x.hooks once admission passed the feature; m is x's group.
+type frontStages interface {
+	plug(ctx context.Context, x *exchange, m *model)
 }
 
-// rewriter is a feature that may replace a request before it is checked:
-// req was parsed from body and names group m (x.m is not set yet); the
-// result is the request as the group serves it.
-type rewriter interface {
-	rewrite(ctx context.Context, x *flow, m *model, req *request.Parsed, body []byte) (*request.Parsed, *request.Error)
-}
-
-// hooks are one request's stages, plugged in by its group's features.
-// Stages of the HTTP front (forwarding, relaying, the log line) take its
-// exchange; the endpoint picker calls only route. Each field is set by
-// newHooks and never nil but filter; features compose with what is there.
+// hooks are one request's stages of the HTTP front, plugged in by its
+// group's features. (The route stage is admission's: Flow.AddRoute.)
+// Each field is set by newHooks and never nil but filter; features compose
+// with what is there.
 type hooks struct {
-	// route completes the router's input (before the media keys and the
-	// prefix_chars text): an adapter's LoRA key, a P/D decode leg routed
-	// by load.
-	route func(in *group.RouteInput)
 	// engines narrows the group's healthy engines a request may use, in
 	// place: an adapter's holders, a P/D leg's pool, a pinned response's
 	// engine for this attempt. The error says why none is left.
@@ -65,7 +55,7 @@ type hooks struct {
 	// request is sent; false when it answered the request (an adapter
 	// that could not be loaded there).
 	chosen func(ctx context.Context, x *exchange, ep *fleet.Endpoint) bool
-	// body is the body sent to engine (default: the flow's fwd).
+	// body is the body sent to engine (default: the flow's Fwd).
 	body func(engine string) []byte
 	// retry reports whether an attempt (0-based) that failed with status
 	// (0: a connection error, nothing received) may be followed by another
@@ -83,25 +73,18 @@ type hooks struct {
 
 // newHooks are x's default stages: nothing added, the group's retry
 // policy.
-func newHooks(x *flow) hooks {
+func newHooks(x *exchange) hooks {
 	return hooks{
-		route:   func(*group.RouteInput) {},
 		engines: func(eps []*fleet.Endpoint) ([]*fleet.Endpoint, error) { return eps, nil },
 		plan:    func(context.Context, *exchange) bool { return true },
 		explain: func(context.Context, *exchange) bool { return false },
 		chosen:  func(context.Context, *exchange, *fleet.Endpoint) bool { return true },
-		body:    func(string) []byte { return x.fwd },
+		body:    func(string) []byte { return x.Fwd },
 		retry: func(attempt, status int) bool {
-			return attempt < x.m.cfg.Retries && (status == 0 || retryableStatus(status))
+			return attempt < x.m.Cfg.Retries && (status == 0 || retryableStatus(status))
 		},
 		end: func(_ *exchange, attrs []slog.Attr) []slog.Attr { return attrs },
 	}
-}
-
-// addRoute runs f after the route stages already there.
-func (h *hooks) addRoute(f func(in *group.RouteInput)) {
-	prev := h.route
-	h.route = func(in *group.RouteInput) { prev(in); f(in) }
 }
 
 // addEngines narrows after the engines stages already there.
@@ -130,8 +113,8 @@ func (h *hooks) addEnd(f func(x *exchange, attrs []slog.Attr) []slog.Attr) {
 
 // newFeatures are the features of group mc in the order they run: route
 // aliases (rewrite), LoRA adapters, media limits, response pinning, P/D.
-func newFeatures(s *Server, mc *config.Model, pd *pdGroup) []feature {
-	var fs []feature
+func newFeatures(s *Server, mc *config.Model, pd *pdGroup) []admission.Feature {
+	var fs []admission.Feature
 	if len(mc.Aliases) > 0 {
 		fs = append(fs, aliasFeature{s: s})
 	}
@@ -143,3 +126,11 @@ func newFeatures(s *Server, mc *config.Model, pd *pdGroup) []feature {
 	}
 	return fs
 }
+
+var (
+	_ admission.Rewriter = aliasFeature{}
+	_ frontStages        = aliasFeature{}
+	_ frontStages        = adapterFeature{}
+	_ frontStages        = pinFeature{}
+	_ frontStages        = pdFeature{}
+)

@@ -37,7 +37,7 @@ func (s *Server) forward(ctx context.Context, x *exchange) {
 	if !x.hooks.plan(ctx, x) {
 		return
 	}
-	if e := s.tooLong(&x.flow); e != nil {
+	if e := s.core.TooLong(ctx, &x.Flow); e != nil {
 		s.fail(x, requestError(e), outcomeBadRequest)
 		return
 	}
@@ -61,7 +61,7 @@ func (s *Server) forward(ctx context.Context, x *exchange) {
 			s.noReplica(x, retry, err)
 			return
 		}
-		d, err := s.decide(&x.flow, s.routeInput(&x.flow, cands, false))
+		d, err := s.core.Decide(x.Ctx, &x.Flow, s.core.RouteInput(x.Ctx, &x.Flow, cands, false))
 		if err != nil {
 			if errors.Is(err, routing.ErrNoReplica) && reroutes < maxReroutes {
 				// The group lost its candidates after Healthy listed them
@@ -108,9 +108,9 @@ func (s *Server) observeDecision(x *exchange, d group.Decision) {
 	s.holds.Hold(&x.held, d.Replica)
 	x.replica, x.cached, x.indexCached = d.Replica, d.CachedTokens, d.IndexCachedTokens
 	s.traceDecision(x, d)
-	model := x.req.Model
-	if x.tokens != nil {
-		s.m.promptTokens.WithLabelValues(model).Observe(float64(len(x.tokens)))
+	model := x.Req.Model
+	if x.Tokens != nil {
+		s.m.promptTokens.WithLabelValues(model).Observe(float64(len(x.Tokens)))
 		s.m.cachedTokens.WithLabelValues(model).Observe(float64(d.CachedTokens))
 	}
 	if d.Shadow != nil { // each attempt, as prompt_tokens (frontmetrics.Front.ObserveShadow)
@@ -149,12 +149,12 @@ func (s *Server) try(ctx context.Context, x *exchange, ep *fleet.Endpoint, d gro
 		endLeg(leg, legStatus, retry, err)
 	}()
 	body := x.hooks.body(ep.Name())
-	req, err := http.NewRequestWithContext(legCtx, http.MethodPost, ep.URL()+x.req.Kind.Path(), bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(legCtx, http.MethodPost, ep.URL()+x.Req.Kind.Path(), bytes.NewReader(body))
 	if err != nil {
 		s.fail(x, serverError(err.Error()), outcomeUpstream)
 		return false
 	}
-	outHeaders(req.Header, x.r.Header, x.id, ep.APIKey())
+	outHeaders(req.Header, x.r.Header, x.ID, ep.APIKey())
 	s.tr.Propagator.Inject(legCtx, propagation.HeaderCarrier(req.Header))
 	if d.HasDPRank {
 		req.Header.Set(RankHeader, strconv.Itoa(d.DPRank))
@@ -177,15 +177,15 @@ func (s *Server) try(ctx context.Context, x *exchange, ep *fleet.Endpoint, d gro
 		// another replica. Drain a little so the connection may be reused.
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
 		resp.Body.Close()
-		s.m.retries.WithLabelValues(x.req.Model, "status_"+strconv.Itoa(status)).Inc()
+		s.m.retries.WithLabelValues(x.Req.Model, "status_"+strconv.Itoa(status)).Inc()
 		return true
 	}
 	defer resp.Body.Close()
 	x.hit = hitReport{}
 	s.relay(ctx, x, ep, wd, resp, d.FirstToken, failed)
 	ok = status/100 == 2 && x.outcome == outcomeOK
-	if ok && x.tokens != nil && x.hit.seen {
-		s.trust.observe(x.m.router, x.req.Model, ep.Name(), x.indexCached, x.hit.cached)
+	if ok && x.Tokens != nil && x.hit.seen {
+		s.trust.observe(x.m.Router, x.Req.Model, ep.Name(), x.indexCached, x.hit.cached)
 	}
 	return false
 }
@@ -203,7 +203,7 @@ func (s *Server) startAttempt(ctx context.Context, x *exchange, ep *fleet.Endpoi
 	ep.AddInFlight(1)
 	answered := ep.Await(time.Now()) // stall detection (fleet/stall.go)
 	ctx, cancel := context.WithCancelCause(ctx)
-	wd = newWatchdog(cancel, x.m.cfg.Timeouts.FirstByte, x.m.cfg.Timeouts.Idle)
+	wd = newWatchdog(cancel, x.m.Cfg.Timeouts.FirstByte, x.m.Cfg.Timeouts.Idle)
 	wd.ep, wd.answered = ep, answered
 	return ctx, wd, func() {
 		answered()
@@ -224,18 +224,18 @@ func (s *Server) upstreamFailed(ctx context.Context, x *exchange, ep *fleet.Endp
 		return false
 	case errors.Is(cause, errFirstByteTimeout):
 		s.fail(x, &apiError{status: http.StatusGatewayTimeout, typ: typeServer,
-			message: fmt.Sprintf("replica %s sent nothing within %v (request id %s)", ep.Name(), x.m.cfg.Timeouts.FirstByte, x.id)}, outcomeTimeout)
+			message: fmt.Sprintf("replica %s sent nothing within %v (request id %s)", ep.Name(), x.m.Cfg.Timeouts.FirstByte, x.ID)}, outcomeTimeout)
 		return false
 	}
 	s.deps.Fleet.Report(ep, fleet.OutcomeOfError(err))
 	if canRetry {
-		s.m.retries.WithLabelValues(x.req.Model, "conn_error").Inc()
+		s.m.retries.WithLabelValues(x.Req.Model, "conn_error").Inc()
 		return true
 	}
 	// The cause (addresses, syscalls) goes to the log line with the
 	// request id, not to the client.
 	s.fail(x, &apiError{status: http.StatusBadGateway, typ: typeServer,
-		message: fmt.Sprintf("replica %s could not be reached (request id %s)", ep.Name(), x.id)}, outcomeUpstream)
+		message: fmt.Sprintf("replica %s could not be reached (request id %s)", ep.Name(), x.ID)}, outcomeUpstream)
 	x.err = fmt.Errorf("replica %s: %w", ep.Name(), err)
 	return false
 }

@@ -11,14 +11,6 @@ import (
 // header names are case-insensitive).
 const RankHeader = "X-Data-Parallel-Rank"
 
-// textRouter is a Router that may route by prompt text. The proxy builds
-// RouteInput.Text, which costs a decode of every chat message, only when
-// UsesText reports true.
-type textRouter interface {
-	group.Router
-	UsesText() bool
-}
-
 // loadReporter is the optional part of a Router that tells a replica's
 // current load (group.Backend does); disaggregated serving reads the
 // prefill engine's queue and the decode engine's prefill rate from it.
@@ -28,7 +20,6 @@ type loadReporter interface {
 }
 
 var (
-	_ textRouter         = (*group.Backend)(nil)
 	_ loadReporter       = (*group.Backend)(nil)
 	_ group.IndexTruster = (*group.Backend)(nil)
 )

@@ -3,13 +3,12 @@ package proxy
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
 	"time"
-	"unicode/utf8"
 
+	"kvrouter/internal/admission"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/frontmetrics"
 	"kvrouter/internal/group"
@@ -17,10 +16,16 @@ import (
 )
 
 // exchange is one client request's state on the HTTP front, shared by its
-// attempts, for the final log line and metrics: the routing core's flow
-// (core.go) and what the HTTP exchange adds.
+// attempts, for the final log line and metrics: admission's Flow
+// and what the HTTP exchange adds.
 type exchange struct {
-	flow
+	admission.Flow
+	// m is the request's model group (Flow.Group's), nil until admission
+	// resolved it.
+	m *model
+	// hooks are the front's stages of the request, plugged in by its
+	// group's features (feature.go).
+	hooks   hooks
 	w       http.ResponseWriter
 	r       *http.Request
 	replica string   // last replica tried
@@ -46,9 +51,9 @@ type exchange struct {
 
 // newExchange starts the HTTP front's state of request r.
 func (s *Server) newExchange(w http.ResponseWriter, r *http.Request) *exchange {
-	x := &exchange{w: w, r: r, flow: flow{ctx: r.Context(), id: requestID(r), start: s.deps.Now(), header: r.Header.Get}}
-	x.hooks = newHooks(&x.flow)
-	w.Header().Set("X-Request-Id", x.id)
+	x := &exchange{w: w, r: r, Flow: admission.Flow{Ctx: r.Context(), ID: requestID(r), Start: s.deps.Now(), Header: r.Header.Get}}
+	x.hooks = newHooks(x)
+	w.Header().Set("X-Request-Id", x.ID)
 	return x
 }
 
@@ -70,14 +75,14 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, k reques
 	x := s.newExchange(w, r)
 	s.startSpan(x, r.URL.Path)
 	defer s.finish(x)
-	if !s.prepare(x.ctx, x, k) {
+	if !s.prepare(x.Ctx, x, k) {
 		return
 	}
 	if v := r.Header.Get("X-Kvrouter-Route-Only"); v != "" && v != "0" && v != "false" {
-		s.explain(x.ctx, x)
+		s.explain(x.Ctx, x)
 		return
 	}
-	s.forward(x.ctx, x)
+	s.forward(x.Ctx, x)
 }
 
 // serveRoute handles POST /v1/route: a completion, chat or Responses body
@@ -91,10 +96,10 @@ func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if !s.parse(x.ctx, x, request.Sniff(body), body) {
+	if !s.parse(x.Ctx, x, request.Sniff(body), body) {
 		return
 	}
-	s.explain(x.ctx, x)
+	s.explain(x.Ctx, x)
 }
 
 // prepare reads, parses and tokenizes the request; false when it has
@@ -104,10 +109,10 @@ func (s *Server) prepare(ctx context.Context, x *exchange, k request.Kind) bool 
 	return ok && s.parse(ctx, x, k, body)
 }
 
-// parse runs the routing core's admission of body (core.go); false when
-// it has answered the error.
+// parse runs admission of body (package admission); false when it has
+// answered the error.
 func (s *Server) parse(ctx context.Context, x *exchange, k request.Kind, body []byte) bool {
-	if e := s.admit(ctx, &x.flow, k, body); e != nil {
+	if e := s.admit(ctx, x, k, body); e != nil {
 		s.fail(x, requestError(e), outcomeBadRequest)
 		return false
 	}
@@ -134,7 +139,7 @@ func (s *Server) explain(ctx context.Context, x *exchange) {
 		s.noReplica(x, retry, err)
 		return
 	}
-	d, err := s.decide(&x.flow, s.routeInput(&x.flow, names(eps), true))
+	d, err := s.core.Decide(x.Ctx, &x.Flow, s.core.RouteInput(x.Ctx, &x.Flow, names(eps), true))
 	if err != nil {
 		s.fail(x, serverError("routing: "+err.Error()), outcomeUpstream)
 		return
@@ -153,7 +158,7 @@ func (s *Server) explain(ctx context.Context, x *exchange) {
 		Tokenized    bool                  `json:"tokenized"`
 		Shadow       *group.ShadowDecision `json:"shadow,omitempty"`
 		Explain      any                   `json:"explain,omitempty"`
-	}{x.req.Model, d.Replica, "", d.CachedTokens, len(x.tokens), x.tokens != nil, d.Shadow, d.Explain}
+	}{x.Req.Model, d.Replica, "", d.CachedTokens, len(x.Tokens), x.Tokens != nil, d.Shadow, d.Explain}
 	if ep := s.deps.Fleet.Endpoint(d.Replica); ep != nil {
 		out.URL = ep.URL()
 	}
@@ -172,15 +177,26 @@ func (s *Server) explain(ctx context.Context, x *exchange) {
 }
 
 func (s *Server) noReplica(x *exchange, retry time.Duration, err error) {
-	s.fail(x, noReplicaError(&x.flow, retry), outcomeNoReplica)
+	s.fail(x, &apiError{status: http.StatusServiceUnavailable, typ: typeServiceUnavailable,
+		message: admission.NoReplicaMessage(x.Req.Model), retryAfter: max(retry, time.Second)}, outcomeNoReplica)
 	x.err = err
 }
 
-// noReplicaError is the 503 of a request of f's model without a healthy
-// replica, retry the fleet's hint for Retry-After (at least a second).
-func noReplicaError(f *flow, retry time.Duration) *apiError {
-	return &apiError{status: http.StatusServiceUnavailable, typ: typeServiceUnavailable,
-		message: fmt.Sprintf("no healthy replica for model %q", f.req.Model), retryAfter: max(retry, time.Second)}
+// admit runs admission of body for x (admission.Core.Admit), plugging in
+// the front's stages of each of its group's features (frontStages), and
+// sets x's model group.
+func (s *Server) admit(ctx context.Context, x *exchange, k request.Kind, body []byte) *request.Error {
+	x.hooks = newHooks(x)
+	x.Plug = func(ctx context.Context, f admission.Feature, g *admission.Group) {
+		if st, ok := f.(frontStages); ok {
+			st.plug(ctx, x, s.models[g.Cfg.Name])
+		}
+	}
+	e := s.core.Admit(ctx, &x.Flow, k, body)
+	if x.Group != nil {
+		x.m = s.models[x.Group.Cfg.Name]
+	}
+	return e
 }
 
 func names(eps []*fleet.Endpoint) []string {
@@ -195,18 +211,8 @@ func names(eps []*fleet.Endpoint) []string {
 // was not read or is not configured.
 const modelUnknown = "unknown"
 
-// truncate returns s cut to at most n bytes (on a rune boundary), "..."
-// marking a cut.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	i := n
-	for i > 0 && !utf8.RuneStart(s[i]) {
-		i--
-	}
-	return s[:i] + "..."
-}
+// truncate returns s cut to at most n bytes (admission.Truncate).
+func truncate(s string, n int) string { return admission.Truncate(s, n) }
 
 // finish records the request's metrics and its one log line, then aborts
 // the connection if the response broke after its first byte.
@@ -214,12 +220,12 @@ func (s *Server) finish(x *exchange) {
 	// The label is a configured model or "unknown" (bounded cardinality:
 	// a client cannot create series); the log line names what was asked.
 	label, logged := modelUnknown, modelUnknown
-	if x.asked != "" {
-		logged = truncate(x.asked, 256)
-		if _, ok := s.models[x.asked]; ok {
-			label = x.asked
+	if x.Asked != "" {
+		logged = truncate(x.Asked, 256)
+		if _, ok := s.models[x.Asked]; ok {
+			label = x.Asked
 		} else if x.m != nil { // an adapter or alias: its group
-			label = x.m.cfg.Name
+			label = x.m.Cfg.Name
 		}
 	}
 	if x.outcome == "" {
@@ -235,11 +241,11 @@ func (s *Server) finish(x *exchange) {
 	}
 	if s.log.Enabled(x.r.Context(), lvl) {
 		attrs := []slog.Attr{
-			slog.String("request_id", x.id), slog.String("model", logged),
+			slog.String("request_id", x.ID), slog.String("model", logged),
 			slog.String("replica", x.replica), slog.Int("status", x.status),
 			slog.String("outcome", x.outcome), slog.Int("cached_tokens", x.cached),
-			slog.Int("prompt_tokens", len(x.tokens)), slog.Int("retries", x.retries),
-			slog.Float64("duration_ms", float64(s.deps.Now().Sub(x.start).Microseconds())/1000),
+			slog.Int("prompt_tokens", len(x.Tokens)), slog.Int("retries", x.retries),
+			slog.Float64("duration_ms", float64(s.deps.Now().Sub(x.Start).Microseconds())/1000),
 		}
 		attrs = append(attrs, extra...)
 		if x.err != nil {

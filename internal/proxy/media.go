@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"kvrouter/internal/admission"
 	"kvrouter/internal/config"
 	"kvrouter/internal/request"
 	"kvrouter/internal/vllm"
@@ -30,35 +31,35 @@ func Qwen2VLImageTokens(w, h int) int { return vllm.Qwen2VLImageTokens(w, h) }
 // mediaFeature is a group's media limits, checked before routing.
 type mediaFeature struct{}
 
-// admit applies x's media limits to its chat messages (x.media).
-func (mediaFeature) admit(_ context.Context, x *flow) *request.Error { return checkMedia(x) }
+// Admit applies x's media limits to its chat messages (x.Media).
+func (mediaFeature) Admit(_ context.Context, x *admission.Flow) *request.Error { return checkMedia(x) }
 
 // mediaLimits returns the limits for x: its alias's when set, else its
 // group's (nil: none).
-func mediaLimits(x *flow) *config.MediaLimits {
-	if al := x.m.aliasNamed(x.asked); al != nil && al.Media != nil {
+func mediaLimits(x *admission.Flow) *config.MediaLimits {
+	if al := x.Group.Alias(x.Asked); al != nil && al.Media != nil {
 		return al.Media
 	}
-	return x.m.cfg.Media
+	return x.Group.Cfg.Media
 }
 
-// checkMedia applies x's media limits to its chat messages (x.media).
-func checkMedia(x *flow) *request.Error {
+// checkMedia applies x's media limits to its chat messages (x.Media).
+func checkMedia(x *admission.Flow) *request.Error {
 	lim := mediaLimits(x)
-	if lim == nil || x.req.Kind != request.Chat {
+	if lim == nil || x.Req.Kind != request.Chat {
 		return nil
 	}
-	counts, pixels, tokens := x.media.Counts, x.media.Pixels, x.media.VisualTokens
+	counts, pixels, tokens := x.Media.Counts, x.Media.Pixels, x.Media.VisualTokens
 	for mod, n := range counts {
 		if most, ok := lim.MaxItems[mod]; ok && n > most {
-			return mediaError(fmt.Sprintf("at most %d %s item(s) may be given in one prompt for model %q; the request has %d", most, mod, x.asked, n))
+			return mediaError(fmt.Sprintf("at most %d %s item(s) may be given in one prompt for model %q; the request has %d", most, mod, x.Asked, n))
 		}
 	}
 	if lim.MaxPixels > 0 && pixels > lim.MaxPixels {
-		return mediaError(fmt.Sprintf("the request's images have %d pixels; model %q allows at most %d per prompt", pixels, x.asked, lim.MaxPixels))
+		return mediaError(fmt.Sprintf("the request's images have %d pixels; model %q allows at most %d per prompt", pixels, x.Asked, lim.MaxPixels))
 	}
 	if lim.MaxVisualTokens > 0 && tokens > lim.MaxVisualTokens {
-		return mediaError(fmt.Sprintf("the request's images come to about %d visual tokens; model %q allows at most %d per prompt", tokens, x.asked, lim.MaxVisualTokens))
+		return mediaError(fmt.Sprintf("the request's images come to about %d visual tokens; model %q allows at most %d per prompt", tokens, x.Asked, lim.MaxVisualTokens))
 	}
 	return nil
 }

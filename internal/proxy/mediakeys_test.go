@@ -63,7 +63,7 @@ func TestMediaRouteInput(t *testing.T) {
 		{"escaped keys are still media", mmTok{ids: ids}, strings.ReplaceAll(imageChat, `"type"`, `"\u0074ype"`), -1, nil, 60},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rg.srv.models["m"].tok = tc.tok
+			rg.srv.models["m"].Tok = tc.tok
 			rg.router.mu.Lock()
 			rg.router.inputs = nil
 			rg.router.mu.Unlock()

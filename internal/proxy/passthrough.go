@@ -54,7 +54,7 @@ func (s *Server) servePassthrough(w http.ResponseWriter, r *http.Request) {
 		s.fail(x, badRequest("model", "model is required (kvrouter serves several models)"), outcomeBadRequest)
 		return
 	}
-	x.asked = name
+	x.Asked = name
 	m, ok := s.models[name]
 	adapter := "" // the LoRA adapter named, served by its base's engines that list it
 	if !ok {
@@ -67,7 +67,7 @@ func (s *Server) servePassthrough(w http.ResponseWriter, r *http.Request) {
 			m, ok = am, true
 			var obj map[string]json.RawMessage
 			if json.Unmarshal(body, &obj) == nil {
-				obj["model"], _ = json.Marshal(am.cfg.Name)
+				obj["model"], _ = json.Marshal(am.Cfg.Name)
 				body, _ = json.Marshal(obj)
 			}
 		}
@@ -77,8 +77,8 @@ func (s *Server) servePassthrough(w http.ResponseWriter, r *http.Request) {
 			message: fmt.Sprintf("The model `%s` does not exist.", truncate(name, maxEcho))}, outcomeBadRequest)
 		return
 	}
-	x.m, x.req = m, &request.Parsed{Model: m.cfg.Name, Body: body}
-	eps, retry, err := s.deps.Fleet.Healthy(nil, m.cfg.Name)
+	x.m, x.Group, x.Req = m, m.Group, &request.Parsed{Model: m.Cfg.Name, Body: body}
+	eps, retry, err := s.deps.Fleet.Healthy(nil, m.Cfg.Name)
 	if adapter != "" {
 		eps = slices.DeleteFunc(eps, func(ep *fleet.Endpoint) bool { return !ep.Listed(adapter) })
 	}
@@ -95,7 +95,7 @@ func (s *Server) servePassthrough(w http.ResponseWriter, r *http.Request) {
 	slices.SortStableFunc(eps, func(a, b *fleet.Endpoint) int { return int(a.InFlight() - b.InFlight()) })
 	for i, ep := range eps[:min(len(eps), 2)] {
 		x.replica = ep.Name()
-		if !s.passOnce(x.ctx, x, ep, body, i == 0 && len(eps) > 1) {
+		if !s.passOnce(x.Ctx, x, ep, body, i == 0 && len(eps) > 1) {
 			return
 		}
 		x.retries++
@@ -112,7 +112,7 @@ func (s *Server) passOnce(ctx context.Context, x *exchange, ep *fleet.Endpoint, 
 		s.fail(x, serverError(err.Error()), outcomeUpstream)
 		return false
 	}
-	outHeaders(req.Header, x.r.Header, x.id, ep.APIKey())
+	outHeaders(req.Header, x.r.Header, x.ID, ep.APIKey())
 	req.ContentLength = int64(len(body))
 	resp, err := x.m.transport.RoundTrip(req)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 
+	"kvrouter/internal/admission"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/group"
 	"kvrouter/internal/pd"
@@ -94,7 +95,7 @@ func (s *Server) planPD(x *exchange, prefill, decode []string) (pdPlan, error) {
 	case rule.Mode == pd.ModeNever:
 		p.Path, p.Verdict.Reason = pathLocal, pd.ReasonNever
 		return p, nil
-	case parallelSampling(x.req.Body):
+	case parallelSampling(x.Req.Body):
 		p.Path, p.Verdict.Reason = pathLocal, reasonParallelSampling
 		return p, nil
 	}
@@ -103,12 +104,12 @@ func (s *Server) planPD(x *exchange, prefill, decode []string) (pdPlan, error) {
 		return p, err
 	}
 	p.Prefill = &pp
-	if x.tokens == nil && rule.Mode == pd.ModeConditional {
+	if x.Tokens == nil && rule.Mode == pd.ModeConditional {
 		p.Path, p.Verdict = pathDisaggregated, pd.Verdict{Remote: true, Reason: reasonPromptUnknown}
 		return p, nil
 	}
-	in := pd.Inputs{UncachedTokens: max(len(x.tokens)-dd.CachedTokens, 0), DecodePrefillRate: 10000}
-	if lr, ok := x.m.router.(loadReporter); ok {
+	in := pd.Inputs{UncachedTokens: max(len(x.Tokens)-dd.CachedTokens, 0), DecodePrefillRate: 10000}
+	if lr, ok := x.m.Router.(loadReporter); ok {
 		if l, ok := lr.Load(dd.Replica); ok && l.PrefillRate > 0 {
 			in.DecodePrefillRate = l.PrefillRate
 			in.DecodeQueueSeconds = float64(l.QueuedPrefill) / l.PrefillRate
@@ -138,7 +139,7 @@ func (s *Server) planPD(x *exchange, prefill, decode []string) (pdPlan, error) {
 
 // dryRoute is the router's choice among cands without recording it.
 func (s *Server) dryRoute(x *exchange, cands []string) (pdPick, error) {
-	d, err := s.decide(&x.flow, s.routeInput(&x.flow, cands, true))
+	d, err := s.core.Decide(x.Ctx, &x.Flow, s.core.RouteInput(x.Ctx, &x.Flow, cands, true))
 	if err != nil {
 		return pdPick{}, err
 	}
@@ -152,7 +153,7 @@ func (s *Server) dryRoute(x *exchange, cands []string) (pdPick, error) {
 // and returns the plan and the prefill pool; false when x has been answered
 // (503 without a healthy decode engine, 500 on a routing error).
 func (s *Server) planHealthy(x *exchange) (pdPlan, []string, bool) {
-	eps, retry, err := s.deps.Fleet.Healthy(nil, x.req.Model)
+	eps, retry, err := s.deps.Fleet.Healthy(nil, x.Req.Model)
 	prefill, decode := x.m.pd.split(eps)
 	if len(decode) == 0 {
 		if err == nil {
@@ -176,8 +177,11 @@ type pdFeature struct {
 	g *pdGroup
 }
 
-// admit plugs the P/D plan and explanation in.
-func (f pdFeature) admit(_ context.Context, x *flow) *request.Error {
+// Admit does nothing: the P/D legs are the HTTP front's (plug).
+func (pdFeature) Admit(context.Context, *admission.Flow) *request.Error { return nil }
+
+// plug plugs the P/D plan and explanation in.
+func (f pdFeature) plug(_ context.Context, x *exchange, _ *model) {
 	x.hooks.addPlan(f.plan)
 	x.hooks.explain = func(_ context.Context, x *exchange) bool {
 		if !f.g.active() {
@@ -186,7 +190,6 @@ func (f pdFeature) admit(_ context.Context, x *flow) *request.Error {
 		f.s.explainPD(x)
 		return true
 	}
-	return nil
 }
 
 // plan serves x in a P/D group while the group has roles: plan, then
@@ -198,7 +201,7 @@ func (f pdFeature) plan(ctx context.Context, x *exchange) bool {
 	if !g.active() {
 		return true
 	}
-	if e := s.tooLong(&x.flow); e != nil {
+	if e := s.core.TooLong(ctx, &x.Flow); e != nil {
 		s.fail(x, requestError(e), outcomeBadRequest)
 		return false
 	}
@@ -206,7 +209,7 @@ func (f pdFeature) plan(ctx context.Context, x *exchange) bool {
 	if !ok {
 		return false
 	}
-	s.pdm.requests.WithLabelValues(x.req.Model, plan.Path, plan.Verdict.Reason).Inc()
+	s.pdm.requests.WithLabelValues(x.Req.Model, plan.Path, plan.Verdict.Reason).Inc()
 	x.w.Header().Set("X-Kvrouter-Path", plan.Path)
 	switch plan.Path {
 	case pathLocal:
@@ -223,14 +226,14 @@ func (f pdFeature) plan(ctx context.Context, x *exchange) bool {
 	if !ok {
 		return false
 	}
-	body, err := withTransferParams(x.fwd, params)
+	body, err := withTransferParams(x.Fwd, params)
 	if err != nil {
 		s.fail(x, serverError("decode leg body: "+err.Error()), outcomeUpstream)
 		return false
 	}
-	x.fwd = body
+	x.Fwd = body
 	x.hooks.addEngines(g.keep(g.isDecode))
-	x.hooks.addRoute(func(in *group.RouteInput) { in.Tokens = nil })
+	x.AddRoute(func(in *group.RouteInput) { in.Tokens = nil })
 	return true
 }
 
@@ -247,7 +250,7 @@ func (g *pdGroup) keep(in func(name string) bool) func([]*fleet.Endpoint) ([]*fl
 // kv_transfer_params; false when x has been answered (an error, or the
 // client left).
 func (s *Server) prefillLeg(ctx context.Context, x *exchange, pool []string) (json.RawMessage, bool) {
-	body, err := prefillBody(x.fwd)
+	body, err := prefillBody(x.Fwd)
 	if err != nil {
 		s.fail(x, serverError("prefill leg body: "+err.Error()), outcomeUpstream)
 		return nil, false
@@ -260,9 +263,9 @@ func (s *Server) prefillLeg(ctx context.Context, x *exchange, pool []string) (js
 			s.noReplica(x, time.Second, fmt.Errorf("every prefill engine tried: %w", fleet.ErrNoEndpoint))
 			return nil, false
 		}
-		in := s.routeInput(&x.flow, cands, false)
+		in := s.core.RouteInput(x.Ctx, &x.Flow, cands, false)
 		in.MaxTokens = 1
-		d, err := s.decide(&x.flow, in)
+		d, err := s.core.Decide(x.Ctx, &x.Flow, in)
 		if err != nil {
 			s.fail(x, serverError("routing: "+err.Error()), outcomeUpstream)
 			return nil, false
@@ -285,7 +288,7 @@ func (s *Server) prefillLeg(ctx context.Context, x *exchange, pool []string) (js
 		prefillReplica = d.Replica
 		x.w.Header().Set("X-Kvrouter-Prefill-Replica", d.Replica)
 		x.w.Header().Set("X-Kvrouter-Prefill-Cached-Tokens", strconv.Itoa(d.CachedTokens))
-		params, retry := s.prefillTry(ctx, x, ep, d, body, attempt < x.m.cfg.Retries)
+		params, retry := s.prefillTry(ctx, x, ep, d, body, attempt < x.m.Cfg.Retries)
 		if params != nil {
 			return params, true
 		}
@@ -310,7 +313,7 @@ func (s *Server) prefillTry(ctx context.Context, x *exchange, ep *fleet.Endpoint
 	}()
 	ctx, wd, end := s.startAttempt(ctx, x, ep)
 	defer end()
-	model := x.req.Model
+	model := x.Req.Model
 	failure := func(cause string, e *apiError, outcome string, err error) (json.RawMessage, bool) {
 		s.pdm.prefillFailures.WithLabelValues(model, cause).Inc()
 		if e != nil {
@@ -333,11 +336,11 @@ func (s *Server) prefillTry(ctx context.Context, x *exchange, ep *fleet.Endpoint
 		}
 		endLeg(leg, legStatus, false, err)
 	}()
-	req, err := http.NewRequestWithContext(legCtx, http.MethodPost, ep.URL()+x.req.Kind.Path(), bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(legCtx, http.MethodPost, ep.URL()+x.Req.Kind.Path(), bytes.NewReader(body))
 	if err != nil {
 		return failure("conn_error", serverError(err.Error()), outcomeUpstream, err)
 	}
-	outHeaders(req.Header, x.r.Header, x.id, ep.APIKey())
+	outHeaders(req.Header, x.r.Header, x.ID, ep.APIKey())
 	s.tr.Propagator.Inject(legCtx, propagation.HeaderCarrier(req.Header))
 	req.ContentLength = int64(len(body))
 	resp, err := x.m.transport.RoundTrip(req)
@@ -356,7 +359,7 @@ func (s *Server) prefillTry(ctx context.Context, x *exchange, ep *fleet.Endpoint
 		return failure("client_closed", nil, outcomeClientClosed, err)
 	case errors.Is(cause, errFirstByteTimeout) || errors.Is(cause, errIdleTimeout):
 		return failure("timeout", &apiError{status: http.StatusGatewayTimeout, typ: typeServer,
-			message: fmt.Sprintf("prefill replica %s did not answer within %v (request id %s)", ep.Name(), x.m.cfg.Timeouts.FirstByte, x.id)}, outcomeTimeout, cause)
+			message: fmt.Sprintf("prefill replica %s did not answer within %v (request id %s)", ep.Name(), x.m.Cfg.Timeouts.FirstByte, x.ID)}, outcomeTimeout, cause)
 	}
 	s.deps.Fleet.Report(ep, fleet.OutcomeOfError(err))
 	if canRetry {
@@ -364,7 +367,7 @@ func (s *Server) prefillTry(ctx context.Context, x *exchange, ep *fleet.Endpoint
 		return nil, true
 	}
 	return failure("conn_error", &apiError{status: http.StatusBadGateway, typ: typeServer,
-		message: fmt.Sprintf("prefill replica %s could not be reached (request id %s)", ep.Name(), x.id)}, outcomeUpstream, err)
+		message: fmt.Sprintf("prefill replica %s could not be reached (request id %s)", ep.Name(), x.ID)}, outcomeUpstream, err)
 }
 
 // maxPrefillAnswer bounds a prefill leg's answer: one token and the block
@@ -378,14 +381,14 @@ func (s *Server) prefillAnswer(x *exchange, ep *fleet.Endpoint, resp *http.Respo
 	s.deps.Fleet.Report(ep, fleet.OutcomeOf(status))
 	if status/100 != 2 {
 		if canRetry && (status == http.StatusTooManyRequests || status == http.StatusBadGateway || status == http.StatusServiceUnavailable) {
-			s.m.retries.WithLabelValues(x.req.Model, "status_"+strconv.Itoa(status)).Inc()
+			s.m.retries.WithLabelValues(x.Req.Model, "status_"+strconv.Itoa(status)).Inc()
 			return nil, true
 		}
 		err := fmt.Errorf("status %d", status)
 		if status/100 == 4 {
 			// The engine's own answer to the client's request (vLLM's
 			// OpenAI error JSON): relayed, no decode leg.
-			s.pdm.prefillFailures.WithLabelValues(x.req.Model, "status").Inc()
+			s.pdm.prefillFailures.WithLabelValues(x.Req.Model, "status").Inc()
 			h := x.w.Header()
 			h.Set("Content-Type", "application/json")
 			x.w.WriteHeader(status)
@@ -394,17 +397,17 @@ func (s *Server) prefillAnswer(x *exchange, ep *fleet.Endpoint, resp *http.Respo
 			return nil, false
 		}
 		return failure("status", &apiError{status: http.StatusBadGateway, typ: typeServer,
-			message: fmt.Sprintf("prefill replica %s failed with status %d (request id %s)", ep.Name(), status, x.id)}, outcomeEngineError, err)
+			message: fmt.Sprintf("prefill replica %s failed with status %d (request id %s)", ep.Name(), status, x.ID)}, outcomeEngineError, err)
 	}
 	var out struct {
 		KVTransferParams json.RawMessage `json:"kv_transfer_params"`
 	}
 	if err := json.Unmarshal(b, &out); err != nil || isNull(out.KVTransferParams) || len(out.KVTransferParams) == 0 || out.KVTransferParams[0] != '{' {
 		return failure("no_transfer_params", &apiError{status: http.StatusBadGateway, typ: typeServer,
-			message: fmt.Sprintf("prefill replica %s answered without kv_transfer_params (is it started with --kv-transfer-config and NixlConnector?) (request id %s)", ep.Name(), x.id)},
+			message: fmt.Sprintf("prefill replica %s answered without kv_transfer_params (is it started with --kv-transfer-config and NixlConnector?) (request id %s)", ep.Name(), x.ID)},
 			outcomeUpstream, errors.New("no kv_transfer_params"))
 	}
-	s.pdm.prefillSeconds.WithLabelValues(x.req.Model).Observe(time.Since(t0).Seconds())
+	s.pdm.prefillSeconds.WithLabelValues(x.Req.Model).Observe(time.Since(t0).Seconds())
 	return out.KVTransferParams, false
 }
 
@@ -458,7 +461,7 @@ func (s *Server) explainPD(x *exchange) {
 		pdPlan
 		Link          string  `json:"link"`
 		BytesPerToken float64 `json:"kv_bytes_per_token"`
-	}{x.req.Model, len(x.tokens), x.tokens != nil, plan, x.m.pd.rule.Link, x.m.pd.rule.Model.BytesPerToken()}
+	}{x.Req.Model, len(x.Tokens), x.Tokens != nil, plan, x.m.pd.rule.Link, x.m.pd.rule.Model.BytesPerToken()}
 	b, err := json.Marshal(out)
 	if err != nil {
 		s.fail(x, serverError("encoding decision: "+err.Error()), outcomeUpstream)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"kvrouter/internal/admission"
 	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/group"
@@ -73,9 +74,9 @@ func BenchmarkPDPlan(b *testing.B) {
 		d.Release()
 	}
 	r := httptest.NewRequest("POST", "/v1/completions", nil)
-	x := &exchange{r: r, flow: flow{ctx: r.Context(), header: r.Header.Get, req: &request.Parsed{Model: "m"}, m: srv.models["m"],
-		tokens: append(prompt(0), prompt(900000)...)}}
-	x.hooks = newHooks(&x.flow)
+	x := &exchange{r: r, m: srv.models["m"], Flow: admission.Flow{Ctx: r.Context(), Header: r.Header.Get, Req: &request.Parsed{Model: "m"}, Group: srv.models["m"].Group,
+		Tokens: append(prompt(0), prompt(900000)...)}}
+	x.hooks = newHooks(x)
 	b.Run("pd_plan", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {

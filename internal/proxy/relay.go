@@ -106,7 +106,7 @@ func (s *Server) relay(ctx context.Context, x *exchange, ep *fleet.Endpoint, wd 
 	var err error
 	var body io.Reader = resp.Body
 	var kept *capBuffer // a non-streaming answer, for its usage (trust.go)
-	if !sse && resp.StatusCode/100 == 2 && x.tokens != nil {
+	if !sse && resp.StatusCode/100 == 2 && x.Tokens != nil {
 		kept = &capBuffer{max: maxUsageBody}
 		body = io.TeeReader(resp.Body, kept)
 		defer func() { x.hit.note(kept.b, false) }()
@@ -155,7 +155,7 @@ func (s *Server) relay(ctx context.Context, x *exchange, ep *fleet.Endpoint, wd 
 		return
 	}
 	// The detail (addresses, syscalls) is in the request's log line.
-	_, _ = x.w.Write(sseError(public+" (request id "+x.id+")", http.StatusBadGateway))
+	_, _ = x.w.Write(sseError(public+" (request id "+x.ID+")", http.StatusBadGateway))
 	_ = http.NewResponseController(x.w).Flush()
 }
 
@@ -208,7 +208,7 @@ func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byt
 	rc := http.NewResponseController(x.w)
 	var pending []byte
 	var last time.Time
-	ttft, itl := s.m.ttft.WithLabelValues(x.req.Model), s.m.itl.WithLabelValues(x.req.Model)
+	ttft, itl := s.m.ttft.WithLabelValues(x.Req.Model), s.m.itl.WithLabelValues(x.Req.Model)
 	for {
 		n, rerr := body.Read(buf)
 		if n > 0 {
@@ -226,7 +226,7 @@ func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byt
 				end = len(chunk)
 			}
 			if end > 0 {
-				done = endsWithDone(chunk[:end]) || x.req.Kind == request.Responses && endsResponse(chunk[:end])
+				done = endsWithDone(chunk[:end]) || x.Req.Kind == request.Responses && endsResponse(chunk[:end])
 				x.hit.note(chunk[:end], true)
 				if !x.streamErr && hasErrorEvent(chunk[:end]) {
 					x.streamErr = true
@@ -244,7 +244,7 @@ func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byt
 				}
 				if last.IsZero() {
 					firstToken()
-					ttft.Observe(now.Sub(x.start).Seconds())
+					ttft.Observe(now.Sub(x.Start).Seconds())
 				} else {
 					itl.Observe(now.Sub(last).Seconds())
 				}
@@ -254,7 +254,7 @@ func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byt
 		}
 		if rerr == io.EOF {
 			if len(pending) > 0 { // a final event without its blank line
-				done = endsWithDone(pending) || x.req.Kind == request.Responses && endsResponse(pending)
+				done = endsWithDone(pending) || x.Req.Kind == request.Responses && endsResponse(pending)
 				x.hit.note(pending, true)
 				if filter := x.hooks.filter; filter != nil {
 					pending = filter(pending)

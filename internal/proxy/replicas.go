@@ -1,6 +1,9 @@
 package proxy
 
-import "slices"
+import (
+	"kvrouter/internal/admission"
+	"slices"
+)
 
 // An engine removed from the fleet loses its front="http" series
 // (kvrouter_proxy_requests_total{replica},
@@ -35,15 +38,21 @@ func (s *Server) ReplicaRemoved(replica string) {
 	}
 }
 
-// OnReplicaRemoved registers f, called with the name of each engine
+// onReplicaRemoved registers f, called with the name of each engine
 // removed from the fleet while serving (Server.ReplicaRemoved), for
 // another front to delete its series of it; f must not block.
-func (p *Picker) OnReplicaRemoved(f func(replica string)) {
-	p.s.removedMu.Lock()
-	defer p.s.removedMu.Unlock()
-	p.s.removed = append(p.s.removed, f)
+func (s *Server) onReplicaRemoved(f func(replica string)) {
+	s.removedMu.Lock()
+	defer s.removedMu.Unlock()
+	s.removed = append(s.removed, f)
 }
 
-// HasReplica reports whether the fleet has an engine named replica (still
-// there, or added again under that name).
-func (p *Picker) HasReplica(replica string) bool { return p.s.deps.Fleet.Endpoint(replica) != nil }
+// Picker returns admission for another front: the endpoint picker
+// (admission.Core.Picker), reading this front's readiness (GET /ready)
+// and told of the engines it removes.
+func (s *Server) Picker() *admission.Picker {
+	return s.core.Picker(admission.PickerDeps{
+		Ready:            func() bool { return s.readiness(false).Ready },
+		OnReplicaRemoved: s.onReplicaRemoved,
+	})
+}

@@ -32,7 +32,7 @@ func (s *Server) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 	x := s.newExchange(w, r)
 	defer s.finish(x)
 	id := r.PathValue("id")
-	x.req = &request.Parsed{Kind: request.Responses, Model: modelUnknown}
+	x.Req = &request.Parsed{Kind: request.Responses, Model: modelUnknown}
 	if !validResponseID(id) {
 		s.fail(x, &apiError{status: http.StatusBadRequest, typ: typeInvalidRequest, param: "response_id",
 			message: fmt.Sprintf("invalid response id %q: want 1 to %d letters, digits, '_' or '-' (vLLM's ids are resp_ and 32 hex digits)", truncate(id, maxEcho), maxResponseID)}, outcomeBadRequest)
@@ -78,8 +78,8 @@ func (s *Server) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 		if m == nil {
 			continue
 		}
-		x.m, x.req.Model, x.asked, x.replica = m, m.cfg.Name, m.cfg.Name, name
-		if !s.askByID(x.ctx, x, ep, p, i < len(order)-1) {
+		x.m, x.Group, x.Req.Model, x.Asked, x.replica = m, m.Group, m.Cfg.Name, m.Cfg.Name, name
+		if !s.askByID(x.Ctx, x, ep, p, i < len(order)-1) {
 			return
 		}
 		x.retries++
@@ -97,7 +97,7 @@ func (s *Server) askByID(ctx context.Context, x *exchange, ep *fleet.Endpoint, p
 		s.fail(x, serverError(err.Error()), outcomeUpstream)
 		return false
 	}
-	outHeaders(req.Header, x.r.Header, x.id, ep.APIKey())
+	outHeaders(req.Header, x.r.Header, x.ID, ep.APIKey())
 	resp, err := x.m.transport.RoundTrip(req)
 	if err != nil {
 		return s.upstreamFailed(ctx, x, ep, err, false)

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"kvrouter/internal/admission"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/request"
 )
@@ -133,13 +134,14 @@ func (l *learnedResponses) get(id string) (string, bool) {
 // engines, body, retry, end).
 type pinFeature struct{ s *Server }
 
-// admit plugs pinResponse in as x's plan when x is a Responses request.
-func (f pinFeature) admit(_ context.Context, x *flow) *request.Error {
-	if x.req.Kind != request.Responses {
-		return nil
+// Admit does nothing: pinning is the HTTP front's (plug).
+func (pinFeature) Admit(context.Context, *admission.Flow) *request.Error { return nil }
+
+// plug plugs pinResponse in as x's plan when x is a Responses request.
+func (f pinFeature) plug(_ context.Context, x *exchange, _ *model) {
+	if x.Req.Kind == request.Responses {
+		x.hooks.addPlan(f.s.pinResponse)
 	}
-	x.hooks.addPlan(f.s.pinResponse)
-	return nil
 }
 
 // responsePin is the engine order of a request continuing a stored
@@ -153,9 +155,9 @@ type responsePin struct {
 // client set none, and for a previous_response_id the engines to ask. It
 // answers the error itself and returns false when x cannot be forwarded.
 func (s *Server) pinResponse(_ context.Context, x *exchange) bool {
-	rf := x.req.Responses
+	rf := x.Req.Responses
 	if rf.RequestID == "" {
-		fwd := x.fwd
+		fwd := x.Fwd
 		x.hooks.body = func(engine string) []byte { return withRequestID(fwd, mintResponseID(engine)) }
 	} else {
 		x.hooks.addEnd(func(x *exchange, attrs []slog.Attr) []slog.Attr {
@@ -166,7 +168,7 @@ func (s *Server) pinResponse(_ context.Context, x *exchange) bool {
 	if rf.PrevID == "" {
 		return true
 	}
-	x.tokens = nil // the prompt starts with history only the engine holds
+	x.Tokens = nil // the prompt starts with history only the engine holds
 	eps, retry, err := s.healthy(nil, x)
 	healthy := names(eps)
 	hint, tagged := responseEngine(rf.PrevID)
@@ -235,10 +237,10 @@ func (p *responsePin) canProbe(attempt int) bool { return attempt < len(p.order)
 // learnResponse remembers which engine answered a client-chosen response
 // id.
 func (s *Server) learnResponse(x *exchange) {
-	if x.req == nil || x.req.Responses == nil || x.req.Responses.RequestID == "" || x.status/100 != 2 || x.replica == "" {
+	if x.Req == nil || x.Req.Responses == nil || x.Req.Responses.RequestID == "" || x.status/100 != 2 || x.replica == "" {
 		return
 	}
-	s.learned.put(x.req.Responses.RequestID, x.replica)
+	s.learned.put(x.Req.Responses.RequestID, x.replica)
 }
 
 // withRequestID returns body (a JSON object ending in '}', without a

@@ -19,19 +19,19 @@ func (s *Server) serveResponses(w http.ResponseWriter, r *http.Request) {
 	x := s.newExchange(w, r)
 	s.startSpan(x, r.URL.Path)
 	defer s.finish(x)
-	if !s.prepare(x.ctx, x, request.Responses) {
+	if !s.prepare(x.Ctx, x, request.Responses) {
 		return
 	}
 	if x.m.pd != nil {
 		// vLLM's ResponsesRequest has no kv_transfer_params: no P/D legs.
-		s.fail(x, badRequest("model", fmt.Sprintf("model %q is served disaggregated (prefill/decode); /v1/responses is not supported for it", x.m.cfg.Name)), outcomeBadRequest)
+		s.fail(x, badRequest("model", fmt.Sprintf("model %q is served disaggregated (prefill/decode); /v1/responses is not supported for it", x.m.Cfg.Name)), outcomeBadRequest)
 		return
 	}
 	if v := r.Header.Get("X-Kvrouter-Route-Only"); v != "" && v != "0" && v != "false" {
-		s.explain(x.ctx, x)
+		s.explain(x.Ctx, x)
 		return
 	}
-	s.forward(x.ctx, x) // pinned by its features (responsepin.go)
+	s.forward(x.Ctx, x) // pinned by its features (responsepin.go)
 }
 
 // responseEnds are the event lines of a Responses stream's last event:

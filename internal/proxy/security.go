@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"kvrouter/internal/admission"
 	"kvrouter/internal/request"
 )
 
@@ -28,8 +29,8 @@ import (
 // the main listener, and with admin_listen they move to their own listener.
 
 // maxEcho bounds, in bytes, the client input (a model name, a path) an
-// error message repeats; longer input is cut with "...".
-const maxEcho = 256
+// error message repeats (admission.MaxEcho).
+const maxEcho = admission.MaxEcho
 
 // adminRoutes is the admin listener's handler: /metrics (no key: the
 // listener's network is the boundary), /ui (its own key check), /v1/route
@@ -76,7 +77,7 @@ func (s *Server) dropClientControls(h http.Handler) http.Handler {
 
 // refuseClientControls returns the 400 for a body with kv_transfer_params
 // unless config.Clients allows it, else nil.
-func (s *core) refuseClientControls(body []byte) *request.Error {
+func (s *Server) refuseClientControls(body []byte) *request.Error {
 	if s.cfg.Clients.AllowKVTransferParams || !hasTransferParams(body) {
 		return nil
 	}

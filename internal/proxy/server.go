@@ -1,9 +1,7 @@
 package proxy
 
 import (
-	"crypto/rand"
 	"crypto/tls"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"kvrouter/internal/admission"
 	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/frontmetrics"
@@ -59,7 +58,16 @@ type Deps struct {
 
 // Server is the HTTP front. Safe for concurrent use.
 type Server struct {
-	core
+	// core is the routing core the fronts share (package admission).
+	core    *admission.Core
+	cfg     config.Config
+	deps    Deps
+	log     *slog.Logger
+	m       *metrics
+	models  map[string]*model
+	tr      *tracing.Tracing
+	lm      *listenerMetrics
+	fm      *featureMetrics
 	pdm     *pdMetrics
 	handler http.Handler
 	// admin serves config.Config.AdminListen (nil when it is not set); lm are
@@ -80,16 +88,12 @@ type Server struct {
 	learned learnedResponses
 }
 
-// model is one configured model group.
+// model is one configured model group: admission's Group (configuration,
+// router, tokenizer, features) and the HTTP front's engine transport.
 type model struct {
-	cfg       config.Model
-	router    group.Router
-	tok       group.Tokenizer
+	*admission.Group
 	transport *http.Transport
 	pd        *pdGroup // nil unless engines have roles (pd.go)
-	// features are the group's per-request features, in order
-	// (feature.go).
-	features []feature
 }
 
 // New builds a Server from a defaults-filled, validated cfg. It starts no
@@ -105,8 +109,9 @@ func New(cfg config.Config, deps Deps, log *slog.Logger, reg prometheus.Register
 	if deps.Fleet == nil {
 		errs = append(errs, errors.New("no fleet"))
 	}
-	s := &Server{core: core{cfg: cfg, deps: deps, log: log, models: map[string]*model{},
-		tr: tracingOrDisabled(deps.Tracing)}}
+	s := &Server{cfg: cfg, deps: deps, log: log, models: map[string]*model{},
+		tr: tracingOrDisabled(deps.Tracing)}
+	groups := map[string]*admission.Group{}
 	for i, mc := range cfg.Models {
 		r := deps.Routers[mc.Name]
 		if r == nil {
@@ -115,9 +120,11 @@ func New(cfg config.Config, deps Deps, log *slog.Logger, reg prometheus.Register
 		if deps.Fleet != nil && mc.Discovery == nil && len(deps.Fleet.Endpoints(mc.Name)) == 0 {
 			errs = append(errs, fmt.Errorf("models[%d] %q: no engines in the fleet", i, mc.Name))
 		}
-		m := &model{cfg: mc, router: r, tok: deps.Tokenizers[mc.Name], transport: newTransport(mc.Timeouts, deps.EngineTLS), pd: newPDGroup(mc)}
-		m.features = newFeatures(s, &m.cfg, m.pd)
+		m := &model{Group: &admission.Group{Cfg: mc, Router: r, Tok: deps.Tokenizers[mc.Name]},
+			transport: newTransport(mc.Timeouts, deps.EngineTLS), pd: newPDGroup(mc)}
+		m.Features = newFeatures(s, &m.Cfg, m.pd)
 		s.models[mc.Name] = m
+		groups[mc.Name] = m.Group
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
@@ -127,6 +134,8 @@ func New(cfg config.Config, deps Deps, log *slog.Logger, reg prometheus.Register
 		return nil, err
 	}
 	s.m = m
+	s.core = admission.New(cfg, groups, admission.Deps{Fleet: deps.Fleet, Metrics: m.front, View: m.view, Tracing: s.tr,
+		Refuse: s.refuseClientControls, OnDecision: deps.OnDecision, Now: deps.Now}, log)
 	s.holds = frontmetrics.NewHolds(m.view, func(r string) bool { return deps.Fleet.Endpoint(r) != nil })
 	if s.fm, err = newFeatureMetrics(reg); err != nil {
 		return nil, err
@@ -265,12 +274,5 @@ func requestID(r *http.Request) string {
 	if id := r.Header.Get("X-Request-Id"); id != "" && len(id) <= 256 {
 		return id
 	}
-	return newRequestID()
-}
-
-// newRequestID returns a random request id: 32 hex digits.
-func newRequestID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
-	return hex.EncodeToString(b[:])
+	return admission.NewRequestID()
 }

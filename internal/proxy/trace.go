@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"kvrouter/internal/admission"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/group"
 	"kvrouter/internal/tracing"
@@ -21,9 +22,7 @@ import (
 // gen_ai.request.model, gen_ai.usage.input_tokens); the routing ones are
 // kvrouter's own.
 const (
-	spanTokenize = "kvrouter.tokenize"
-	spanRoute    = "kvrouter.route"
-	spanEngine   = "kvrouter.engine"
+	spanEngine = "kvrouter.engine"
 
 	attrModel        = "gen_ai.request.model"
 	attrPromptTokens = "gen_ai.usage.input_tokens"
@@ -44,53 +43,53 @@ const (
 const maxCandidatesAttr = 4096
 
 // tracer returns the server's tracer.
-func (s *core) tracer() trace.Tracer {
-	return s.tr.Provider.Tracer("kvrouter/internal/proxy")
+func (s *Server) tracer() trace.Tracer {
+	return s.tr.Provider.Tracer(admission.TracerName)
 }
 
 // startSpan starts x's server span as a child of the client's trace
 // context (traceparent), and makes it x's request context.
 func (s *Server) startSpan(x *exchange, route string) {
 	ctx := s.tr.Propagator.Extract(x.r.Context(), propagation.HeaderCarrier(x.r.Header))
-	ctx, x.span = s.tracer().Start(ctx, "POST "+route, trace.WithSpanKind(trace.SpanKindServer),
-		trace.WithAttributes(attribute.String(attrRequestID, x.id), attribute.String(attrRoute, route)))
+	ctx, x.Span = s.tracer().Start(ctx, "POST "+route, trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(attribute.String(attrRequestID, x.ID), attribute.String(attrRoute, route)))
 	x.r = x.r.WithContext(ctx)
-	x.ctx = ctx
+	x.Ctx = ctx
 }
 
 // endSpan records x's outcome on its span and ends it.
 func (s *Server) endSpan(x *exchange) {
-	if x.span == nil || !x.span.IsRecording() {
+	if x.Span == nil || !x.Span.IsRecording() {
 		return
 	}
 	attrs := []attribute.KeyValue{
 		attribute.Int(attrStatus, x.status), attribute.String(attrOutcome, x.outcome),
 		attribute.Int(attrRetries, x.retries),
 	}
-	if x.req != nil {
-		attrs = append(attrs, attribute.String(attrModel, x.req.Model))
+	if x.Req != nil {
+		attrs = append(attrs, attribute.String(attrModel, x.Req.Model))
 	}
-	if x.tokens != nil {
-		attrs = append(attrs, attribute.Int(attrPromptTokens, len(x.tokens)))
+	if x.Tokens != nil {
+		attrs = append(attrs, attribute.Int(attrPromptTokens, len(x.Tokens)))
 	}
 	if x.replica != "" {
 		attrs = append(attrs, attribute.String(attrReplica, x.replica), attribute.Int(attrCached, x.cached))
 	}
-	x.span.SetAttributes(attrs...)
+	x.Span.SetAttributes(attrs...)
 	if x.status >= 500 || x.outcome == outcomeUpstream || x.outcome == outcomeTimeout {
 		msg := x.outcome
 		if x.err != nil {
 			msg = x.err.Error()
 		}
-		x.span.SetStatus(codes.Error, msg)
+		x.Span.SetStatus(codes.Error, msg)
 	}
-	x.span.End()
+	x.Span.End()
 }
 
 // traceDecision records a decision on the request span: policy and the
 // candidates' cached blocks and costs (the /v1/route explain).
 func (s *Server) traceDecision(x *exchange, d group.Decision) {
-	if x.span == nil || !x.span.IsRecording() {
+	if x.Span == nil || !x.Span.IsRecording() {
 		return
 	}
 	attrs := []attribute.KeyValue{attribute.String(attrReplica, d.Replica), attribute.Int(attrCached, d.CachedTokens)}
@@ -105,12 +104,7 @@ func (s *Server) traceDecision(x *exchange, d group.Decision) {
 			attrs = append(attrs, attribute.String(attrCandidates, string(b)))
 		}
 	}
-	x.span.AddEvent("decision", trace.WithAttributes(attrs...))
-}
-
-// startChild starts a child span of the span in ctx (a request's).
-func (s *core) startChild(ctx context.Context, name string, kind trace.SpanKind) (context.Context, trace.Span) {
-	return s.tracer().Start(ctx, name, trace.WithSpanKind(kind))
+	x.Span.AddEvent("decision", trace.WithAttributes(attrs...))
 }
 
 // startLeg starts the span of one engine attempt under ctx; the caller

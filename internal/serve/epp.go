@@ -6,8 +6,8 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"kvrouter/internal/admission"
 	"kvrouter/internal/epp"
-	"kvrouter/internal/proxy"
 )
 
 // RunEPP runs the app as Run does, with HTTP on ln, and beside it an
@@ -41,7 +41,7 @@ func (a *App) RunEPP(ctx context.Context, cfg epp.Config, ln, gln net.Listener) 
 // has synced and listed one), and for each model on the event-fed index an
 // engine of it with its KV event stream connected, as its subscriber
 // reports (kvevents.Subscriber.Connected).
-func (a *App) eppReady(p *proxy.Picker) bool {
+func (a *App) eppReady(p *admission.Picker) bool {
 	if !p.Ready() {
 		return false
 	}

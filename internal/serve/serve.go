@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"golang.org/x/sync/errgroup"
 
+	"kvrouter/internal/admission"
 	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/group"
@@ -456,7 +457,7 @@ func (ts *tokenSource) engine(ep *fleet.Endpoint, log *slog.Logger, reg promethe
 	if err != nil {
 		return group.EngineTokenizer{}, nil, err
 	}
-	et := group.EngineTokenizer{Endpoint: ep, Tok: proxy.TokenSource{Src: src}}
+	et := group.EngineTokenizer{Endpoint: ep, Tok: admission.TokenSource{Src: src}}
 	if ts.local == nil {
 		return et, nil, nil
 	}

@@ -1,10 +1,9 @@
-package proxy
+package admission
 
 import (
 	"context"
 	"fmt"
 	"net"
-	"net/http"
 	"net/url"
 	"slices"
 	"strings"
@@ -18,42 +17,63 @@ import (
 	"kvrouter/internal/request"
 )
 
-// Picker is a Server's routing core for a front that does not forward
-// requests itself: the Gateway API Inference Extension endpoint picker
-// (package epp, which declares what it asks as epp.Picker), which tells
-// the gateway where to send each request. It parses, validates, tokenizes
-// and routes with the same code (core.go), models, routers, tokenizers and
-// leases as the HTTP front, and answers in package pick's terms; only the
-// forwarding is left to the gateway. Safe for concurrent use.
+// Picker is admission for a front that does not forward requests
+// itself: the Gateway API Inference Extension endpoint picker (package
+// epp, which declares what it asks as epp.Picker), which tells the gateway
+// where to send each request. It parses, validates, tokenizes and routes
+// with the same Core, groups, routers, tokenizers and leases as the HTTP
+// front, and answers in package pick's terms; only the forwarding is left
+// to the gateway. Safe for concurrent use.
 type Picker struct {
-	s     *Server
+	s     *Core
 	front *frontmetrics.Front // front="epp": its requests' tokenizer series
+	pd    PickerDeps
 }
 
-// Picker returns s's routing core for another front: the endpoint picker,
-// whose requests' tokenizer series (kvrouter_proxy_tokenize_*,
+// PickerDeps are what a Picker asks of the HTTP front that owns the
+// process's metrics and readiness.
+type PickerDeps struct {
+	// Ready reports what GET /ready reports. Required.
+	Ready func() bool
+	// OnReplicaRemoved registers f, called with the name of each engine
+	// removed from the fleet while serving. Required.
+	OnReplicaRemoved func(f func(replica string))
+}
+
+// Picker returns s for another front: the endpoint picker, whose
+// requests' tokenizer series (kvrouter_proxy_tokenize_*,
 // kvrouter_proxy_tokenizer_unavailable_total) carry front="epp". The
 // front's shadow series of the models in shadow mode are created at 0
 // (the picker records them: Pick.Shadow).
-func (s *Server) Picker() *Picker {
-	f := s.m.front.Front(frontmetrics.EPP)
-	for name, m := range s.models {
-		if m.cfg.Policy == config.PolicyShadow {
+func (s *Core) Picker(pd PickerDeps) *Picker {
+	f := s.deps.Metrics.Front(frontmetrics.EPP)
+	for name, g := range s.groups {
+		if g.Cfg.Policy == config.PolicyShadow {
 			f.InitShadow(name)
 		}
 	}
-	return &Picker{s: s, front: f}
+	return &Picker{s: s, front: f, pd: pd}
 }
 
 // FrontMetrics is the request metrics set the HTTP front registered, for
 // another front of the same process to take its view of (one Set per
 // registry).
-func (p *Picker) FrontMetrics() *frontmetrics.Set { return p.s.m.front }
+func (p *Picker) FrontMetrics() *frontmetrics.Set { return p.s.deps.Metrics }
+
+// OnReplicaRemoved registers f, called with the name of each engine
+// removed from the fleet while serving, for another front to delete its
+// series of it; f must not block.
+func (p *Picker) OnReplicaRemoved(f func(replica string)) { p.pd.OnReplicaRemoved(f) }
+
+// HasReplica reports whether the fleet has an engine named replica (still
+// there, or added again under that name).
+func (p *Picker) HasReplica(replica string) bool { return p.s.deps.Fleet.Endpoint(replica) != nil }
 
 // Outcome of a request shed by pick.Input.MaxInFlight.
 const outcomeShed = frontmetrics.OutcomeShed
 
-// Pick routes a request through the routing core (core.go). It answers
+// Pick routes a request through admission (Core.Admit, Core.TooLong,
+// Core.RouteInput). It answers
 // every error the HTTP front would answer before forwarding (bad body,
 // unknown model, prompt too long, no replica), as a *pick.Error. A Pick
 // holds a load lease on its replica and predicted blocks until End.
@@ -65,29 +85,29 @@ func (p *Picker) Pick(ctx context.Context, in pick.Input) (*pick.Pick, *pick.Err
 	}
 	id := in.RequestID
 	if id == "" {
-		id = newRequestID()
+		id = NewRequestID()
 	}
-	f := &flow{ctx: ctx, id: id, start: s.deps.Now(), header: header, front: p.front}
+	f := &Flow{Ctx: ctx, ID: id, Start: s.deps.Now(), Header: header, Metrics: p.front}
 	k, ok := inferenceKind(in.Path)
 	if !ok {
-		return nil, p.fail(f, &apiError{status: http.StatusNotFound, typ: typeNotFound, message: fmt.Sprintf("no route for POST %s", truncate(in.Path, maxEcho))}, outcomeBadRequest, nil)
+		return nil, p.fail(f, &answer{status: statusNotFound, typ: TypeNotFound, message: fmt.Sprintf("no route for POST %s", Truncate(in.Path, MaxEcho))}, frontmetrics.OutcomeBadRequest, nil)
 	}
 	if s.cfg.APIKey != "" && header("Authorization") != "Bearer "+s.cfg.APIKey {
-		return nil, p.fail(f, &apiError{status: http.StatusUnauthorized, typ: typeAuthentication, message: "invalid API key"}, outcomeBadRequest, nil)
+		return nil, p.fail(f, &answer{status: statusUnauthorized, typ: TypeAuthentication, message: "invalid API key"}, frontmetrics.OutcomeBadRequest, nil)
 	}
 	if e := request.CheckContentType(header("Content-Type")); e != nil {
-		return nil, p.fail(f, requestError(e), outcomeBadRequest, nil)
+		return nil, p.fail(f, requestAnswer(e), frontmetrics.OutcomeBadRequest, nil)
 	}
 	if int64(len(in.Body)) > s.cfg.BodyLimit {
-		return nil, p.fail(f, p.tooLarge(), outcomeBadRequest, nil)
+		return nil, p.fail(f, p.tooLarge(), frontmetrics.OutcomeBadRequest, nil)
 	}
-	if e := s.admit(ctx, f, k, in.Body); e != nil {
-		return nil, p.fail(f, requestError(e), outcomeBadRequest, nil)
+	if e := s.Admit(ctx, f, k, in.Body); e != nil {
+		return nil, p.fail(f, requestAnswer(e), frontmetrics.OutcomeBadRequest, nil)
 	}
-	if e := s.tooLong(f); e != nil {
-		return nil, p.fail(f, requestError(e), outcomeBadRequest, nil)
+	if e := s.TooLong(ctx, f); e != nil {
+		return nil, p.fail(f, requestAnswer(e), frontmetrics.OutcomeBadRequest, nil)
 	}
-	eps, retry, err := s.deps.Fleet.Healthy(nil, f.req.Model)
+	eps, retry, err := s.deps.Fleet.Healthy(nil, f.Req.Model)
 	var cands []string
 	shed := false
 	for _, ep := range eps {
@@ -103,37 +123,37 @@ func (p *Picker) Pick(ctx context.Context, in pick.Input) (*pick.Pick, *pick.Err
 	if len(cands) == 0 {
 		switch {
 		case shed:
-			return nil, p.fail(f, &apiError{status: http.StatusTooManyRequests, typ: typeRateLimit,
-				message: fmt.Sprintf("every replica of model %q is at its limit of %d requests", f.req.Model, in.MaxInFlight), retryAfter: time.Second}, outcomeShed, nil)
+			return nil, p.fail(f, &answer{status: statusTooManyRequests, typ: TypeRateLimit,
+				message: fmt.Sprintf("every replica of model %q is at its limit of %d requests", f.Req.Model, in.MaxInFlight), retryAfter: time.Second}, outcomeShed, nil)
 		case in.Allow != nil && len(eps) > 0:
-			return nil, p.fail(f, &apiError{status: http.StatusServiceUnavailable, typ: typeServiceUnavailable,
-				message: fmt.Sprintf("no healthy replica of model %q in the gateway's endpoint subset", f.req.Model), retryAfter: time.Second}, outcomeNoReplica, nil)
+			return nil, p.fail(f, &answer{status: statusServiceUnavailable, typ: TypeServiceUnavailable,
+				message: fmt.Sprintf("no healthy replica of model %q in the gateway's endpoint subset", f.Req.Model), retryAfter: time.Second}, frontmetrics.OutcomeNoReplica, nil)
 		default:
 			if err == nil {
 				err = fleet.ErrNoEndpoint
 			}
-			return nil, p.fail(f, noReplicaError(f, retry), outcomeNoReplica, err)
+			return nil, p.fail(f, noReplica(f.Req.Model, retry), frontmetrics.OutcomeNoReplica, err)
 		}
 	}
 	t0 := time.Now()
-	d, err := f.m.router.Route(s.routeInput(f, cands, false))
+	d, err := f.Group.Router.Route(s.RouteInput(ctx, f, cands, false))
 	if err != nil {
-		return nil, p.fail(f, serverError("routing: "+err.Error()), outcomeUpstream, nil)
+		return nil, p.fail(f, serverAnswer("routing: "+err.Error()), frontmetrics.OutcomeUpstream, nil)
 	}
 	ep := s.deps.Fleet.Endpoint(d.Replica)
 	if ep == nil || !slices.Contains(cands, d.Replica) {
 		if d.Release != nil {
 			d.Release()
 		}
-		return nil, p.fail(f, serverError(fmt.Sprintf("router chose unknown replica %q", d.Replica)), outcomeUpstream, nil)
+		return nil, p.fail(f, serverAnswer(fmt.Sprintf("router chose unknown replica %q", d.Replica)), frontmetrics.OutcomeUpstream, nil)
 	}
 	l := &lease{p: p, f: f, ep: ep, d: d, addr: EndpointAddr(ep)}
-	pk := &pick.Pick{Model: f.req.Model, Target: pick.Target{Replica: d.Replica, Addr: l.addr, CachedTokens: d.CachedTokens, APIKey: ep.APIKey()},
-		Body: f.fwd, PromptTokens: len(f.tokens), Tokenized: f.tokens != nil, Stream: f.req.Stream, Lease: l}
+	pk := &pick.Pick{Model: f.Req.Model, Target: pick.Target{Replica: d.Replica, Addr: l.addr, CachedTokens: d.CachedTokens, APIKey: ep.APIKey()},
+		Body: f.Fwd, PromptTokens: len(f.Tokens), Tokenized: f.Tokens != nil, Stream: f.Req.Stream, Lease: l}
 	if d.Shadow != nil {
 		pk.Shadow = &pick.Shadow{Replica: d.Shadow.Replica, CachedTokens: d.Shadow.CachedTokens}
 	}
-	pk.Fallbacks = p.fallbacks(f, cands, d.Replica)
+	pk.Fallbacks = p.fallbacks(ctx, f, cands, d.Replica)
 	pk.Decision = time.Since(t0)
 	ep.AddInFlight(1)
 	return pk, nil
@@ -141,27 +161,27 @@ func (p *Picker) Pick(ctx context.Context, in pick.Input) (*pick.Pick, *pick.Err
 
 // fail is the *pick.Error for e: the HTTP front's status, body and
 // Retry-After, the outcome, and cause (e when nil) for the log line.
-func (p *Picker) fail(f *flow, e *apiError, outcome string, cause error) *pick.Error {
-	pe := &pick.Error{Status: e.status, Body: e.body(), RetryAfter: retryAfterSeconds(e.retryAfter), Outcome: outcome, Err: cause}
+func (p *Picker) fail(f *Flow, e *answer, outcome string, cause error) *pick.Error {
+	pe := &pick.Error{Status: e.status, Body: e.body(), RetryAfter: RetryAfterSeconds(e.retryAfter), Outcome: outcome, Err: cause}
 	if cause == nil {
 		pe.Err = e
 	}
-	if _, ok := p.s.models[f.asked]; ok {
-		pe.Model = f.asked
+	if _, ok := p.s.groups[f.Asked]; ok {
+		pe.Model = f.Asked
 	}
 	return pe
 }
 
 // fallbacks are up to the model's Retries other candidates, each the
 // router's choice (without a lease) among those not yet listed.
-func (p *Picker) fallbacks(f *flow, cands []string, chosen string) []string {
+func (p *Picker) fallbacks(ctx context.Context, f *Flow, cands []string, chosen string) []string {
 	var out []string
 	rest := slices.DeleteFunc(slices.Clone(cands), func(n string) bool { return n == chosen })
-	for range max(f.m.cfg.Retries, 0) {
+	for range max(f.Group.Cfg.Retries, 0) {
 		if len(rest) == 0 {
 			break
 		}
-		d, err := f.m.router.Route(p.s.routeInput(f, rest, true))
+		d, err := f.Group.Router.Route(p.s.RouteInput(ctx, f, rest, true))
 		if err != nil || !slices.Contains(rest, d.Replica) {
 			break
 		}
@@ -180,7 +200,7 @@ func (p *Picker) fallbacks(f *flow, cands []string, chosen string) []string {
 // predicted blocks, and the engine's in-flight count (pick.Lease).
 type lease struct {
 	p     *Picker
-	f     *flow
+	f     *Flow
 	ep    *fleet.Endpoint
 	addr  string
 	d     group.Decision
@@ -197,7 +217,7 @@ func (l *lease) Served(addr string) (pick.Target, bool, error) {
 		return pick.Target{}, false, nil
 	}
 	s := l.p.s
-	model := l.f.req.Model
+	model := l.f.Req.Model
 	var to *fleet.Endpoint
 	for _, ep := range s.deps.Fleet.Endpoints(model) {
 		if EndpointAddr(ep) == addr {
@@ -210,7 +230,7 @@ func (l *lease) Served(addr string) (pick.Target, bool, error) {
 		l.ended = true
 		return pick.Target{}, false, fmt.Errorf("served endpoint %s is no engine of model %q", addr, model)
 	}
-	d, err := l.f.m.router.Route(s.routeInput(l.f, []string{to.Name()}, false))
+	d, err := l.f.Group.Router.Route(s.RouteInput(l.f.Ctx, l.f, []string{to.Name()}, false))
 	if err != nil {
 		l.ended = true
 		return pick.Target{}, false, fmt.Errorf("routing onto served endpoint %s: %w", addr, err)
@@ -300,24 +320,21 @@ func (p *Picker) EndpointNamed(allow func(addr string) bool) (name, addr string,
 
 // Ready reports what GET /ready reports: every model has an engine up,
 // probed and, on the event-fed index, with its KV event stream connected.
-func (p *Picker) Ready() bool { return p.s.readiness(false).Ready }
+func (p *Picker) Ready() bool { return p.pd.Ready() }
 
 // TooLarge is the HTTP front's 413 for a body over config.Config.BodyLimit.
 func (p *Picker) TooLarge() *pick.Error {
 	e := p.tooLarge()
-	return &pick.Error{Status: e.status, Body: e.body(), Outcome: outcomeBadRequest, Err: e}
+	return &pick.Error{Status: e.status, Body: e.body(), Outcome: frontmetrics.OutcomeBadRequest, Err: e}
 }
 
-func (p *Picker) tooLarge() *apiError {
-	return &apiError{status: http.StatusRequestEntityTooLarge, typ: typeInvalidRequest,
+func (p *Picker) tooLarge() *answer {
+	return &answer{status: statusRequestEntityTooLarge, typ: TypeInvalidRequest,
 		message: fmt.Sprintf("request body larger than %d bytes", p.s.cfg.BodyLimit)}
 }
 
 // BodyLimit is config.Config.BodyLimit, in bytes.
 func (p *Picker) BodyLimit() int64 { return p.s.cfg.BodyLimit }
-
-// typeRateLimit is the type of a 429 the router answers (a shed request).
-const typeRateLimit = "rate_limit_error"
 
 // EndpointAddr is ep's address as a gateway names it: its URL's host and
 // port ("10.0.0.7:8000"), the port defaulting to the scheme's.

@@ -1,4 +1,4 @@
-package proxy
+package admission
 
 import (
 	"context"
@@ -69,9 +69,9 @@ func mmItems(items []tokenizer.MMItem) []kvindex.MMItem {
 // with its length as the prefill cost: the ids' count, or, with no ids,
 // the images' estimated visual tokens (Qwen2VLImageTokens; the text's
 // tokens are unknown then, so this is a lower bound).
-func mediaRouteInput(x *flow, in *group.RouteInput) {
-	in.MM = x.mm
-	if len(x.mm) > 0 || x.media.Items == 0 {
+func mediaRouteInput(x *Flow, in *group.RouteInput) {
+	in.MM = x.MM
+	if len(x.MM) > 0 || x.Media.Items == 0 {
 		return
 	}
 	if in.Tokens != nil {
@@ -80,7 +80,7 @@ func mediaRouteInput(x *flow, in *group.RouteInput) {
 		return
 	}
 	if in.PromptTokens == 0 {
-		in.PromptTokens = x.media.VisualTokens
+		in.PromptTokens = x.Media.VisualTokens
 	}
 }
 

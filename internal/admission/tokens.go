@@ -1,4 +1,4 @@
-package proxy
+package admission
 
 import (
 	"context"
@@ -36,3 +36,13 @@ func (t TokenSource) Tokens(ctx context.Context, chat bool, body []byte, text st
 	add := special.AddSpecialTokens == nil || *special.AddSpecialTokens
 	return t.Src.Completion(ctx, text, add)
 }
+
+// textRouter is a Router that may route by prompt text. RouteInput builds
+// group.RouteInput.Text, which costs a decode of every chat message, only
+// when UsesText reports true.
+type textRouter interface {
+	group.Router
+	UsesText() bool
+}
+
+var _ textRouter = (*group.Backend)(nil)
