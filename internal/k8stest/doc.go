@@ -1,5 +1,5 @@
 // Package k8stest runs a real Kubernetes control plane and real engine
-// hosts for tests; nothing outside _test.go files imports it.
+// hosts for tests; only test code imports it.
 //
 // Start runs etcd and kube-apiserver (KubeVersion) on free loopback ports in
 // a temporary directory, with static token authentication and either
