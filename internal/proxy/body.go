@@ -123,7 +123,8 @@ func (s *Server) readBody(x *exchange) ([]byte, bool) {
 	buf := make([]byte, 0, size)
 	rc := http.NewResponseController(x.w)
 	idle := orDefault(s.cfg.HTTP.BodyIdleTimeout, config.Default().HTTP.BodyIdleTimeout)
-	defer func() { _ = rc.SetReadDeadline(time.Time{}) }() // streams outlive the body
+	// Streams outlive the body: the deadline is lifted once it is whole.
+	// A failed read keeps it, so that nothing more is read (closeUnread).
 	for cl < 0 || int64(len(buf)) < cl {
 		if len(buf) == cap(buf) {
 			if int64(len(buf)) > limit {
@@ -167,6 +168,7 @@ func (s *Server) readBody(x *exchange) ([]byte, bool) {
 	if int64(len(buf)) > limit {
 		return tooLarge()
 	}
+	_ = rc.SetReadDeadline(time.Time{})
 	return buf, true
 }
 

@@ -167,7 +167,7 @@ func (s *Server) serve(ctx context.Context, ln net.Listener, name string, h http
 		lim.max = int64(config.Default().HTTP.MaxConnections)
 	}
 	srv := &http.Server{
-		Handler:           lim.guard(h),
+		Handler:           closeUnread(lim.guard(h)),
 		ReadHeaderTimeout: orDefault(lc.HeaderTimeout, config.Default().HTTP.HeaderTimeout),
 		IdleTimeout:       orDefault(lc.IdleTimeout, config.Default().HTTP.IdleTimeout),
 		MaxHeaderBytes:    cmp.Or(max(lc.MaxHeaderBytes, 0), config.Default().HTTP.MaxHeaderBytes),

@@ -1,0 +1,97 @@
+package proxy
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"kvrouter/internal/config"
+	"kvrouter/internal/fleet"
+)
+
+// answerOn writes raw (a request's head and what part of its body the
+// client sends) on a new connection to addr and reads the answer, failing
+// unless one comes within 10 s.
+func answerOn(t *testing.T, addr, what, raw string) (net.Conn, *http.Response) {
+	t.Helper()
+	c := dial(t, addr)
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, raw); err != nil {
+		t.Fatalf("%s: write: %v", what, err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("%s: no answer within 10 s: %v", what, err)
+	}
+	_, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return c, resp
+}
+
+// Every answer that leaves a declared request body unread closes the
+// connection promptly ("Connection: close"), however the client stalls:
+// none of header_timeout, body_idle_timeout or idle_timeout (a minute
+// here) is what ends it. A whole request keeps its connection.
+func TestUnreadBodyClosesConnection(t *testing.T) {
+	rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) {
+		c.HTTP.HeaderTimeout = time.Minute
+		c.HTTP.IdleTimeout = time.Minute
+		c.HTTP.BodyIdleTimeout = 300 * time.Millisecond
+	})
+	addr := rg.runFront()
+	const declared = "Host: kvrouter\r\nContent-Length: 1000\r\n"
+	for _, tc := range []struct {
+		name, raw string
+		status    int
+	}{
+		{"body stalled mid-upload", "POST /v1/chat/completions HTTP/1.1\r\n" + declared + "Content-Type: application/json\r\n\r\n" + `{"model":"m",`, http.StatusRequestTimeout},
+		{"wrong Content-Type, no body", "POST /v1/chat/completions HTTP/1.1\r\n" + declared + "Content-Type: text/plain\r\n\r\n", http.StatusUnsupportedMediaType},
+		{"unknown path, no body", "POST /v1/nowhere HTTP/1.1\r\n" + declared + "Content-Type: application/json\r\n\r\n", http.StatusNotFound},
+		{"GET /v1/models with a declared body", "GET /v1/models HTTP/1.1\r\n" + declared + "\r\n", http.StatusOK},
+		{"chunked body never ended", "POST /v1/nowhere HTTP/1.1\r\nHost: kvrouter\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n10\r\n0123456789", http.StatusNotFound},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, resp := answerOn(t, addr, tc.name, tc.raw)
+			if resp.StatusCode != tc.status && !(tc.status == http.StatusUnsupportedMediaType && resp.StatusCode == http.StatusBadRequest) {
+				t.Errorf("%s: %d, want %d", tc.name, resp.StatusCode, tc.status)
+			}
+			if !resp.Close {
+				t.Errorf("%s: answer without Connection: close", tc.name)
+			}
+			waitClosed(t, c, 10*time.Second, tc.name)
+		})
+	}
+	t.Run("whole request", func(t *testing.T) {
+		c, resp := answerOn(t, addr, "whole request", "POST /v1/chat/completions HTTP/1.1\r\nHost: kvrouter\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(chatBody))+"\r\n\r\n"+chatBody)
+		if resp.StatusCode != 200 || resp.Close {
+			t.Fatalf("whole request: %d (close %v), want 200 on a kept-alive connection", resp.StatusCode, resp.Close)
+		}
+		c.Close()
+	})
+}
+
+// A non-probe request with a declared body on a reserved connection gets
+// its 503 and the connection closes.
+func TestReservedUnreadBodyClosesConnection(t *testing.T) {
+	rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) {
+		c.HTTP.HeaderTimeout = time.Minute
+		c.HTTP.IdleTimeout = time.Minute
+		c.HTTP.MaxConnections = 1
+		c.HTTP.ReservedConnections = 2
+	})
+	addr := rg.runFront()
+	holder := dial(t, addr)
+	if resp, _ := roundTrip(t, holder, bufio.NewReader(holder), "GET", "/health"); resp.StatusCode != 200 {
+		t.Fatalf("GET /health below the cap: %d", resp.StatusCode)
+	}
+	c, resp := answerOn(t, addr, "POST on a reserved connection",
+		"POST /v1/chat/completions HTTP/1.1\r\nHost: kvrouter\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n")
+	if resp.StatusCode != http.StatusServiceUnavailable || !resp.Close {
+		t.Fatalf("POST on a reserved connection: %d (close %v), want 503 and Connection: close", resp.StatusCode, resp.Close)
+	}
+	waitClosed(t, c, 10*time.Second, "reserved connection after its 503")
+}
