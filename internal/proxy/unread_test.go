@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,7 +17,7 @@ import (
 // answerOn writes raw (a request's head and what part of its body the
 // client sends) on a new connection to addr and reads the answer, failing
 // unless one comes within 10 s.
-func answerOn(t *testing.T, addr, what, raw string) (net.Conn, *http.Response) {
+func answerOn(t *testing.T, addr, what, raw string) (net.Conn, *http.Response, string) {
 	t.Helper()
 	c := dial(t, addr)
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
@@ -27,9 +28,9 @@ func answerOn(t *testing.T, addr, what, raw string) (net.Conn, *http.Response) {
 	if err != nil {
 		t.Fatalf("%s: no answer within 10 s: %v", what, err)
 	}
-	_, _ = io.ReadAll(resp.Body)
+	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	return c, resp
+	return c, resp, string(b)
 }
 
 // Every answer that leaves a declared request body unread closes the
@@ -55,7 +56,7 @@ func TestUnreadBodyClosesConnection(t *testing.T) {
 		{"chunked body never ended", "POST /v1/nowhere HTTP/1.1\r\nHost: kvrouter\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n10\r\n0123456789", http.StatusNotFound},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, resp := answerOn(t, addr, tc.name, tc.raw)
+			c, resp, _ := answerOn(t, addr, tc.name, tc.raw)
 			if resp.StatusCode != tc.status && !(tc.status == http.StatusUnsupportedMediaType && resp.StatusCode == http.StatusBadRequest) {
 				t.Errorf("%s: %d, want %d", tc.name, resp.StatusCode, tc.status)
 			}
@@ -66,7 +67,7 @@ func TestUnreadBodyClosesConnection(t *testing.T) {
 		})
 	}
 	t.Run("whole request", func(t *testing.T) {
-		c, resp := answerOn(t, addr, "whole request", "POST /v1/chat/completions HTTP/1.1\r\nHost: kvrouter\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(chatBody))+"\r\n\r\n"+chatBody)
+		c, resp, _ := answerOn(t, addr, "whole request", "POST /v1/chat/completions HTTP/1.1\r\nHost: kvrouter\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(chatBody))+"\r\n\r\n"+chatBody)
 		if resp.StatusCode != 200 || resp.Close {
 			t.Fatalf("whole request: %d (close %v), want 200 on a kept-alive connection", resp.StatusCode, resp.Close)
 		}
@@ -88,10 +89,48 @@ func TestReservedUnreadBodyClosesConnection(t *testing.T) {
 	if resp, _ := roundTrip(t, holder, bufio.NewReader(holder), "GET", "/health"); resp.StatusCode != 200 {
 		t.Fatalf("GET /health below the cap: %d", resp.StatusCode)
 	}
-	c, resp := answerOn(t, addr, "POST on a reserved connection",
+	c, resp, _ := answerOn(t, addr, "POST on a reserved connection",
 		"POST /v1/chat/completions HTTP/1.1\r\nHost: kvrouter\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n")
 	if resp.StatusCode != http.StatusServiceUnavailable || !resp.Close {
 		t.Fatalf("POST on a reserved connection: %d (close %v), want 503 and Connection: close", resp.StatusCode, resp.Close)
 	}
 	waitClosed(t, c, 10*time.Second, "reserved connection after its 503")
+}
+
+// A path that is not in canonical form gets an OpenAI-shaped 404 on both
+// listeners, never ServeMux's redirect to the cleaned path, and reaches no
+// engine.
+func TestNonCanonicalPath(t *testing.T) {
+	rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) { c.AdminListen = "127.0.0.1:0" })
+	for _, l := range []struct{ name, addr string }{{"main", rg.runFront()}, {"admin", rg.runListener(rg.srv.RunAdmin)}} {
+		for _, p := range []string{"/v1/responses/../../reset_prefix_cache", "//v1/models", "/v1/./models", "/health/..", "/v1//chat/completions"} {
+			for _, m := range []string{"GET", "POST"} {
+				what := l.name + " " + m + " " + p
+				_, resp, body := answerOn(t, l.addr, what, m+" "+p+" HTTP/1.1\r\nHost: kvrouter\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+				if resp.Header.Get("Location") != "" {
+					t.Errorf("%s: redirected to %q", what, resp.Header.Get("Location"))
+				}
+				openAIError(t, what, resp, body, http.StatusNotFound, typeNotFound)
+			}
+		}
+	}
+	if n := rg.engines[0].requests.Load(); n != 0 {
+		t.Errorf("engine saw %d requests, want 0", n)
+	}
+}
+
+// The documented exceptions to OpenAI-shaped refusals: a malformed,
+// negative or repeated Content-Length is answered by net/http itself,
+// before any handler, with a plain-text 400, and the connection closes.
+func TestContentLengthRefusedByNetHTTP(t *testing.T) {
+	rg := newRig(t, 1)
+	addr := rg.runFront()
+	for _, cl := range []string{"Content-Length: -1\r\n", "Content-Length: 1x\r\n", "Content-Length: 2\r\nContent-Length: 3\r\n"} {
+		what := strings.TrimSpace(strings.ReplaceAll(cl, "\r\n", " "))
+		c, resp, body := answerOn(t, addr, what, "POST /v1/chat/completions HTTP/1.1\r\nHost: kvrouter\r\nContent-Type: application/json\r\n"+cl+"\r\n{}")
+		if resp.StatusCode != http.StatusBadRequest || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/plain") {
+			t.Errorf("%s: %d %s %q, want net/http's plain-text 400", what, resp.StatusCode, resp.Header.Get("Content-Type"), body)
+		}
+		waitClosed(t, c, 10*time.Second, what)
+	}
 }
