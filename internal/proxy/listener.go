@@ -149,7 +149,7 @@ func newListenerMetrics(reg prometheus.Registerer) (*listenerMetrics, error) {
 		}),
 		bodyRej: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_proxy_body_rejected_total",
-			Help: "Request bodies refused, by reason (budget: 503, body_budget full; too_large: 413, over body_limit; idle: 408, body_idle_timeout).",
+			Help: "Request bodies refused, by reason (budget: 503, body_budget full; too_large: 413, over body_limit; idle: 408, body_idle_timeout; timeout: 408, body_timeout).",
 		}, []string{"reason"}),
 		clients: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_proxy_client_controls_total",
@@ -162,7 +162,7 @@ func newListenerMetrics(reg prometheus.Registerer) (*listenerMetrics, error) {
 			m.rejected.WithLabelValues(l, r)
 		}
 	}
-	for _, r := range []string{"budget", "too_large", "idle"} {
+	for _, r := range []string{"budget", "too_large", "idle", "timeout"} {
 		m.bodyRej.WithLabelValues(r)
 	}
 	for _, c := range []string{"dp_rank", "kv_transfer_params"} {

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 )
@@ -133,4 +135,71 @@ func TestContentLengthRefusedByNetHTTP(t *testing.T) {
 		}
 		waitClosed(t, c, 10*time.Second, what)
 	}
+}
+
+// Uploads that declare large bodies and send a few bytes hold a few KiB
+// of body_budget each, not what they declared: a whole request still gets
+// its answer while they stall.
+func TestBodyBudgetTakenAsBytesArrive(t *testing.T) {
+	const limit, budget, n = 64 << 10, 256 << 10, 32
+	rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) {
+		c.BodyLimit, c.BodyBudget = limit, budget
+		c.HTTP.BodyIdleTimeout = time.Minute
+	})
+	addr := rg.runFront()
+	held := func() float64 { return testutil.ToFloat64(rg.srv.lm.bodies) }
+	for range n {
+		startUpload(t, addr, limit, `{"model":"m","messages":[{"role":"user","content":"`)
+	}
+	pollGauge(t, "kvrouter_proxy_body_held_bytes with the uploads stalled", n*bodyChunk, held)
+	if resp, body := rawPost(t, addr, chatBody); resp.StatusCode != 200 {
+		t.Fatalf("a whole request while %d uploads declaring %d bytes stall: %d %s", n, limit, resp.StatusCode, body)
+	}
+}
+
+// A body that keeps coming, a byte at a time, is answered 408 at
+// body_timeout (body_idle_timeout never passes), its connection closed and
+// its budget given back.
+func TestBodyTimeout(t *testing.T) {
+	rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) {
+		c.HTTP.BodyIdleTimeout = time.Minute
+		c.HTTP.BodyTimeout = time.Second
+	})
+	addr := rg.runFront()
+	c := startUpload(t, addr, 1<<10, `{"model":"m","messages":[`)
+	// Trickle: a byte every 50 ms until the answer (or 20 s).
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				if _, err := c.Write([]byte(" ")); err != nil {
+					return
+				}
+			}
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	start := time.Now()
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("a trickling body: no answer within 20 s: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	e := openAIError(t, "a trickling body", resp, string(b), http.StatusRequestTimeout, typeInvalidRequest)
+	if d := time.Since(start); d < time.Second/2 || !strings.Contains(e.Message, "body_timeout") || !resp.Close {
+		t.Errorf("a trickling body: answered after %v: %q (close %v), want body_timeout's 408 and close", d, e.Message, resp.Close)
+	}
+	if n := testutil.ToFloat64(rg.srv.lm.bodyRej.WithLabelValues("timeout")); n != 1 {
+		t.Errorf("body_rejected_total{reason=timeout} = %v, want 1", n)
+	}
+	pollGauge(t, "kvrouter_proxy_body_held_bytes", 0, func() float64 { return testutil.ToFloat64(rg.srv.lm.bodies) })
 }
