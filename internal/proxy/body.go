@@ -92,9 +92,10 @@ func (b *bodyBudget) give(n int64) {
 // readBody reads the request body whole within config.Config.BodyLimit, holding
 // config.Config.BodyBudget for its buffer (x.bodyHeld, given back by finish),
 // waiting at most HTTP.BodyIdleTimeout for each part of it and
-// HTTP.BodyTimeout for all of it. Its buffer starts at bodyChunk (or the
-// declared length, when smaller) and doubles as bytes arrive, up to the
-// declared length, the budget taken before each growth. It answers the
+// HTTP.BodyTimeout for all of it. It reads into parts of bodyChunk, then
+// twice as much each (cut to the declared length), made as the bytes
+// arrive, the budget taken before each, and joins them when the body is
+// whole. It answers the
 // client and returns false on any failure: 413 over the limit (at once
 // for a declared length), 503 with Retry-After when the budget is spent,
 // 408 when the client stops sending or is too slow, 400 otherwise.
@@ -115,45 +116,49 @@ func (s *Server) readBody(x *exchange) ([]byte, bool) {
 	if cl > limit {
 		return tooLarge()
 	}
-	// The buffer grows by doubling as the bytes arrive, up to the
-	// declared length (or past the limit, to tell a chunked body too
-	// large): holding the budget costs the client the bytes it sent.
-	ceiling, size := limit+1, int64(bodyChunk)
+	// The body is read into parts that double in size as its bytes
+	// arrive (cut to the declared length, or to one byte past the limit
+	// to tell a chunked body too large), each taken from the budget
+	// before it is made, and joined once whole: holding the budget costs
+	// the client the bytes it sent, and an unfinished body leaves no
+	// garbage behind its growth.
+	ceiling := limit + 1
 	if cl >= 0 {
-		ceiling, size = cl, min(cl, size)
+		ceiling = cl
 	}
-	if !s.holdBody(x, size) {
-		return nil, false
-	}
-	buf := make([]byte, 0, size)
+	var parts [][]byte
+	cur := []byte{} // the part being filled
+	var total, held, next int64 = 0, 0, bodyChunk
 	rc := http.NewResponseController(x.w)
 	idle := orDefault(s.cfg.HTTP.BodyIdleTimeout, config.Default().HTTP.BodyIdleTimeout)
 	whole := orDefault(s.cfg.HTTP.BodyTimeout, config.Default().HTTP.BodyTimeout)
 	end := time.Now().Add(whole)
 	// Streams outlive the body: the deadline is lifted once it is whole.
 	// A failed read keeps it, so that nothing more is read (closeUnread).
-	for cl < 0 || int64(len(buf)) < cl {
-		if len(buf) == cap(buf) {
-			if int64(len(buf)) > limit {
+	for cl < 0 || total < cl {
+		if len(cur) == cap(cur) {
+			if total > limit {
 				return tooLarge()
 			}
-			n := min(int64(cap(buf))*2, ceiling)
-			// The budget counts the buffers held: the growth's
-			// difference (the old buffer is garbage once copied).
-			if !s.holdBody(x, n-int64(cap(buf))) {
+			n := min(next, ceiling-total)
+			next *= 2
+			if !s.holdBody(x, n) {
 				return nil, false
 			}
-			grown := make([]byte, len(buf), n)
-			copy(grown, buf)
-			buf = grown
+			held += n
+			if cap(cur) > 0 {
+				parts = append(parts, cur)
+			}
+			cur = make([]byte, 0, n)
 		}
 		deadline := time.Now().Add(idle)
 		if end.Before(deadline) {
 			deadline = end
 		}
 		_ = rc.SetReadDeadline(deadline) // unsupported: the server's own limits
-		n, err := x.r.Body.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
+		n, err := x.r.Body.Read(cur[len(cur):cap(cur)])
+		cur = cur[:len(cur)+n]
+		total += int64(n)
 		if err == nil {
 			continue
 		}
@@ -179,11 +184,22 @@ func (s *Server) readBody(x *exchange) ([]byte, bool) {
 		}
 		return nil, false
 	}
-	if int64(len(buf)) > limit {
+	if total > limit {
 		return tooLarge()
 	}
 	_ = rc.SetReadDeadline(time.Time{})
-	return buf, true
+	if len(parts) == 0 {
+		return cur, true
+	}
+	// Joined: the budget then holds the body's length (the parts are
+	// garbage once copied).
+	body := make([]byte, 0, total)
+	for _, p := range append(parts, cur) {
+		body = append(body, p...)
+	}
+	s.bodies.give(held - total)
+	x.bodyHeld -= held - total
+	return body, true
 }
 
 // holdBody takes n more bytes of the body budget for x; when they do not

@@ -203,3 +203,24 @@ func TestBodyTimeout(t *testing.T) {
 	}
 	pollGauge(t, "kvrouter_proxy_body_held_bytes", 0, func() float64 { return testutil.ToFloat64(rg.srv.lm.bodies) })
 }
+
+// Bodies read in several parts arrive whole at the engine, with a
+// declared length and chunked, and give their budget back.
+func TestBodyReadInParts(t *testing.T) {
+	rg := newRig(t, 1)
+	addr := rg.runFront()
+	content := strings.Repeat("0123456789abcdef", 100<<10/16+7) // ~100 KiB: many parts
+	body := `{"model":"m","messages":[{"role":"user","content":"` + content + `"}]}`
+	for _, te := range []string{"Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body,
+		"Transfer-Encoding: chunked\r\n\r\n" + strconv.FormatInt(int64(len(body)), 16) + "\r\n" + body + "\r\n0\r\n\r\n"} {
+		c, resp, got := answerOn(t, addr, "a 100 KiB body", "POST /v1/chat/completions HTTP/1.1\r\nHost: kvrouter\r\nContent-Type: application/json\r\n"+te)
+		c.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("a 100 KiB body: %d %s", resp.StatusCode, got)
+		}
+		if !strings.Contains(string(rg.engines[0].lastBody()), content) {
+			t.Fatalf("the engine got a body of %d bytes without the content sent", len(rg.engines[0].lastBody()))
+		}
+	}
+	pollGauge(t, "kvrouter_proxy_body_held_bytes", 0, func() float64 { return testutil.ToFloat64(rg.srv.lm.bodies) })
+}
