@@ -16,6 +16,12 @@ type Listener struct {
 	// 408 and its connection closed. A body of any length may take any
 	// time while it keeps coming.
 	BodyIdleTimeout time.Duration `yaml:"body_idle_timeout"`
+	// BodyTimeout bounds the wait for a whole request body, from its
+	// request's headers (default 2m): a body still unfinished then is
+	// answered 408 and its connection closed. With body buffers taken
+	// from the body budget as bytes arrive, it bounds how long bytes
+	// sent once can hold that budget.
+	BodyTimeout time.Duration `yaml:"body_timeout"`
 	// IdleTimeout closes a keep-alive connection after this long without
 	// a request (default 60s).
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
@@ -36,6 +42,7 @@ func defaultListener() Listener {
 	return Listener{
 		HeaderTimeout:       10 * time.Second,
 		BodyIdleTimeout:     30 * time.Second,
+		BodyTimeout:         2 * time.Minute,
 		IdleTimeout:         60 * time.Second,
 		MaxConnections:      8192,
 		ReservedConnections: 32,
@@ -49,6 +56,9 @@ func (l *Listener) fillDefaults(d Listener) {
 	}
 	if l.BodyIdleTimeout == 0 {
 		l.BodyIdleTimeout = d.BodyIdleTimeout
+	}
+	if l.BodyTimeout == 0 {
+		l.BodyTimeout = d.BodyTimeout
 	}
 	if l.IdleTimeout == 0 {
 		l.IdleTimeout = d.IdleTimeout
@@ -72,7 +82,7 @@ func (l *Listener) validate() []error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"header_timeout", l.HeaderTimeout}, {"body_idle_timeout", l.BodyIdleTimeout}, {"idle_timeout", l.IdleTimeout}} {
+	}{{"header_timeout", l.HeaderTimeout}, {"body_idle_timeout", l.BodyIdleTimeout}, {"body_timeout", l.BodyTimeout}, {"idle_timeout", l.IdleTimeout}} {
 		if d.v < 0 {
 			errs = append(errs, ferr("must be positive", "http", d.name))
 		}

@@ -16,9 +16,10 @@ import (
 	"kvrouter/internal/request"
 )
 
-// bodyChunk is the first buffer for a body of unknown length (chunked),
-// and the smallest step it grows by.
-const bodyChunk = 32 << 10
+// bodyChunk is the first buffer of a body (or the whole body, when it
+// declares fewer bytes): the most of the body budget a request holds
+// before its body's bytes arrive.
+const bodyChunk = 4 << 10
 
 // Returning memory after a burst of bodies. The runtime's background
 // scavenger hands freed pages back to the OS slowly: measured on this
@@ -89,13 +90,15 @@ func (b *bodyBudget) give(n int64) {
 }
 
 // readBody reads the request body whole within config.Config.BodyLimit, holding
-// config.Config.BodyBudget for its buffer (x.bodyHeld, given back by finish), and
-// waiting at most HTTP.BodyIdleTimeout for each part of it. A body with a
-// Content-Length is read into one buffer of that size; one without grows
-// its buffer by doubling, the budget taken before each growth. It answers
-// the client and returns false on any failure: 413 over the limit (at
-// once for a declared length), 503 with Retry-After when the budget is
-// spent, 408 when the client stops sending, 400 otherwise.
+// config.Config.BodyBudget for its buffer (x.bodyHeld, given back by finish),
+// waiting at most HTTP.BodyIdleTimeout for each part of it and
+// HTTP.BodyTimeout for all of it. It reads into parts of bodyChunk, then
+// twice as much each (cut to the declared length), made as the bytes
+// arrive, the budget taken before each, and joins them when the body is
+// whole. It answers the
+// client and returns false on any failure: 413 over the limit (at once
+// for a declared length), 503 with Retry-After when the budget is spent,
+// 408 when the client stops sending or is too slow, 400 otherwise.
 func (s *Server) readBody(x *exchange) ([]byte, bool) {
 	if e := request.CheckContentType(x.r.Header.Get("Content-Type")); e != nil {
 		s.fail(x, requestError(e), outcomeBadRequest)
@@ -113,35 +116,49 @@ func (s *Server) readBody(x *exchange) ([]byte, bool) {
 	if cl > limit {
 		return tooLarge()
 	}
-	size := int64(bodyChunk)
+	// The body is read into parts that double in size as its bytes
+	// arrive (cut to the declared length, or to one byte past the limit
+	// to tell a chunked body too large), each taken from the budget
+	// before it is made, and joined once whole: holding the budget costs
+	// the client the bytes it sent, and an unfinished body leaves no
+	// garbage behind its growth.
+	ceiling := limit + 1
 	if cl >= 0 {
-		size = cl
+		ceiling = cl
 	}
-	if !s.holdBody(x, size) {
-		return nil, false
-	}
-	buf := make([]byte, 0, size)
+	var parts [][]byte
+	cur := []byte{} // the part being filled
+	var total, held, next int64 = 0, 0, bodyChunk
 	rc := http.NewResponseController(x.w)
 	idle := orDefault(s.cfg.HTTP.BodyIdleTimeout, config.Default().HTTP.BodyIdleTimeout)
-	defer func() { _ = rc.SetReadDeadline(time.Time{}) }() // streams outlive the body
-	for cl < 0 || int64(len(buf)) < cl {
-		if len(buf) == cap(buf) {
-			if int64(len(buf)) > limit {
+	whole := orDefault(s.cfg.HTTP.BodyTimeout, config.Default().HTTP.BodyTimeout)
+	end := time.Now().Add(whole)
+	// Streams outlive the body: the deadline is lifted once it is whole.
+	// A failed read keeps it, so that nothing more is read (closeUnread).
+	for cl < 0 || total < cl {
+		if len(cur) == cap(cur) {
+			if total > limit {
 				return tooLarge()
 			}
-			n := min(int64(cap(buf))*2, limit+1)
+			n := min(next, ceiling-total)
+			next *= 2
 			if !s.holdBody(x, n) {
 				return nil, false
 			}
-			grown := make([]byte, len(buf), n)
-			copy(grown, buf)
-			s.bodies.give(int64(cap(buf))) // the old buffer is garbage now
-			x.bodyHeld -= int64(cap(buf))
-			buf = grown
+			held += n
+			if cap(cur) > 0 {
+				parts = append(parts, cur)
+			}
+			cur = make([]byte, 0, n)
 		}
-		_ = rc.SetReadDeadline(time.Now().Add(idle)) // unsupported: the server's own limits
-		n, err := x.r.Body.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
+		deadline := time.Now().Add(idle)
+		if end.Before(deadline) {
+			deadline = end
+		}
+		_ = rc.SetReadDeadline(deadline) // unsupported: the server's own limits
+		n, err := x.r.Body.Read(cur[len(cur):cap(cur)])
+		cur = cur[:len(cur)+n]
+		total += int64(n)
 		if err == nil {
 			continue
 		}
@@ -153,10 +170,13 @@ func (s *Server) readBody(x *exchange) ([]byte, bool) {
 		case errors.As(err, &ne) && ne.Timeout():
 			// Before the context check: net/http cancels the request's
 			// context on any read error of its connection.
-			s.lm.bodyRej.WithLabelValues("idle").Inc()
+			reason, msg := "idle", fmt.Sprintf("request body: nothing received for %v (http.body_idle_timeout)", idle)
+			if !time.Now().Before(end) {
+				reason, msg = "timeout", fmt.Sprintf("request body: not whole after %v (http.body_timeout)", whole)
+			}
+			s.lm.bodyRej.WithLabelValues(reason).Inc()
 			x.w.Header().Set("Connection", "close")
-			s.fail(x, &apiError{status: http.StatusRequestTimeout, typ: typeInvalidRequest,
-				message: fmt.Sprintf("request body: nothing received for %v (http.body_idle_timeout)", idle)}, outcomeBadRequest)
+			s.fail(x, &apiError{status: http.StatusRequestTimeout, typ: typeInvalidRequest, message: msg}, outcomeBadRequest)
 		case x.r.Context().Err() != nil:
 			x.outcome, x.status = outcomeClientClosed, 499
 		default:
@@ -164,10 +184,22 @@ func (s *Server) readBody(x *exchange) ([]byte, bool) {
 		}
 		return nil, false
 	}
-	if int64(len(buf)) > limit {
+	if total > limit {
 		return tooLarge()
 	}
-	return buf, true
+	_ = rc.SetReadDeadline(time.Time{})
+	if len(parts) == 0 {
+		return cur, true
+	}
+	// Joined: the budget then holds the body's length (the parts are
+	// garbage once copied).
+	body := make([]byte, 0, total)
+	for _, p := range append(parts, cur) {
+		body = append(body, p...)
+	}
+	s.bodies.give(held - total)
+	x.bodyHeld -= held - total
+	return body, true
 }
 
 // holdBody takes n more bytes of the body budget for x; when they do not

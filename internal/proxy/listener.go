@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -28,6 +29,12 @@ import (
 // soon as it is accepted. Kubernetes probes thus keep their answers while
 // clients are refused, and the kernel's accept queue never fills.
 
+// reservedHeaderTimeout bounds, from accept, the wait for a reserved
+// connection's request headers (or header_timeout when shorter): a probe
+// sends its request at once, so a silent client holds a reserved slot for
+// a second, not for header_timeout.
+const reservedHeaderTimeout = time.Second
+
 // Listener names, the label of the connection series.
 const (
 	listenerMain  = "main"
@@ -40,13 +47,18 @@ const (
 // concurrent use.
 type connLimit struct {
 	max, reserve int64
-	open         atomic.Int64
-	gauge        prometheus.Gauge
-	rejected     *prometheus.CounterVec // by reason
+	// headerWait: reserved connections' header timeout.
+	headerWait time.Duration
+	open       atomic.Int64
+	gauge      prometheus.Gauge
+	rejected   *prometheus.CounterVec // by reason
+	// waiting holds the timers of reserved connections whose request has
+	// not arrived (net.Conn -> *time.Timer).
+	waiting sync.Map
 }
 
 // connSlotKey marks, in a connection's context, a connection accepted into
-// the reserve.
+// the reserve; its value is the connection.
 type connSlotKey struct{}
 
 // connContext counts a new connection; one past the cap and the reserve
@@ -59,27 +71,49 @@ func (l *connLimit) connContext(ctx context.Context, c net.Conn) context.Context
 		l.rejected.WithLabelValues("max_connections").Inc()
 		_ = c.Close()
 	case n > l.max:
-		return context.WithValue(ctx, connSlotKey{}, true)
+		// Closed unless its request's headers arrive within headerWait
+		// (the guard stops the timer).
+		l.waiting.Store(c, time.AfterFunc(l.headerWait, func() {
+			if _, ok := l.waiting.LoadAndDelete(c); ok {
+				_ = c.Close()
+			}
+		}))
+		return context.WithValue(ctx, connSlotKey{}, c)
 	}
 	return ctx
 }
 
 // connState uncounts a connection that closed or was taken over.
-func (l *connLimit) connState(_ net.Conn, st http.ConnState) {
+func (l *connLimit) connState(c net.Conn, st http.ConnState) {
 	if st == http.StateClosed || st == http.StateHijacked {
+		l.arrived(c)
 		l.gauge.Set(float64(l.open.Add(-1)))
 	}
+}
+
+// arrived stops the header timer of reserved connection c; false when it
+// has fired (the connection is closing).
+func (l *connLimit) arrived(c net.Conn) bool {
+	t, ok := l.waiting.LoadAndDelete(c)
+	if ok {
+		t.(*time.Timer).Stop()
+	}
+	return ok
 }
 
 // guard serves requests of reserved connections: GET (or HEAD) /health
 // and /ready, then the connection closes; anything else is a 503.
 func (l *connLimit) guard(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Context().Value(connSlotKey{}) == nil {
+		c, _ := r.Context().Value(connSlotKey{}).(net.Conn)
+		if c == nil {
 			h.ServeHTTP(w, r)
 			return
 		}
 		w.Header().Set("Connection", "close")
+		if !l.arrived(c) {
+			return // closed by its header timer
+		}
 		if (r.Method == http.MethodGet || r.Method == http.MethodHead) && (r.URL.Path == "/health" || r.URL.Path == "/ready") {
 			h.ServeHTTP(w, r)
 			return
@@ -115,7 +149,7 @@ func newListenerMetrics(reg prometheus.Registerer) (*listenerMetrics, error) {
 		}),
 		bodyRej: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_proxy_body_rejected_total",
-			Help: "Request bodies refused, by reason (budget: 503, body_budget full; too_large: 413, over body_limit; idle: 408, body_idle_timeout).",
+			Help: "Request bodies refused, by reason (budget: 503, body_budget full; too_large: 413, over body_limit; idle: 408, body_idle_timeout; timeout: 408, body_timeout).",
 		}, []string{"reason"}),
 		clients: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_proxy_client_controls_total",
@@ -128,7 +162,7 @@ func newListenerMetrics(reg prometheus.Registerer) (*listenerMetrics, error) {
 			m.rejected.WithLabelValues(l, r)
 		}
 	}
-	for _, r := range []string{"budget", "too_large", "idle"} {
+	for _, r := range []string{"budget", "too_large", "idle", "timeout"} {
 		m.bodyRej.WithLabelValues(r)
 	}
 	for _, c := range []string{"dp_rank", "kv_transfer_params"} {
@@ -166,9 +200,11 @@ func (s *Server) serve(ctx context.Context, ln net.Listener, name string, h http
 	if lim.max <= 0 {
 		lim.max = int64(config.Default().HTTP.MaxConnections)
 	}
+	headerTimeout := orDefault(lc.HeaderTimeout, config.Default().HTTP.HeaderTimeout)
+	lim.headerWait = min(headerTimeout, reservedHeaderTimeout)
 	srv := &http.Server{
-		Handler:           lim.guard(h),
-		ReadHeaderTimeout: orDefault(lc.HeaderTimeout, config.Default().HTTP.HeaderTimeout),
+		Handler:           closeUnread(lim.guard(h)),
+		ReadHeaderTimeout: headerTimeout,
 		IdleTimeout:       orDefault(lc.IdleTimeout, config.Default().HTTP.IdleTimeout),
 		MaxHeaderBytes:    cmp.Or(max(lc.MaxHeaderBytes, 0), config.Default().HTTP.MaxHeaderBytes),
 		ErrorLog:          slog.NewLogLogger(s.log.With("listener", name).Handler(), slog.LevelWarn),

@@ -206,3 +206,32 @@ func TestListenerConnectionCap(t *testing.T) {
 		t.Fatalf("GET /v1/models below the cap: %d", resp.StatusCode)
 	}
 }
+
+// Silent connections in the reserve are closed after about a second
+// (reservedHeaderTimeout), not header_timeout (a minute here), so they
+// cannot keep probes out; a probe then finds a free slot and its answer.
+func TestReservedConnectionHeaderTimeout(t *testing.T) {
+	rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) {
+		c.HTTP.HeaderTimeout = time.Minute
+		c.HTTP.IdleTimeout = time.Minute
+		c.HTTP.MaxConnections = 1
+		c.HTTP.ReservedConnections = 2
+	})
+	addr := rg.runFront()
+	open := func() float64 { return testutil.ToFloat64(rg.srv.lm.conns.WithLabelValues(listenerMain)) }
+	dial(t, addr)
+	pollGauge(t, "open connections", 1, open)
+	silent := []net.Conn{dial(t, addr), dial(t, addr)}
+	start := time.Now()
+	for _, c := range silent {
+		waitClosed(t, c, 10*time.Second, "silent reserved connection")
+	}
+	if d := time.Since(start); d < reservedHeaderTimeout/2 {
+		t.Errorf("silent reserved connections closed after %v, want about %v", d, reservedHeaderTimeout)
+	}
+	pollGauge(t, "open connections after the silent ones", 1, open)
+	c := dial(t, addr)
+	if resp, _ := roundTrip(t, c, bufio.NewReader(c), "GET", "/health"); resp.StatusCode != 200 || !resp.Close {
+		t.Fatalf("GET /health on a reserved connection: %d (close %v), want 200 and close", resp.StatusCode, resp.Close)
+	}
+}

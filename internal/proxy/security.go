@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"path"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -50,7 +52,7 @@ func (s *Server) adminRoutes() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		(&apiError{status: http.StatusNotFound, typ: typeNotFound, message: fmt.Sprintf("no route for %s %s on the admin listener", truncate(r.Method, maxEcho), truncate(r.URL.Path, maxEcho))}).write(w)
 	})
-	return mux
+	return canonical(mux)
 }
 
 // dropClientControls removes a client's rank header from every request
@@ -201,4 +203,31 @@ func valueEnd(b []byte, i int) int {
 		j++
 	}
 	return j
+}
+
+// canonical answers a request whose path is not in canonical form (a
+// "." or ".." segment, a repeated or missing "/") with an OpenAI-shaped
+// 404 instead of ServeMux's redirect to the cleaned path, which would
+// answer in HTML and invite the client to a path it did not ask for. The
+// path is compared as sent (percent-encoded), as ServeMux compares it;
+// CONNECT requests are left to h, as ServeMux does not clean them.
+func canonical(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p := r.URL.EscapedPath(); r.Method != http.MethodConnect && p != canonicalPath(p) {
+			(&apiError{status: http.StatusNotFound, typ: typeNotFound,
+				message: fmt.Sprintf("no route for %s %s: the path is not in canonical form", truncate(r.Method, maxEcho), truncate(p, maxEcho))}).write(w)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// canonicalPath is p rooted and cleaned (path.Clean), keeping a trailing
+// slash: the form ServeMux routes without a redirect.
+func canonicalPath(p string) string {
+	c := path.Clean("/" + p)
+	if strings.HasSuffix(p, "/") && c != "/" {
+		c += "/"
+	}
+	return c
 }

@@ -65,7 +65,9 @@ func rawPost(t *testing.T, addr, body string) (*http.Response, string) {
 
 // Unfinished uploads hold at most body_budget bytes together: past it a
 // request is answered 503 with Retry-After (OpenAI's shape) without being
-// read, and the budget comes back whole when the uploads go.
+// read, and the budget comes back whole when the uploads go. Each upload
+// here sends all of its body but the last byte (the budget is taken as the
+// bytes arrive).
 func TestBodyBudgetBoundsUnfinishedUploads(t *testing.T) {
 	const limit, budget = 64 << 10, 256 << 10
 	rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) {
@@ -76,7 +78,7 @@ func TestBodyBudgetBoundsUnfinishedUploads(t *testing.T) {
 	held := func() float64 { return testutil.ToFloat64(rg.srv.lm.bodies) }
 	var uploads []net.Conn
 	for range budget / limit {
-		uploads = append(uploads, startUpload(t, addr, limit, `{"model":"m","messages":[`))
+		uploads = append(uploads, startUpload(t, addr, limit, `{"model":"m","messages":[`+strings.Repeat(" ", limit-26)))
 	}
 	pollGauge(t, "kvrouter_proxy_body_held_bytes with the uploads stalled", budget, held)
 

@@ -242,7 +242,7 @@ func (s *Server) routes(introspection bool) http.Handler {
 		}
 		(&apiError{status: http.StatusNotFound, typ: typeNotFound, message: fmt.Sprintf("no route for %s %s", truncate(r.Method, maxEcho), truncate(r.URL.Path, maxEcho))}).write(w)
 	})
-	return s.dropClientControls(mux)
+	return s.dropClientControls(canonical(mux))
 }
 
 // Handler returns the server's HTTP handler (for tests and embedding).

@@ -71,6 +71,8 @@ func TestHelmChart(t *testing.T) {
 		// The optional index snapshot volume (docs/serve.md, Restarts).
 		"snapshot": run(helm, "template", "kvr", chart, "-n", "vllm", "--set", "snapshot.enabled=true"),
 		"epp":      run(helm, "template", "kvr", chart, "-n", "vllm", "-f", eppExample),
+		// The admin listener on its own port and Service (TestHelmChartAdminPort).
+		"admin": run(helm, "template", "kvr", chart, "-n", "vllm", "--set", "admin.port=9090"),
 	}
 	if out := string(rendered["epp"]); !strings.Contains(out, "kind: InferencePool") || !strings.Contains(out, "- epp\n") ||
 		!strings.Contains(out, "service: readiness") || !strings.Contains(out, "inferencepools") {
@@ -110,8 +112,8 @@ func TestHelmChart(t *testing.T) {
 			}
 		}
 		for _, k := range []string{"Deployment", "Service", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "PodDisruptionBudget", "NetworkPolicy"} {
-			if kinds[k] != 1 {
-				t.Errorf("%s: %d %s, want 1 (%v)", name, kinds[k], k, kinds)
+			if want := 1 + btoi(name == "admin" && k == "Service"); kinds[k] != want {
+				t.Errorf("%s: %d %s, want %d (%v)", name, kinds[k], k, want, kinds)
 			}
 		}
 	}

@@ -1,9 +1,10 @@
 // Command bodyburst measures what unfinished uploads cost a running
 // router: it opens n uploads of size bytes each to addr, sends all but the
-// last byte of every one (a client that never finishes), samples the
-// router's resident memory (/proc/PID/status VmRSS), Go heap and held body
-// bytes (its /metrics), then closes the uploads and samples again at 1 s,
-// 10 s, 60 s and 180 s. run.sh starts a router and runs it.
+// last byte of every one, or -send bytes (a client that never finishes),
+// samples the router's resident memory (/proc/PID/status VmRSS), Go heap
+// and held body bytes (its /metrics), sends one whole request and prints
+// its answer, then closes the uploads and samples again at 1 s, 10 s, 60 s
+// and 180 s. run.sh starts a router and runs it.
 package main
 
 import (
@@ -51,7 +52,11 @@ func main() {
 	n := flag.Int("n", 64, "")
 	size := flag.Int("size", 31<<20, "")
 	pid := flag.Int("pid", 0, "")
+	send := flag.Int("send", 0, "bytes of each body sent (0: all but the last)")
 	flag.Parse()
+	if *send <= 0 || *send >= *size {
+		*send = *size - 1
+	}
 	url := "http://" + *addr
 	sample := func(what string) {
 		fmt.Printf("%-28s rss=%-12s heap_inuse=%-14s heap_sys=%-14s body_held=%s\n", what, rss(*pid),
@@ -59,7 +64,7 @@ func main() {
 	}
 	sample("before")
 	start := time.Now()
-	body := bytes.Repeat([]byte("a"), *size-1)
+	body := bytes.Repeat([]byte("a"), *send)
 	copy(body, `{"model":"m","messages":[{"role":"user","content":"`)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -94,6 +99,16 @@ func main() {
 	wg.Wait()
 	fmt.Printf("uploads: %v after %.1fs\n", status, time.Since(start).Seconds())
 	sample("uploads held")
+	// A whole request meanwhile: its answer (the engine is unreachable,
+	// so anything but the body budget's 503 means its body was read).
+	if resp, err := (&http.Client{Timeout: 10 * time.Second}).Post(url+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)); err == nil {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		fmt.Printf("a whole request meanwhile: %d %.120s\n", resp.StatusCode, b)
+	} else {
+		fmt.Printf("a whole request meanwhile: %v\n", err)
+	}
 	for _, c := range conns {
 		c.Close()
 	}

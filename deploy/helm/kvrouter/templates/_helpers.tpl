@@ -41,12 +41,29 @@ true
 {{- end -}}
 {{- end -}}
 
+{{/* kvrouter.adminPort: admin.port when the admin listener is on, else
+empty; mode epp has none. */}}
+{{- define "kvrouter.adminPort" -}}
+{{- if and .Values.admin .Values.admin.port -}}
+{{- if ne .Values.mode "serve" -}}
+{{- fail "admin.port needs mode serve (kvrouter epp has no admin listener)" -}}
+{{- end -}}
+{{- .Values.admin.port -}}
+{{- end -}}
+{{- end -}}
+
 {{/* kvrouter.config: router.yaml, routerConfig rendered with tpl plus listen. */}}
 {{- define "kvrouter.config" -}}
 {{- if hasKey .Values.routerConfig "listen" -}}
 {{- fail "routerConfig.listen is set by the chart from service.targetPort" -}}
 {{- end -}}
 listen: {{ printf ":%v" .Values.service.targetPort | quote }}
+{{- if hasKey .Values.routerConfig "admin_listen" -}}
+{{- fail "routerConfig.admin_listen is set by the chart from admin.port" -}}
+{{- end }}
+{{- if include "kvrouter.adminPort" . }}
+admin_listen: {{ printf ":%v" .Values.admin.port | quote }}
+{{- end }}
 {{- if .Values.snapshot.enabled }}
 {{- if hasKey .Values.routerConfig "snapshot" -}}
 {{- fail "routerConfig.snapshot is set by the chart when snapshot.enabled" -}}
