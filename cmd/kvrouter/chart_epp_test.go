@@ -11,26 +11,9 @@ import (
 	"testing"
 
 	"go.yaml.in/yaml/v3"
-)
 
-// helmBin is helm as set-up builds it (KVROUTER_HELM), else on PATH; the
-// test fails without it under KVROUTER_K8S_REQUIRED and skips otherwise.
-func helmBin(t *testing.T) string {
-	t.Helper()
-	if p := os.Getenv("KVROUTER_HELM"); p != "" {
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	if p, err := exec.LookPath("helm"); err == nil {
-		return p
-	}
-	if os.Getenv("KVROUTER_K8S_REQUIRED") == "1" {
-		t.Fatal("helm not found (KVROUTER_HELM or PATH): run make setup-test")
-	}
-	t.Skip("helm not found: make setup-test builds it")
-	return ""
-}
+	"kvrouter/internal/k8stest"
+)
 
 // TestHelmChartEPPArgs: kvrouter epp accepts the arguments of the
 // Deployment the chart renders with examples/epp.yaml (the rest of the
@@ -39,7 +22,7 @@ func TestHelmChartEPPArgs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: runs helm")
 	}
-	helm := helmBin(t)
+	helm := k8stest.Helm(t)
 	chart := filepath.Join("..", "..", "deploy", "helm", "kvrouter")
 	out, err := exec.CommandContext(t.Context(), helm, "template", "kvr", chart, "-n", "vllm", "-f", filepath.Join(chart, "examples", "epp.yaml")).CombinedOutput()
 	if err != nil {

@@ -92,3 +92,19 @@ func requireRoot(t testing.TB) {
 		unavailable(t, "network namespaces need ip(8) (Debian iproute2)", "apt-get install iproute2")
 	}
 }
+
+// Helm returns the helm binary set-up builds (KVROUTER_HELM), else helm on
+// PATH; without one it skips t, or fails it when RequiredEnv is 1.
+func Helm(t testing.TB) string {
+	t.Helper()
+	if p := os.Getenv("KVROUTER_HELM"); p != "" {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	if p, err := exec.LookPath("helm"); err == nil {
+		return p
+	}
+	unavailable(t, "helm not found (KVROUTER_HELM or PATH)", "make setup-test builds it")
+	return ""
+}

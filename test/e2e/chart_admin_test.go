@@ -12,6 +12,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"kvrouter/internal/config"
+	"kvrouter/internal/k8stest"
 )
 
 // btoi is 1 for true.
@@ -101,7 +102,7 @@ func matches(sel, labels map[string]string) bool {
 // the main port. admin.port in mode epp and a routerConfig.admin_listen of
 // one's own are refused.
 func TestHelmChartAdminPort(t *testing.T) {
-	helm := helmBin(t)
+	helm := k8stest.Helm(t)
 	chart := filepath.Join("..", "..", "deploy", "helm", "kvrouter")
 	render := func(args ...string) ([]byte, error) {
 		return exec.CommandContext(t.Context(), helm, append([]string{"template", "kvr", chart, "-n", "vllm", "--set", "serviceMonitor.enabled=true"}, args...)...).CombinedOutput()

@@ -100,7 +100,7 @@ func TestHelmChartPeers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: runs helm and a kube-apiserver")
 	}
-	helm := helmBin(t)
+	helm := k8stest.Helm(t)
 	chart := filepath.Join("..", "..", "deploy", "helm", "kvrouter")
 
 	def := renderPeers(t, helm, chart)

@@ -20,25 +20,6 @@ import (
 	"kvrouter/internal/k8stest"
 )
 
-// helmBin is helm as set-up builds it (KVROUTER_HELM), else on PATH; the
-// test fails without it under KVROUTER_K8S_REQUIRED and skips otherwise.
-func helmBin(t *testing.T) string {
-	t.Helper()
-	if p := os.Getenv("KVROUTER_HELM"); p != "" {
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	if p, err := exec.LookPath("helm"); err == nil {
-		return p
-	}
-	if os.Getenv("KVROUTER_K8S_REQUIRED") == "1" {
-		t.Fatal("helm not found (KVROUTER_HELM or PATH): run make setup-test")
-	}
-	t.Skip("helm not found: make setup-test builds it")
-	return ""
-}
-
 // TestHelmChart lints the chart, renders it with the default values and
 // the production-stack example, checks that each rendered router.yaml is
 // a valid kvrouter configuration, and applies them, the plain manifests
@@ -50,7 +31,7 @@ func TestHelmChart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: runs helm and a kube-apiserver")
 	}
-	helm := helmBin(t)
+	helm := k8stest.Helm(t)
 	chart := filepath.Join("..", "..", "deploy", "helm", "kvrouter")
 	run := func(name string, args ...string) []byte {
 		t.Helper()

@@ -6,6 +6,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"kvrouter/internal/k8stest"
 )
 
 // manifestsDir holds the plain manifests `make manifests` renders.
@@ -19,7 +21,7 @@ func TestManifests(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: runs helm")
 	}
-	helm := helmBin(t)
+	helm := k8stest.Helm(t)
 	dir := t.TempDir()
 	cmd := exec.CommandContext(t.Context(), "../../tools/manifests/render.sh", dir)
 	cmd.Env = append(os.Environ(), "KVROUTER_HELM="+helm)

@@ -2,22 +2,14 @@ package e2e
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/big"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -26,87 +18,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"kvrouter/internal/enginesim"
+	"kvrouter/internal/testpki"
 )
-
-// testCA is a certificate authority made in the test with crypto/x509.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-func newTestCA(t *testing.T, name string) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: name},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// leaf issues a server certificate for 127.0.0.1 and returns it with its
-// key, in PEM.
-func (ca *testCA) leaf(t *testing.T) (certPEM, keyPEM []byte) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2),
-		Subject:      pkix.Name{CommonName: "127.0.0.1"},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
-}
-
-// files writes the CA and a fresh leaf into dir and returns their paths.
-func (ca *testCA) files(t *testing.T, dir, prefix string) (caFile, certFile, keyFile string) {
-	t.Helper()
-	c, k := ca.leaf(t)
-	caFile, certFile, keyFile = filepath.Join(dir, prefix+"ca.pem"), filepath.Join(dir, prefix+"cert.pem"), filepath.Join(dir, prefix+"key.pem")
-	for p, b := range map[string][]byte{caFile: ca.pem, certFile: c, keyFile: k} {
-		if err := os.WriteFile(p, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return caFile, certFile, keyFile
-}
 
 // startTLSSim runs an engine-sim serving HTTPS on loopback with a
 // certificate from ca, and returns its https:// URL.
-func startTLSSim(t *testing.T, ca *testCA) string {
+func startTLSSim(t *testing.T, ca *testpki.CA) string {
 	t.Helper()
-	certPEM, keyPEM := ca.leaf(t)
+	certPEM, keyPEM := ca.Leaf(t)
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
 		t.Fatal(err)
@@ -187,9 +106,9 @@ func tlsClient(t *testing.T, caPEM []byte) *http.Client {
 func TestServeTLS(t *testing.T) {
 	e2eLeakCheck(t)
 	dir := t.TempDir()
-	routerCA, engineCA := newTestCA(t, "router CA"), newTestCA(t, "engine CA")
-	_, certFile, keyFile := routerCA.files(t, dir, "router-")
-	engineCAFile, _, _ := engineCA.files(t, dir, "engine-")
+	routerCA, engineCA := testpki.NewCA(t, "router CA"), testpki.NewCA(t, "engine CA")
+	_, certFile, keyFile := routerCA.Files(t, dir, "router-")
+	engineCAFile, _, _ := engineCA.Files(t, dir, "engine-")
 	engine := startTLSSim(t, engineCA)
 	url, _ := serveLogged(t, fmt.Sprintf(`health: {probe_interval: 100ms, scrape_interval: 200ms}
 tls: {cert_file: %q, key_file: %q, engine_ca_file: %q}
@@ -201,7 +120,7 @@ models:
 	if !strings.HasPrefix(url, "https://") {
 		t.Fatal(url)
 	}
-	c := tlsClient(t, routerCA.pem)
+	c := tlsClient(t, routerCA.PEM())
 	e2eEventually(t, 20*time.Second, "ready over https", func() bool {
 		resp, err := c.Get(url + "/ready")
 		if err != nil {
@@ -234,7 +153,7 @@ models:
 		t.Fatalf("chat over TLS: %d %s", resp.StatusCode, b)
 	}
 	// A client that does not trust the router's CA is refused.
-	if _, err := tlsClient(t, engineCA.pem).Get(url + "/health"); err == nil || !strings.Contains(err.Error(), "certificate signed by unknown authority") {
+	if _, err := tlsClient(t, engineCA.PEM()).Get(url + "/health"); err == nil || !strings.Contains(err.Error(), "certificate signed by unknown authority") {
 		t.Errorf("client without the router's CA: %v", err)
 	}
 }
@@ -244,8 +163,8 @@ models:
 func TestServeTLSWrongEngineCA(t *testing.T) {
 	e2eLeakCheck(t)
 	dir := t.TempDir()
-	trusted, other := newTestCA(t, "trusted CA"), newTestCA(t, "other CA")
-	caFile, _, _ := trusted.files(t, dir, "")
+	trusted, other := testpki.NewCA(t, "trusted CA"), testpki.NewCA(t, "other CA")
+	caFile, _, _ := trusted.Files(t, dir, "")
 	engine := startTLSSim(t, other)
 	url, logs := serveLogged(t, fmt.Sprintf(`health: {probe_interval: 100ms}
 tls: {engine_ca_file: %q}
