@@ -12,8 +12,10 @@ import (
 )
 
 // chatDocSeeds are chat bodies for the one-pass parse: the golden chats
-// (testdata/tokenizer/qwen3/chat.jsonl) as requests, and the shapes whose
-// answers differ between readers (case, duplicates, wrong types).
+// (testdata/tokenizer/qwen3/chat.jsonl) as requests, the shapes whose
+// answers differ between readers (case, duplicates, wrong types), and
+// pydantic's integer cases (testdata/pydantic_int.jsonl) as max_tokens and
+// max_completion_tokens.
 func chatDocSeeds(tb testing.TB) [][]byte {
 	tb.Helper()
 	seeds := [][]byte{}
@@ -51,6 +53,11 @@ func chatDocSeeds(tb testing.TB) [][]byte {
 		`{"model":"m","messages":[{"role":"user","content":"x"}],}`,
 	} {
 		seeds = append(seeds, []byte(s))
+	}
+	for _, c := range pydanticCases(tb) {
+		for _, field := range []string{"max_tokens", "max_completion_tokens"} {
+			seeds = append(seeds, []byte(`{"model":"m","messages":[{"role":"user","content":"x"}],"`+field+`":`+c.JSON+`}`))
+		}
 	}
 	fh, err := os.Open("../../testdata/tokenizer/qwen3/chat.jsonl")
 	if err != nil {

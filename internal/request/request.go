@@ -200,8 +200,11 @@ func (r *Parsed) parseFields(k Kind, w *wire) *Error {
 		if isNull(f.raw) {
 			continue
 		}
-		var n int
-		if err := json.Unmarshal(f.raw, &n); err != nil || n < 0 {
+		// vLLM's int | None, read by pydantic's lax int (laxint.go): 2.0,
+		// "2" and true are integers there. vLLM refuses negative ones
+		// (SamplingParams: max_tokens must be at least 1).
+		n, ok := laxInt(f.raw)
+		if !ok || n < 0 {
 			return Invalid(f.name, f.name+" must be a non-negative integer")
 		}
 		r.MaxTokens = max(r.MaxTokens, n)
