@@ -97,9 +97,9 @@ func rewriteAlias(a *config.Alias, body []byte, base string, chat bool) ([]byte,
 		obj[key] = b
 	}
 	present := func(key string) bool { v, ok := obj[key]; return ok && !isNull(v) }
-	intOf := func(key string) (int, error) {
-		var n int
-		if err := json.Unmarshal(obj[key], &n); err != nil {
+	intOf := func(key string) (int, error) { // as the engine reads it
+		n, ok := request.LaxInt(obj[key])
+		if !ok {
 			return 0, fmt.Errorf("%s: want an integer", key)
 		}
 		return n, nil

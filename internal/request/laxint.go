@@ -10,13 +10,13 @@ import (
 	"unicode"
 )
 
-// tokenCeiling bounds the token counts laxInt returns: a larger count
+// tokenCeiling bounds the token counts LaxInt returns: a larger count
 // (vLLM accepts any size, then refuses it as longer than the context)
 // reads as tokenCeiling, so that sums of a prompt length and an output
 // budget cannot overflow.
 const tokenCeiling = min(1<<53, math.MaxInt)
 
-// laxInt reads raw, a JSON value other than null, as vLLM reads a field
+// LaxInt reads raw, a JSON value other than null, as vLLM reads a field
 // typed `int | None` (max_tokens, max_completion_tokens,
 // max_output_tokens): Python's json.loads, then pydantic 2's lax int
 // (vLLM's OpenAIBaseModel sets no strict mode). Accepted, with the integer
@@ -32,7 +32,7 @@ const tokenCeiling = min(1<<53, math.MaxInt)
 //
 // Everything else (2.5, 1e20, "1e3", "0x10", arrays, objects) is refused:
 // ok false. A value beyond ±tokenCeiling reads as ±tokenCeiling.
-func laxInt(raw []byte) (n int, ok bool) {
+func LaxInt(raw []byte) (n int, ok bool) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 {
 		return 0, false

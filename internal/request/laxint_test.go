@@ -117,11 +117,11 @@ func TestMaxTokensAsPydantic(t *testing.T) {
 // length plus the output budget cannot overflow.
 func TestLaxIntCeiling(t *testing.T) {
 	for _, raw := range []string{"9007199254740993", "9223372036854775807", "123456789012345678901234567890", `"1_000_000_000_000_000_000_000"`, "9.2233720368547748e18"} {
-		if n, ok := laxInt([]byte(raw)); !ok || n != tokenCeiling {
+		if n, ok := LaxInt([]byte(raw)); !ok || n != tokenCeiling {
 			t.Errorf("%s: %d, %v; want %d", raw, n, ok, tokenCeiling)
 		}
 	}
-	if n, ok := laxInt([]byte("9007199254740992")); !ok || n != 1<<53 {
+	if n, ok := LaxInt([]byte("9007199254740992")); !ok || n != 1<<53 {
 		t.Errorf("2^53: %d, %v", n, ok)
 	}
 }
@@ -134,7 +134,7 @@ func FuzzLaxInt(f *testing.F) {
 		f.Add([]byte(c.JSON))
 	}
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		n, ok := laxInt(raw)
+		n, ok := LaxInt(raw)
 		if !json.Valid(raw) || isNull(raw) {
 			return // callers check null first
 		}
@@ -144,7 +144,7 @@ func FuzzLaxInt(f *testing.F) {
 			if !ok || n != want {
 				t.Fatalf("%s: %d, %v; encoding/json: %d", raw, n, ok, v)
 			}
-			if sn, sok := laxInt([]byte(strconv.Quote(strconv.FormatInt(v, 10)))); !sok || sn != want {
+			if sn, sok := LaxInt([]byte(strconv.Quote(strconv.FormatInt(v, 10)))); !sok || sn != want {
 				t.Fatalf("%q: %d, %v; want %d", strconv.FormatInt(v, 10), sn, sok, want)
 			}
 		}

@@ -203,7 +203,7 @@ func (r *Parsed) parseFields(k Kind, w *wire) *Error {
 		// vLLM's int | None, read by pydantic's lax int (laxint.go): 2.0,
 		// "2" and true are integers there. vLLM refuses negative ones
 		// (SamplingParams: max_tokens must be at least 1).
-		n, ok := laxInt(f.raw)
+		n, ok := LaxInt(f.raw)
 		if !ok || n < 0 {
 			return Invalid(f.name, f.name+" must be a non-negative integer")
 		}
