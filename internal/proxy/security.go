@@ -88,7 +88,8 @@ func (s *Server) refuseClientControls(body []byte) *request.Error {
 }
 
 // hasTransferParams reports whether the JSON object body has a top-level
-// kv_transfer_params that is not null (vLLM's default), its key compared
+// kv_transfer_params that is not null (vLLM's default), or one inside a
+// top-level vllm_xargs object, its key compared
 // after unescaping as vLLM's pydantic reads it. body is valid JSON
 // (request.Parse checked it); anything else reports false. It walks the
 // top level only, skipping nested values and strings with IndexByte, so
@@ -122,8 +123,14 @@ func hasTransferParams(body []byte) bool {
 		if i = valueEnd(body, i); i < 0 {
 			return false
 		}
-		if string(raw[1:len(raw)-1]) == key || bytes.IndexByte(raw, '\\') >= 0 && unquotes(raw, key) {
+		if keyIs(raw, key) {
 			return !bytes.Equal(body[v:i], []byte("null"))
+		}
+		// vLLM copies vllm_xargs into SamplingParams.extra_args, where a
+		// top-level kv_transfer_params goes too (the KV connector reads it
+		// there), so the key is refused inside vllm_xargs as well.
+		if keyIs(raw, "vllm_xargs") && body[v] == '{' && hasTransferParams(body[v:i]) {
+			return true
 		}
 		i = skipSpace(body, i)
 		if i >= len(body) || body[i] != ',' {
@@ -131,6 +138,12 @@ func hasTransferParams(body []byte) bool {
 		}
 		i++
 	}
+}
+
+// keyIs reports whether the JSON string raw (quotes included) is want,
+// compared after unescaping.
+func keyIs(raw []byte, want string) bool {
+	return string(raw[1:len(raw)-1]) == want || bytes.IndexByte(raw, '\\') >= 0 && unquotes(raw, want)
 }
 
 // unquotes reports whether the JSON string raw (quotes included) decodes to

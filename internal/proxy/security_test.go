@@ -229,6 +229,7 @@ func TestResponseIDPathTraversal(t *testing.T) {
 func TestClientControls(t *testing.T) {
 	withParams := `{"model":"m","messages":[{"role":"user","content":"hi"}],"kv_transfer_params":{"do_remote_prefill":true,"remote_host":"10.0.0.9"}}`
 	escaped := `{"model":"m","messages":[{"role":"user","content":"hi"}],"kv_transfer_param\u0073":{"do_remote_prefill":true}}`
+	inXargs := `{"model":"m","messages":[{"role":"user","content":"hi"}],"vllm_xargs":{"kv_transfer_param\u0073":"x"}}`
 	t.Run("default", func(t *testing.T) {
 		rg := newRig(t, 1)
 		resp := rg.post("/v1/chat/completions", chatBody, RankHeader, "3")
@@ -238,7 +239,7 @@ func TestClientControls(t *testing.T) {
 		if v := rg.engines[0].lastHeader().Get(RankHeader); v != "" {
 			t.Errorf("engine got %s: %q, want none", RankHeader, v)
 		}
-		for _, body := range []string{withParams, escaped} {
+		for _, body := range []string{withParams, escaped, inXargs} {
 			resp := rg.post("/v1/chat/completions", body)
 			e := openAIError(t, "kv_transfer_params from a client", resp, readAll(t, resp), http.StatusBadRequest, typeInvalidRequest)
 			if !strings.Contains(e.Message, "allow_kv_transfer_params") {
@@ -248,8 +249,8 @@ func TestClientControls(t *testing.T) {
 		if n := rg.engines[0].requests.Load(); n != 1 {
 			t.Errorf("engine saw %d requests, want 1", n)
 		}
-		if n := testutil.ToFloat64(rg.srv.lm.clients.WithLabelValues("kv_transfer_params")); n != 2 {
-			t.Errorf("client_controls_total{control=kv_transfer_params} = %v, want 2", n)
+		if n := testutil.ToFloat64(rg.srv.lm.clients.WithLabelValues("kv_transfer_params")); n != 3 {
+			t.Errorf("client_controls_total{control=kv_transfer_params} = %v, want 3", n)
 		}
 		if n := testutil.ToFloat64(rg.srv.lm.clients.WithLabelValues("dp_rank")); n != 1 {
 			t.Errorf("client_controls_total{control=dp_rank} = %v, want 1", n)
@@ -466,9 +467,9 @@ func TestBodyBurstReturnsMemory(t *testing.T) {
 }
 
 // FuzzHasTransferParams: on every valid JSON object, the top-level scan
-// agrees with encoding/json reading the first kv_transfer_params key (the
-// router refuses repeated keys before, ambiguousKey); it never panics on
-// anything.
+// agrees with encoding/json reading the first kv_transfer_params key, or a
+// vllm_xargs object holding one (the router refuses repeated keys before,
+// ambiguousKey); it never panics on anything.
 func FuzzHasTransferParams(f *testing.F) {
 	for _, s := range []string{
 		`{"model":"m","kv_transfer_params":{"do_remote_prefill":true}}`,
@@ -478,6 +479,10 @@ func FuzzHasTransferParams(f *testing.F) {
 		`{"s":"\"kv_transfer_params\":1","t":"\\"}`,
 		` { "x" : [ 1 , { "y" : "z" } ] , "kv_transfer_params" : 0 } `,
 		`{"k\u0076_transfer_params":"x"}`,
+		`{"vllm_xargs":{"kv_transfer_params":"x"}}`,
+		`{"vllm_xargs":{"kv_transfer_params":null},"kv_transfer_params":1}`,
+		`{"vllm_xarg\u0073":{"a":1,"kv_transfer_param\u0073":[1]}}`,
+		`{"vllm_xargs":"kv_transfer_params"}`,
 		`[1,2]`, `{`, `{"a":}`,
 	} {
 		f.Add([]byte(s))
@@ -487,32 +492,39 @@ func FuzzHasTransferParams(f *testing.F) {
 		if !json.Valid(b) {
 			return
 		}
-		want := false
-		dec := json.NewDecoder(bytes.NewReader(b))
-		if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-			if got {
-				t.Fatalf("%q: true for a non-object", b)
-			}
-			return
-		}
-		for dec.More() {
-			tok, err := dec.Token()
-			if err != nil {
-				t.Fatalf("%q: %v", b, err)
-			}
-			var v json.RawMessage
-			if err := dec.Decode(&v); err != nil {
-				t.Fatalf("%q: %v", b, err)
-			}
-			if tok == "kv_transfer_params" {
-				want = !isNull(v)
-				break
-			}
-		}
-		if got != want {
+		if want := transferParamsByDecoder(t, b); got != want {
 			t.Fatalf("%q: hasTransferParams %v, encoding/json %v", b, got, want)
 		}
 	})
+}
+
+// transferParamsByDecoder is hasTransferParams's contract read with
+// encoding/json's decoder: the first kv_transfer_params key of the object
+// b decides, unless a vllm_xargs object before it holds one.
+func transferParamsByDecoder(t *testing.T, b []byte) bool {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return false
+	}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			t.Fatalf("%q: %v", b, err)
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			t.Fatalf("%q: %v", b, err)
+		}
+		switch tok {
+		case "kv_transfer_params":
+			return !isNull(v)
+		case "vllm_xargs":
+			if transferParamsByDecoder(t, v) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // BenchmarkHasTransferParams: the top-level scan of a 64 KiB chat body
