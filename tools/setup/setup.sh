@@ -24,7 +24,7 @@
 #             runc, containernetworking-plugins and iptables
 #             (tools/k8s-testenv/setup.sh; skipped with SETUP_NO_K8S=1)
 #   prometheus Debian's prometheus (prometheus, promtool): the dashboard,
-#             alert-rule and audit tests (internal/ops)
+#             alert-rule and audit tests (test/e2e, internal/audit)
 #   chromium  Debian's chromium, headless: the /ui page test (internal/ui)
 #
 # Environment (defaults in brackets): KVROUTER_CACHE
