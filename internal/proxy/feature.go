@@ -23,12 +23,14 @@ import (
 // default that does nothing, so the request path calls them without
 // asking which feature is there.
 //
-// A new per-request feature is a type here with admission.Feature's Admit
-// (and admission.Rewriter's Rewrite if it changes the request before it
-// is checked) for what the endpoint picker must do too, and plug for the
-// HTTP front's stages, registered in newFeatures; a stage none of the
-// hooks offers is a new hook field with its default and one call in the
-// request path.
+// A new per-request feature is a type in its own file of this package
+// (as aliases.go, adapters.go, media.go, responsepin.go and pd.go are),
+// registered in newFeatures, with admission.Feature's Admit (and
+// admission.Rewriter's Rewrite if it changes the request before it is
+// checked) for what the endpoint picker must do too, and plug for the
+// HTTP front's stages; its router.yaml settings go in internal/config
+// (features.go). A stage none of the hooks offers is a new hook field with
+// its default and one call in the request path.
 
 // frontStages is a feature with stages of the HTTP front: plug adds them
 // to x.hooks once admission passed the feature; m is x's group.
