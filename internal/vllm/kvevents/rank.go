@@ -467,9 +467,10 @@ func (r *rank) setPending(why ResetReason) {
 // broken connection, a replay fails).
 func (r *rank) frameLimit(socket string) frameLimit {
 	return frameLimit{max: r.s.cfg.MaxMessageBytes, refused: func(remote string, err error) {
-		r.count(&r.s.stats.oversized, r.m.oversized)
+		// Log before counting: whoever sees the count may rely on the line.
 		r.log.Warn("engine connection closed: ZMTP message too large", "socket", socket, "remote", remote,
 			"max_message_bytes", r.s.cfg.MaxMessageBytes, "err", err)
+		r.count(&r.s.stats.oversized, r.m.oversized)
 	}}
 }
 
