@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"kvrouter/internal/vllm"
+
+	"kvrouter/internal/testwait"
 )
 
 // TestReplayBufferBounds drives the ring with random payload sizes against
@@ -125,7 +127,7 @@ func TestPublisherQueueBytes(t *testing.T) {
 	pub := zmq4.NewPub(ctx)
 	done := make(chan error, 1)
 	go func() { _, err := p.loop(ctx, pub); done <- err }()
-	waitFor(t, "queued batches published", func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.next == uint64(fit) })
+	testwait.For(t, "queued batches published", func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.next == uint64(fit) })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)

@@ -16,6 +16,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"kvrouter/internal/testwait"
 )
 
 // testServer is a Server serving on a loopback port.
@@ -372,22 +374,10 @@ func TestClientDisconnectAborts(t *testing.T) {
 	}
 	cancel()
 	resp.Body.Close()
-	waitFor(t, "abort", func() bool {
+	testwait.For(t, "abort", func() bool {
 		st := s.state.Load()
 		return st.running == 0 && st.usage == 0 && st.stats.Aborted == 1
 	})
-}
-
-// waitFor polls cond every 5 ms for up to 5 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for range 1000 {
-		if cond() {
-			return
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Fatalf("timed out waiting for %s", what)
 }
 
 func TestFaults(t *testing.T) {
@@ -410,7 +400,7 @@ func TestFaults(t *testing.T) {
 		if err == nil || strings.Contains(string(data), "[DONE]") {
 			t.Fatalf("stream should break without [DONE]: err %v, %q", err, data)
 		}
-		waitFor(t, "abort after death", func() bool { return s.state.Load().running == 0 })
+		testwait.For(t, "abort after death", func() bool { return s.state.Load().running == 0 })
 	})
 	// Exactly k token chunks, even when one step yields more (n choices
 	// decode together: 3 tokens per step).

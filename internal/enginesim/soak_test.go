@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"kvrouter/internal/testwait"
 )
 
 // TestSoak runs 200 concurrent streaming clients against one engine for
@@ -100,7 +102,7 @@ func TestSoak(t *testing.T) {
 	if failed.Load() > 0 || done.Load() < clients {
 		t.Fatalf("%d requests done, %d failed", done.Load(), failed.Load())
 	}
-	waitFor(t, "engine idle", func() bool { st := s.state.Load(); return st.running == 0 && st.waiting == 0 })
+	testwait.For(t, "engine idle", func() bool { st := s.state.Load(); return st.running == 0 && st.waiting == 0 })
 	for i := 0; runtime.NumGoroutine() > baseG+2; i++ {
 		if i == 1000 {
 			var sb strings.Builder

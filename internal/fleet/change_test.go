@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"kvrouter/internal/testwait"
 )
 
 // seriesOf returns the names of the metric families with a series labelled
@@ -32,17 +34,6 @@ func seriesOf(t *testing.T, reg *prometheus.Registry, name string) []string {
 	return out
 }
 
-// waitFor polls cond for up to 5 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("timed out waiting for %s", what)
-}
-
 // Endpoints added and removed while Run runs: a new one is probed at once
 // and routed; a removed one is routed no more, its loops stop, its series
 // go and a late report does not bring them back; a model keeps existing
@@ -64,7 +55,7 @@ func TestAddRemoveWhileRunning(t *testing.T) {
 		t.Fatal("a second endpoint named c: want error")
 	}
 	probes := func(host string) int { fe.mu.Lock(); defer fe.mu.Unlock(); return fe.probes[host+"/health"] }
-	waitFor(t, "a probe of the added endpoint", func() bool { return probes("c:1") > 0 && c.wasProbed() })
+	testwait.For(t, "a probe of the added endpoint", func() bool { return probes("c:1") > 0 && c.wasProbed() })
 	if eps, _, err := f.Healthy(nil, "m"); err != nil || !slices.Equal(names(eps), []string{"a:1", "c"}) {
 		t.Fatalf("healthy after Add: %v %v", names(eps), err)
 	}

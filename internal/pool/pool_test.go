@@ -6,12 +6,13 @@ import (
 	"slices"
 	"sync"
 	"testing"
-	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
 
 	"kvrouter/internal/fleet"
+
+	"kvrouter/internal/testwait"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -77,16 +78,6 @@ func (p *parts) state(name string) (running, closed int) {
 	return p.running[name], p.closed[name]
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("timed out waiting for %s", what)
-}
-
 func testEngine(name string, routable bool) Engine {
 	return Engine{Name: name, URL: "http://" + name + ":8000", Events: "tcp://" + name + ":5557", DPSize: 1, Routable: routable}
 }
@@ -122,7 +113,7 @@ func TestSetFollowsSource(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error)
 	go func() { done <- p.Run(ctx) }()
-	waitFor(t, "parts of e1 and e2", func() bool { a, _ := pts.state("e1"); b, _ := pts.state("e2"); return a == 1 && b == 1 })
+	testwait.For(t, "parts of e1 and e2", func() bool { a, _ := pts.state("e1"); b, _ := pts.state("e2"); return a == 1 && b == 1 })
 
 	four := []Engine{testEngine("e1", true), testEngine("e2", true), testEngine("e3", true), testEngine("e4", false)}
 	if err := p.Set(four); err != nil {
@@ -134,7 +125,7 @@ func TestSetFollowsSource(t *testing.T) {
 	if got := reps.list(); !slices.Equal(got, []string{"e1", "e2", "e3", "e4"}) {
 		t.Fatalf("replicas at 4: %v", got)
 	}
-	waitFor(t, "parts of e4", func() bool { r, _ := pts.state("e4"); return r == 1 })
+	testwait.For(t, "parts of e4", func() bool { r, _ := pts.state("e4"); return r == 1 })
 
 	four[3].Routable = true
 	if err := p.Set(four); err != nil {
@@ -160,7 +151,7 @@ func TestSetFollowsSource(t *testing.T) {
 	if got := reps.list(); !slices.Equal(got, []string{"e1"}) || flt.Endpoint("e1").URL() != "http://e1b:8000" {
 		t.Fatalf("after scaling to 1 with e1 moved: replicas %v", got)
 	}
-	waitFor(t, "parts of the moved e1", func() bool { r, c := pts.state("e1"); return r == 1 && c == 1 })
+	testwait.For(t, "parts of the moved e1", func() bool { r, c := pts.state("e1"); return r == 1 && c == 1 })
 
 	bad := testEngine("e5", true)
 	bad.Events = "bad"
@@ -203,7 +194,7 @@ func TestPartFailureIsContained(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-calls
-	waitFor(t, "the failure counted", func() bool { return counterValue(p.m.partFailures.WithLabelValues("probe")) == 1 })
+	testwait.For(t, "the failure counted", func() bool { return counterValue(p.m.partFailures.WithLabelValues("probe")) == 1 })
 	if flt.Endpoint("e1") == nil {
 		t.Fatal("the engine left with its part")
 	}

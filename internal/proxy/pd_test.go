@@ -22,6 +22,8 @@ import (
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/group"
 	"kvrouter/internal/tracing"
+
+	"kvrouter/internal/testwait"
 )
 
 // pdEngine is an in-process engine-sim with a role, behind a handler that
@@ -409,7 +411,7 @@ func TestPDCancel(t *testing.T) {
 			resp.Body.Close()
 			t.Fatal("request survived its cancel")
 		}
-		waitUntil(t, func() bool {
+		testwait.For(t, "the prefill failure counted as client_closed", func() bool {
 			return testutil.ToFloat64(rg.srv.pdm.prefillFailures.WithLabelValues("m", "client_closed")) == 1
 		})
 		if decodeRequests(rg) != 0 {
@@ -431,21 +433,10 @@ func TestPDCancel(t *testing.T) {
 		}
 		cancel()
 		resp.Body.Close()
-		waitUntil(t, func() bool {
+		testwait.For(t, "the decode request counted as client_closed", func() bool {
 			return testutil.ToFloat64(rg.srv.m.requests.WithLabelValues("m", "d0", outcomeClientClosed)) == 1
 		})
 	})
-}
-
-func waitUntil(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met in 5 s")
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 // TestPDDecodeDies: a decode engine that dies mid-stream ends the client's

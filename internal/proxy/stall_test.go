@@ -13,6 +13,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"kvrouter/internal/testwait"
 )
 
 // gathered returns the value of the counter or gauge name with labels
@@ -43,16 +45,6 @@ func gathered(t *testing.T, reg *prometheus.Registry, name string, labels ...str
 		}
 	}
 	return -1
-}
-
-// waitCond polls cond every 5ms for up to 10s.
-func waitCond(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
 }
 
 // healthyNames lists the endpoints the fleet would route model m to now.
@@ -124,7 +116,7 @@ func TestStalledEngineSkipped(t *testing.T) {
 	if got := <-waited; got != "e0" {
 		t.Fatalf("the held request was answered by %q, want e0", got)
 	}
-	waitCond(t, "e0 routed again", func() bool { return slices.Contains(healthyNames(rg.fleet), "e0") })
+	testwait.For(t, "e0 routed again", func() bool { return slices.Contains(healthyNames(rg.fleet), "e0") })
 	if up := gathered(t, rg.reg, "kvrouter_fleet_endpoint_up", "endpoint", "e0"); up != 1 {
 		t.Errorf("e0 endpoint_up %v after recovery, want 1", up)
 	}

@@ -6,11 +6,12 @@ import (
 	"maps"
 	"net"
 	"testing"
-	"time"
 
 	"kvrouter/internal/config"
 
 	"github.com/go-zeromq/zmq4"
+
+	"kvrouter/internal/testwait"
 )
 
 // TestReadinessAsksSubscribers: the event-stream state readiness reads
@@ -50,13 +51,8 @@ func TestReadinessAsksSubscribers(t *testing.T) {
 			t.Errorf("Run: %v", err)
 		}
 	}()
-	var last map[string]bool
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if last = app.eventsConnected(); last["a"] {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("subscriber of a not connected within 20 s; last seen %v", last)
-		}
-	}
+	testwait.Seen(t, testwait.Default, "the subscriber of engine a to connect", func() (bool, any) {
+		last := app.eventsConnected()
+		return last["a"], last
+	})
 }

@@ -8,6 +8,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"kvrouter/internal/testwait"
 )
 
 // dialRaw opens a plain TCP connection to the subscriber's bound port and
@@ -54,7 +56,7 @@ func TestSubscriberBindConnCap(t *testing.T) {
 	var idle []net.Conn
 	for i := range 2 {
 		var c net.Conn
-		waitFor(t, fmt.Sprintf("idle peer %d accepted", i), func() bool {
+		testwait.For(t, fmt.Sprintf("idle peer %d accepted", i), func() bool {
 			var ok bool
 			c, ok = dialRaw(t, port)
 			return ok
@@ -64,7 +66,7 @@ func TestSubscriberBindConnCap(t *testing.T) {
 	if _, ok := dialRaw(t, port); ok {
 		t.Fatal("third connection kept with max_conns 2")
 	}
-	waitFor(t, "rejection counted", func() bool { return rs.s.Stats().RejectedConns == 1 })
+	testwait.For(t, "rejection counted", func() bool { return rs.s.Stats().RejectedConns == 1 })
 	if v := counterValue(t, rs.s.m.rejectedConns, "e-cap", "0"); v != 1 {
 		t.Fatalf("kvrouter_vllm_rejected_conns_total = %v, want 1", v)
 	}
@@ -77,7 +79,7 @@ func TestSubscriberBindConnCap(t *testing.T) {
 		c.Close()
 	}
 	// Wait until a slot is free again (a kept probe is closed right away).
-	waitFor(t, "a slot free after the idle peers left", func() bool {
+	testwait.For(t, "a slot free after the idle peers left", func() bool {
 		c, ok := dialRaw(t, port)
 		if ok {
 			c.Close()

@@ -14,6 +14,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"kvrouter/internal/testwait"
 )
 
 // rawGreeting is a ZMTP 3.0 greeting (RFC 23 §2.3) for the NULL mechanism,
@@ -112,7 +114,7 @@ func goodPub(t *testing.T, nc net.Conn, server bool, seqs ...uint64) *zmtpConn {
 // connection on socket.
 func checkRefused(t *testing.T, rs *runningSub, logs *recordHandler, engine, socket string) {
 	t.Helper()
-	waitFor(t, "oversized message counted", func() bool { return rs.s.Stats().Oversized >= 1 })
+	testwait.For(t, "oversized message counted", func() bool { return rs.s.Stats().Oversized >= 1 })
 	if got := rs.s.Stats().Oversized; got != 1 {
 		t.Errorf("Stats().Oversized = %d, want 1", got)
 	}
@@ -160,7 +162,7 @@ func TestOversizedFrame(t *testing.T) {
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		rs, logs := startSubLogged(t, SubscriberConfig{Engine: "e-bind", Endpoint: "tcp://" + addr, Bind: true})
 		var nc net.Conn
-		waitFor(t, "subscriber listening", func() bool {
+		testwait.For(t, "subscriber listening", func() bool {
 			var err error
 			nc, err = net.Dial("tcp", addr)
 			return err == nil

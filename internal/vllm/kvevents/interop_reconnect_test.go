@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"kvrouter/internal/testwait"
 )
 
 // tcpProxy forwards loopback TCP connections to target. cut closes every
@@ -219,7 +221,7 @@ func TestInteropNetworkBlip(t *testing.T) {
 
 	// Cut; publish 2 while the subscriber is backing off (500ms).
 	proxy.cut()
-	waitFor(t, "disconnect", func() bool { return testutil.ToFloat64(rs.s.m.connected.WithLabelValues("blip", "0")) == 0 })
+	testwait.For(t, "disconnect", func() bool { return testutil.ToFloat64(rs.s.m.connected.WithLabelValues("blip", "0")) == 0 })
 	if rs.s.Connected() {
 		t.Fatal("Connected() true with the connection cut")
 	}
@@ -240,7 +242,7 @@ func TestInteropNetworkBlip(t *testing.T) {
 	// A blip with nothing published: the replay returns only the batch
 	// already applied, so nothing is delivered.
 	proxy.cut()
-	waitFor(t, "second reconnect", func() bool { return rs.s.Stats().Reconnects == 2 })
+	testwait.For(t, "second reconnect", func() bool { return rs.s.Stats().Reconnects == 2 })
 	rs.none(t)
 
 	next = firstLive(t, p, rs, 0, next)

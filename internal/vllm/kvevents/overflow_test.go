@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+
+	"kvrouter/internal/testwait"
 )
 
 // bufEngine is an in-process engine rank on real ZeroMQ over loopback: a
@@ -163,23 +165,10 @@ func (e *bufEngine) published() uint64 {
 	return e.next
 }
 
-// waitLong is waitFor with a minute's patience, for runs of thousands of
-// batches under the race detector.
-func waitLong(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // waitSubscribed waits for the subscriber's SUB on the engine's PUB.
 func (e *bufEngine) waitSubscribed() {
 	e.t.Helper()
-	waitFor(e.t, "subscription", func() bool { return len(e.pub.(zmq4.Topics).Topics()) > 0 })
+	testwait.For(e.t, "subscription", func() bool { return len(e.pub.(zmq4.Topics).Topics()) > 0 })
 }
 
 // heldConsumer rebuilds the engine's held blocks from Updates, as the index
@@ -277,7 +266,7 @@ func TestOverflowCaughtUpByReplay(t *testing.T) {
 			time.Sleep(100 * time.Microsecond) // keep at most 8 queue sizes ahead
 		}
 	}
-	waitLong(t, "the last batch", func() bool { return c.got(n - 1) })
+	testwait.Within(t, time.Minute, "the last batch", func() bool { return c.got(n - 1) })
 	recovered := counterValue(t, s.m.recovered, "e-fast", "0") // series go when Run returns
 	stop()
 
@@ -344,7 +333,7 @@ func TestOverflowBeyondReplayBuffer(t *testing.T) {
 	for range n {
 		e.publish()
 	}
-	waitLong(t, "the last batch", func() bool { return c.got(n - 1) })
+	testwait.Within(t, time.Minute, "the last batch", func() bool { return c.got(n - 1) })
 	stop()
 	c.mu.Lock()
 	defer c.mu.Unlock()

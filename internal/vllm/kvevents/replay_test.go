@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+
+	"kvrouter/internal/testwait"
 )
 
 // Frames captured from vLLM's ZmqEventPublisher (testdata/vllm/frames.md §1, §3).
@@ -367,7 +369,7 @@ func TestIdleCheckReplaysTrailingDrops(t *testing.T) {
 		}
 	}
 	// Caught up: further idle checks deliver nothing and are not replays.
-	waitFor(t, "two more idle checks", func() bool { return rs.s.Stats().IdleChecks >= 3 })
+	testwait.For(t, "two more idle checks", func() bool { return rs.s.Stats().IdleChecks >= 3 })
 	rs.none(t)
 	// Usually 1 gap and 2 replays (catch-up on connecting, the idle check
 	// that delivered); when the connection's catch-up already returned the
@@ -411,9 +413,9 @@ func TestIdleCheckUntrustedReplay(t *testing.T) {
 			// may still be on its way (a loaded machine): the state to keep
 			// is the one at the first idle check. The interval doubles after
 			// each untrusted answer: 150, 300, 600 ms.
-			waitFor(t, "one idle check", func() bool { return rs.s.Stats().IdleChecks >= 1 })
+			testwait.For(t, "one idle check", func() bool { return rs.s.Stats().IdleChecks >= 1 })
 			before := rs.s.Stats()
-			waitFor(t, "two more idle checks", func() bool { return rs.s.Stats().IdleChecks >= 3 })
+			testwait.For(t, "two more idle checks", func() bool { return rs.s.Stats().IdleChecks >= 3 })
 			rs.none(t)
 			after := rs.s.Stats()
 			if after.Restarts != before.Restarts || after.UnrecoverableGaps != before.UnrecoverableGaps ||
@@ -503,7 +505,7 @@ func TestReplayCatchUpShortLoggedAtInfo(t *testing.T) {
 		checkGoUpdate(t, <-ups, 0, s, ResetNone)
 	}
 	const msg = "catch-up replay could not start at the requested seq"
-	waitFor(t, "the log line", func() bool { _, ok := rec.find(msg); return ok })
+	testwait.For(t, "the log line", func() bool { _, ok := rec.find(msg); return ok })
 	r, ok := rec.find(msg)
 	if !ok || r.Level != slog.LevelInfo || r.attr("requested_seq") != "0" || r.attr("first_seq") != "2" ||
 		r.attr("lost_batches") != "2" || r.attr("engine") != "e-short" {

@@ -4,6 +4,9 @@ import (
 	"maps"
 	"sync"
 	"testing"
+	"time"
+
+	"kvrouter/internal/testwait"
 )
 
 // positionConsumer is a heldConsumer that also keeps the Position of the
@@ -48,7 +51,7 @@ func resumeRun(t *testing.T, e *bufEngine, at func(*Position)) (*positionConsume
 	for range 40 {
 		e.publish()
 	}
-	waitLong(t, "the first 40 batches", func() bool { return first.got(39) })
+	testwait.Within(t, time.Minute, "the first 40 batches", func() bool { return first.got(39) })
 	stop()
 	for range 30 {
 		e.publish()
@@ -63,7 +66,7 @@ func resumeRun(t *testing.T, e *bufEngine, at func(*Position)) (*positionConsume
 		t.Fatal(err)
 	}
 	runSubscriber(t, s2, second.apply)
-	waitLong(t, "the resumed stream", func() bool {
+	testwait.Within(t, time.Minute, "the resumed stream", func() bool {
 		second.heldConsumer.mu.Lock()
 		defer second.heldConsumer.mu.Unlock()
 		return second.last == 69 || len(second.resets) > 0
@@ -77,7 +80,7 @@ func resumeRun(t *testing.T, e *bufEngine, at func(*Position)) (*positionConsume
 func TestResumeCoveredByReplay(t *testing.T) {
 	e := newBufEngine(t, "kv@e0@m", 1000)
 	c, s := resumeRun(t, e, func(*Position) {})
-	waitLong(t, "the last batch", func() bool { return c.got(69) })
+	testwait.Within(t, time.Minute, "the last batch", func() bool { return c.got(69) })
 	c.heldConsumer.mu.Lock()
 	defer c.heldConsumer.mu.Unlock()
 	if len(c.resets) != 0 || len(c.seqs) == 0 || c.seqs[0] != 40 {

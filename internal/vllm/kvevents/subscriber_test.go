@@ -17,6 +17,8 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"kvrouter/internal/testwait"
 )
 
 // runningSub is a Subscriber running in the background whose Updates the
@@ -108,18 +110,6 @@ func (rs *runningSub) none(t *testing.T) {
 	}
 }
 
-// waitFor polls cond every 5ms for up to 10s.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func counterValue(t *testing.T, v *prometheus.CounterVec, labels ...string) float64 {
 	t.Helper()
 	return testutil.ToFloat64(v.WithLabelValues(labels...))
@@ -198,7 +188,7 @@ func (g *goPub) close() {
 func (g *goPub) waitSubscribed() {
 	g.t.Helper()
 	for r, p := range g.pubs {
-		waitFor(g.t, fmt.Sprintf("subscription on rank %d", r), func() bool {
+		testwait.For(g.t, fmt.Sprintf("subscription on rank %d", r), func() bool {
 			for _, tp := range p.(zmq4.Topics).Topics() {
 				if strings.HasPrefix(g.topic, tp) {
 					return true
@@ -350,11 +340,11 @@ func TestSubscriberOverflow(t *testing.T) {
 	for range 9 {
 		g.publish(0, false) // 1, 2 queue; 3..9 dropped
 	}
-	waitFor(t, "7 queue drops", func() bool { return rs.s.Stats().QueueDrops == 7 })
+	testwait.For(t, "7 queue drops", func() bool { return rs.s.Stats().QueueDrops == 7 })
 	close(release)
 	g.publish(0, false) // 10
 	g.publish(0, false) // 11
-	waitFor(t, "5 updates", func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 5 })
+	testwait.For(t, "5 updates", func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 5 })
 	rs.stop(t)
 	want := []struct {
 		seq   uint64
