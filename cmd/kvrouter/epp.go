@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"log/slog"
 	"net"
@@ -53,16 +52,9 @@ func parseEPPFlags(args []string, getenv func(string) string, sio stdio) (*eppFl
 	case *configFile != "" && quick:
 		return nil, fmt.Errorf("%w: --config excludes --inference-pool, --namespace, --model, --tokenizer, --policy, --events-port, --replay-port, --kubeconfig", errUsage)
 	case *configFile != "":
-		data, err := os.ReadFile(*configFile)
-		if err != nil {
+		if err := loadConfigFile(&out.serve.opts, *configFile); err != nil {
 			return nil, err
 		}
-		cfg, pos, err := config.Parse(data, getenv)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", *configFile, err)
-		}
-		out.serve.opts.Config, out.serve.opts.Positions = cfg, pos
-		out.serve.opts.ConfigPath, out.serve.opts.ConfigHash = *configFile, sha256.Sum256(data)
 	default:
 		if *pool == "" || *ns == "" || *model == "" {
 			return nil, fmt.Errorf("%w: want --config FILE, or --inference-pool NAME, --namespace NS and --model NAME", errUsage)

@@ -63,16 +63,9 @@ func parseServeFlags(args []string, getenv func(string) string, sio stdio) (*ser
 	case *configFile != "" && quick:
 		return nil, fmt.Errorf("%w: --config excludes --model, --engine, --events, --events-bind, --events-queue, --replay, --tokenizer, --policy", errUsage)
 	case *configFile != "":
-		data, err := os.ReadFile(*configFile)
-		if err != nil {
+		if err := loadConfigFile(&out.opts, *configFile); err != nil {
 			return nil, err
 		}
-		cfg, pos, err := config.Parse(data, getenv)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", *configFile, err)
-		}
-		out.opts.Config, out.opts.Positions = cfg, pos
-		out.opts.ConfigPath, out.opts.ConfigHash = *configFile, sha256.Sum256(data)
 	default:
 		if *model == "" || len(engines) == 0 {
 			return nil, fmt.Errorf("%w: want --config FILE, or --model NAME and at least one --engine URL", errUsage)
@@ -184,4 +177,21 @@ func startServe(ctx context.Context, fl *serveFlags, hup <-chan os.Signal, sio s
 		return nil, nil, nil, err
 	}
 	return app, ln, admin, nil
+}
+
+// loadConfigFile reads router.yaml at path into opts: the configuration,
+// its line positions (for reload errors), the path to poll and the hash of
+// the content read.
+func loadConfigFile(opts *serve.Options, path string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	cfg, pos, err := config.Parse(data, opts.Getenv)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	opts.Config, opts.Positions = cfg, pos
+	opts.ConfigPath, opts.ConfigHash = path, sha256.Sum256(data)
+	return nil
 }
