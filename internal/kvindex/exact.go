@@ -326,7 +326,7 @@ func (x *Exact) stored(id ReplicaID, rank int32, ev *vllm.Event) {
 	for i := n - 1; i >= 0; i-- {
 		h, k := ev.BlockHashes[i], keys[i]
 		t := &x.st.srcs[src].tab
-		slot, tag, found := t.probe(&x.st, uint64(h))
+		slot, sm, found := t.probe(&x.st, uint64(h))
 		idx := uint32(0)
 		if found {
 			idx = t.get(slot)
@@ -339,7 +339,7 @@ func (x *Exact) stored(id ReplicaID, rank int32, ev *vllm.Event) {
 		}
 		switch {
 		case idx == 0:
-			x.st.insertAt(src, k, uint64(h), int(m), slot, tag)
+			x.st.insertAt(src, k, uint64(h), int(m), slot, sm)
 			x.c.stored.Add(1)
 		case hit:
 			if x.st.ent(idx).refs[m] == 0 {

@@ -147,12 +147,17 @@ func (s *store) head(k Key) uint32 {
 // insert adds a new entry holding one copy on medium m (m < 0: none) and
 // makes it the most recent of its list.
 func (s *store) insert(src uint32, k Key, aux uint64, m int) uint32 {
-	return s.insertAt(src, k, aux, m, -1, 0)
+	h := uint64(k)
+	if s.auxKeyed {
+		h = aux
+	}
+	return s.insertAt(src, k, aux, m, -1, spread(h))
 }
 
-// insertAt is insert knowing the empty source-table slot and tag a probe for
-// the entry's source-table key returned (slot -1: unknown).
-func (s *store) insertAt(src uint32, k Key, aux uint64, m int, slot int, tag uint8) uint32 {
+// insertAt is insert knowing the empty source-table slot a probe for the
+// entry's source-table key returned (slot -1: unknown) and that key's
+// spread sm.
+func (s *store) insertAt(src uint32, k Key, aux uint64, m int, slot int, sm uint64) uint32 {
 	idx := s.free
 	if idx != 0 {
 		s.free = s.ent(idx).next
@@ -180,16 +185,12 @@ func (s *store) insertAt(src uint32, k Key, aux uint64, m int, slot int, tag uin
 	if s.recs != nil {
 		s.ensureWords(s.srcs[src].replica)
 	}
-	if i, ktag, found := s.keys.probe(s, uint64(k)); found {
+	if i, km, found := s.keys.probe(s, uint64(k)); found {
 		s.link(i, idx)
 	} else {
-		s.keys.insertAt(s, uint64(k), i, ktag, idx)
+		s.keys.insertAt(s, km, i, idx)
 	}
-	h := uint64(k)
-	if s.auxKeyed {
-		h = aux
-	}
-	s.srcs[src].tab.insertAt(s, h, slot, tag, idx)
+	s.srcs[src].tab.insertAt(s, sm, slot, idx)
 	s.pushFront(s.listOf(src), idx)
 	s.n++
 	r := s.srcs[src].replica

@@ -73,7 +73,7 @@ func (x *Exact) warmWindow() {
 		w.slot, w.tslot, w.idx = noWarm, noWarm, 0
 		if i := t.slot(st, w.h); i >= 0 {
 			w.tslot, w.idx = uint32(i), t.get(i)
-			w.slot = uint32(mix(uint64(st.ent(w.idx).key)) & kmask)
+			w.slot = uint32(spread(uint64(st.ent(w.idx).key)) & kmask)
 		}
 	}
 	if st.keys.size() > 0 {
