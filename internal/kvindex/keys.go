@@ -177,11 +177,12 @@ func (e *extraEnc) seed(parent uint64) uint64 {
 // lora_name, used when the engine sent no extra_keys at all (older engines).
 // ok is false when the tuple holds a value vLLM never writes.
 func eventSeed(parent Key, extra []any, lora string, haveExtra bool) (seed uint64, ok bool) {
+	if !haveExtra && lora == "" {
+		return uint64(parent), true // no extras: the parent is the seed
+	}
 	e := newExtraEnc()
 	if !haveExtra {
-		if lora != "" {
-			e.str(lora)
-		}
+		e.str(lora)
 		return e.seed(uint64(parent)), true
 	}
 	for _, v := range extra {

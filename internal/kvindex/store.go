@@ -250,17 +250,16 @@ func (s *store) touch(idx uint32) {
 }
 
 // unlinkKey removes idx from its key's holder chain.
-func (s *store) unlinkKey(idx uint32) {
-	e := s.ent(idx)
-	i := s.keys.slot(s, uint64(e.key))
+func (s *store) unlinkKey(idx uint32, e *entry) {
+	i, v := s.keys.lookupHolder(s, uint64(e.key), idx)
 	if i < 0 {
 		return
 	}
-	if s.keys.get(i)&recTag != 0 {
+	if v&recTag != 0 {
 		s.unlinkRec(i, idx)
 		return
 	}
-	if s.keys.get(i) == idx {
+	if v == idx {
 		if e.next != 0 {
 			s.keys.put(i, e.next)
 		} else {
@@ -268,7 +267,7 @@ func (s *store) unlinkKey(idx uint32) {
 		}
 		return
 	}
-	for p := s.keys.get(i); p != 0; p = s.ent(p).next {
+	for p := v; p != 0; p = s.ent(p).next {
 		if s.ent(p).next == idx {
 			s.ent(p).next = e.next
 			return
@@ -292,11 +291,16 @@ func (s *store) remove(idx uint32) {
 
 // drop unlinks idx from its key chain and LRU list and frees it, leaving the
 // source table to the caller.
-func (s *store) drop(idx uint32) {
-	s.unlinkKey(idx)
-	s.unlinkLRU(s.listOf(s.ent(idx).src), idx)
-	s.held[s.srcs[s.ent(idx).src].replica]--
-	*s.ent(idx) = entry{next: s.free}
+func (s *store) drop(idx uint32) { s.dropEntry(idx, s.ent(idx)) }
+
+// dropEntry is drop given e = s.ent(idx).
+func (s *store) dropEntry(idx uint32, e *entry) {
+	s.unlinkKey(idx, e)
+	if !s.clock {
+		s.unlinkLRU(s.listOf(e.src), idx)
+	}
+	s.held[s.srcs[e.src].replica]--
+	*e = entry{next: s.free}
 	s.free = idx
 	s.n--
 }

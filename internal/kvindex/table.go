@@ -181,6 +181,37 @@ func (t *table) lookup(s *store, h uint64) (int, uint32) {
 	}
 }
 
+// lookupHolder is lookup in the key table for the slot of key h, which
+// entry idx holds: a slot whose value is idx itself is taken without
+// loading its key.
+func (t *table) lookupHolder(s *store, h uint64, idx uint32) (int, uint32) {
+	if t.n == 0 {
+		return -1, 0
+	}
+	mask := uint64(len(t.g) - 1)
+	m := spread(h)
+	want := lsbs * uint64(tagOf(m))
+	for gi := m & mask; ; gi = (gi + 1) & mask {
+		g := &t.g[gi]
+		w0, w1 := g.tagWords()
+		for b := candidates(w0 ^ want); b != 0; b &= b - 1 {
+			p := bits.TrailingZeros64(b) >> 3 & 7
+			if v := g.vals[p]; v == idx || t.keyOf(s, v) == h {
+				return int(gi)<<slotShift | p, v
+			}
+		}
+		for b := candidates(w1^want) & hiTags; b != 0; b &= b - 1 {
+			p := 8 + bits.TrailingZeros64(b)>>3&3
+			if v := g.vals[p]; v == idx || t.keyOf(s, v) == h {
+				return int(gi)<<slotShift | p, v
+			}
+		}
+		if g.over == 0 {
+			return -1, 0
+		}
+	}
+}
+
 // probe looks h up: found, it returns h's slot; otherwise a free slot in
 // the first group from h's home that has one, if the probe reached it (else
 // -1), and spread(h), for insertAt.
