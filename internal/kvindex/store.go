@@ -178,22 +178,28 @@ func (s *store) insertAt(src uint32, k Key, aux uint64, m int, slot int, sm uint
 		}
 		s.nents++
 	}
-	*s.ent(idx) = entry{key: k, aux: aux, src: src}
+	e := s.ent(idx)
+	*e = entry{key: k, aux: aux, src: src}
 	if m >= 0 {
-		s.ent(idx).refs[m] = 1
+		e.refs[m] = 1
 	}
-	if s.recs != nil {
-		s.ensureWords(s.srcs[src].replica)
+	sr := &s.srcs[src]
+	r := sr.replica
+	if s.recs != nil && int(r)>>6 >= s.w {
+		s.ensureWords(r)
 	}
 	if i, km, found := s.keys.probe(s, uint64(k)); found {
 		s.link(i, idx)
 	} else {
 		s.keys.insertAt(s, km, i, idx)
 	}
-	s.srcs[src].tab.insertAt(s, sm, slot, idx)
-	s.pushFront(s.listOf(src), idx)
+	sr.tab.insertAt(s, sm, slot, idx)
+	if s.clock {
+		e.ref = refHot // pushFront
+	} else {
+		s.pushFront(s.listOf(src), idx)
+	}
 	s.n++
-	r := s.srcs[src].replica
 	for int(r) >= len(s.held) {
 		s.held = append(s.held, 0)
 	}
