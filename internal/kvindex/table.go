@@ -13,11 +13,11 @@ import (
 //
 // Slots come in groups of groupSlots, one group per 64-byte cache line:
 // the tags, an overflow count, the slots' away bits, then the values. A
-// value's home group is the low bits of spread(key); it sits in the first group from its home (in
-// order, wrapping) that had a free slot when it was placed. A group's
-// overflow count is the number of values placed beyond it whose probe
-// passed it (saturating at overMax, where it stays), so a probe that finds
-// no match in a group with a zero count is over. A tag is a 7-bit
+// value's home group is the low bits of spread(key); it sits in the first
+// group from its home (in order, wrapping) that had a free slot when it
+// was placed. A group's overflow count is the number of values placed
+// beyond it whose probe passed it (saturating at overMax, where it stays),
+// so a probe that finds no match in a group with a zero count is over. A tag is a 7-bit
 // fingerprint of the key with the high bit set (tagOf); 0 marks a free
 // slot. A probe compares a group's tags in two word operations and loads
 // only the entries behind matching tags (the key compare is a cache miss in
@@ -70,21 +70,10 @@ func tagOf(m uint64) uint8 { return uint8(m>>56) | 0x80 }
 // traces also use small or structured integers: a multiply by 2^64/phi
 // carries every bit of h into the product's high half, and folding that
 // half onto the low one gives the home group bits that depend on all of
-// h, in three instructions (a full finaliser such as mix takes eight).
+// h, in three instructions (the full finaliser mix takes eight).
 func spread(h uint64) uint64 {
 	m := h * 0x9e3779b97f4a7c15
 	return m ^ m>>32
-}
-
-// mix is a full 64-bit finaliser (MurmurHash3's fmix64), for the key
-// derivation's extras (keys.go).
-func mix(h uint64) uint64 {
-	h ^= h >> 33
-	h *= 0xff51afd7ed558ccd
-	h ^= h >> 33
-	h *= 0xc4ceb9fe1a85ec53
-	h ^= h >> 33
-	return h
 }
 
 const (
