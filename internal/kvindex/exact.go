@@ -230,10 +230,19 @@ func (x *Exact) publish() {
 	x.c.keys.Store(int64(x.st.keys.n))
 }
 
+// lastSource returns the last source resolved if it is k's: the per-event
+// fast path of source, small enough to be inlined.
+func (x *Exact) lastSource(k srcKey) (uint32, bool) {
+	return x.lastSrc - 1, x.lastSrc != 0 && x.lastKey == k
+}
+
+// source returns the source of (id, rank, group), creating it when create
+// is set; ok is false when it does not exist. Batches carry runs of events
+// of one source: the last one resolved is answered without the map.
 func (x *Exact) source(id ReplicaID, rank, group int32, create bool) (uint32, bool) {
 	k := srcKey{id, rank, group}
-	if x.lastSrc != 0 && x.lastKey == k {
-		return x.lastSrc - 1, true
+	if s, ok := x.lastSource(k); ok {
+		return s, true
 	}
 	if s, ok := x.srcOf[k]; ok {
 		x.lastKey, x.lastSrc = k, s+1
@@ -299,16 +308,20 @@ func (x *Exact) stored(id ReplicaID, rank int32, ev *vllm.Event) {
 		lora = *ev.LoRAName
 	}
 	keys := x.keyBuf[:0]
+	plain := ev.ExtraKeys == nil && lora == ""
 	for i := range n {
-		var extra []any
-		if ev.ExtraKeys != nil {
-			extra = ev.ExtraKeys[i]
-		}
-		seed, ok := eventSeed(parent, extra, lora, ev.ExtraKeys != nil)
-		if !ok {
-			x.c.mismatched.Add(1)
-			x.keyBuf = keys
-			return
+		seed := uint64(parent) // eventSeed of a block without extras
+		if !plain {
+			var extra []any
+			if ev.ExtraKeys != nil {
+				extra = ev.ExtraKeys[i]
+			}
+			var ok bool
+			if seed, ok = eventSeed(parent, extra, lora, ev.ExtraKeys != nil); !ok {
+				x.c.mismatched.Add(1)
+				x.keyBuf = keys
+				return
+			}
 		}
 		parent = Key(hashTokens(ev.TokenIDs[i*bs:(i+1)*bs], seed))
 		keys = append(keys, parent)
@@ -326,7 +339,7 @@ func (x *Exact) stored(id ReplicaID, rank int32, ev *vllm.Event) {
 	for i := n - 1; i >= 0; i-- {
 		h, k := ev.BlockHashes[i], keys[i]
 		t := &x.st.srcs[src].tab
-		slot, tag, found := t.probe(&x.st, uint64(h))
+		slot, sm, found := t.probe(&x.st, uint64(h))
 		idx := uint32(0)
 		if found {
 			idx = t.get(slot)
@@ -339,7 +352,7 @@ func (x *Exact) stored(id ReplicaID, rank int32, ev *vllm.Event) {
 		}
 		switch {
 		case idx == 0:
-			x.st.insertAt(src, k, uint64(h), int(m), slot, tag)
+			x.st.insertAt(src, k, uint64(h), int(m), slot, sm)
 			x.c.stored.Add(1)
 		case hit:
 			if x.st.ent(idx).refs[m] == 0 {
@@ -363,28 +376,52 @@ func (x *Exact) stored(id ReplicaID, rank int32, ev *vllm.Event) {
 
 func (x *Exact) removed(id ReplicaID, rank int32, ev *vllm.Event) {
 	m := ev.Tier()
-	src, ok := x.source(id, rank, int32(ev.Group()), false)
+	k := srcKey{id, rank, int32(ev.Group())}
+	src, ok := x.lastSource(k)
+	if !ok {
+		src, ok = x.source(id, rank, k.group, false)
+	}
 	if !ok {
 		x.c.unknownRemoved.Add(int64(len(ev.BlockHashes)))
 		return
 	}
 	t := &x.st.srcs[src].tab
 	for _, h := range ev.BlockHashes {
-		i := x.warmSlot(src, uint64(h))
-		if i < 0 {
-			i = t.slot(&x.st, uint64(h))
+		// The slot and entry the warm pass found, if this is the next
+		// removal gathered and the slot still holds them (a table grown
+		// since has other slots).
+		i, idx := -1, uint32(0)
+		if x.warmAt < len(x.warmBuf) {
+			if x.warmAt >= x.warmEnd {
+				x.warmWindow()
+			}
+			if w := &x.warmBuf[x.warmAt]; w.h == uint64(h) && w.src == src {
+				x.warmAt++
+				if int(w.tslot) < t.size() && t.get(int(w.tslot)) == w.idx {
+					i, idx = int(w.tslot), w.idx
+				}
+			}
 		}
-		if i < 0 || x.st.ent(t.get(i)).refs[m] == 0 {
+		e := x.st.ent(idx)
+		if i < 0 || e.aux != uint64(h) {
+			// No warm slot, or its entry was removed and reused since.
+			i, idx = t.lookup(&x.st, uint64(h))
+			if i < 0 {
+				x.c.unknownRemoved.Add(1)
+				continue
+			}
+			e = x.st.ent(idx)
+		}
+		left := e.refs
+		if left[m] == 0 {
 			x.c.unknownRemoved.Add(1)
 			continue
 		}
-		idx := t.get(i)
-		left := x.st.ent(idx).refs
 		left[m]--
 		if left == [3]uint16{} {
 			// The slot is known: delete it without a second probe.
 			t.deleteSlot(&x.st, i)
-			x.st.drop(idx)
+			x.st.dropEntry(idx, e)
 			x.c.removed.Add(1)
 			continue
 		}

@@ -177,11 +177,12 @@ func (e *extraEnc) seed(parent uint64) uint64 {
 // lora_name, used when the engine sent no extra_keys at all (older engines).
 // ok is false when the tuple holds a value vLLM never writes.
 func eventSeed(parent Key, extra []any, lora string, haveExtra bool) (seed uint64, ok bool) {
+	if !haveExtra && lora == "" {
+		return uint64(parent), true // no extras: the parent is the seed
+	}
 	e := newExtraEnc()
 	if !haveExtra {
-		if lora != "" {
-			e.str(lora)
-		}
+		e.str(lora)
 		return e.seed(uint64(parent)), true
 	}
 	for _, v := range extra {
@@ -194,3 +195,14 @@ func eventSeed(parent Key, extra []any, lora string, haveExtra bool) (seed uint6
 
 // hashTokens is one block's key given its seed (parent key mixed with extras).
 func hashTokens(t []uint32, seed uint64) uint64 { return xxh3.HashSeed(tokenBytes(t), seed) }
+
+// mix is a full 64-bit finaliser (MurmurHash3's fmix64), folding extra
+// keys into a block's seed.
+func mix(h uint64) uint64 {
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	h *= 0xc4ceb9fe1a85ec53
+	h ^= h >> 33
+	return h
+}

@@ -147,12 +147,17 @@ func (s *store) head(k Key) uint32 {
 // insert adds a new entry holding one copy on medium m (m < 0: none) and
 // makes it the most recent of its list.
 func (s *store) insert(src uint32, k Key, aux uint64, m int) uint32 {
-	return s.insertAt(src, k, aux, m, -1, 0)
+	h := uint64(k)
+	if s.auxKeyed {
+		h = aux
+	}
+	return s.insertAt(src, k, aux, m, -1, spread(h))
 }
 
-// insertAt is insert knowing the empty source-table slot and tag a probe for
-// the entry's source-table key returned (slot -1: unknown).
-func (s *store) insertAt(src uint32, k Key, aux uint64, m int, slot int, tag uint8) uint32 {
+// insertAt is insert knowing the empty source-table slot a probe for the
+// entry's source-table key returned (slot -1: unknown) and that key's
+// spread sm.
+func (s *store) insertAt(src uint32, k Key, aux uint64, m int, slot int, sm uint64) uint32 {
 	idx := s.free
 	if idx != 0 {
 		s.free = s.ent(idx).next
@@ -173,26 +178,28 @@ func (s *store) insertAt(src uint32, k Key, aux uint64, m int, slot int, tag uin
 		}
 		s.nents++
 	}
-	*s.ent(idx) = entry{key: k, aux: aux, src: src}
+	e := s.ent(idx)
+	*e = entry{key: k, aux: aux, src: src}
 	if m >= 0 {
-		s.ent(idx).refs[m] = 1
+		e.refs[m] = 1
 	}
-	if s.recs != nil {
-		s.ensureWords(s.srcs[src].replica)
+	sr := &s.srcs[src]
+	r := sr.replica
+	if s.recs != nil && int(r)>>6 >= s.w {
+		s.ensureWords(r)
 	}
-	if i, ktag, found := s.keys.probe(s, uint64(k)); found {
+	if i, km, found := s.keys.probe(s, uint64(k)); found {
 		s.link(i, idx)
 	} else {
-		s.keys.insertAt(s, uint64(k), i, ktag, idx)
+		s.keys.insertAt(s, km, i, idx)
 	}
-	h := uint64(k)
-	if s.auxKeyed {
-		h = aux
+	sr.tab.insertAt(s, sm, slot, idx)
+	if s.clock {
+		e.ref = refHot // pushFront
+	} else {
+		s.pushFront(s.listOf(src), idx)
 	}
-	s.srcs[src].tab.insertAt(s, h, slot, tag, idx)
-	s.pushFront(s.listOf(src), idx)
 	s.n++
-	r := s.srcs[src].replica
 	for int(r) >= len(s.held) {
 		s.held = append(s.held, 0)
 	}
@@ -249,17 +256,16 @@ func (s *store) touch(idx uint32) {
 }
 
 // unlinkKey removes idx from its key's holder chain.
-func (s *store) unlinkKey(idx uint32) {
-	e := s.ent(idx)
-	i := s.keys.slot(s, uint64(e.key))
+func (s *store) unlinkKey(idx uint32, e *entry) {
+	i, v := s.keys.lookupHolder(s, uint64(e.key), idx)
 	if i < 0 {
 		return
 	}
-	if s.keys.get(i)&recTag != 0 {
+	if v&recTag != 0 {
 		s.unlinkRec(i, idx)
 		return
 	}
-	if s.keys.get(i) == idx {
+	if v == idx {
 		if e.next != 0 {
 			s.keys.put(i, e.next)
 		} else {
@@ -267,7 +273,7 @@ func (s *store) unlinkKey(idx uint32) {
 		}
 		return
 	}
-	for p := s.keys.get(i); p != 0; p = s.ent(p).next {
+	for p := v; p != 0; p = s.ent(p).next {
 		if s.ent(p).next == idx {
 			s.ent(p).next = e.next
 			return
@@ -291,11 +297,16 @@ func (s *store) remove(idx uint32) {
 
 // drop unlinks idx from its key chain and LRU list and frees it, leaving the
 // source table to the caller.
-func (s *store) drop(idx uint32) {
-	s.unlinkKey(idx)
-	s.unlinkLRU(s.listOf(s.ent(idx).src), idx)
-	s.held[s.srcs[s.ent(idx).src].replica]--
-	*s.ent(idx) = entry{next: s.free}
+func (s *store) drop(idx uint32) { s.dropEntry(idx, s.ent(idx)) }
+
+// dropEntry is drop given e = s.ent(idx).
+func (s *store) dropEntry(idx uint32, e *entry) {
+	s.unlinkKey(idx, e)
+	if !s.clock {
+		s.unlinkLRU(s.listOf(e.src), idx)
+	}
+	s.held[s.srcs[e.src].replica]--
+	*e = entry{next: s.free}
 	s.free = idx
 	s.n--
 }

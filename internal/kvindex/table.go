@@ -12,20 +12,22 @@ import (
 // only a 4-byte value and a tag byte.
 //
 // Slots come in groups of groupSlots, one group per 64-byte cache line:
-// the tags, an overflow count, then the values. A value's home group is
-// the low bits of mix(key); it sits in the first group from its home (in
-// order, wrapping) that had a free slot when it was placed. A group's
-// overflow count is the number of values placed beyond it whose probe
-// passed it (saturating at overMax, where it stays), so a probe that finds
-// no match in a group with a zero count is over. A tag is a 7-bit
+// the tags, an overflow count, the slots' away bits, then the values. A
+// value's home group is the low bits of spread(key); it sits in the first
+// group from its home (in order, wrapping) that had a free slot when it
+// was placed. A group's overflow count is the number of values placed
+// beyond it whose probe passed it (saturating at overMax, where it stays),
+// so a probe that finds no match in a group with a zero count is over. A tag is a 7-bit
 // fingerprint of the key with the high bit set (tagOf); 0 marks a free
 // slot. A probe compares a group's tags in two word operations and loads
 // only the entries behind matching tags (the key compare is a cache miss in
 // a large index): a false match costs 1 in 128 values.
 //
 // Deleting a value frees its slot and decrements the overflow counts
-// between its home and its group (none when it sits at home): no other
-// value moves, and a deletion writes one cache line in nearly all cases.
+// between its home and its group: no other value moves, and a deletion
+// writes one cache line in nearly all cases. A slot's away bit says its
+// value sits beyond its home group; a deletion of a value at home (nearly
+// all of them) therefore neither loads the value's key nor hashes it.
 //
 // Slot indices are group<<slotShift | position; positions groupSlots and
 // above are never used (get returns 0 there), so size() slots can be
@@ -40,7 +42,8 @@ type table struct {
 type group struct {
 	tags [groupSlots]uint8
 	over uint8 // overflow count
-	_    [3]uint8
+	_    uint8
+	away uint16 // bit p: slot p's value is not in its home group
 	vals [groupSlots]uint32
 }
 
@@ -58,19 +61,19 @@ const (
 	maxLoad = 10
 )
 
-// tagOf returns the tag of a key whose mix is m: bits 57..63 of m, which the
-// home group (low bits) does not use, and the high bit.
+// tagOf returns the tag of a key whose spread is m: bits 57..63 of m, and
+// the high bit.
 func tagOf(m uint64) uint8 { return uint8(m>>56) | 0x80 }
 
-// mix spreads a 64-bit value over the slot range (keys and engine hashes are
-// hashes already, but tests and traces use small integers).
-func mix(h uint64) uint64 {
-	h ^= h >> 33
-	h *= 0xff51afd7ed558ccd
-	h ^= h >> 33
-	h *= 0xc4ceb9fe1a85ec53
-	h ^= h >> 33
-	return h
+// spread hashes a table key for its home group (low bits) and tag (high
+// bits). Keys and engine hashes are hashes already, but engines, tests and
+// traces also use small or structured integers: a multiply by 2^64/phi
+// carries every bit of h into the product's high half, and folding that
+// half onto the low one gives the home group bits that depend on all of
+// h, in three instructions (the full finaliser mix takes eight).
+func spread(h uint64) uint64 {
+	m := h * 0x9e3779b97f4a7c15
+	return m ^ m>>32
 }
 
 const (
@@ -113,7 +116,7 @@ func (t *table) get(i int) uint32 {
 func (t *table) put(i int, v uint32) { t.g[i>>slotShift].vals[i&(1<<slotShift-1)] = v }
 
 // touch loads h's home group (a warm pass), returning a byte of it.
-func (t *table) touch(h uint64) uint8 { return t.g[mix(h)&uint64(len(t.g)-1)].over }
+func (t *table) touch(h uint64) uint8 { return t.g[spread(h)&uint64(len(t.g)-1)].over }
 
 func (t *table) keyOf(s *store, idx uint32) uint64 {
 	if t.byAux {
@@ -144,7 +147,7 @@ func (t *table) lookup(s *store, h uint64) (int, uint32) {
 		return -1, 0
 	}
 	mask := uint64(len(t.g) - 1)
-	m := mix(h)
+	m := spread(h)
 	want := lsbs * uint64(tagOf(m))
 	for gi := m & mask; ; gi = (gi + 1) & mask {
 		g := &t.g[gi]
@@ -167,17 +170,47 @@ func (t *table) lookup(s *store, h uint64) (int, uint32) {
 	}
 }
 
-// probe looks h up: found, it returns h's slot; otherwise a free slot in
-// the first group from h's home that has one, if the probe reached it (else
-// -1), and the tag a value of h gets, for insertAt.
-func (t *table) probe(s *store, h uint64) (i int, tag uint8, found bool) {
-	if len(t.g) == 0 {
-		return -1, 0, false
+// lookupHolder is lookup in the key table for the slot of key h, which
+// entry idx holds: a slot whose value is idx itself is taken without
+// loading its key.
+func (t *table) lookupHolder(s *store, h uint64, idx uint32) (int, uint32) {
+	if t.n == 0 {
+		return -1, 0
 	}
 	mask := uint64(len(t.g) - 1)
-	m := mix(h)
-	tag = tagOf(m)
-	want := lsbs * uint64(tag)
+	m := spread(h)
+	want := lsbs * uint64(tagOf(m))
+	for gi := m & mask; ; gi = (gi + 1) & mask {
+		g := &t.g[gi]
+		w0, w1 := g.tagWords()
+		for b := candidates(w0 ^ want); b != 0; b &= b - 1 {
+			p := bits.TrailingZeros64(b) >> 3 & 7
+			if v := g.vals[p]; v == idx || t.keyOf(s, v) == h {
+				return int(gi)<<slotShift | p, v
+			}
+		}
+		for b := candidates(w1^want) & hiTags; b != 0; b &= b - 1 {
+			p := 8 + bits.TrailingZeros64(b)>>3&3
+			if v := g.vals[p]; v == idx || t.keyOf(s, v) == h {
+				return int(gi)<<slotShift | p, v
+			}
+		}
+		if g.over == 0 {
+			return -1, 0
+		}
+	}
+}
+
+// probe looks h up: found, it returns h's slot; otherwise a free slot in
+// the first group from h's home that has one, if the probe reached it (else
+// -1), and spread(h), for insertAt.
+func (t *table) probe(s *store, h uint64) (i int, m uint64, found bool) {
+	m = spread(h)
+	if len(t.g) == 0 {
+		return -1, m, false
+	}
+	mask := uint64(len(t.g) - 1)
+	want := lsbs * uint64(tagOf(m))
 	free := -1
 	for gi := m & mask; ; gi = (gi + 1) & mask {
 		g := &t.g[gi]
@@ -185,13 +218,13 @@ func (t *table) probe(s *store, h uint64) (i int, tag uint8, found bool) {
 		for b := candidates(w0 ^ want); b != 0; b &= b - 1 {
 			p := bits.TrailingZeros64(b) >> 3 & 7
 			if t.keyOf(s, g.vals[p]) == h {
-				return int(gi)<<slotShift | p, 0, true
+				return int(gi)<<slotShift | p, m, true
 			}
 		}
 		for b := candidates(w1^want) & hiTags; b != 0; b &= b - 1 {
 			p := 8 + bits.TrailingZeros64(b)>>3&3
 			if t.keyOf(s, g.vals[p]) == h {
-				return int(gi)<<slotShift | p, 0, true
+				return int(gi)<<slotShift | p, m, true
 			}
 		}
 		if free < 0 {
@@ -202,51 +235,49 @@ func (t *table) probe(s *store, h uint64) (i int, tag uint8, found bool) {
 			}
 		}
 		if g.over == 0 {
-			return free, tag, false
+			return free, m, false
 		}
 	}
 }
 
-// insertAt adds idx under h, which must not be present, at the free slot i
-// with tag that probe returned, unless the table must grow first (or i < 0):
-// then it places it anew.
-func (t *table) insertAt(s *store, h uint64, i int, tag uint8, idx uint32) {
-	if i < 0 || t.n+1 > len(t.g)*maxLoad {
-		t.insert(s, h, idx)
+// insertAt adds idx under a key of spread m, which must not be present, at
+// the free slot i that probe returned with m, unless the table must grow
+// first (or i < 0): then it places it anew.
+func (t *table) insertAt(s *store, m uint64, i int, idx uint32) {
+	if i < 0 || t.n >= len(t.g)*maxLoad {
+		t.insert(s, m, idx)
 		return
 	}
-	gi := i >> slotShift
-	t.overflow(h, gi)
+	gi, p := i>>slotShift, i&(1<<slotShift-1)
 	g := &t.g[gi]
-	g.tags[i&(1<<slotShift-1)] = tag
-	g.vals[i&(1<<slotShift-1)] = idx
+	g.tags[p] = tagOf(m)
+	g.vals[p] = idx
 	t.n++
-}
-
-// overflow counts a value of h placed in group gi in the overflow counts of
-// the groups its probe passed.
-func (t *table) overflow(h uint64, gi int) {
 	mask := len(t.g) - 1
-	for j := int(mix(h)) & mask; j != gi; j = (j + 1) & mask {
-		if t.g[j].over < overMax {
-			t.g[j].over++
+	if home := int(m) & mask; home != gi {
+		g.away |= 1 << p
+		for j := home; j != gi; j = (j + 1) & mask {
+			if t.g[j].over < overMax {
+				t.g[j].over++
+			}
 		}
 	}
 }
 
-// insert adds idx under h, which must not be present.
-func (t *table) insert(s *store, h uint64, idx uint32) {
+// insert adds idx under a key of spread m, which must not be present.
+func (t *table) insert(s *store, m uint64, idx uint32) {
 	if t.n+1 > len(t.g)*maxLoad {
 		t.grow(s)
 	}
-	t.place(h, idx)
+	t.place(m, idx)
 	t.n++
 }
 
-// place puts idx in the first free slot from h's home group.
-func (t *table) place(h uint64, idx uint32) {
+// place puts idx, of a key of spread m, in the first free slot from its
+// home group.
+func (t *table) place(m uint64, idx uint32) {
 	mask := uint64(len(t.g) - 1)
-	m := mix(h)
+	away := uint16(0)
 	for gi := m & mask; ; gi = (gi + 1) & mask {
 		g := &t.g[gi]
 		w0, w1 := g.tagWords()
@@ -258,11 +289,13 @@ func (t *table) place(h uint64, idx uint32) {
 		}
 		if p >= 0 {
 			g.tags[p], g.vals[p] = tagOf(m), idx
+			g.away |= away << p
 			return
 		}
 		if g.over < overMax {
 			g.over++
 		}
+		away = 1
 	}
 }
 
@@ -289,7 +322,7 @@ func (t *table) rehash(s *store, groups int) {
 			}
 		}
 		for k := range n {
-			hs[k] = t.keyOf(s, idxs[k])
+			hs[k] = spread(t.keyOf(s, idxs[k]))
 		}
 		for k := range n {
 			t.place(hs[k], idxs[k])
@@ -313,17 +346,21 @@ func (t *table) reserve(s *store, n int) {
 	}
 }
 
-// deleteSlot frees slot i and takes its value out of the overflow counts of
-// the groups before it from its home (none when it sits at home). No other
-// value moves.
+// deleteSlot frees slot i and, when its value is away from its home group,
+// takes it out of the overflow counts of the groups before it from its
+// home. No other value moves.
 func (t *table) deleteSlot(s *store, i int) {
 	gi, p := i>>slotShift, i&(1<<slotShift-1)
 	g := &t.g[gi]
 	v := g.vals[p]
 	g.tags[p], g.vals[p] = 0, 0
 	t.n--
+	if g.away&(1<<p) == 0 {
+		return
+	}
+	g.away &^= 1 << p
 	mask := len(t.g) - 1
-	for j := int(mix(t.keyOf(s, v))) & mask; j != gi; j = (j + 1) & mask {
+	for j := int(spread(t.keyOf(s, v))) & mask; j != gi; j = (j + 1) & mask {
 		if t.g[j].over < overMax {
 			t.g[j].over--
 		}

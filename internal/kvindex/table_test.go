@@ -12,9 +12,9 @@ import (
 func TestTableCollidingHomes(t *testing.T) {
 	const mask = 4095 // homes equal under 4096 groups are equal under fewer
 	var hs []uint64
-	home := mix(1) & mask
+	home := spread(1) & mask
 	for h := uint64(1); len(hs) < 300; h++ {
-		if mix(h)&mask == home {
+		if spread(h)&mask == home {
 			hs = append(hs, h)
 		}
 	}
@@ -118,7 +118,7 @@ func farthest(st *store, tab *table) int {
 	far := 0
 	for i := range tab.size() {
 		if v := tab.get(i); v != 0 {
-			home := int(mix(tab.keyOf(st, v))) & mask
+			home := int(spread(tab.keyOf(st, v))) & mask
 			far = max(far, (i>>slotShift-home)&mask)
 		}
 	}
@@ -139,15 +139,21 @@ func checkTable(t *testing.T, st *store, tab *table) {
 		}
 		v, tag := tab.g[gi].vals[p], tab.g[gi].tags[p]
 		if v == 0 {
+			if tab.g[gi].away>>p&1 != 0 {
+				t.Fatalf("slot %d: no value, away bit set", i)
+			}
 			if tag != 0 {
 				t.Fatalf("slot %d: no value, tag %#x", i, tag)
 			}
 			continue
 		}
 		n++
-		m := mix(tab.keyOf(st, v))
+		m := spread(tab.keyOf(st, v))
 		if tag != tagOf(m) {
 			t.Fatalf("slot %d: tag %#x, want %#x", i, tag, tagOf(m))
+		}
+		if away := tab.g[gi].away>>p&1 == 1; away != (int(m)&mask != gi) {
+			t.Fatalf("slot %d: away bit %v, home group %d, group %d", i, away, int(m)&mask, gi)
 		}
 		for j := int(m) & mask; j != gi; j = (j + 1) & mask {
 			over[j]++

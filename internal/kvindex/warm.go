@@ -20,7 +20,7 @@ const warmMin = 1 << 16
 // the passes of warmWindow run over a compact array: the processor then has
 // many more of its loads in flight than a loop over the batch's events would
 // allow. The passes run a window of warmChunk removals at a time, just
-// before removed() reaches it (warmSlot), so that what they load is still
+// before removed() reaches it, so that what they load is still
 // in the caches when it is used. Caller holds x.mu.
 func (x *Exact) warmRemovals(id ReplicaID, rank int32, b *vllm.Batch) {
 	x.warmBuf, x.warmAt, x.warmEnd = x.warmBuf[:0], 0, 0
@@ -34,8 +34,16 @@ func (x *Exact) warmRemovals(id ReplicaID, rank int32, b *vllm.Batch) {
 		if ev.Type != vllm.BlockRemoved || len(ev.BlockHashes) < 1 {
 			continue
 		}
-		src, ok := x.source(id, rank, int32(ev.Group()), false)
+		k := srcKey{id, rank, int32(ev.Group())}
+		src, ok := x.lastSource(k)
+		if !ok {
+			src, ok = x.source(id, rank, k.group, false)
+		}
 		if !ok || st.srcs[src].tab.n == 0 {
+			continue
+		}
+		if len(ev.BlockHashes) == 1 {
+			buf = append(buf, warmItem{h: uint64(ev.BlockHashes[0]), src: src})
 			continue
 		}
 		for _, h := range ev.BlockHashes {
@@ -52,7 +60,7 @@ const warmChunk = 64
 
 // warmWindow touches, for the gathered removals [x.warmEnd, +warmChunk),
 // their source-table group, then their entry, then their key's key-table
-// home group, and records what it found for warmSlot. Caller holds x.mu.
+// home group, and records what it found for removed(). Caller holds x.mu.
 func (x *Exact) warmWindow() {
 	st := &x.st
 	lo := x.warmEnd
@@ -73,7 +81,7 @@ func (x *Exact) warmWindow() {
 		w.slot, w.tslot, w.idx = noWarm, noWarm, 0
 		if i := t.slot(st, w.h); i >= 0 {
 			w.tslot, w.idx = uint32(i), t.get(i)
-			w.slot = uint32(mix(uint64(st.ent(w.idx).key)) & kmask)
+			w.slot = uint32(spread(uint64(st.ent(w.idx).key)) & kmask)
 		}
 	}
 	if st.keys.size() > 0 {
@@ -88,7 +96,7 @@ func (x *Exact) warmWindow() {
 
 // warmItem is a removal gathered by warmRemovals: the engine hash, its
 // source, a key-table group to load (noWarm: none), and the source-table slot
-// and entry the hash had then (noWarm, 0: none), for warmSlot.
+// and entry the hash had then (noWarm, 0: none), for removed().
 type warmItem struct {
 	h     uint64
 	src   uint32
@@ -111,27 +119,4 @@ func (x *Exact) warmStores(src uint32, hs []vllm.BlockHash, keys []Key) {
 		sink += uint64(t.touch(uint64(hs[i]))) + uint64(x.st.keys.touch(uint64(k)))
 	}
 	x.sink += sink
-}
-
-// warmSlot returns the source-table slot of removal (src, h) that
-// warmRemovals found, if it is the next removal gathered and the slot still
-// holds h's entry (an earlier event of the batch may have moved or removed
-// it), else -1: the caller probes. Caller holds x.mu.
-func (x *Exact) warmSlot(src uint32, h uint64) int {
-	if x.warmAt >= len(x.warmBuf) {
-		return -1
-	}
-	if x.warmAt >= x.warmEnd {
-		x.warmWindow()
-	}
-	w := &x.warmBuf[x.warmAt]
-	if w.h != h || w.src != src {
-		return -1
-	}
-	x.warmAt++
-	t := &x.st.srcs[src].tab
-	if w.tslot == noWarm || int(w.tslot) >= t.size() || t.get(int(w.tslot)) != w.idx || x.st.ent(w.idx).aux != h {
-		return -1
-	}
-	return int(w.tslot)
 }
