@@ -80,12 +80,13 @@ const frontSize = 1 << frontBits
 // frontSlot hashes w (at most maxCachedWord bytes) to a slot.
 func frontSlot(w string) uint16 {
 	var x uint64
-	if len(w) >= 8 {
-		x = le64(w) ^ le64(w[len(w)-8:])*0xff51afd7ed558ccd
-	} else {
-		for i := 0; i < len(w); i++ {
-			x = x<<8 | uint64(w[i])
-		}
+	switch n := len(w); {
+	case n >= 8:
+		x = le64(w) ^ le64(w[n-8:])*0xff51afd7ed558ccd
+	case n >= 4: // two overlapping loads: all the bytes, without a loop
+		x = uint64(le32(w)) | uint64(le32(w[n-4:]))<<32
+	case n > 0:
+		x = uint64(w[0]) | uint64(w[n>>1])<<8 | uint64(w[n-1])<<16
 	}
 	x = (x ^ uint64(len(w))) * 0x9e3779b97f4a7c15
 	return uint16(x >> (64 - frontBits))
@@ -95,6 +96,11 @@ func le64(s string) uint64 {
 	_ = s[7]
 	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
 		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
+}
+
+func le32(s string) uint32 {
+	_ = s[3]
+	return uint32(s[0]) | uint32(s[1])<<8 | uint32(s[2])<<16 | uint32(s[3])<<24
 }
 
 func (f *frontCache) set(slot uint16, w string, ids []uint32) {
