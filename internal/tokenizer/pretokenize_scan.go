@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"math/bits"
 	"unicode"
 	"unicode/utf8"
 )
@@ -266,7 +267,7 @@ func scanCL100KFast(s string, i, maxDigits int) int {
 		return -1
 	case c == clsLetter:
 		// \p{L}+
-		return skipASCII(s, i+1, clsLetter)
+		return skipLetters(s, i+1)
 	case c == clsNumber:
 		// \p{N}{1,maxDigits}
 		j := i + 1
@@ -297,7 +298,7 @@ func scanCL100KFast(s string, i, maxDigits int) int {
 	}
 	// [^\r\n\p{L}\p{N}]?\p{L}+
 	if next == clsLetter && b != '\r' && b != '\n' {
-		return skipASCII(s, i+2, clsLetter)
+		return skipLetters(s, i+2)
 	}
 	// ' ?[^\s\p{L}\p{N}]+[\r\n]*'
 	j := -1
@@ -338,6 +339,34 @@ func scanCL100KFast(s string, i, maxDigits int) int {
 		return end
 	}
 	return end - 1
+}
+
+// skipLetters is skipASCII(s, i, clsLetter), eight bytes at a time.
+func skipLetters(s string, i int) int {
+	for i+8 <= len(s) {
+		if m := letterBytes(le64(s[i:])); m != highBits {
+			i += bits.TrailingZeros64(^m&highBits) >> 3 // the first non-letter
+			if s[i] >= utf8.RuneSelf {
+				return -1
+			}
+			return i
+		}
+		i += 8
+	}
+	return skipASCII(s, i, clsLetter)
+}
+
+const highBits = 0x8080808080808080
+
+// letterBytes returns the high bit of each byte of w (little-endian) that
+// is an ASCII letter, A-Z or a-z, and no other bit: a byte below 0x80 is a
+// letter when it is between 'a' and 'z' with bit 0x20 set. Each byte sum
+// stays below 0x100, so no carry crosses bytes.
+func letterBytes(w uint64) uint64 {
+	y := w&^highBits | 0x2020202020202020
+	ge := y + 0x1f1f1f1f1f1f1f1f // high bit: y >= 'a' (0x61)
+	gt := y + 0x0505050505050505 // high bit: y > 'z' (0x7a)
+	return ge &^ gt &^ w & highBits
 }
 
 // skipASCII returns the end of the run of ASCII bytes of class c from i,

@@ -172,3 +172,32 @@ func FuzzScanFast(f *testing.F) {
 		scanFastAgrees(t, s)
 	})
 }
+
+func TestLetterBytes(t *testing.T) {
+	// Every byte value in every lane, beside bytes of other kinds.
+	for c := range 256 {
+		for lane := range 8 {
+			for _, fill := range []byte{'a', 'Z', ' ', 0x80, 0xff, '@', '['} {
+				var w uint64
+				for k := range 8 {
+					b := fill
+					if k == lane {
+						b = byte(c)
+					}
+					w |= uint64(b) << (8 * k)
+				}
+				m := letterBytes(w)
+				for k := range 8 {
+					b := byte(w >> (8 * k))
+					want := byteClass[b] == clsLetter
+					if got := m>>(8*k+7)&1 == 1; got != want {
+						t.Fatalf("letterBytes(%#016x) byte %d (%#02x): letter %v, want %v", w, k, b, got, want)
+					}
+				}
+				if m&^highBits != 0 {
+					t.Fatalf("letterBytes(%#016x) = %#016x: bits beside the high bits", w, m)
+				}
+			}
+		}
+	}
+}
