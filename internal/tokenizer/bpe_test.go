@@ -101,3 +101,60 @@ func TestWordCacheBounded(t *testing.T) {
 		t.Error("cache empty")
 	}
 }
+
+// TestWordKeyIdentifiesShortWords: the front cache compares keys, not
+// bytes, for words of up to 16 bytes, so a change of any one byte must
+// change the key.
+func TestWordKeyIdentifiesShortWords(t *testing.T) {
+	base := []byte("abcdefghijklmnopq")
+	for n := 1; n <= 16; n++ {
+		w := string(base[:n])
+		for p := range n {
+			for _, c := range []byte{0, 'A', 0x80, 0xff} {
+				v := []byte(w)
+				v[p] = c
+				if string(v) != w && keyOf(string(v)) == keyOf(w) {
+					t.Errorf("keyOf(%q) == keyOf(%q)", v, w)
+				}
+			}
+		}
+	}
+}
+
+// TestFrontCacheWays checks the two ways of a set: a second word in a set
+// keeps the first, a third evicts the oldest, and reset empties both.
+func TestFrontCacheWays(t *testing.T) {
+	var f frontCache
+	words := []string{"alpha", "beta", "gamma"}
+	k := make([]wordKey, len(words))
+	for i, w := range words {
+		k[i] = keyOf(w)
+	}
+	const set = 42 // any even index; the words need not hash there
+	f.set(set, k[0], words[0], []uint32{1})
+	f.set(set, k[1], words[1], []uint32{2})
+	for i, w := range words[:2] {
+		if ids, ok := f.get(set, k[i], w); !ok || ids[0] != uint32(i+1) {
+			t.Fatalf("after two words, get(%q) = %v, %v", w, ids, ok)
+		}
+	}
+	f.set(set, k[2], words[2], []uint32{3})
+	if _, ok := f.get(set, k[0], words[0]); ok {
+		t.Error("the oldest word survived a third word in its set")
+	}
+	if ids, ok := f.get(set, k[2], words[2]); !ok || ids[0] != 3 {
+		t.Errorf("get(%q) = %v, %v after setting it", words[2], ids, ok)
+	}
+	// Same length and key, different bytes beyond 16: compared as strings.
+	long1, long2 := "0123456789abcdef-x-0123456789abcdef", "0123456789abcdef-y-0123456789abcdef"
+	f.set(set, keyOf(long1), long1, []uint32{4})
+	if _, ok := f.get(set, keyOf(long2), long2); ok {
+		t.Errorf("get(%q) found %q's entry", long2, long1)
+	}
+	f.reset()
+	for i, w := range words {
+		if _, ok := f.get(set, k[i], w); ok {
+			t.Errorf("get(%q) found an entry after reset", w)
+		}
+	}
+}
