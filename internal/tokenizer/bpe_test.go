@@ -145,11 +145,17 @@ func TestFrontCacheWays(t *testing.T) {
 	if ids, ok := f.get(set, k[2], words[2]); !ok || ids[0] != 3 {
 		t.Errorf("get(%q) = %v, %v after setting it", words[2], ids, ok)
 	}
-	// Same length and key, different bytes beyond 16: compared as strings.
-	long1, long2 := "0123456789abcdef-x-0123456789abcdef", "0123456789abcdef-y-0123456789abcdef"
-	f.set(set, keyOf(long1), long1, []uint32{4})
-	if _, ok := f.get(set, keyOf(long2), long2); ok {
-		t.Errorf("get(%q) found %q's entry", long2, long1)
+	// Same length and key, bytes differing where the key does not look
+	// (words over 16 bytes): compared as strings.
+	for _, pair := range [][2]string{{"01234567-x-abcdefgh", "01234567-y-abcdefgh"},
+		{"0123456789abcdef-x-0123456789abcdef", "0123456789abcdef-y-0123456789abcdef"}} {
+		if keyOf(pair[0]) != keyOf(pair[1]) {
+			t.Fatalf("%q and %q: want equal keys for this check", pair[0], pair[1])
+		}
+		f.set(set, keyOf(pair[0]), pair[0], []uint32{4})
+		if _, ok := f.get(set, keyOf(pair[1]), pair[1]); ok {
+			t.Errorf("get(%q) found %q's entry", pair[1], pair[0])
+		}
 	}
 	f.reset()
 	for i, w := range words {
