@@ -80,7 +80,7 @@ func benchEncode(b *testing.B, tok *Tokenizer, text string) {
 // model value, whose cache the caller sets (nil: no word cache).
 func withCache(tok *Tokenizer) (*Tokenizer, *bpe) {
 	m := *tok.model
-	return &Tokenizer{cfg: tok.cfg, norm: tok.norm, pre: tok.pre, model: &m, added: tok.added, post: tok.post, dec: tok.dec}, &m
+	return &Tokenizer{cfg: tok.cfg, norm: tok.norm, pre: tok.pre, scanDigits: tok.scanDigits, model: &m, added: tok.added, post: tok.post, dec: tok.dec}, &m
 }
 
 // benchEncodeCold encodes text once per op from a new, empty word cache: a

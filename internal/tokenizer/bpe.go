@@ -165,17 +165,18 @@ func (b *bpe) encodeWord(dst []uint32, w string, sc *scratch) []uint32 {
 	if !cacheable {
 		return b.mergeWord(dst, w, sc)
 	}
-	slot := frontSlot(w)
-	if e := &sc.front.e[slot]; e.ids != nil && e.w == w {
-		return append(dst, e.ids...)
+	k := keyOf(w)
+	set := frontSet(k, len(w))
+	if ids, ok := sc.front.get(set, k, w); ok {
+		return append(dst, ids...)
 	}
 	ids, ok := b.cache.get(w)
 	if !ok {
 		start := len(dst)
 		dst = b.mergeWord(dst, w, sc)
-		sc.front.set(slot, w, b.cache.put(w, dst[start:]))
+		sc.front.set(set, k, w, b.cache.put(w, dst[start:]))
 		return dst
 	}
-	sc.front.set(slot, w, ids)
+	sc.front.set(set, k, w, ids)
 	return append(dst, ids...)
 }

@@ -59,36 +59,55 @@ func (c *wordCache) put(w string, ids []uint32) []uint32 {
 	return v
 }
 
-// frontCache is a scratch's own direct-mapped cache in front of the
-// shared word cache, for one Encode call: no lock and one cheap hash per
-// pre-token, where the shared cache takes a seeded hash, a read lock and
-// a map lookup. Entries alias the text being encoded; reset drops them
-// before the scratch goes back to its pool. A collision only misses.
+// frontCache is a scratch's own two-way set-associative cache in front
+// of the shared word cache, for one Encode call: no lock, one cheap hash
+// and integer compares per pre-token, where the shared cache takes a
+// seeded hash, a read lock and a map lookup. Entries alias the text being
+// encoded; reset drops them before the scratch goes back to its pool. A
+// word new to its set goes in way 0 and moves the old way 0 to way 1; a
+// collision only misses.
 type frontCache struct {
 	e    [frontSize]frontEntry
-	used []uint16 // slots set since the last reset
+	used []uint16 // sets (their way-0 index) filled since the last reset
 }
 
 type frontEntry struct {
-	w   string
+	k   wordKey
+	w   string   // compared itself only when longer than 16 bytes
 	ids []uint32 // the shared cache's copy (immutable)
 }
 
 const frontBits = 12
 const frontSize = 1 << frontBits
 
-// frontSlot hashes w (at most maxCachedWord bytes) to a slot.
-func frontSlot(w string) uint16 {
-	var x uint64
-	if len(w) >= 8 {
-		x = le64(w) ^ le64(w[len(w)-8:])*0xff51afd7ed558ccd
-	} else {
-		for i := 0; i < len(w); i++ {
-			x = x<<8 | uint64(w[i])
-		}
+// wordKey holds a word's bytes (one of at most maxCachedWord bytes): with
+// the word's length it identifies a word of up to 16 bytes exactly (the
+// loads cover every byte), and hashes longer ones.
+type wordKey struct{ a, b uint64 }
+
+func keyOf(w string) wordKey {
+	var k wordKey
+	switch n := len(w); {
+	case n >= 8:
+		k.a, k.b = le64(w), le64(w[n-8:])
+	case n >= 4: // two overlapping loads: all the bytes, without a loop
+		k.a = uint64(le32(w)) | uint64(le32(w[n-4:]))<<32
+	case n > 0:
+		k.a = uint64(w[0]) | uint64(w[n>>1])<<8 | uint64(w[n-1])<<16
 	}
-	x = (x ^ uint64(len(w))) * 0x9e3779b97f4a7c15
-	return uint16(x >> (64 - frontBits))
+	return k
+}
+
+// frontSet is the way-0 index of the set of the word with key k and
+// length n.
+func frontSet(k wordKey, n int) int {
+	x := (k.a ^ k.b*0xff51afd7ed558ccd ^ uint64(n)) * 0x9e3779b97f4a7c15
+	return int(x>>(64-frontBits)) &^ 1
+}
+
+// is reports whether e holds w, whose key is k.
+func (e *frontEntry) is(k wordKey, w string) bool {
+	return len(e.w) == len(w) && e.k == k && (len(w) <= 16 || e.w == w)
 }
 
 func le64(s string) uint64 {
@@ -97,17 +116,37 @@ func le64(s string) uint64 {
 		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
 }
 
-func (f *frontCache) set(slot uint16, w string, ids []uint32) {
-	if f.e[slot].ids == nil {
-		f.used = append(f.used, slot)
-	}
-	f.e[slot] = frontEntry{w, ids}
+func le32(s string) uint32 {
+	_ = s[3]
+	return uint32(s[0]) | uint32(s[1])<<8 | uint32(s[2])<<16 | uint32(s[3])<<24
 }
 
-// reset empties the cache (the slots used only).
+// get returns the ids of w (key k, in set) if the cache holds them.
+func (f *frontCache) get(set int, k wordKey, w string) ([]uint32, bool) {
+	if e := &f.e[set]; e.is(k, w) {
+		return e.ids, true
+	}
+	if e := &f.e[set+1]; e.is(k, w) {
+		return e.ids, true
+	}
+	return nil, false
+}
+
+// set stores w's ids in way 0 of set, moving way 0's word to way 1.
+func (f *frontCache) set(set int, k wordKey, w string, ids []uint32) {
+	if f.e[set].w == "" {
+		f.used = append(f.used, uint16(set))
+	} else {
+		f.e[set+1] = f.e[set]
+	}
+	f.e[set] = frontEntry{k, w, ids}
+}
+
+// reset empties the cache (the sets used only).
 func (f *frontCache) reset() {
 	for _, i := range f.used {
 		f.e[i] = frontEntry{}
+		f.e[i+1] = frontEntry{}
 	}
 	f.used = f.used[:0]
 }

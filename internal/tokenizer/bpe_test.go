@@ -101,3 +101,66 @@ func TestWordCacheBounded(t *testing.T) {
 		t.Error("cache empty")
 	}
 }
+
+// TestWordKeyIdentifiesShortWords: the front cache compares keys, not
+// bytes, for words of up to 16 bytes, so a change of any one byte must
+// change the key.
+func TestWordKeyIdentifiesShortWords(t *testing.T) {
+	base := []byte("abcdefghijklmnopq")
+	for n := 1; n <= 16; n++ {
+		w := string(base[:n])
+		for p := range n {
+			for _, c := range []byte{0, 'A', 0x80, 0xff} {
+				v := []byte(w)
+				v[p] = c
+				if string(v) != w && keyOf(string(v)) == keyOf(w) {
+					t.Errorf("keyOf(%q) == keyOf(%q)", v, w)
+				}
+			}
+		}
+	}
+}
+
+// TestFrontCacheWays checks the two ways of a set: a second word in a set
+// keeps the first, a third evicts the oldest, and reset empties both.
+func TestFrontCacheWays(t *testing.T) {
+	var f frontCache
+	words := []string{"alpha", "beta", "gamma"}
+	k := make([]wordKey, len(words))
+	for i, w := range words {
+		k[i] = keyOf(w)
+	}
+	const set = 42 // any even index; the words need not hash there
+	f.set(set, k[0], words[0], []uint32{1})
+	f.set(set, k[1], words[1], []uint32{2})
+	for i, w := range words[:2] {
+		if ids, ok := f.get(set, k[i], w); !ok || ids[0] != uint32(i+1) {
+			t.Fatalf("after two words, get(%q) = %v, %v", w, ids, ok)
+		}
+	}
+	f.set(set, k[2], words[2], []uint32{3})
+	if _, ok := f.get(set, k[0], words[0]); ok {
+		t.Error("the oldest word survived a third word in its set")
+	}
+	if ids, ok := f.get(set, k[2], words[2]); !ok || ids[0] != 3 {
+		t.Errorf("get(%q) = %v, %v after setting it", words[2], ids, ok)
+	}
+	// Same length and key, bytes differing where the key does not look
+	// (words over 16 bytes): compared as strings.
+	for _, pair := range [][2]string{{"01234567-x-abcdefgh", "01234567-y-abcdefgh"},
+		{"0123456789abcdef-x-0123456789abcdef", "0123456789abcdef-y-0123456789abcdef"}} {
+		if keyOf(pair[0]) != keyOf(pair[1]) {
+			t.Fatalf("%q and %q: want equal keys for this check", pair[0], pair[1])
+		}
+		f.set(set, keyOf(pair[0]), pair[0], []uint32{4})
+		if _, ok := f.get(set, keyOf(pair[1]), pair[1]); ok {
+			t.Errorf("get(%q) found %q's entry", pair[1], pair[0])
+		}
+	}
+	f.reset()
+	for i, w := range words {
+		if _, ok := f.get(set, k[i], w); ok {
+			t.Errorf("get(%q) found an entry after reset", w)
+		}
+	}
+}

@@ -168,6 +168,7 @@ func Parse(tokenizerJSON, configJSON []byte) (*Tokenizer, error) {
 	if t.post, err = parsePostProcessor(f.PostProcessor); err != nil {
 		return nil, fmt.Errorf("post_processor: %w", err)
 	}
+	t.scanDigits = t.pre.cl100kDigits()
 	t.buildDecodeTable()
 	return t, nil
 }

@@ -145,7 +145,15 @@ func (p stripNorm) normalize(s string) string {
 type unicodeNorm struct{ form norm.Form }
 
 func (u unicodeNorm) normalize(s string) string {
-	if u.form.IsNormalString(s) {
+	// ASCII is normal in every form, and an ASCII character neither
+	// decomposes nor reorders nor composes with what precedes it, so s is
+	// normal when what follows its ASCII prefix, from the prefix's last
+	// character on (which may compose with what follows), is.
+	k := asciiPrefix(s)
+	if k == len(s) {
+		return s
+	}
+	if u.form.IsNormalString(s[max(k-1, 0):]) {
 		// Normal under current Unicode implies normal under 9.0: the 9.0
 		// rules only do less (inert code points), never more.
 		return s
@@ -164,6 +172,19 @@ func (u unicodeNorm) normalize(s string) string {
 	}
 	b.WriteString(u.form.String(s[start:]))
 	return b.String()
+}
+
+// asciiPrefix is the length of the run of ASCII bytes s starts with.
+func asciiPrefix(s string) int {
+	i := 0
+	for ; i+8 <= len(s); i += 8 {
+		if le64(s[i:])&highBits != 0 {
+			break
+		}
+	}
+	for ; i < len(s) && s[i] < utf8.RuneSelf; i++ {
+	}
+	return i
 }
 
 func isUnicode9Inert(r rune) bool {

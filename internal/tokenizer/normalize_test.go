@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"unicode/utf8"
 
@@ -71,6 +72,19 @@ func checkNorm(t *testing.T, s string) {
 	}
 }
 
+func TestUnicodeNormASCIIPrefix(t *testing.T) {
+	// The ASCII prefix is skipped but for its last character, which may
+	// compose with what follows, at every position around 8-byte words.
+	for n := range 18 {
+		prefix := strings.Repeat("x", n)
+		for _, tail := range []string{"e\u0301", "\u0301", "<\u0338", "\u212b", "\ufb01", "\u00e9", "A\u030a\u0323"} {
+			checkNorm(t, prefix+tail)
+			checkNorm(t, prefix+tail+prefix)
+		}
+		checkNorm(t, prefix)
+	}
+}
+
 func TestUnicodeNormGolden(t *testing.T) {
 	for _, c := range readJSONL(t, qwenDir+"/encode.jsonl") {
 		checkNorm(t, c.Text)
@@ -89,6 +103,9 @@ func FuzzNormalize(f *testing.F) {
 		f.Add(c.Text)
 	}
 	f.Add("e\u0301\u0316\u09fe")
+	f.Add("abcdefghe\u0301") // an ASCII prefix whose last character composes with what follows
+	f.Add("abcdefgh\u0301x")
+	f.Add("ab\u212b<\u0338")
 	f.Fuzz(func(t *testing.T, s string) {
 		if utf8.ValidString(s) {
 			checkNorm(t, s)

@@ -92,6 +92,19 @@ func appendPreTokenizer(p *pipeline, raw json.RawMessage, where string) (bool, e
 	}
 }
 
+// cl100kDigits is the scanner's maxDigits when the pipeline is exactly
+// one Split that scanCL100K runs (the Qwen or Llama-3 pattern, Isolated,
+// not inverted), else 0.
+func (p pipeline) cl100kDigits() int {
+	if len(p) != 1 {
+		return 0
+	}
+	if s, ok := p[0].(*splitStep); ok {
+		return s.digits
+	}
+	return 0
+}
+
 func (p pipeline) split(dst []string, s string) []string {
 	if len(p) == 0 {
 		if s != "" {
@@ -182,6 +195,9 @@ type splitStep struct {
 	// and no invert, pieces are exactly the matches (the pattern matches
 	// every character).
 	scan func(s string, i int) int
+	// digits, when not 0, says scan is the Qwen (1) or Llama-3 (3)
+	// pattern's scanner, which split then calls directly.
+	digits int
 }
 
 func parseSplit(raw json.RawMessage) (*splitStep, error) {
@@ -212,6 +228,7 @@ func parseSplit(raw json.RawMessage) (*splitStep, error) {
 		s.m = re
 		if b == isolated && !j.Invert {
 			s.scan = scannerFor(*j.Pattern.Regex)
+			s.digits = cl100kDigits(*j.Pattern.Regex)
 		}
 	default:
 		return nil, errors.New("pattern must be {\"String\": ...} or {\"Regex\": ...}")
@@ -220,6 +237,17 @@ func parseSplit(raw json.RawMessage) (*splitStep, error) {
 }
 
 func (p *splitStep) split(dst []string, s string) []string {
+	if d := p.digits; d != 0 {
+		for i := 0; i < len(s); {
+			j := scanCL100KFast(s, i, d)
+			if j < 0 {
+				j = scanCL100K(s, i, d)
+			}
+			dst = append(dst, s[i:j])
+			i = j
+		}
+		return dst
+	}
 	if p.scan != nil {
 		for i := 0; i < len(s); {
 			j := p.scan(s, i)

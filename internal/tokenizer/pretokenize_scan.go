@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"math/bits"
 	"unicode"
 	"unicode/utf8"
 )
@@ -24,13 +25,25 @@ const (
 func scannerFor(pattern string) func(s string, i int) int {
 	switch pattern {
 	case qwenPattern:
-		return func(s string, i int) int { return scanCL100K(s, i, 1) }
+		return func(s string, i int) int { return scanCL100KAny(s, i, 1) }
 	case llama3Pattern:
-		return func(s string, i int) int { return scanCL100K(s, i, 3) }
+		return func(s string, i int) int { return scanCL100KAny(s, i, 3) }
 	case gpt2Pattern:
 		return scanGPT2
 	}
 	return nil
+}
+
+// cl100kDigits is scanCL100K's maxDigits for pattern, or 0 if pattern is
+// neither the Qwen nor the Llama-3 one.
+func cl100kDigits(pattern string) int {
+	switch pattern {
+	case qwenPattern:
+		return 1
+	case llama3Pattern:
+		return 3
+	}
+	return 0
 }
 
 // Character classes as Oniguruma sees them.
@@ -215,6 +228,161 @@ func scanCL100K(s string, i, maxDigits int) int {
 		return end
 	}
 	return lastStart
+}
+
+// scanCL100KAny is scanCL100K, taking the ASCII fast path when it can.
+func scanCL100KAny(s string, i, maxDigits int) int {
+	if j := scanCL100KFast(s, i, maxDigits); j >= 0 {
+		return j
+	}
+	return scanCL100K(s, i, maxDigits)
+}
+
+// clsHigh is byteClass's class for a byte of a multi-byte UTF-8
+// sequence: its rune's class needs decoding.
+const clsHigh = 4
+
+// byteClass is asciiClass for every byte value, clsHigh from 0x80 up, so
+// the fast scanner reads one table entry per byte without a range check.
+var byteClass = func() (t [256]uint8) {
+	copy(t[:], asciiClass[:])
+	for c := utf8.RuneSelf; c < 256; c++ {
+		t[c] = clsHigh
+	}
+	return t
+}()
+
+// scanCL100KFast is scanCL100K for a match decided by ASCII bytes alone
+// (the common case in English text and code). It returns -1 as soon as
+// the match would depend on a byte of a multi-byte rune, whose class it
+// does not decode; the caller then runs scanCL100K. Whenever it returns a
+// position it is scanCL100K's (FuzzScanFast checks this on arbitrary
+// input).
+func scanCL100KFast(s string, i, maxDigits int) int {
+	n := len(s)
+	b := s[i]
+	c := byteClass[b]
+	switch {
+	case c == clsHigh:
+		return -1
+	case c == clsLetter:
+		// \p{L}+
+		return skipLetters(s, i+1)
+	case c == clsNumber:
+		// \p{N}{1,maxDigits}
+		j := i + 1
+		for d := 1; d < maxDigits && j < n; d++ {
+			k := byteClass[s[j]]
+			if k == clsHigh {
+				return -1
+			}
+			if k != clsNumber {
+				break
+			}
+			j++
+		}
+		return j
+	}
+	// c is clsOther or clsSpace.
+	if b == '\'' {
+		if k := contraction(s, i+1, true); k > 0 {
+			return i + 1 + k
+		}
+	}
+	var next uint8 = clsEnd // class of the byte after b
+	if i+1 < n {
+		next = byteClass[s[i+1]]
+	}
+	if next == clsHigh {
+		return -1
+	}
+	// [^\r\n\p{L}\p{N}]?\p{L}+
+	if next == clsLetter && b != '\r' && b != '\n' {
+		return skipLetters(s, i+2)
+	}
+	// ' ?[^\s\p{L}\p{N}]+[\r\n]*'
+	j := -1
+	if c == clsOther {
+		j = i
+	} else if b == ' ' && next == clsOther {
+		j = i + 1
+	}
+	if j >= 0 {
+		j = skipASCII(s, j, clsOther)
+		if j < 0 {
+			return -1
+		}
+		for j < n && (s[j] == '\r' || s[j] == '\n') {
+			j++
+		}
+		return j
+	}
+	// Whitespace, as in scanCL100K; every character of the run is one byte.
+	end, lastNL := i, -1
+	for end < n {
+		k := byteClass[s[end]]
+		if k == clsHigh {
+			return -1
+		}
+		if k != clsSpace {
+			break
+		}
+		if s[end] == '\r' || s[end] == '\n' {
+			lastNL = end
+		}
+		end++
+	}
+	if lastNL >= 0 {
+		return lastNL + 1
+	}
+	if end == n || end-1 == i {
+		return end
+	}
+	return end - 1
+}
+
+// skipLetters is skipASCII(s, i, clsLetter), eight bytes at a time.
+func skipLetters(s string, i int) int {
+	for i+8 <= len(s) {
+		if m := letterBytes(le64(s[i:])); m != highBits {
+			i += bits.TrailingZeros64(^m&highBits) >> 3 // the first non-letter
+			if s[i] >= utf8.RuneSelf {
+				return -1
+			}
+			return i
+		}
+		i += 8
+	}
+	return skipASCII(s, i, clsLetter)
+}
+
+const highBits = 0x8080808080808080
+
+// letterBytes returns the high bit of each byte of w (little-endian) that
+// is an ASCII letter, A-Z or a-z, and no other bit: a byte below 0x80 is a
+// letter when it is between 'a' and 'z' with bit 0x20 set. Each byte sum
+// stays below 0x100, so no carry crosses bytes.
+func letterBytes(w uint64) uint64 {
+	y := w&^highBits | 0x2020202020202020
+	ge := y + 0x1f1f1f1f1f1f1f1f // high bit: y >= 'a' (0x61)
+	gt := y + 0x0505050505050505 // high bit: y > 'z' (0x7a)
+	return ge &^ gt &^ w & highBits
+}
+
+// skipASCII returns the end of the run of ASCII bytes of class c from i,
+// or -1 if the run ends at a byte of a multi-byte rune (which might
+// continue it).
+func skipASCII(s string, i int, c uint8) int {
+	for ; i < len(s); i++ {
+		k := byteClass[s[i]]
+		if k != c {
+			if k == clsHigh {
+				return -1
+			}
+			break
+		}
+	}
+	return i
 }
 
 // scanGPT2 returns the end of the match starting at i (< len(s)) of

@@ -113,3 +113,91 @@ func TestRegexp2DefaultSpaceIsOniguruma(t *testing.T) {
 		}
 	}
 }
+
+// scanFastAgrees checks scanCL100KFast against scanCL100K at every rune
+// start of s (valid UTF-8) and returns how often the fast path answered.
+func scanFastAgrees(t *testing.T, s string) (answered int) {
+	t.Helper()
+	for _, d := range []int{1, 3} {
+		for i := range s {
+			fast := scanCL100KFast(s, i, d)
+			if fast < 0 {
+				continue
+			}
+			answered++
+			if slow := scanCL100K(s, i, d); fast != slow {
+				t.Fatalf("maxDigits %d at %d of %q: fast path ends at %d, scanCL100K at %d", d, i, s, fast, slow)
+			}
+		}
+	}
+	return answered
+}
+
+func TestScanFastMatchesScan(t *testing.T) {
+	texts := []string{
+		"Hello world", "it's", "IT'S", " 'll", "'", "''s", "x'ſ", "a'b", "12345", "1\u0663", "12\u00bd",
+		"  x", "  \u00a0", "a\u00e9", "ab\u00e9", " \u00e9", ".\u00e9", "!!\u00e9", " !\u00e9", "\t\n \u3000",
+		"x  \n", "  \n\n  x", "foo\r\n\r\nbar", "...!!!\n\n", " - ", "- -\n", "\r\r \r", "a \t b",
+		"x  ", "x \u0085", "\u0085", "a\u0085b", "\u4e2d\u6587", "{\"k\": [1, 2]}\n\tif (x) {\n\t\treturn;\n\t}",
+	}
+	for _, c := range readJSONL(t, qwenDir+"/encode.jsonl") {
+		texts = append(texts, c.Text)
+	}
+	answered := 0
+	for _, s := range texts {
+		answered += scanFastAgrees(t, s)
+	}
+	// Not vacuous: the fast path decides every match of ASCII prose.
+	prose := "The quick brown fox, it's 42 years old!\n\n  Jumps over\tthe lazy dog...  "
+	if n := scanFastAgrees(t, prose); n != 2*len(prose) {
+		t.Errorf("fast path answered at %d of %d positions of ASCII prose", n, 2*len(prose))
+	}
+	if answered == 0 {
+		t.Error("fast path never answered")
+	}
+}
+
+// FuzzScanFast checks that the ASCII fast path of the Qwen and Llama-3
+// scanners, wherever it answers, ends the match where scanCL100K does
+// (which FuzzScanVsRegexp2 checks against regexp2).
+func FuzzScanFast(f *testing.F) {
+	for _, c := range readJSONL(f, qwenDir+"/encode.jsonl") {
+		f.Add(c.Text)
+	}
+	f.Add("a\u00e9 \u00a0x 1\u0663 .\u00e9")
+	f.Fuzz(func(t *testing.T, s string) {
+		if !utf8.ValidString(s) || len(s) > 4096 {
+			return
+		}
+		scanFastAgrees(t, s)
+	})
+}
+
+func TestLetterBytes(t *testing.T) {
+	// Every byte value in every lane, beside bytes of other kinds.
+	for c := range 256 {
+		for lane := range 8 {
+			for _, fill := range []byte{'a', 'Z', ' ', 0x80, 0xff, '@', '['} {
+				var w uint64
+				for k := range 8 {
+					b := fill
+					if k == lane {
+						b = byte(c)
+					}
+					w |= uint64(b) << (8 * k)
+				}
+				m := letterBytes(w)
+				for k := range 8 {
+					b := byte(w >> (8 * k))
+					want := byteClass[b] == clsLetter
+					if got := m>>(8*k+7)&1 == 1; got != want {
+						t.Fatalf("letterBytes(%#016x) byte %d (%#02x): letter %v, want %v", w, k, b, got, want)
+					}
+				}
+				if m&^highBits != 0 {
+					t.Fatalf("letterBytes(%#016x) = %#016x: bits beside the high bits", w, m)
+				}
+			}
+		}
+	}
+}

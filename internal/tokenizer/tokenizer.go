@@ -8,12 +8,15 @@ import (
 // Tokenizer encodes and decodes text exactly like the Hugging Face
 // tokenizer it was loaded from. It is safe for concurrent use.
 type Tokenizer struct {
-	cfg   Config
-	norm  normalizer // nil: none
-	pre   pipeline
-	model *bpe
-	added *addedVocab
-	post  post
+	cfg  Config
+	norm normalizer // nil: none
+	pre  pipeline
+	// scanDigits is pre's maxDigits (pipeline.cl100kDigits): when not 0,
+	// encodePiece scans and encodes in one pass.
+	scanDigits int
+	model      *bpe
+	added      *addedVocab
+	post       post
 	// dec[id] is what Decode emits for id (see buildDecodeTable).
 	dec  [][]byte
 	pool sync.Pool // *scratch
@@ -79,6 +82,20 @@ func (t *Tokenizer) encodeSegment(ids []uint32, text string, seg segment, sc *sc
 // encodePiece pre-tokenizes normalized text free of added tokens and
 // appends the BPE ids of every pre-token.
 func (t *Tokenizer) encodePiece(ids []uint32, s string, sc *scratch) []uint32 {
+	if d := t.scanDigits; d != 0 {
+		// The pre-tokenizer is one Qwen or Llama-3 Split: encode each
+		// pre-token as the scan finds it (pipeline.split's pieces, without
+		// the slice of them).
+		for i := 0; i < len(s); {
+			j := scanCL100KFast(s, i, d)
+			if j < 0 {
+				j = scanCL100K(s, i, d)
+			}
+			ids = t.model.encodeWord(ids, s[i:j], sc)
+			i = j
+		}
+		return ids
+	}
 	sc.pieces = t.pre.split(sc.pieces[:0], s)
 	for _, w := range sc.pieces {
 		ids = t.model.encodeWord(ids, w, sc)

@@ -220,3 +220,57 @@ func TestWorstCasesExact(t *testing.T) {
 		}
 	}
 }
+
+// plainTokenizer is tok without its fast paths: the pre-tokenizer split
+// by scanCL100K alone into a slice of pieces (no ASCII fast path, no
+// fused scan and encode), every pre-token merged from bytes (no word
+// cache, no per-call front cache).
+func plainTokenizer(tb testing.TB, tok *Tokenizer) *Tokenizer {
+	tb.Helper()
+	d := tok.scanDigits
+	if d == 0 {
+		tb.Fatal("tokenizer has no scanCL100K pre-tokenizer")
+	}
+	plain, m := withCache(tok)
+	m.cache = nil
+	plain.pre = pipeline{&splitStep{behavior: isolated, scan: func(s string, i int) int { return scanCL100K(s, i, d) }}}
+	plain.scanDigits = 0
+	return plain
+}
+
+func TestEncodeFastPathsExact(t *testing.T) {
+	tok := loadQwen(t)
+	plain := plainTokenizer(t, tok)
+	var texts []string
+	for _, c := range readJSONL(t, qwenDir+"/encode.jsonl") {
+		texts = append(texts, c.Text)
+	}
+	// All of them in one text: repeated words hit the caches, and front
+	// cache slots are reused by other words.
+	texts = append(texts, strings.Repeat(strings.Join(texts, "\n"), 3))
+	for _, s := range texts {
+		if got, want := tok.Encode(s, false), plain.Encode(s, false); !slices.Equal(got, want) {
+			t.Fatalf("Encode(%.60q…) = %d ids, plain encode %d ids, first difference at %d", s, len(got), len(want), firstDiffIDs(got, want))
+		}
+	}
+}
+
+// FuzzEncodeFastPaths checks Encode, with its ASCII scan, fused scan and
+// encode, word cache and front cache, against the plain encode on
+// arbitrary input, encoded twice so the second run hits the caches.
+func FuzzEncodeFastPaths(f *testing.F) {
+	for _, c := range readJSONL(f, qwenDir+"/encode.jsonl") {
+		f.Add(c.Text)
+	}
+	f.Add("a\u00e9 \u00a0x 1\u0663 .\u00e9 it's <|im_start|>x\n\n  y")
+	tok := loadQwen(f)
+	plain := plainTokenizer(f, tok)
+	f.Fuzz(func(t *testing.T, s string) {
+		want := plain.Encode(s, false)
+		for range 2 {
+			if got := tok.Encode(s, false); !slices.Equal(got, want) {
+				t.Fatalf("Encode(%q) = %v, plain encode %v", s, got, want)
+			}
+		}
+	})
+}
