@@ -381,7 +381,9 @@ func NewLocal(tok *Tokenizer, format ContentFormat) (*Local, error) {
 // WithPrefixCache returns a Local like l whose EncodeChat takes the ids of
 // rendered prefixes it has seen from c (prefixcache.go): the same ids,
 // computed only for what follows the longest cached prefix. A nil c
-// encodes every chat in full.
+// encodes every chat in full. The ids EncodeChat returns may then share
+// their array with the cache: callers must not modify them (appending is
+// safe).
 func (l *Local) WithPrefixCache(c *PrefixCache) *Local {
 	cp := *l
 	cp.cache = c

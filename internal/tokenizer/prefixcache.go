@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"errors"
+	"slices"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,7 +30,8 @@ import (
 
 // PrefixCacheConfig configures NewPrefixCache.
 type PrefixCacheConfig struct {
-	// MaxBytes bounds the ids held (4 bytes per id plus 64 per entry);
+	// MaxBytes bounds the ids held (4 bytes per id of the arrays entries
+	// keep, which may run a few ids past the prefix, plus 64 per entry);
 	// the least recently used entries go first. Zero means 64 MiB.
 	MaxBytes int64
 	// Model labels the metrics.
@@ -65,10 +67,11 @@ type prefixKey struct {
 type prefixEntry struct {
 	key        prefixKey
 	ids        []uint32
+	held       int // ids the entry keeps alive: len(ids) and any array beyond
 	prev, next *prefixEntry
 }
 
-func (e *prefixEntry) size() int64 { return int64(len(e.ids))*4 + prefixEntryOverhead }
+func (e *prefixEntry) size() int64 { return int64(e.held)*4 + prefixEntryOverhead }
 
 // prefixMetrics are kvrouter_tokenizer_prefix_cache_*{model}.
 type prefixMetrics struct {
@@ -128,10 +131,11 @@ func (c *PrefixCache) get(k prefixKey) []uint32 {
 	return e.ids
 }
 
-// put stores ids (owned by the cache from now on) for k, evicting the
-// least recently used entries beyond the bound.
-func (c *PrefixCache) put(k prefixKey, ids []uint32) {
-	e := &prefixEntry{key: k, ids: ids}
+// put stores ids (never to be modified from now on) for k, evicting the
+// least recently used entries beyond the bound. held is the length of the
+// array ids keeps alive (len(ids) or more), as the bound counts it.
+func (c *PrefixCache) put(k prefixKey, ids []uint32, held int) {
+	e := &prefixEntry{key: k, ids: ids, held: max(held, len(ids))}
 	if e.size() > c.max {
 		return
 	}
@@ -214,14 +218,18 @@ func (t *Tokenizer) encodeCached(text string, cache *PrefixCache) []uint32 {
 		prev = s.start
 		cuts = append(cuts, cut{i, prefixKey{h.Sum128(), s.start}})
 	}
-	ids := make([]uint32, 0, len(text)/4+8)
+	var ids []uint32
 	from, hit := 0, -1
 	for j := len(cuts) - 1; j >= 0; j-- {
 		if got := cache.get(cuts[j].key); got != nil {
-			ids = append(ids, got...)
+			// The rest is at most one id per byte.
+			ids = append(make([]uint32, 0, len(got)+len(text)-cuts[j].key.n+8), got...)
 			from, hit = cuts[j].seg, j
 			break
 		}
+	}
+	if hit < 0 {
+		ids = make([]uint32, 0, len(text)/4+8)
 	}
 	if hit >= 0 {
 		cache.m.hits.Inc()
@@ -244,7 +252,14 @@ func (t *Tokenizer) encodeCached(text string, cache *PrefixCache) []uint32 {
 	sc.front.reset()
 	t.pool.Put(sc)
 	if store >= 0 {
-		cache.put(cuts[last].key, append([]uint32(nil), ids[:store]...))
+		// The prefix shares ids' array when little of it lies beyond
+		// (a continuation: a short tail), else it is copied; the cache
+		// counts the whole array it keeps.
+		if cap(ids)-store <= store/8 {
+			cache.put(cuts[last].key, ids[:store:store], cap(ids))
+		} else {
+			cache.put(cuts[last].key, slices.Clone(ids[:store]), store)
+		}
 	}
 	return ids
 }
