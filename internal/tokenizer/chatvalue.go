@@ -416,19 +416,27 @@ func nextByte(b []byte, from int, c byte) int {
 // and one at or above 0x80 has it set already.
 func plainPrefix(b []byte) int {
 	const lo, hi = 0x0101010101010101, 0x8080808080808080
-	i := 0
-	for ; i+8 <= len(b); i += 8 {
-		w := binary.LittleEndian.Uint64(b[i:])
-		if m := (w - lo*0x20 | w) & hi; m != 0 {
-			return i + bits.TrailingZeros64(m)/8
+	n := len(b)
+	for len(b) >= 16 { // two words a round; the word loop below finds the byte
+		w, v := binary.LittleEndian.Uint64(b), binary.LittleEndian.Uint64(b[8:])
+		if ((w-lo*0x20)|w|(v-lo*0x20)|v)&hi != 0 {
+			break
+		}
+		b = b[16:]
+	}
+	for len(b) >= 8 {
+		w := binary.LittleEndian.Uint64(b)
+		if m := ((w - lo*0x20) | w) & hi; m != 0 {
+			return n - len(b) + bits.TrailingZeros64(m)/8
+		}
+		b = b[8:]
+	}
+	for i, c := range b {
+		if c < 0x20 || c >= utf8.RuneSelf {
+			return n - len(b) + i
 		}
 	}
-	for ; i < len(b); i++ {
-		if b[i] < 0x20 || b[i] >= utf8.RuneSelf {
-			return i
-		}
-	}
-	return i
+	return n
 }
 
 // escape decodes one backslash escape into s.buf.
