@@ -40,7 +40,8 @@ type PrefixCacheConfig struct {
 }
 
 // DefaultPrefixCacheBytes is PrefixCacheConfig.MaxBytes's default: the
-// prefixes of about 160 conversations of 100K tokens.
+// prefixes of about 145 conversations of 100K tokens with their block
+// keys (16 tokens per block).
 const DefaultPrefixCacheBytes = 64 << 20
 
 // prefixEntryOverhead is what an entry costs besides its ids (key, list
