@@ -57,6 +57,7 @@ type PrefixCache struct {
 	mu         sync.Mutex
 	bytes      int64
 	entries    map[prefixKey]*prefixEntry
+	lens       map[int]int // entries by key length (prefixKey.n)
 	head, tail *prefixEntry // most and least recently used
 }
 
@@ -112,6 +113,7 @@ func NewPrefixCache(cfg PrefixCacheConfig, reg prometheus.Registerer) (*PrefixCa
 	c := &PrefixCache{
 		max:     cfg.MaxBytes,
 		entries: map[prefixKey]*prefixEntry{},
+		lens:    map[int]int{},
 		m: prefixMetrics{
 			hits: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_tokenizer_prefix_cache_hits_total",
 				Help: "Chat prompts whose leading token ids came from the prefix cache.", ConstLabels: labels}),
@@ -162,6 +164,8 @@ func (c *PrefixCache) put(k prefixKey, ids []uint32, held int) *prefixEntry {
 	if old := c.entries[k]; old != nil {
 		c.unlink(old)
 		c.bytes -= old.size()
+	} else {
+		c.lens[k.n]++
 	}
 	c.entries[k] = e
 	c.pushFront(e)
@@ -192,7 +196,21 @@ func (c *PrefixCache) evict() {
 		old := c.tail
 		c.unlink(old)
 		delete(c.entries, old.key)
+		if c.lens[old.key.n]--; c.lens[old.key.n] == 0 {
+			delete(c.lens, old.key.n)
+		}
 		c.bytes -= old.size()
+	}
+}
+
+// heldLens sets held[i] to whether some entry's prefix is n[i] bytes
+// long: a prefix of another length cannot be found, so its hash is not
+// needed.
+func (c *PrefixCache) heldLens(n []int, held []bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, l := range n {
+		held[i] = c.lens[l] > 0
 	}
 }
 
@@ -245,24 +263,38 @@ func (t *Tokenizer) encodeCached(text string, cache *PrefixCache) ([]uint32, *Pr
 	text = validUTF8(text)
 	segs := t.added.raw.split(nil, text)
 	type cut struct {
-		seg int // index of the added-token segment the cut is before
-		key prefixKey
+		seg  int // index of the added-token segment the cut is before
+		key  prefixKey
+		held bool // the cache holds a prefix of this length (key hashed)
 	}
 	var cuts []cut
+	var lens []int
+	for i, s := range segs {
+		if s.id >= 0 && s.start > 0 {
+			cuts = append(cuts, cut{seg: i, key: prefixKey{n: s.start}})
+			lens = append(lens, s.start)
+		}
+	}
+	held := make([]bool, len(cuts))
+	cache.heldLens(lens, held)
+	// The text is hashed once, in order; a hash is taken at the cuts that
+	// may be found and at the last one, which is stored.
 	h := xxh3.New()
 	prev := 0
-	for i, s := range segs {
-		if s.id < 0 || s.start == 0 {
-			continue
+	for j := range cuts {
+		if held[j] || j == len(cuts)-1 {
+			_, _ = h.WriteString(text[prev:cuts[j].key.n])
+			prev = cuts[j].key.n
+			cuts[j].key.hash, cuts[j].held = h.Sum128(), held[j]
 		}
-		_, _ = h.WriteString(text[prev:s.start])
-		prev = s.start
-		cuts = append(cuts, cut{i, prefixKey{h.Sum128(), s.start}})
 	}
 	var ids []uint32
 	from, hit := 0, -1
 	memo := &PrefixMemo{c: cache}
 	for j := len(cuts) - 1; j >= 0; j-- {
+		if !cuts[j].held {
+			continue
+		}
 		if e := cache.get(cuts[j].key); e != nil {
 			// The rest is at most one id per byte.
 			ids = append(make([]uint32, 0, len(e.ids)+len(text)-cuts[j].key.n+8), e.ids...)

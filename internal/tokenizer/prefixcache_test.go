@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -91,6 +92,22 @@ func TestPrefixCacheCuts(t *testing.T) {
 	tok.encodeCached(text, cache) // its prefix needs more than the bound
 	if cache.bytes > cache.max {
 		t.Fatalf("cache holds %d bytes after an oversized prefix, bound %d", cache.bytes, cache.max)
+	}
+	checkLens(t, cache)
+}
+
+// checkLens checks the cache's count of entries by prefix length against
+// its entries.
+func checkLens(t *testing.T, c *PrefixCache) {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	want := map[int]int{}
+	for k := range c.entries {
+		want[k.n]++
+	}
+	if !maps.Equal(c.lens, want) {
+		t.Fatalf("entries by length %v, counted %v", want, c.lens)
 	}
 }
 
@@ -230,4 +247,5 @@ func TestPrefixCacheConcurrent(t *testing.T) {
 			t.Error(err)
 		}
 	}
+	checkLens(t, cache)
 }
