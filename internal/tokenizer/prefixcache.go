@@ -57,7 +57,7 @@ type PrefixCache struct {
 	mu         sync.Mutex
 	bytes      int64
 	entries    map[prefixKey]*prefixEntry
-	lens       map[int]int // entries by key length (prefixKey.n)
+	lens       map[int]int  // entries by key length (prefixKey.n)
 	head, tail *prefixEntry // most and least recently used
 }
 
