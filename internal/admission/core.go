@@ -17,6 +17,8 @@ import (
 	"kvrouter/internal/group"
 	"kvrouter/internal/kvindex"
 	"kvrouter/internal/request"
+	"kvrouter/internal/routing"
+	"kvrouter/internal/tokenizer"
 	"kvrouter/internal/tracing"
 )
 
@@ -118,6 +120,10 @@ type Flow struct {
 
 	// route completes the router's input (AddRoute); nil: nothing.
 	route func(in *group.RouteInput)
+	// memo links memoIDs, the ids the tokenizer returned, to its prefix
+	// cache, where the router keeps their block keys (nil: none).
+	memo    *tokenizer.PrefixMemo
+	memoIDs []uint32
 }
 
 // noHeader is the header of a request without headers.
@@ -128,7 +134,7 @@ func noHeader(string) string { return "" }
 // body to forward and tokenizes the prompt, filling in x. The error is
 // the answer to give instead (outcome bad_request).
 func (s *Core) Admit(ctx context.Context, x *Flow, k request.Kind, body []byte) *request.Error {
-	x.route = nil
+	x.route, x.memo, x.memoIDs = nil, nil, nil
 	req, e := request.Parse(k, body)
 	if req != nil {
 		x.Asked = req.Model
@@ -260,7 +266,8 @@ func (s *Core) tokenize(ctx context.Context, x *Flow) []uint32 {
 	var mm []kvindex.MMItem
 	var err error
 	if creq, cerr := req.ChatRequest(); cerr == nil {
-		ids, mm, err = chatTokens(ctx, x.Group.Tok, creq, body)
+		ids, mm, x.memo, err = chatTokens(ctx, x.Group.Tok, creq, body)
+		x.memoIDs = ids
 	} else {
 		ids, mm, err = group.TokensMM(ctx, x.Group.Tok, chat, body, req.PromptText)
 	}
@@ -324,6 +331,15 @@ func (s *Core) TooLong(_ context.Context, x *Flow) *request.Error {
 			limit, out, prompt, prompt+out, prompt)}
 }
 
+// keyMemo is x's link to the tokenizer's prefix cache for the router, nil
+// unless x.Tokens are still the very ids the tokenizer returned with it.
+func keyMemo(x *Flow) routing.KeyMemo {
+	if x.memo == nil || len(x.Tokens) == 0 || len(x.Tokens) != len(x.memoIDs) || &x.Tokens[0] != &x.memoIDs[0] {
+		return nil
+	}
+	return x.memo
+}
+
 // RouteInput builds the router's input for x among the engines named
 // cands (dry: a decision that takes no lease).
 func (s *Core) RouteInput(_ context.Context, x *Flow, cands []string, dry bool) *group.RouteInput {
@@ -332,6 +348,7 @@ func (s *Core) RouteInput(_ context.Context, x *Flow, cands []string, dry bool) 
 		RequestID:  x.ID,
 		Tokens:     x.Tokens,
 		CacheSalt:  x.Req.CacheSalt,
+		KeyMemo:    keyMemo(x),
 		MaxTokens:  x.Req.MaxTokens,
 		Candidates: cands,
 		DryRun:     dry,

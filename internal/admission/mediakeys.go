@@ -87,32 +87,41 @@ func mediaRouteInput(x *Flow, in *group.RouteInput) {
 // chatTokenizer is met by Tokenizers that take a chat request already
 // decoded (TokenSource): no second decode of the body.
 type chatTokenizer interface {
-	// TokensChat is TokensMM for req, decoded from body.
-	TokensChat(ctx context.Context, req tokenizer.ChatRequest, body []byte) ([]uint32, []kvindex.MMItem, error)
+	// TokensChat is TokensMM for req, decoded from body, with the
+	// prompt's link to the tokenizer's prefix cache (nil: none).
+	TokensChat(ctx context.Context, req tokenizer.ChatRequest, body []byte) ([]uint32, []kvindex.MMItem, *tokenizer.PrefixMemo, error)
 }
 
 var _ chatTokenizer = TokenSource{}
 
 // chatTokens asks tok for req's ids and items, decoded already when tok
 // takes it so, else from body; a group.FailoverTokenizer asks its engines'
-// tokenizers so in failover order.
-func chatTokens(ctx context.Context, tok group.Tokenizer, req tokenizer.ChatRequest, body []byte) ([]uint32, []kvindex.MMItem, error) {
+// tokenizers so in failover order. memo is the prompt's link to the
+// prefix cache of the tokenizer that answered (nil: none).
+func chatTokens(ctx context.Context, tok group.Tokenizer, req tokenizer.ChatRequest, body []byte) (ids []uint32, mm []kvindex.MMItem, memo *tokenizer.PrefixMemo, err error) {
 	switch t := tok.(type) {
 	case chatTokenizer:
 		return t.TokensChat(ctx, req, body)
 	case *group.FailoverTokenizer:
-		return t.Try(ctx, func(tok group.Tokenizer) ([]uint32, []kvindex.MMItem, error) {
-			return chatTokens(ctx, tok, req, body)
+		ids, mm, err = t.Try(ctx, func(tok group.Tokenizer) ([]uint32, []kvindex.MMItem, error) {
+			ids, mm, m, err := chatTokens(ctx, tok, req, body)
+			memo = m
+			return ids, mm, err
 		})
+		if err != nil {
+			memo = nil
+		}
+		return ids, mm, memo, err
 	}
-	return group.TokensMM(ctx, tok, true, body, "")
+	ids, mm, err = group.TokensMM(ctx, tok, true, body, "")
+	return ids, mm, nil, err
 }
 
 // TokensChat renders req with the source (tokenizer.Source.ChatRendered).
-func (t TokenSource) TokensChat(ctx context.Context, req tokenizer.ChatRequest, _ []byte) ([]uint32, []kvindex.MMItem, error) {
+func (t TokenSource) TokensChat(ctx context.Context, req tokenizer.ChatRequest, _ []byte) ([]uint32, []kvindex.MMItem, *tokenizer.PrefixMemo, error) {
 	out, err := t.Src.ChatRendered(ctx, req)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return out.IDs, mmItems(out.MM), nil
+	return out.IDs, mmItems(out.MM), out.Memo, nil
 }

@@ -139,7 +139,8 @@ type Model struct {
 	Tokenizer string `yaml:"tokenizer"`
 	// TokenizerPrefixCacheBytes bounds the local tokenizer's cache of
 	// rendered chat prefixes (tokenizer.PrefixCache: a conversation's next
-	// turn encodes only its new text), in bytes of token ids held; 0
+	// turn encodes only its new text and hashes only its new blocks), in
+	// bytes of token ids and block keys held; 0
 	// means 64 MiB, -1 turns the cache off. Unused without a local
 	// tokenizer.
 	TokenizerPrefixCacheBytes int64 `yaml:"tokenizer_prefix_cache_bytes"`

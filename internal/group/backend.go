@@ -376,6 +376,7 @@ func (b *Backend) Route(in *RouteInput) (Decision, error) {
 		SessionKey: in.Session,
 		MaxTokens:  in.MaxTokens,
 		Extras:     kvindex.Extras{CacheSalt: in.CacheSalt, LoRA: in.LoRA, MM: in.MM},
+		KeyMemo:    in.KeyMemo,
 	}
 	req.PromptTokens = in.PromptTokens // media prompts routed by load
 	for _, name := range *b.replicas.Load() {

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"kvrouter/internal/kvindex"
+	"kvrouter/internal/routing"
 )
 
 // Router chooses the replica of one request among candidates. A front
@@ -45,6 +46,10 @@ type RouteInput struct {
 	// range, sorted by offset): extra keys of the blocks they overlap
 	// (kvindex.Extras.MM). nil for text prompts.
 	MM []kvindex.MMItem
+	// KeyMemo keeps the block keys of Tokens' leading blocks between
+	// requests (routing.Request.KeyMemo); nil: none. It belongs to
+	// Tokens as set: a stage that puts other ids there must clear it.
+	KeyMemo routing.KeyMemo
 	// PromptTokens is the prompt length in tokens for the prefill cost
 	// when Tokens is nil or shorter than the prompt (a media prompt whose
 	// items are unknown, routed by load; 0: len(Tokens)).

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"kvrouter/internal/admission"
+	"kvrouter/internal/group"
 	"kvrouter/internal/request"
 	"kvrouter/internal/tokenizer"
 )
@@ -167,20 +168,26 @@ func freshConversation(body []byte, n int) []byte {
 // routeRequest takes one chat body through the request path up to the
 // forward (parse, template, tokens, keys, kv decision) and returns its
 // prompt's token count.
-func routeRequest(b *testing.B, srv *Server, body []byte) int {
+func routeRequest(tb testing.TB, srv *Server, body []byte) int {
+	n, _ := routeDecision(tb, srv, body)
+	return n
+}
+
+// routeDecision is routeRequest with the decision.
+func routeDecision(tb testing.TB, srv *Server, body []byte) (int, group.Decision) {
 	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil).WithContext(context.Background())
 	x := &exchange{w: httptest.NewRecorder(), r: r, Flow: admission.Flow{Ctx: r.Context(), Header: r.Header.Get, Start: time.Now()}}
 	if !srv.parse(x.Ctx, x, request.Chat, body) {
-		b.Fatal("parse failed")
+		tb.Fatal("parse failed")
 	}
 	d, err := srv.core.Decide(x.Ctx, &x.Flow, srv.core.RouteInput(x.Ctx, &x.Flow, []string{"e0"}, false))
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	if d.Release != nil {
 		d.Release()
 	}
-	return len(x.Tokens)
+	return len(x.Tokens), d
 }
 
 // measuredRequest is routeRequest for the measured requests only, so
@@ -251,7 +258,7 @@ func BenchmarkRequestCPU(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			var cpu time.Duration
-			var hits float64 // prefix cache hits of the measured requests
+			var hits, hitKeys float64 // prefix cache hits, and block keys taken from it, of the measured requests
 			for i := 0; i < b.N; i++ {
 				// Bodies are built, and a continued conversation's
 				// previous turn routed, outside the timed and CPU-counted
@@ -263,12 +270,16 @@ func BenchmarkRequestCPU(b *testing.B) {
 					route(body)
 					body = continued(b, body, next)
 				}
-				b.StartTimer()
 				h0 := counterValue(b, cacheReg, "kvrouter_tokenizer_prefix_cache_hits_total")
+				k0 := counterValue(b, cacheReg, "kvrouter_tokenizer_prefix_cache_hit_keys_total")
+				b.StartTimer()
 				c0 := cpuTime()
 				n := measuredRequest(b, srv, body)
 				cpu += cpuTime() - c0
+				b.StopTimer() // the counters are read untimed (a registry Gather allocates)
 				hits += counterValue(b, cacheReg, "kvrouter_tokenizer_prefix_cache_hits_total") - h0
+				hitKeys += counterValue(b, cacheReg, "kvrouter_tokenizer_prefix_cache_hit_keys_total") - k0
+				b.StartTimer()
 				if tc.cont {
 					tokens = n
 				}
@@ -279,6 +290,9 @@ func BenchmarkRequestCPU(b *testing.B) {
 			}
 			if want := map[bool]float64{false: 0, true: float64(b.N)}[tc.cont]; hits != want {
 				b.Fatalf("%v prefix cache hits in %d requests, want %v", hits, b.N, want)
+			}
+			if tc.cont && hitKeys < float64(b.N*((tokens-128)/16)) { // all but the new turn's blocks (under 128 tokens)
+				b.Fatalf("%v block keys from the prefix cache in %d continuations of %d tokens", hitKeys, b.N, tokens)
 			}
 			b.ReportMetric(cpu.Seconds()/float64(b.N)*1e3, "cpu-ms/op")
 			b.ReportMetric(float64(b.N)/cpu.Seconds(), "req/cpu-s")

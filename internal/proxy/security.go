@@ -87,6 +87,24 @@ func (s *Server) refuseClientControls(body []byte) *request.Error {
 	return request.Invalid("kv_transfer_params", "kv_transfer_params is set by the router, not by clients (clients.allow_kv_transfer_params)")
 }
 
+// mayNameTransferParams reports whether body holds "kv_transfer_params"
+// or a \u escape (which could spell it). The name is looked for by its
+// "_transfer_params" part: bytes.Index restarts its byte search at every
+// occurrence of the pattern's first byte, and a 'k' occurs every hundred
+// or so bytes of prose, an '_' seldom.
+func mayNameTransferParams(body []byte) bool {
+	for i := 0; ; i++ {
+		j := bytes.Index(body[i:], []byte("_transfer_params"))
+		if j < 0 {
+			break
+		}
+		if i += j; i >= 2 && body[i-2] == 'k' && body[i-1] == 'v' {
+			return true
+		}
+	}
+	return bytes.Contains(body, []byte(`\u`))
+}
+
 // hasTransferParams reports whether the JSON object body has a top-level
 // kv_transfer_params that is not null (vLLM's default), or one inside a
 // top-level vllm_xargs object, its key compared
@@ -95,8 +113,7 @@ func (s *Server) refuseClientControls(body []byte) *request.Error {
 // top level only, skipping nested values and strings with IndexByte, so
 // it costs a fraction of a decode.
 func hasTransferParams(body []byte) bool {
-	const key = "kv_transfer_params"
-	if !bytes.Contains(body, []byte(key)) && !bytes.Contains(body, []byte(`\u`)) {
+	if !mayNameTransferParams(body) {
 		return false
 	}
 	i := skipSpace(body, 0)
@@ -123,7 +140,7 @@ func hasTransferParams(body []byte) bool {
 		if i = valueEnd(body, i); i < 0 {
 			return false
 		}
-		if keyIs(raw, key) {
+		if keyIs(raw, "kv_transfer_params") {
 			return !bytes.Equal(body[v:i], []byte("null"))
 		}
 		// vLLM copies vllm_xargs into SamplingParams.extra_args, where a

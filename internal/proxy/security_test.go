@@ -556,3 +556,22 @@ func BenchmarkHasTransferParams(b *testing.B) {
 		}
 	})
 }
+
+// TestMayNameTransferParams holds the pre-check of hasTransferParams to
+// its definition (the body holds "kv_transfer_params" or a \u escape) on
+// the name at every place, cut short, next to lookalikes and overlapping
+// them.
+func TestMayNameTransferParams(t *testing.T) {
+	for _, s := range []string{
+		"", "kv_transfer_params", "_transfer_params", "v_transfer_params", "k_transfer_params",
+		`{"kv_transfer_params":1}`, `{"x":"kv_transfer_param"}`, "xkv_transfer_paramsx",
+		"__transfer_paramskv_transfer_params", "kv__transfer_params", "kkv_transfer_params",
+		"kv_transfer_params_transfer_params", "_transfer_params_transfer_paramskv",
+		`\u006bv_transfer_params`, `a\u`, `\\`, `a\nb`, "kv_transfer_p\u0061rams",
+	} {
+		want := strings.Contains(s, "kv_transfer_params") || strings.Contains(s, `\u`)
+		if got := mayNameTransferParams([]byte(s)); got != want {
+			t.Errorf("%q: %v, want %v", s, got, want)
+		}
+	}
+}

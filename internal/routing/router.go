@@ -362,7 +362,7 @@ func (r *Router) candidates(req *Request, s *scratch) ([]Candidate, []*replica, 
 	if keys == nil {
 		req.Extras.Root = r.root
 		if r.ix != nil { // only the index reads keys
-			s.keys = kvindex.Keys(s.keys, req.Tokens, r.cfg.BlockSize, req.Extras)
+			s.keys = promptKeys(s.keys, req, r.cfg.BlockSize)
 			keys = s.keys
 		}
 	}

@@ -17,6 +17,10 @@ type Request struct {
 	// Keys are the prompt's block keys. Route fills them from Tokens when
 	// nil; set them to reuse keys computed elsewhere.
 	Keys []kvindex.Key
+	// KeyMemo, when not nil, keeps block keys of the prompt's leading
+	// tokens between requests (the tokenizer's prefix cache): Route takes
+	// the keys it kept and hashes only the blocks after them.
+	KeyMemo KeyMemo
 	// Extras are the non-token inputs of the block keys (LoRA name,
 	// cache_salt, multimodal items). Route sets Extras.Root.
 	Extras kvindex.Extras

@@ -381,7 +381,9 @@ func NewLocal(tok *Tokenizer, format ContentFormat) (*Local, error) {
 // WithPrefixCache returns a Local like l whose EncodeChat takes the ids of
 // rendered prefixes it has seen from c (prefixcache.go): the same ids,
 // computed only for what follows the longest cached prefix. A nil c
-// encodes every chat in full.
+// encodes every chat in full. The ids EncodeChat returns may then share
+// their array with the cache: callers must not modify them (appending is
+// safe).
 func (l *Local) WithPrefixCache(c *PrefixCache) *Local {
 	cp := *l
 	cp.cache = c
@@ -400,13 +402,21 @@ func (l *Local) Decode(ids []uint32) string { return l.tok.Decode(ids) }
 // as vLLM does for chat requests (the template writes the special tokens).
 // Errors are Render's.
 func (l *Local) EncodeChat(req ChatRequest) (text string, ids []uint32, err error) {
+	text, ids, _, err = l.encodeChat(req)
+	return text, ids, err
+}
+
+// encodeChat is EncodeChat with the prompt's PrefixMemo (nil without a
+// prefix cache).
+func (l *Local) encodeChat(req ChatRequest) (text string, ids []uint32, memo *PrefixMemo, err error) {
 	if l.tmpl == nil {
-		return "", nil, l.tmplErr
+		return "", nil, nil, l.tmplErr
 	}
 	if text, err = l.tmpl.Render(req); err != nil {
-		return "", nil, err
+		return "", nil, nil, err
 	}
-	return text, l.tok.encodeCached(text, l.cache), nil
+	ids, memo = l.tok.encodeCached(text, l.cache)
+	return text, ids, memo, nil
 }
 
 // strftimeNow implements transformers' strftime_now(format): the current

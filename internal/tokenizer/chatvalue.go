@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"math/bits"
 	"slices"
 	"strconv"
 	"strings"
@@ -353,22 +354,16 @@ func (s *jsonScanner) array(depth int) (jinja.Value, error) {
 func (s *jsonScanner) str() (string, error) {
 	s.pos++ // "
 	start := s.pos
-	// Fast path: no escapes, ASCII. Eight bytes at a time while none of
-	// them is '"', '\\', a control character or non-ASCII.
-	for s.pos+8 <= len(s.data) && !specialByte(binary.LittleEndian.Uint64(s.data[s.pos:])) {
-		s.pos += 8
-	}
-	for s.pos < len(s.data) {
-		c := s.data[s.pos]
-		if c == '"' {
-			raw := s.data[start:s.pos]
-			s.pos++
-			return string(raw), nil
-		}
-		if c == '\\' || c < 0x20 || c >= utf8.RuneSelf {
-			break
-		}
+	// Fast path: the string ends at the next '"' and has no escape,
+	// control character or non-ASCII byte before it. The quote and
+	// backslash are found by bytes.IndexByte (vectorized), the rest is
+	// checked eight bytes at a time.
+	quote := nextByte(s.data, start, '"')
+	bslash := nextByte(s.data[:quote], start, '\\')
+	s.pos = start + plainPrefix(s.data[start:bslash])
+	if s.pos == quote && quote < len(s.data) {
 		s.pos++
+		return string(s.data[start:quote]), nil
 	}
 	s.buf = append(s.buf[:0], s.data[start:s.pos]...)
 	for s.pos < len(s.data) {
@@ -384,19 +379,17 @@ func (s *jsonScanner) str() (string, error) {
 				return "", err
 			}
 		case c < utf8.RuneSelf:
-			// A run of plain ASCII: copied at once, found eight bytes
-			// at a time.
+			// A run of plain ASCII up to the next quote or backslash
+			// (each found again once passed: an escape may hold a
+			// quote), copied at once.
+			if quote < s.pos {
+				quote = nextByte(s.data, s.pos, '"')
+			}
+			if bslash < s.pos {
+				bslash = nextByte(s.data[:quote], s.pos, '\\')
+			}
 			run := s.pos
-			s.pos++
-			for s.pos+8 <= len(s.data) && !specialByte(binary.LittleEndian.Uint64(s.data[s.pos:])) {
-				s.pos += 8
-			}
-			for s.pos < len(s.data) {
-				if c := s.data[s.pos]; c == '"' || c == '\\' || c < 0x20 || c >= utf8.RuneSelf {
-					break
-				}
-				s.pos++
-			}
+			s.pos += 1 + plainPrefix(s.data[s.pos+1:min(quote, bslash)])
 			s.buf = append(s.buf, s.data[run:s.pos]...)
 		default:
 			r, size := utf8.DecodeRune(s.data[s.pos:])
@@ -407,12 +400,43 @@ func (s *jsonScanner) str() (string, error) {
 	return "", s.fail("unterminated string")
 }
 
-// specialByte reports whether one of the eight bytes of w is '"', '\\',
-// below 0x20 or at least 0x80 (the bytes str's fast path stops at).
-func specialByte(w uint64) bool {
+// nextByte returns the index of the first c in b at or after from, or
+// len(b).
+func nextByte(b []byte, from int, c byte) int {
+	if i := bytes.IndexByte(b[from:], c); i >= 0 {
+		return from + i
+	}
+	return len(b)
+}
+
+// plainPrefix returns how many leading bytes of b are neither control
+// characters (below 0x20) nor non-ASCII (0x80 and above), eight at a
+// time: a byte below 0x20 borrows in w-0x20..., setting its top bit (a
+// borrow carried into later bytes only marks bytes after a marked one),
+// and one at or above 0x80 has it set already.
+func plainPrefix(b []byte) int {
 	const lo, hi = 0x0101010101010101, 0x8080808080808080
-	zero := func(x uint64) uint64 { return (x - lo) & ^x & hi } // nonzero iff some byte of x is 0
-	return zero(w^(lo*'"'))|zero(w^(lo*'\\'))|((w-lo*0x20) & ^w & hi)|(w&hi) != 0
+	n := len(b)
+	for len(b) >= 16 { // two words a round; the word loop below finds the byte
+		w, v := binary.LittleEndian.Uint64(b), binary.LittleEndian.Uint64(b[8:])
+		if ((w-lo*0x20)|w|(v-lo*0x20)|v)&hi != 0 {
+			break
+		}
+		b = b[16:]
+	}
+	for len(b) >= 8 {
+		w := binary.LittleEndian.Uint64(b)
+		if m := ((w - lo*0x20) | w) & hi; m != 0 {
+			return n - len(b) + bits.TrailingZeros64(m)/8
+		}
+		b = b[8:]
+	}
+	for i, c := range b {
+		if c < 0x20 || c >= utf8.RuneSelf {
+			return n - len(b) + i
+		}
+	}
+	return n
 }
 
 // escape decodes one backslash escape into s.buf.

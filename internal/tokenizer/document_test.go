@@ -100,20 +100,31 @@ func FuzzDecodeDocument(f *testing.F) {
 	})
 }
 
-// TestSpecialByte checks the eight-byte test of the string scanner's fast
-// path against a byte loop, for every byte value at every position.
-func TestSpecialByte(t *testing.T) {
-	for pos := range 8 {
-		for c := range 256 {
-			b := []byte("abcdefgh")
-			b[pos] = byte(c)
-			w := uint64(0)
-			for i := 7; i >= 0; i-- {
-				w = w<<8 | uint64(b[i])
+// TestPlainPrefix checks the eight-byte scan of the string scanner's
+// fast path against a byte loop: every byte value at every position of
+// strings of 1-20 bytes, behind plain bytes and behind a control byte.
+func TestPlainPrefix(t *testing.T) {
+	want := func(b []byte) int {
+		for i, c := range b {
+			if c < 0x20 || c >= 0x80 {
+				return i
 			}
-			want := c == '"' || c == '\\' || c < 0x20 || c >= 0x80
-			if got := specialByte(w); got != want {
-				t.Fatalf("byte %#x at %d: specialByte %v, want %v", c, pos, got, want)
+		}
+		return len(b)
+	}
+	for n := 1; n <= 20; n++ {
+		for pos := range n {
+			for c := range 256 {
+				for _, fill := range []byte{'a', ' ', '"', 0x7f} {
+					b := bytes.Repeat([]byte{fill}, n)
+					b[pos] = byte(c)
+					if pos+1 < n {
+						b[pos+1] = 0x1f // a borrow after the byte must not move the answer
+					}
+					if got, w := plainPrefix(b), want(b); got != w {
+						t.Fatalf("%q: plainPrefix %d, want %d", b, got, w)
+					}
+				}
 			}
 		}
 	}

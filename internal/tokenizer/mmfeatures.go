@@ -32,6 +32,9 @@ type MMItem struct {
 type Rendered struct {
 	IDs []uint32
 	MM  []MMItem
+	// Memo links a locally encoded chat to the prefix cache, for block
+	// keys (PrefixMemo); nil otherwise.
+	Memo *PrefixMemo
 }
 
 // maxMMItems bounds the items of one rendered prompt (vLLM's own default

@@ -2,7 +2,9 @@ package tokenizer
 
 import (
 	"errors"
+	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/zeebo/xxh3"
@@ -29,7 +31,8 @@ import (
 
 // PrefixCacheConfig configures NewPrefixCache.
 type PrefixCacheConfig struct {
-	// MaxBytes bounds the ids held (4 bytes per id plus 64 per entry);
+	// MaxBytes bounds the ids held (4 bytes per id of the arrays entries
+	// keep, which may run a few ids past the prefix, plus 64 per entry);
 	// the least recently used entries go first. Zero means 64 MiB.
 	MaxBytes int64
 	// Model labels the metrics.
@@ -37,7 +40,8 @@ type PrefixCacheConfig struct {
 }
 
 // DefaultPrefixCacheBytes is PrefixCacheConfig.MaxBytes's default: the
-// prefixes of about 160 conversations of 100K tokens.
+// prefixes of about 145 conversations of 100K tokens with their block
+// keys (16 tokens per block).
 const DefaultPrefixCacheBytes = 64 << 20
 
 // prefixEntryOverhead is what an entry costs besides its ids (key, list
@@ -53,6 +57,7 @@ type PrefixCache struct {
 	mu         sync.Mutex
 	bytes      int64
 	entries    map[prefixKey]*prefixEntry
+	lens       map[int]int  // entries by key length (prefixKey.n)
 	head, tail *prefixEntry // most and least recently used
 }
 
@@ -65,15 +70,29 @@ type prefixKey struct {
 type prefixEntry struct {
 	key        prefixKey
 	ids        []uint32
+	held       int // ids the entry keeps alive: len(ids) and any array beyond
 	prev, next *prefixEntry
+	// keys are a router's block keys of ids (PrefixMemo), nil until set;
+	// written under the cache's lock, read without it.
+	keys  atomic.Pointer[memoKeys]
+	nkeys int // len(keys.Load().keys), under the cache's lock
 }
 
-func (e *prefixEntry) size() int64 { return int64(len(e.ids))*4 + prefixEntryOverhead }
+// memoKeys are block keys of an entry's ids, kept under a caller's tag.
+type memoKeys struct {
+	tag  uint64
+	keys []uint64
+}
+
+func (e *prefixEntry) size() int64 {
+	return int64(e.held)*4 + int64(e.nkeys)*8 + prefixEntryOverhead
+}
 
 // prefixMetrics are kvrouter_tokenizer_prefix_cache_*{model}.
 type prefixMetrics struct {
 	hits, misses prometheus.Counter
 	hitTokens    prometheus.Counter
+	hitKeys      prometheus.Counter
 	bytes        prometheus.Gauge
 }
 
@@ -94,6 +113,7 @@ func NewPrefixCache(cfg PrefixCacheConfig, reg prometheus.Registerer) (*PrefixCa
 	c := &PrefixCache{
 		max:     cfg.MaxBytes,
 		entries: map[prefixKey]*prefixEntry{},
+		lens:    map[int]int{},
 		m: prefixMetrics{
 			hits: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_tokenizer_prefix_cache_hits_total",
 				Help: "Chat prompts whose leading token ids came from the prefix cache.", ConstLabels: labels}),
@@ -101,12 +121,14 @@ func NewPrefixCache(cfg PrefixCacheConfig, reg prometheus.Registerer) (*PrefixCa
 				Help: "Chat prompts encoded in full (no cached prefix).", ConstLabels: labels}),
 			hitTokens: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_tokenizer_prefix_cache_hit_tokens_total",
 				Help: "Token ids taken from the prefix cache instead of encoded.", ConstLabels: labels}),
+			hitKeys: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_tokenizer_prefix_cache_hit_keys_total",
+				Help: "Block keys taken from the prefix cache instead of hashed.", ConstLabels: labels}),
 			bytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvrouter_tokenizer_prefix_cache_bytes",
-				Help: "Bytes the prefix cache holds (4 per token id plus 64 per entry).", ConstLabels: labels}),
+				Help: "Bytes the prefix cache holds (4 per token id, 8 per block key, 64 per entry).", ConstLabels: labels}),
 		},
 	}
 	if reg != nil {
-		for _, col := range []prometheus.Collector{c.m.hits, c.m.misses, c.m.hitTokens, c.m.bytes} {
+		for _, col := range []prometheus.Collector{c.m.hits, c.m.misses, c.m.hitTokens, c.m.hitKeys, c.m.bytes} {
 			if err := reg.Register(col); err != nil {
 				return nil, err
 			}
@@ -115,8 +137,9 @@ func NewPrefixCache(cfg PrefixCacheConfig, reg prometheus.Registerer) (*PrefixCa
 	return c, nil
 }
 
-// get returns the ids cached for k (shared: not to be modified), or nil.
-func (c *PrefixCache) get(k prefixKey) []uint32 {
+// get returns the entry cached for k (its ids shared: not to be
+// modified), or nil.
+func (c *PrefixCache) get(k prefixKey) *prefixEntry {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e := c.entries[k]
@@ -125,32 +148,70 @@ func (c *PrefixCache) get(k prefixKey) []uint32 {
 	}
 	c.unlink(e)
 	c.pushFront(e)
-	return e.ids
+	return e
 }
 
-// put stores ids (owned by the cache from now on) for k, evicting the
-// least recently used entries beyond the bound.
-func (c *PrefixCache) put(k prefixKey, ids []uint32) {
-	e := &prefixEntry{key: k, ids: ids}
+// put stores ids (never to be modified from now on) for k, evicting the
+// least recently used entries beyond the bound. held is the length of the
+// array ids keeps alive (len(ids) or more), as the bound counts it.
+func (c *PrefixCache) put(k prefixKey, ids []uint32, held int) *prefixEntry {
+	e := &prefixEntry{key: k, ids: ids, held: max(held, len(ids))}
 	if e.size() > c.max {
-		return
+		return nil
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if old := c.entries[k]; old != nil {
 		c.unlink(old)
 		c.bytes -= old.size()
+	} else {
+		c.lens[k.n]++
 	}
 	c.entries[k] = e
 	c.pushFront(e)
 	c.bytes += e.size()
+	c.evict()
+	c.m.bytes.Set(float64(c.bytes))
+	return e
+}
+
+// setKeys keeps k on e, if e is still cached, evicting beyond the bound.
+func (c *PrefixCache) setKeys(e *prefixEntry, k *memoKeys) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.entries[e.key] != e {
+		return // evicted or replaced meanwhile
+	}
+	c.bytes += int64(len(k.keys)-e.nkeys) * 8
+	e.nkeys = len(k.keys)
+	e.keys.Store(k)
+	c.evict()
+	c.m.bytes.Set(float64(c.bytes))
+}
+
+// evict drops the least recently used entries beyond the bound. Caller
+// holds c.mu.
+func (c *PrefixCache) evict() {
 	for c.bytes > c.max && c.tail != nil {
 		old := c.tail
 		c.unlink(old)
 		delete(c.entries, old.key)
+		if c.lens[old.key.n]--; c.lens[old.key.n] == 0 {
+			delete(c.lens, old.key.n)
+		}
 		c.bytes -= old.size()
 	}
-	c.m.bytes.Set(float64(c.bytes))
+}
+
+// heldLens sets held[i] to whether some entry's prefix is n[i] bytes
+// long: a prefix of another length cannot be found, so its hash is not
+// needed.
+func (c *PrefixCache) heldLens(n []int, held []bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, l := range n {
+		held[i] = c.lens[l] > 0
+	}
 }
 
 func (c *PrefixCache) unlink(e *prefixEntry) {
@@ -193,35 +254,57 @@ func (s *tokenSet) cuttable() bool {
 // encodeCached is Encode(text, false) through cache: the ids of the
 // longest cached prefix ending where an added token starts, then the rest
 // encoded; the prefix ending at the text's last added token is stored.
-func (t *Tokenizer) encodeCached(text string, cache *PrefixCache) []uint32 {
+// The memo links the prompt to the entries it came from and made (nil
+// without a cache).
+func (t *Tokenizer) encodeCached(text string, cache *PrefixCache) ([]uint32, *PrefixMemo) {
 	if cache == nil || !t.added.raw.cuttable() {
-		return t.Encode(text, false)
+		return t.Encode(text, false), nil
 	}
 	text = validUTF8(text)
 	segs := t.added.raw.split(nil, text)
 	type cut struct {
-		seg int // index of the added-token segment the cut is before
-		key prefixKey
+		seg  int // index of the added-token segment the cut is before
+		key  prefixKey
+		held bool // the cache holds a prefix of this length (key hashed)
 	}
 	var cuts []cut
+	var lens []int
+	for i, s := range segs {
+		if s.id >= 0 && s.start > 0 {
+			cuts = append(cuts, cut{seg: i, key: prefixKey{n: s.start}})
+			lens = append(lens, s.start)
+		}
+	}
+	held := make([]bool, len(cuts))
+	cache.heldLens(lens, held)
+	// The text is hashed once, in order; a hash is taken at the cuts that
+	// may be found and at the last one, which is stored.
 	h := xxh3.New()
 	prev := 0
-	for i, s := range segs {
-		if s.id < 0 || s.start == 0 {
+	for j := range cuts {
+		if held[j] || j == len(cuts)-1 {
+			_, _ = h.WriteString(text[prev:cuts[j].key.n])
+			prev = cuts[j].key.n
+			cuts[j].key.hash, cuts[j].held = h.Sum128(), held[j]
+		}
+	}
+	var ids []uint32
+	from, hit := 0, -1
+	memo := &PrefixMemo{c: cache}
+	for j := len(cuts) - 1; j >= 0; j-- {
+		if !cuts[j].held {
 			continue
 		}
-		_, _ = h.WriteString(text[prev:s.start])
-		prev = s.start
-		cuts = append(cuts, cut{i, prefixKey{h.Sum128(), s.start}})
-	}
-	ids := make([]uint32, 0, len(text)/4+8)
-	from, hit := 0, -1
-	for j := len(cuts) - 1; j >= 0; j-- {
-		if got := cache.get(cuts[j].key); got != nil {
-			ids = append(ids, got...)
+		if e := cache.get(cuts[j].key); e != nil {
+			// The rest is at most one id per byte.
+			ids = append(make([]uint32, 0, len(e.ids)+len(text)-cuts[j].key.n+8), e.ids...)
 			from, hit = cuts[j].seg, j
+			memo.hit = e
 			break
 		}
+	}
+	if hit < 0 {
+		ids = make([]uint32, 0, len(text)/4+8)
 	}
 	if hit >= 0 {
 		cache.m.hits.Inc()
@@ -244,7 +327,69 @@ func (t *Tokenizer) encodeCached(text string, cache *PrefixCache) []uint32 {
 	sc.front.reset()
 	t.pool.Put(sc)
 	if store >= 0 {
-		cache.put(cuts[last].key, append([]uint32(nil), ids[:store]...))
+		// The prefix shares ids' array when little of it lies beyond
+		// (a continuation: a short tail), else it is copied; the cache
+		// counts the whole array it keeps.
+		if cap(ids)-store <= store/8 {
+			memo.stored = cache.put(cuts[last].key, ids[:store:store], cap(ids))
+		} else {
+			memo.stored = cache.put(cuts[last].key, slices.Clone(ids[:store]), store)
+		}
+	} else if last >= 0 && last == hit {
+		memo.stored = memo.hit // the prompt's own prefix was cached already
 	}
-	return ids
+	return ids, memo
+}
+
+// PrefixMemo links one encoded chat prompt to the prefix cache beyond its
+// ids, for a router to keep the block keys of cached ids there: the
+// entry its leading ids came from (a continuation's previous prompt), and
+// the entry stored for its own prefix, which the next turn will find. A
+// later turn then hashes only the blocks after the cached prefix. Keys
+// are kept under a tag the caller derives from everything its keys depend
+// on besides the ids (for kvindex.Keys: root, block size, LoRA,
+// cache_salt); they are counted in the cache's bound (8 bytes each) and
+// go with their entry. A nil *PrefixMemo keeps nothing. Safe for
+// concurrent use.
+type PrefixMemo struct {
+	c           *PrefixCache
+	hit, stored *prefixEntry
+}
+
+// Keys returns the block keys kept under tag for the prompt's leading ids
+// (key i of block i), or nil. They must not be modified.
+func (m *PrefixMemo) Keys(tag uint64) []uint64 {
+	if m == nil || m.hit == nil {
+		return nil
+	}
+	k := m.hit.keys.Load()
+	if k == nil || k.tag != tag {
+		return nil
+	}
+	m.c.m.hitKeys.Add(float64(len(k.keys)))
+	return k.keys
+}
+
+// Want returns how many leading blocks of blockSize ids of the prompt the
+// memo would keep keys of under tag: those wholly inside the prefix
+// stored for the prompt, 0 when there is none or they are kept already.
+func (m *PrefixMemo) Want(tag uint64, blockSize int) int {
+	if m == nil || m.stored == nil || blockSize <= 0 {
+		return 0
+	}
+	n := len(m.stored.ids) / blockSize
+	if k := m.stored.keys.Load(); k != nil && k.tag == tag && len(k.keys) >= n {
+		return 0
+	}
+	return n
+}
+
+// SetKeys keeps keys, those of the prompt's first len(keys) blocks (at
+// most Want's count), under tag; keys belong to the memo from then on.
+// Keys kept before under another tag are replaced.
+func (m *PrefixMemo) SetKeys(tag uint64, keys []uint64) {
+	if m == nil || m.stored == nil || len(keys) == 0 {
+		return
+	}
+	m.c.setKeys(m.stored, &memoKeys{tag: tag, keys: keys})
 }

@@ -3,7 +3,9 @@ package tokenizer
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -73,7 +75,7 @@ func TestPrefixCacheCuts(t *testing.T) {
 	} {
 		for _, text := range conv {
 			for range 2 {
-				if got, want := tok.encodeCached(text, cache), tok.Encode(text, false); !slices.Equal(got, want) {
+				if got, want := cachedIDs(tok, text, cache), tok.Encode(text, false); !slices.Equal(got, want) {
 					t.Fatalf("%q: cached %v, full %v", text, got, want)
 				}
 			}
@@ -90,6 +92,22 @@ func TestPrefixCacheCuts(t *testing.T) {
 	tok.encodeCached(text, cache) // its prefix needs more than the bound
 	if cache.bytes > cache.max {
 		t.Fatalf("cache holds %d bytes after an oversized prefix, bound %d", cache.bytes, cache.max)
+	}
+	checkLens(t, cache)
+}
+
+// checkLens checks the cache's count of entries by prefix length against
+// its entries.
+func checkLens(t *testing.T, c *PrefixCache) {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	want := map[int]int{}
+	for k := range c.entries {
+		want[k.n]++
+	}
+	if !maps.Equal(c.lens, want) {
+		t.Fatalf("entries by length %v, counted %v", want, c.lens)
 	}
 }
 
@@ -109,11 +127,87 @@ func FuzzPrefixCache(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, a, b string) {
 		for _, s := range []string{a, a + b, b, b + a, a + b} {
-			if got, want := tok.encodeCached(s, cache), tok.Encode(s, false); !slices.Equal(got, want) {
+			if got, want := cachedIDs(tok, s, cache), tok.Encode(s, false); !slices.Equal(got, want) {
 				t.Fatalf("%q: cached %v, full %v", s, got, want)
 			}
 		}
 	})
+}
+
+// cachedIDs is tok.encodeCached's ids.
+func cachedIDs(tok *Tokenizer, text string, cache *PrefixCache) []uint32 {
+	ids, _ := tok.encodeCached(text, cache)
+	return ids
+}
+
+// TestPrefixMemoKeys keeps keys on a prompt's memo and finds them from
+// the next turn's: only under the same tag, only for the blocks of the
+// stored prefix, counted in the bytes and the bound, and gone with their
+// entry.
+func TestPrefixMemoKeys(t *testing.T) {
+	tok := loadQwen(t)
+	cache, err := NewPrefixCache(PrefixCacheConfig{Model: "m"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const bs, tag = 4, 77
+	turn1 := "<|im_start|>user\nhow far is the moon from the earth, roughly, in kilometres?<|im_end|>\n<|im_start|>assistant\n"
+	turn2 := turn1 + "About 384,400 km on average.<|im_end|>\n<|im_start|>user\nand the sun?<|im_end|>\n<|im_start|>assistant\n"
+	ids1, m1 := tok.encodeCached(turn1, cache)
+	if m1.Keys(tag) != nil {
+		t.Fatal("a first turn has kept keys")
+	}
+	stored := len(tok.Encode(turn1[:strings.LastIndex(turn1, "<|im_start|>")], false))
+	if n := m1.Want(tag, bs); n != stored/bs || n == 0 {
+		t.Fatalf("first turn wants %d keys, want %d (stored prefix of %d of %d ids)", n, stored/bs, stored, len(ids1))
+	}
+	keys := make([]uint64, stored/bs)
+	for i := range keys {
+		keys[i] = uint64(1000 + i)
+	}
+	before := cache.bytes
+	m1.SetKeys(tag, keys)
+	if got := cache.bytes - before; got != int64(8*len(keys)) {
+		t.Fatalf("keeping %d keys added %d bytes, want %d", len(keys), got, 8*len(keys))
+	}
+	if n := m1.Want(tag, bs); n != 0 {
+		t.Fatalf("after SetKeys the memo still wants %d keys", n)
+	}
+	if n := m1.Want(tag+1, bs); n == 0 {
+		t.Fatal("another tag's keys are not wanted")
+	}
+	_, m2 := tok.encodeCached(turn2, cache)
+	if got := m2.Keys(tag); !slices.Equal(got, keys) {
+		t.Fatalf("next turn finds keys %v, want %v", got, keys)
+	}
+	if got := m2.Keys(tag + 1); got != nil {
+		t.Fatalf("next turn finds keys %v under another tag", got)
+	}
+	if got := testutil.ToFloat64(cache.m.hitKeys); got != float64(len(keys)) {
+		t.Fatalf("hit keys counter %v, want %d", got, len(keys))
+	}
+	var none *PrefixMemo
+	if none.Keys(tag) != nil || none.Want(tag, bs) != 0 {
+		t.Fatal("a nil memo holds something")
+	}
+	none.SetKeys(tag, keys) // no panic
+
+	// Keys count in the bound: an entry whose keys overflow it goes.
+	small, err := NewPrefixCache(PrefixCacheConfig{MaxBytes: int64(4*stored + prefixEntryOverhead + 8)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, m := tok.encodeCached(turn1, small)
+	if m.Want(tag, bs) == 0 {
+		t.Fatal("small cache: nothing stored")
+	}
+	m.SetKeys(tag, keys)
+	if small.bytes > small.max || len(small.entries) != 0 {
+		t.Fatalf("small cache holds %d bytes in %d entries, bound %d", small.bytes, len(small.entries), small.max)
+	}
+	if _, m := tok.encodeCached(turn2, small); m.Keys(tag) != nil {
+		t.Fatal("keys found after their entry was evicted")
+	}
 }
 
 func firstDiffIDs(a, b []uint32) int {
@@ -139,7 +233,7 @@ func TestPrefixCacheConcurrent(t *testing.T) {
 			text := "<|im_start|>system\nshared start<|im_end|>\n"
 			for turn := range 30 {
 				text += fmt.Sprintf("<|im_start|>user\nquestion %d of %d<|im_end|>\n<|im_start|>assistant\n", turn, g)
-				if got, want := tok.encodeCached(text, cache), tok.Encode(text, false); !slices.Equal(got, want) {
+				if got, want := cachedIDs(tok, text, cache), tok.Encode(text, false); !slices.Equal(got, want) {
 					errs <- fmt.Errorf("goroutine %d turn %d: cached ids differ at %d", g, turn, firstDiffIDs(got, want))
 					return
 				}
@@ -153,4 +247,5 @@ func TestPrefixCacheConcurrent(t *testing.T) {
 			t.Error(err)
 		}
 	}
+	checkLens(t, cache)
 }

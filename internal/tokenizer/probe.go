@@ -310,9 +310,15 @@ func (s *Source) Chat(ctx context.Context, req ChatRequest) ([]uint32, error) {
 // go to the engine).
 func (s *Source) ChatRendered(ctx context.Context, req ChatRequest) (Rendered, error) {
 	if !s.UsingEngine() {
-		_, ids, err := s.local.EncodeChat(req)
+		var out Rendered
+		var err error
+		if l, ok := s.local.(*Local); ok {
+			_, out.IDs, out.Memo, err = l.encodeChat(req)
+		} else {
+			_, out.IDs, err = s.local.EncodeChat(req)
+		}
 		if err == nil || s.remote == nil || !(errors.Is(err, ErrUnsupported) || errors.Is(err, ErrNoChatTemplate)) {
-			return Rendered{IDs: ids}, err
+			return out, err
 		}
 	}
 	if s.remote == nil {
