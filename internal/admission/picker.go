@@ -98,6 +98,9 @@ func (p *Picker) Pick(ctx context.Context, in pick.Input) (*pick.Pick, *pick.Err
 	if e := request.CheckContentType(header("Content-Type")); e != nil {
 		return nil, p.fail(f, requestAnswer(e), frontmetrics.OutcomeBadRequest, nil)
 	}
+	if e := request.CheckContentEncoding(header("Content-Encoding")); e != nil {
+		return nil, p.fail(f, requestAnswer(e), frontmetrics.OutcomeBadRequest, nil)
+	}
 	if int64(len(in.Body)) > s.cfg.BodyLimit {
 		return nil, p.fail(f, p.tooLarge(), frontmetrics.OutcomeBadRequest, nil)
 	}

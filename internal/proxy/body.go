@@ -100,9 +100,12 @@ func (b *bodyBudget) give(n int64) {
 // for a declared length), 503 with Retry-After when the budget is spent,
 // 408 when the client stops sending or is too slow, 400 otherwise.
 func (s *Server) readBody(x *exchange) ([]byte, bool) {
-	if e := request.CheckContentType(x.r.Header.Get("Content-Type")); e != nil {
-		s.fail(x, requestError(e), outcomeBadRequest)
-		return nil, false
+	for _, e := range []*request.Error{request.CheckContentType(x.r.Header.Get("Content-Type")),
+		request.CheckContentEncoding(x.r.Header.Get("Content-Encoding"))} {
+		if e != nil {
+			s.fail(x, requestError(e), outcomeBadRequest)
+			return nil, false
+		}
 	}
 	limit := s.cfg.BodyLimit
 	cl := x.r.ContentLength // -1: unknown

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 )
 
@@ -46,6 +47,9 @@ func TestValidation(t *testing.T) {
 		{"json with charset", "/v1/completions", `{"model":"m","prompt":"x"}`, 200, ""},
 		{"vendor +json", "/v1/completions", `{"model":"m","prompt":"x"}`, 200, ""},
 		{"no content type", "/v1/completions", `{"model":"m","prompt":"x"}`, 200, ""},
+		{"gzip body", "/v1/chat/completions", "\x1f\x8b\x08\x00\x00\x00\x00\x00", 400, ""},
+		{"identity encoding", "/v1/completions", `{"model":"m","prompt":"x"}`, 200, ""},
+		{"byte order mark", "/v1/chat/completions", "\xef\xbb\xbf" + `{"model":"m","messages":[{"role":"user","content":"x"}]}`, 200, ""},
 	}
 	// Content-Type other than application/json, by test name ("-": none).
 	cts := map[string]string{
@@ -56,6 +60,9 @@ func TestValidation(t *testing.T) {
 		"vendor +json":      "application/vnd.api+json",
 		"no content type":   "-",
 	}
+	// Content-Encoding, by test name, and what the error must then say.
+	encs := map[string]string{"gzip body": "gzip", "identity encoding": "identity"}
+	says := map[string]string{"gzip body": `Content-Encoding "gzip"`}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var hdr []string
@@ -65,6 +72,9 @@ func TestValidation(t *testing.T) {
 				hdr = []string{"Content-Type", ""}
 			default:
 				hdr = []string{"Content-Type", ct}
+			}
+			if ce := encs[tt.name]; ce != "" {
+				hdr = append(hdr, "Content-Encoding", ce)
 			}
 			resp := rg.post(tt.path, tt.body, hdr...)
 			body := readAll(t, resp)
@@ -85,6 +95,9 @@ func TestValidation(t *testing.T) {
 			if err := json.Unmarshal([]byte(body), &e); err != nil || e.Error.Message == "" || e.Error.Type == "" || e.Error.Code != tt.status {
 				t.Fatalf("not OpenAI's error shape: %s (%v)", body, err)
 			}
+			if !strings.Contains(e.Error.Message, says[tt.name]) {
+				t.Errorf("message %q does not say %q", e.Error.Message, says[tt.name])
+			}
 			if want := map[int]string{400: typeInvalidRequest, 404: typeNotFound}[tt.status]; e.Error.Type != want {
 				t.Errorf("type %q, want %q", e.Error.Type, want)
 			}
@@ -101,7 +114,7 @@ func TestValidation(t *testing.T) {
 			}
 		})
 	}
-	if n := rg.engines[0].requests.Load(); n != 6 {
-		t.Errorf("engine got %d requests, want only the 6 valid ones", n)
+	if n := rg.engines[0].requests.Load(); n != 8 {
+		t.Errorf("engine got %d requests, want only the 8 valid ones", n)
 	}
 }

@@ -97,6 +97,17 @@ func CheckContentType(ct string) *Error {
 	return Invalid("", fmt.Sprintf("Content-Type %q: the body must be JSON (Content-Type: application/json)", ct))
 }
 
+// CheckContentEncoding accepts a body sent as is: no Content-Encoding (ce
+// "") or "identity". vLLM's server (uvicorn and FastAPI) does not
+// decompress request bodies, so a compressed one is an InvalidRequest
+// naming the encoding rather than a JSON error about its bytes.
+func CheckContentEncoding(ce string) *Error {
+	if ce == "" || strings.EqualFold(strings.TrimSpace(ce), "identity") {
+		return nil
+	}
+	return Invalid("", fmt.Sprintf("Content-Encoding %q: the body must be sent uncompressed", ce[:min(len(ce), 64)]))
+}
+
 // Sniff tells the kind of a body sent to an endpoint that takes all of
 // them (the router's POST /v1/route): a chat when it has "messages", a
 // Responses body when it has "input" and no "prompt", else a completion.
@@ -134,6 +145,11 @@ type wire struct {
 // the request is nil, or holds only the model name when the error came
 // after it was read (for the request's log line and metrics).
 func Parse(k Kind, body []byte) (*Parsed, *Error) {
+	// Python's json.loads reads bytes starting with a UTF-8 byte order
+	// mark as UTF-8 (json.detect_encoding), so vLLM accepts such a body.
+	if len(body) >= 3 && string(body[:3]) == "\xef\xbb\xbf" {
+		body = body[3:]
+	}
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 || trimmed[0] != '{' {
 		return nil, Invalid("", "request body must be a JSON object")

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 
 	"kvrouter/internal/routing"
@@ -221,6 +222,43 @@ func TestOutputTokens(t *testing.T) {
 		}
 		if r.OutputTokens != tt.want {
 			t.Errorf("%s: outputTokens %d, want %d", tt.body, r.OutputTokens, tt.want)
+		}
+	}
+}
+
+// TestContentEncoding: only an uncompressed body is read; a compressed one
+// is refused naming its encoding.
+func TestContentEncoding(t *testing.T) {
+	for ce, ok := range map[string]bool{"": true, "identity": true, " Identity ": true, "gzip": false, "br": false, "gzip, deflate": false} {
+		e := CheckContentEncoding(ce)
+		if (e == nil) != ok {
+			t.Errorf("%q: error %v, want accepted %v", ce, e, ok)
+		}
+		if e != nil && (e.Type != InvalidRequest || !strings.Contains(e.Message, ce)) {
+			t.Errorf("%q: %+v, want an InvalidRequest naming the encoding", ce, e)
+		}
+	}
+}
+
+// TestByteOrderMark: a body behind a UTF-8 byte order mark parses as the
+// body without it, as Python's json.loads reads it.
+func TestByteOrderMark(t *testing.T) {
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+	for _, k := range []Kind{Chat, Completion} {
+		b := body
+		if k == Completion {
+			b = `{"model":"m","prompt":"hi"}`
+		}
+		want, e := Parse(k, []byte(b))
+		if e != nil {
+			t.Fatal(e)
+		}
+		got, e := Parse(k, []byte("\xef\xbb\xbf"+b))
+		if e != nil {
+			t.Fatalf("kind %v with a byte order mark: %v", k, e)
+		}
+		if got.Model != want.Model || got.RoutingText() != want.RoutingText() {
+			t.Errorf("kind %v: model %q text %q, want %q %q", k, got.Model, got.RoutingText(), want.Model, want.RoutingText())
 		}
 	}
 }
