@@ -22,8 +22,15 @@ type modelReadies struct {
 	Ready bool   `json:"ready"`
 	// Index is "exact" (fed by KV events: an engine counts only with its
 	// stream connected) or "approx".
-	Index   string        `json:"index"`
-	Engines []engineReady `json:"engines"`
+	Index string `json:"index"`
+	// ReadyEngines and TotalEngines count the model's engines that are
+	// ready and all of them.
+	ReadyEngines int `json:"ready_engines"`
+	TotalEngines int `json:"total_engines"`
+	// Engines is each engine's state; absent where the body is summarized
+	// (the main listener beside an admin listener: engine names are
+	// addresses).
+	Engines []engineReady `json:"engines,omitempty"`
 }
 
 type engineReady struct {
@@ -101,6 +108,10 @@ func (s *Server) readiness(all bool) readiness {
 			}
 			er.Ready = st.Routable() && (!exact || er.Events == "connected")
 			mr.Ready = mr.Ready || er.Ready
+			mr.TotalEngines++
+			if er.Ready {
+				mr.ReadyEngines++
+			}
 			allReady = allReady && er.Ready
 			mr.Engines = append(mr.Engines, er)
 		}
@@ -119,8 +130,24 @@ func (s *Server) readiness(all bool) readiness {
 // model (the Kubernetes readiness semantics: losing one of N replicas
 // degrades, it does not take the router out).
 func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
+	s.answerReady(w, r, true)
+}
+
+// serveReadySummary is serveReady without the engines: each model's
+// verdict and engine counts only, for the main listener when an admin
+// listener serves the whole body (engine names are their addresses).
+func (s *Server) serveReadySummary(w http.ResponseWriter, r *http.Request) {
+	s.answerReady(w, r, false)
+}
+
+func (s *Server) answerReady(w http.ResponseWriter, r *http.Request, engines bool) {
 	v := r.URL.Query().Get("full")
 	rd := s.readiness(v != "" && v != "0" && v != "false")
+	if !engines {
+		for i := range rd.Models {
+			rd.Models[i].Engines = nil
+		}
+	}
 	b, err := json.Marshal(rd)
 	if err != nil {
 		(&apiError{status: http.StatusInternalServerError, typ: typeServer, message: "encoding readiness"}).write(w)

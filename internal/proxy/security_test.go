@@ -326,6 +326,15 @@ func TestIntrospectionAndEcho(t *testing.T) {
 		if resp, _ := get(t, rg, admin+"/health", ""); resp.StatusCode != 200 {
 			t.Fatalf("GET /health on the admin listener: %d", resp.StatusCode)
 		}
+		// /ready: the engines (their addresses) on the admin listener only.
+		resp, body = get(t, rg, admin+"/ready", "")
+		if !strings.Contains(body, `"engines":[{"name":`) || !strings.Contains(body, `"total_engines":1`) {
+			t.Errorf("GET /ready on the admin listener: %d %s, want the engine listed", resp.StatusCode, body)
+		}
+		resp, body = get(t, rg, rg.front.URL+"/ready", "")
+		if strings.Contains(body, `"engines"`) || strings.Contains(body, "127.0.0.1") || !strings.Contains(body, `"total_engines":1`) {
+			t.Errorf("GET /ready on the main listener: %d %s, want counts and no engine", resp.StatusCode, body)
+		}
 	})
 	t.Run("echo", func(t *testing.T) {
 		rg := newRig(t, 1)

@@ -223,7 +223,11 @@ func (s *Server) routes(introspection bool) http.Handler {
 	}
 	handle("GET", "/v1/models", s.auth(s.serveModels))
 	handle("GET", "/health", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) }))
-	handle("GET", "/ready", http.HandlerFunc(s.serveReady))
+	ready := s.serveReady
+	if !introspection { // the admin listener lists the engines
+		ready = s.serveReadySummary
+	}
+	handle("GET", "/ready", http.HandlerFunc(ready))
 	if s.deps.Gatherer != nil && introspection {
 		handle("GET", "/metrics", s.auth(promhttp.HandlerFor(s.deps.Gatherer, promhttp.HandlerOpts{}).ServeHTTP))
 	}
