@@ -339,6 +339,9 @@ func (p *Picker) tooLarge() *answer {
 // BodyLimit is config.Config.BodyLimit, in bytes.
 func (p *Picker) BodyLimit() int64 { return p.s.cfg.BodyLimit }
 
+// BodyBudget is config.Config.BodyBudget, in bytes (<= 0: no bound).
+func (p *Picker) BodyBudget() int64 { return p.s.cfg.BodyBudget }
+
 // EndpointAddr is ep's address as a gateway names it: its URL's host and
 // port ("10.0.0.7:8000"), the port defaulting to the scheme's.
 func EndpointAddr(ep *fleet.Endpoint) string {

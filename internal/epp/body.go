@@ -1,6 +1,11 @@
 package epp
 
-import "errors"
+import (
+	"errors"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Body assembly errors.
 var (
@@ -8,29 +13,86 @@ var (
 	errBodyTooLarge = errors.New("request body over the limit")
 	// errBodyAfterEnd: a chunk came after the end of stream.
 	errBodyAfterEnd = errors.New("request body chunk after end of stream")
+	// errBodyBudget: the bodies all streams hold would pass the budget.
+	errBodyBudget = errors.New("request bodies held past the budget")
 )
 
-// assembler joins a request body's chunks, at most limit bytes. Not safe
-// for concurrent use (one stream owns it).
+// budget bounds the bytes of request bodies the streams of one Server
+// hold at once (config.Config.BodyBudget, as on the HTTP front). Safe for
+// concurrent use.
+type budget struct {
+	max  int64 // <= 0: no bound
+	used atomic.Int64
+	held prometheus.Gauge // used, exported (nil: none)
+}
+
+// take reserves n bytes; false when they do not fit.
+func (b *budget) take(n int64) bool {
+	for {
+		u := b.used.Load()
+		if b.max > 0 && u+n > b.max {
+			return false
+		}
+		if b.used.CompareAndSwap(u, u+n) {
+			if b.held != nil {
+				b.held.Add(float64(n))
+			}
+			return true
+		}
+	}
+}
+
+// give returns n bytes taken.
+func (b *budget) give(n int64) {
+	b.used.Add(-n)
+	if b.held != nil {
+		b.held.Sub(float64(n))
+	}
+}
+
+// assembler joins a request body's chunks, at most limit bytes, each
+// byte taken from budget (when not nil) until release. Not safe for
+// concurrent use (one stream owns it).
 type assembler struct {
-	limit int64
-	buf   []byte
-	done  bool
+	limit  int64
+	budget *budget
+	held   int64 // taken from budget
+	buf    []byte
+	done   bool
 }
 
 // add appends chunk; end marks the last one. Past the limit it returns
-// errBodyTooLarge and drops what it held; after the end, errBodyAfterEnd.
+// errBodyTooLarge, past the budget errBodyBudget, and either way drops
+// what it held; after the end, errBodyAfterEnd.
 func (a *assembler) add(chunk []byte, end bool) error {
 	if a.done {
 		return errBodyAfterEnd
 	}
 	if int64(len(a.buf))+int64(len(chunk)) > a.limit {
 		a.buf, a.done = nil, true
+		a.release()
 		return errBodyTooLarge
+	}
+	if a.budget != nil && len(chunk) > 0 {
+		if !a.budget.take(int64(len(chunk))) {
+			a.buf, a.done = nil, true
+			a.release()
+			return errBodyBudget
+		}
+		a.held += int64(len(chunk))
 	}
 	a.buf = append(a.buf, chunk...)
 	a.done = end
 	return nil
+}
+
+// release gives back what the body took from the budget; the stream
+// calls it when it ends (the pick may keep the body until then).
+func (a *assembler) release() {
+	if a.budget != nil && a.held != 0 {
+		a.budget.give(a.held)
+	}
+	a.held = 0
 }
 
 // finish marks the body complete (the request trailers came) and returns

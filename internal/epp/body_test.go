@@ -134,3 +134,45 @@ func TestTrackerBounded(t *testing.T) {
 		t.Fatalf("json holds %d bytes", len(j.buf))
 	}
 }
+
+// TestAssemblerBudget: streams share one budget; a chunk past it is
+// refused and drops what its stream held, and release gives every byte
+// back.
+func TestAssemblerBudget(t *testing.T) {
+	b := &budget{max: 100}
+	a1 := assembler{limit: 1000, budget: b}
+	a2 := assembler{limit: 1000, budget: b}
+	if err := a1.add(make([]byte, 60), false); err != nil {
+		t.Fatal(err)
+	}
+	if err := a2.add(make([]byte, 30), false); err != nil {
+		t.Fatal(err)
+	}
+	if err := a2.add(make([]byte, 20), false); !errors.Is(err, errBodyBudget) || a2.buf != nil {
+		t.Fatalf("past the budget: err %v, holds %d bytes", err, len(a2.buf))
+	}
+	if u := b.used.Load(); u != 60 {
+		t.Fatalf("budget holds %d after the refusal, want 60 (a1's)", u)
+	}
+	a2.release() // as the stream's end does: nothing left to give
+	a1.release()
+	a1.release()
+	if u := b.used.Load(); u != 0 {
+		t.Fatalf("budget holds %d after both released, want 0", u)
+	}
+	a3 := assembler{limit: 1000, budget: b}
+	if err := a3.add(make([]byte, 100), true); err != nil {
+		t.Fatalf("a body of the whole budget once it is free: %v", err)
+	}
+	a4 := assembler{limit: 50, budget: b}
+	if err := a4.add(make([]byte, 10), false); !errors.Is(err, errBodyBudget) {
+		t.Fatalf("with the budget spent: %v", err)
+	}
+	a3.release()
+	if err := a4.add(make([]byte, 60), true); !errors.Is(err, errBodyAfterEnd) {
+		t.Fatalf("a refused stream takes no more chunks: %v", err)
+	}
+	if u := b.used.Load(); u != 0 {
+		t.Fatalf("budget holds %d at the end, want 0", u)
+	}
+}

@@ -56,6 +56,11 @@ type Config struct {
 	// (default 5m; keepalive.ServerParameters.MaxConnectionIdle, with a
 	// GOAWAY the gateway reconnects after).
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// MaxConnections bounds the gRPC connections open at once (default
+	// 1024; negative: no bound). Past it a new connection waits in the
+	// listen backlog until one closes (netutil.LimitListener). A gateway
+	// opens a few per worker thread.
+	MaxConnections int `yaml:"max_connections"`
 }
 
 // FillDefaults fills zero fields.
@@ -77,6 +82,9 @@ func (c *Config) FillDefaults() {
 	}
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = 5 * time.Minute
+	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = 1024
 	}
 }
 

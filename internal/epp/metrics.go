@@ -42,6 +42,7 @@ type metrics struct {
 	moved       *prometheus.CounterVec
 	usageTokens *prometheus.CounterVec
 	streams     prometheus.Gauge
+	bodyHeld    prometheus.Gauge
 }
 
 // newMetrics takes the EPP's view of fs and registers the EPP-only
@@ -66,12 +67,16 @@ func newMetrics(reg prometheus.Registerer, fs *frontmetrics.Set) (*metrics, erro
 			Name: "kvrouter_epp_streams",
 			Help: "ext_proc streams open (one per HTTP request through the gateway).",
 		}),
+		bodyHeld: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvrouter_epp_body_held_bytes",
+			Help: "Bytes of request bodies the streams hold, counted against body_budget.",
+		}),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.pick, m.moved, m.usageTokens, m.streams} {
+	for _, c := range []prometheus.Collector{m.pick, m.moved, m.usageTokens, m.streams, m.bodyHeld} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}

@@ -11,6 +11,7 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -31,7 +32,10 @@ type picker interface {
 	EndpointNamed(allow func(addr string) bool) (name, addr string, ok bool)
 	// TooLarge is the answer to a body over BodyLimit bytes.
 	TooLarge() *pick.Error
+	// BodyLimit is the most bytes of one request body; BodyBudget the
+	// most of all bodies held at once (<= 0: no bound).
 	BodyLimit() int64
+	BodyBudget() int64
 	HasReplica(replica string) bool
 }
 
@@ -73,6 +77,8 @@ type Server struct {
 	log   *slog.Logger
 	m     *metrics
 	holds *frontmetrics.Holds // streams writing each engine's series (replicas.go)
+	// bodies bounds the request bodies held by all streams (body.go).
+	bodies budget
 }
 
 // New builds a Server from cfg (defaults filled here). It starts nothing.
@@ -119,7 +125,8 @@ func newServer(cfg Config, p picker, fs *frontmetrics.Set, deps Deps, log *slog.
 	}
 	m.Requests.WithLabelValues("unknown", "", outcomeBadRequest)
 	m.Requests.WithLabelValues("", "", outcomePassthrough)
-	return &Server{cfg: cfg, pick: p, ready: ready, log: log, m: m, holds: frontmetrics.NewHolds(m.Front, p.HasReplica)}, nil
+	return &Server{cfg: cfg, pick: p, ready: ready, log: log, m: m, holds: frontmetrics.NewHolds(m.Front, p.HasReplica),
+		bodies: budget{max: p.BodyBudget(), held: m.bodyHeld}}, nil
 }
 
 // Register adds the ext_proc and health services to g.
@@ -132,7 +139,7 @@ func (s *Server) Register(g *grpc.Server) {
 // gateway. A panic in it ends the stream with an Internal status (and the
 // request's lease) instead of the process.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) (err error) {
-	st := &exchange{s: s, stream: stream, body: assembler{limit: s.pick.BodyLimit()}}
+	st := &exchange{s: s, stream: stream, body: assembler{limit: s.pick.BodyLimit(), budget: &s.bodies}}
 	s.m.streams.Inc()
 	defer s.m.streams.Dec()
 	defer func() {
@@ -141,18 +148,23 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) (err 
 			err = status.Errorf(codes.Internal, "endpoint picker failed: %v", r)
 		}
 		st.close()
+		st.body.release()
 		s.holds.Release(&st.held) // after close: the request is counted
 	}()
 	return st.run()
 }
 
 // Run serves on ln until ctx ends, then stops gracefully: streams in
-// flight get Config.DrainTimeout to end before they are cut. It returns
+// flight get Config.DrainTimeout to end before they are cut. At most
+// Config.MaxConnections connections are open at once. It returns
 // nil after a stop, or the listener's error.
 func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	g := grpc.NewServer(grpc.ConnectionTimeout(s.cfg.HandshakeTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: s.cfg.IdleTimeout}))
 	s.Register(g)
+	if s.cfg.MaxConnections > 0 {
+		ln = netutil.LimitListener(ln, s.cfg.MaxConnections)
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- g.Serve(ln) }()
 	select {

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"kvrouter/internal/frontmetrics"
 	"kvrouter/internal/pick"
 )
 
@@ -108,6 +109,11 @@ func (x *exchange) handle(req *extprocv3.ProcessingRequest) error {
 		if err := x.body.add(b.GetBody(), b.GetEndOfStream()); err != nil {
 			if errors.Is(err, errBodyTooLarge) {
 				return x.fail(x.s.pick.TooLarge())
+			}
+			if errors.Is(err, errBodyBudget) {
+				msg := fmt.Sprintf("the endpoint picker holds too many request bodies (body_budget %d bytes): retry later", x.s.bodies.max)
+				return x.fail(&pick.Error{Status: http.StatusServiceUnavailable, RetryAfter: 1, Outcome: frontmetrics.OutcomeBadRequest,
+					Body: pick.ErrorBody(http.StatusServiceUnavailable, "", "", msg), Err: err})
 			}
 			return x.protocol(err.Error())
 		}

@@ -517,3 +517,49 @@ func TestEPPShed(t *testing.T) {
 	openAIError(t, r.immediate, http.StatusTooManyRequests, "")
 	// The held stream ends with the test's context (cleanup); its lease goes.
 }
+
+// TestEPPBodyBudget: the bodies all streams hold are bounded by
+// body_budget: while one stream holds most of it unfinished, another's body
+// is answered 503 with retry-after, and the budget comes back whole when
+// the holder's stream ends.
+func TestEPPBodyBudget(t *testing.T) {
+	e2eLeakCheck(t)
+	sim := startE2ESim(t)
+	s := startEPP(t, strings.Replace(eppYAML("body_limit: 1048576\nbody_budget: 1048576\n", sim), "tokenizer: "+e2eQwen3Dir, "tokenizer: none", 1), 0)
+	s.waitReady(t)
+	headers := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+		Headers: hdrs(":method", "POST", ":path", "/v1/completions", "content-type", "application/json")}}}
+	const held = 700 << 10
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	st, err := s.envoy.ext.Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []*extprocv3.ProcessingRequest{headers, {Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
+		Body: []byte(`{"model":"m","prompt":"` + strings.Repeat("x", held-23)), EndOfStream: false}}}} {
+		if err := st.Send(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e2eEventually(t, 10*time.Second, "kvrouter_epp_body_held_bytes at the unfinished body's size", func() bool {
+		return e2eMetric(t, s.url, "kvrouter_epp_body_held_bytes") == held
+	})
+	big := []byte(`{"model":"m","prompt":"` + strings.Repeat("y", 400<<10) + `"}`)
+	r := s.envoy.do(t.Context(), envoyReq{path: "/v1/completions", body: big, chunk: 64 << 10})
+	openAIError(t, r.immediate, http.StatusServiceUnavailable, "service_unavailable_error")
+	if ra := setHeaderMap(r.immediate.GetHeaders().GetSetHeaders())["retry-after"]; ra != "1" {
+		t.Errorf("retry-after %q on the budget's 503, want 1", ra)
+	}
+	cancel() // the holder's stream ends: its bytes come back
+	e2eEventually(t, 10*time.Second, "kvrouter_epp_body_held_bytes back to 0", func() bool {
+		return e2eMetric(t, s.url, "kvrouter_epp_body_held_bytes") == 0
+	})
+	small := []byte(`{"model":"m","prompt":[1,2,3],"max_tokens":1}`)
+	if r := s.envoy.do(t.Context(), envoyReq{path: "/v1/completions", body: small}); r.immediate != nil || r.status != 200 {
+		t.Fatalf("after the holder ended: %+v", r)
+	}
+	if n := e2eMetric(t, s.url, "kvrouter_epp_body_held_bytes"); n != 0 {
+		t.Errorf("kvrouter_epp_body_held_bytes %v after every stream ended, want 0", n)
+	}
+}
