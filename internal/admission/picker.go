@@ -38,6 +38,9 @@ type PickerDeps struct {
 	// OnReplicaRemoved registers f, called with the name of each engine
 	// removed from the fleet while serving. Required.
 	OnReplicaRemoved func(f func(replica string))
+	// CountClientControl counts a client control dropped or refused
+	// (kvrouter_proxy_client_controls_total, by control). Nil: not counted.
+	CountClientControl func(control string)
 }
 
 // Picker returns s for another front: the endpoint picker, whose
@@ -341,6 +344,18 @@ func (p *Picker) BodyLimit() int64 { return p.s.cfg.BodyLimit }
 
 // BodyBudget is config.Config.BodyBudget, in bytes (<= 0: no bound).
 func (p *Picker) BodyBudget() int64 { return p.s.cfg.BodyBudget }
+
+// AllowDPRank is config.Clients.AllowDPRank: whether a client's
+// X-Data-Parallel-Rank header reaches the engine.
+func (p *Picker) AllowDPRank() bool { return p.s.cfg.Clients.AllowDPRank }
+
+// CountClientControl counts a client control ("dp_rank",
+// "kv_transfer_params") the front dropped or refused.
+func (p *Picker) CountClientControl(control string) {
+	if p.pd.CountClientControl != nil {
+		p.pd.CountClientControl(control)
+	}
+}
 
 // EndpointAddr is ep's address as a gateway names it: its URL's host and
 // port ("10.0.0.7:8000"), the port defaulting to the scheme's.

@@ -85,14 +85,14 @@ func subset(md *corev3.Metadata, ns string) (map[string]bool, bool) {
 	return out, true
 }
 
-func requestHeadersResponse(set []*corev3.HeaderValueOption, md *structpb.Struct) *extprocv3.ProcessingResponse {
+func requestHeadersResponse(set []*corev3.HeaderValueOption, remove []string, md *structpb.Struct) *extprocv3.ProcessingResponse {
 	return &extprocv3.ProcessingResponse{
 		Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
 			Response: &extprocv3.CommonResponse{
 				// The destination header decides the route's endpoint:
 				// the route cache must not keep the one chosen before.
 				ClearRouteCache: true,
-				HeaderMutation:  &extprocv3.HeaderMutation{SetHeaders: set},
+				HeaderMutation:  &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: remove},
 			},
 		}},
 		DynamicMetadata: md,

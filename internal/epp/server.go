@@ -36,6 +36,11 @@ type picker interface {
 	// most of all bodies held at once (<= 0: no bound).
 	BodyLimit() int64
 	BodyBudget() int64
+	// AllowDPRank reports router.yaml's clients.allow_dp_rank;
+	// CountClientControl counts a client control dropped or refused
+	// (kvrouter_proxy_client_controls_total).
+	AllowDPRank() bool
+	CountClientControl(control string)
 	HasReplica(replica string) bool
 }
 

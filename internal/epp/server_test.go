@@ -24,6 +24,8 @@ func (noPicker) EndpointNamed(func(string) bool) (string, string, bool) { return
 func (noPicker) TooLarge() *pick.Error                                  { return &pick.Error{Status: 413} }
 func (noPicker) BodyLimit() int64                                       { return 1 << 20 }
 func (noPicker) BodyBudget() int64                                      { return 1 << 20 }
+func (noPicker) AllowDPRank() bool                                      { return false }
+func (noPicker) CountClientControl(string)                              {}
 func (noPicker) HasReplica(string) bool                                 { return false }
 
 // A client that connects to the ext_proc port and sends nothing is closed

@@ -57,6 +57,21 @@ type exchange struct {
 	held    []string // engines whose series this stream holds (Server.holds)
 }
 
+// rankHeader is vLLM's data-parallel rank request header, lower-cased as
+// ext_proc gives headers.
+const rankHeader = "x-data-parallel-rank"
+
+// dropped lists the request headers the gateway must remove before it
+// forwards: a client's data-parallel rank unless clients.allow_dp_rank
+// (counted as the HTTP front counts it).
+func (x *exchange) dropped() []string {
+	if _, ok := x.headers[rankHeader]; !ok || x.s.pick.AllowDPRank() {
+		return nil
+	}
+	x.s.pick.CountClientControl("dp_rank")
+	return []string{rankHeader}
+}
+
 // errStop ends the stream after a local reply.
 var errStop = errors.New("stream answered")
 
@@ -182,7 +197,7 @@ func (x *exchange) complete(withBody bool) error {
 	if pk.APIKey != "" {
 		set = append(set, setHeader("authorization", "Bearer "+pk.APIKey))
 	}
-	if err := x.stream.Send(requestHeadersResponse(set, destination(x.s.cfg.DestinationNamespace, dest))); err != nil {
+	if err := x.stream.Send(requestHeadersResponse(set, x.dropped(), destination(x.s.cfg.DestinationNamespace, dest))); err != nil {
 		return err
 	}
 	x.s.m.pick.WithLabelValues(pk.Model).Observe(time.Since(t0).Seconds())
@@ -212,7 +227,7 @@ func (x *exchange) passthrough(withBody bool) error {
 	x.outcome, x.replica = outcomePassthrough, name
 	x.s.holds.Hold(&x.held, name)
 	set := []*corev3.HeaderValueOption{setHeader(DestinationKey, addr), setHeader("x-request-id", x.id)}
-	if err := x.stream.Send(requestHeadersResponse(set, destination(x.s.cfg.DestinationNamespace, addr))); err != nil {
+	if err := x.stream.Send(requestHeadersResponse(set, x.dropped(), destination(x.s.cfg.DestinationNamespace, addr))); err != nil {
 		return err
 	}
 	x.phase = phasePicked

@@ -54,5 +54,8 @@ func (s *Server) Picker() *admission.Picker {
 	return s.core.Picker(admission.PickerDeps{
 		Ready:            func() bool { return s.readiness(false).Ready },
 		OnReplicaRemoved: s.onReplicaRemoved,
+		CountClientControl: func(control string) {
+			s.lm.clients.WithLabelValues(control).Inc()
+		},
 	})
 }

@@ -563,3 +563,54 @@ func TestEPPBodyBudget(t *testing.T) {
 		t.Errorf("kvrouter_epp_body_held_bytes %v after every stream ended, want 0", n)
 	}
 }
+
+// TestEPPDropsClientRank: a client's x-data-parallel-rank is removed from
+// the request the gateway forwards (clients.allow_dp_rank is off by
+// default) and counted, as the HTTP front drops it.
+func TestEPPDropsClientRank(t *testing.T) {
+	e2eLeakCheck(t)
+	sim := startE2ESim(t)
+	s := startEPP(t, strings.Replace(eppYAML("", sim), "tokenizer: "+e2eQwen3Dir, "tokenizer: none", 1), 0)
+	s.waitReady(t)
+	removed := func(rank bool) []string {
+		t.Helper()
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		st, err := s.envoy.ext.Process(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := []string{":method", "POST", ":path", "/v1/completions", "content-type", "application/json"}
+		if rank {
+			h = append(h, "x-data-parallel-rank", "1")
+		}
+		for _, m := range []*extprocv3.ProcessingRequest{
+			{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: hdrs(h...)}}},
+			{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
+				Body: []byte(`{"model":"m","prompt":[1,2,3],"max_tokens":1}`), EndOfStream: true}}},
+		} {
+			if err := st.Send(m); err != nil {
+				t.Fatal(err)
+			}
+		}
+		m, err := st.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		hr := m.GetRequestHeaders()
+		if hr == nil {
+			t.Fatalf("answer %v, want the pick's request headers response", m)
+		}
+		return hr.GetResponse().GetHeaderMutation().GetRemoveHeaders()
+	}
+	if got := removed(false); len(got) != 0 {
+		t.Errorf("without the header: removes %v", got)
+	}
+	before := e2eMetric(t, s.url, "kvrouter_proxy_client_controls_total", `control="dp_rank"`)
+	if got := removed(true); !slices.Equal(got, []string{"x-data-parallel-rank"}) {
+		t.Errorf("with a client's rank header: removes %v, want [x-data-parallel-rank]", got)
+	}
+	if n := e2eMetric(t, s.url, "kvrouter_proxy_client_controls_total", `control="dp_rank"`); n != before+1 {
+		t.Errorf("kvrouter_proxy_client_controls_total{control=\"dp_rank\"} %v, want %v", n, before+1)
+	}
+}
