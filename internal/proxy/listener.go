@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,9 +26,13 @@ import (
 // Past max_connections a connection is still accepted into a small
 // reserve, where it may ask GET /health or GET /ready once (the
 // connection is closed after the answer); any other request there gets a
-// 503 with Retry-After. Past the reserve too, a connection is closed as
-// soon as it is accepted. Kubernetes probes thus keep their answers while
-// clients are refused, and the kernel's accept queue never fills.
+// 503 with Retry-After. With the reserve full, a new connection takes the
+// place of the reserve's oldest one whose request has not arrived (that
+// one is closed), or is closed as soon as it is accepted when every
+// reserved connection has sent its request. A probe sends its request at
+// once, so silent connections opened at any rate cannot keep it out:
+// Kubernetes probes keep their answers while clients are refused, and the
+// kernel's accept queue never fills.
 
 // reservedHeaderTimeout bounds, from accept, the wait for a reserved
 // connection's request headers (or header_timeout when shorter): a probe
@@ -52,9 +57,12 @@ type connLimit struct {
 	open       atomic.Int64
 	gauge      prometheus.Gauge
 	rejected   *prometheus.CounterVec // by reason
-	// waiting holds the timers of reserved connections whose request has
-	// not arrived (net.Conn -> *time.Timer).
-	waiting sync.Map
+	// mu guards waiting, the timers of reserved connections whose request
+	// has not arrived, and order, those connections oldest first (with
+	// ones since gone, skipped when met).
+	mu      sync.Mutex
+	waiting map[net.Conn]*time.Timer
+	order   []net.Conn
 }
 
 // connSlotKey marks, in a connection's context, a connection accepted into
@@ -66,21 +74,49 @@ type connSlotKey struct{}
 func (l *connLimit) connContext(ctx context.Context, c net.Conn) context.Context {
 	n := l.open.Add(1)
 	l.gauge.Set(float64(n))
-	switch {
-	case n > l.max+l.reserve:
-		l.rejected.WithLabelValues("max_connections").Inc()
-		_ = c.Close()
-	case n > l.max:
-		// Closed unless its request's headers arrive within headerWait
-		// (the guard stops the timer).
-		l.waiting.Store(c, time.AfterFunc(l.headerWait, func() {
-			if _, ok := l.waiting.LoadAndDelete(c); ok {
-				_ = c.Close()
-			}
-		}))
-		return context.WithValue(ctx, connSlotKey{}, c)
+	if n <= l.max {
+		return ctx
 	}
-	return ctx
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if n > l.max+l.reserve {
+		l.rejected.WithLabelValues("max_connections").Inc() // c, or the one it displaces
+		if !l.displaceOldest() {
+			_ = c.Close()
+			return ctx
+		}
+	}
+	// Closed unless its request's headers arrive within headerWait (the
+	// guard stops the timer).
+	if l.waiting == nil {
+		l.waiting = map[net.Conn]*time.Timer{}
+	}
+	l.waiting[c] = time.AfterFunc(l.headerWait, func() {
+		if l.arrived(c) {
+			_ = c.Close()
+		}
+	})
+	if len(l.order) >= 2*len(l.waiting)+16 { // drop the gone, keep order bounded
+		l.order = slices.DeleteFunc(l.order, func(o net.Conn) bool { return l.waiting[o] == nil })
+	}
+	l.order = append(l.order, c)
+	return context.WithValue(ctx, connSlotKey{}, c)
+}
+
+// displaceOldest closes the oldest reserved connection whose request has
+// not arrived; false when there is none. l.mu is held.
+func (l *connLimit) displaceOldest() bool {
+	for len(l.order) > 0 {
+		c := l.order[0]
+		l.order = l.order[1:]
+		if t, ok := l.waiting[c]; ok {
+			delete(l.waiting, c)
+			t.Stop()
+			_ = c.Close()
+			return true
+		}
+	}
+	return false
 }
 
 // connState uncounts a connection that closed or was taken over.
@@ -94,9 +130,12 @@ func (l *connLimit) connState(c net.Conn, st http.ConnState) {
 // arrived stops the header timer of reserved connection c; false when it
 // has fired (the connection is closing).
 func (l *connLimit) arrived(c net.Conn) bool {
-	t, ok := l.waiting.LoadAndDelete(c)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t, ok := l.waiting[c]
 	if ok {
-		t.(*time.Timer).Stop()
+		delete(l.waiting, c)
+		t.Stop()
 	}
 	return ok
 }
@@ -141,7 +180,7 @@ func newListenerMetrics(reg prometheus.Registerer) (*listenerMetrics, error) {
 		}, []string{"listener"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_proxy_connections_rejected_total",
-			Help: "Client connections or requests refused for http.max_connections, by listener and reason (max_connections: closed at accept; reserved: a request other than /health or /ready on a reserved connection).",
+			Help: "Client connections or requests refused for http.max_connections, by listener and reason (max_connections: past the reserve, a silent reserved connection closed to make room or the new one closed at accept; reserved: a request other than /health or /ready on a reserved connection).",
 		}, []string{"listener", "reason"}),
 		bodies: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvrouter_proxy_body_held_bytes",

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"kvrouter/internal/config"
@@ -148,7 +149,8 @@ func TestListenerHeaderBytes(t *testing.T) {
 
 // At max_connections, /health and /ready still answer on reserved
 // connections (then close), other requests there get an OpenAI-shaped 503
-// with Retry-After, and past the reserve connections are closed at once.
+// with Retry-After, and past the reserve a silent reserved connection
+// makes room.
 // Closing the holders brings the count back to 0.
 func TestListenerConnectionCap(t *testing.T) {
 	rg := newRig(t, 1, func(c *config.Config, _ *fleet.Config) {
@@ -185,14 +187,16 @@ func TestListenerConnectionCap(t *testing.T) {
 	}
 	c.Close()
 
-	// Fill the reserve too: the next connection is closed unanswered.
+	// Fill the reserve too: the next connection displaces the oldest
+	// silent one, which is closed (TestReserveDisplacesOldestSilent).
 	pollGauge(t, "open connections", 4, open)
 	for range 2 {
 		holders = append(holders, dial(t, addr))
 	}
 	pollGauge(t, "open connections", 6, open)
 	over := dial(t, addr)
-	waitClosed(t, over, 10*time.Second, "connection past the reserve")
+	waitClosed(t, holders[4], 10*time.Second, "oldest silent reserved connection")
+	over.Close()
 	if n := testutil.ToFloat64(rg.srv.lm.rejected.WithLabelValues(listenerMain, "max_connections")); n < 1 {
 		t.Errorf("connections_rejected_total{reason=max_connections} = %v, want >= 1", n)
 	}
@@ -233,5 +237,62 @@ func TestReservedConnectionHeaderTimeout(t *testing.T) {
 	c := dial(t, addr)
 	if resp, _ := roundTrip(t, c, bufio.NewReader(c), "GET", "/health"); resp.StatusCode != 200 || !resp.Close {
 		t.Fatalf("GET /health on a reserved connection: %d (close %v), want 200 and close", resp.StatusCode, resp.Close)
+	}
+}
+
+// With the reserve full, a new connection takes the place of the oldest
+// reserved one still silent (closed), skipping those whose request came;
+// with none silent it is closed at accept. The bookkeeping stays bounded
+// under a flood of silent connections.
+func TestReserveDisplacesOldestSilent(t *testing.T) {
+	l := &connLimit{max: 1, reserve: 2, headerWait: time.Hour, gauge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "g"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "r"}, []string{"reason"})}
+	type end struct{ ours, peer net.Conn }
+	accept := func() end {
+		ours, peer := net.Pipe()
+		l.connContext(context.Background(), ours)
+		return end{ours, peer}
+	}
+	closed := func(e end) bool {
+		_ = e.peer.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+		_, err := e.peer.Read(make([]byte, 1))
+		return errors.Is(err, io.EOF) || errors.Is(err, io.ErrClosedPipe)
+	}
+	gone := func(e end) { l.connState(e.ours, http.StateClosed) }
+	served := accept()
+	r1, r2 := accept(), accept() // the reserve
+	r3 := accept()
+	if !closed(r1) || closed(r2) || closed(r3) || closed(served) {
+		t.Fatalf("a third reserved connection: closed r1 %v r2 %v r3 %v served %v, want only r1", closed(r1), closed(r2), closed(r3), closed(served))
+	}
+	gone(r1)
+	if !l.arrived(r2.ours) {
+		t.Fatal("r2's request: its timer was gone")
+	}
+	r4 := accept() // r2 has sent its request: r3 is the oldest silent one
+	if !closed(r3) || closed(r2) || closed(r4) {
+		t.Fatalf("after r2's request: closed r3 %v r2 %v r4 %v, want only r3", closed(r3), closed(r2), closed(r4))
+	}
+	gone(r3)
+	l.arrived(r4.ours)
+	r5 := accept() // no reserved connection silent: closed at accept
+	if !closed(r5) {
+		t.Fatal("a connection past a reserve that has all sent requests: not closed")
+	}
+	gone(r5)
+	if n := testutil.ToFloat64(l.rejected.WithLabelValues("max_connections")); n != 3 {
+		t.Errorf("rejected{max_connections} %v, want 3 (r1, r3 displaced; r5 closed)", n)
+	}
+	gone(r2)
+	gone(r4)
+	for range 1000 { // a flood of silent connections, each displacing the last
+		e := accept()
+		if len(l.order) > 2*int(l.reserve)+16 {
+			t.Fatalf("%d connections in the reserve's order", len(l.order))
+		}
+		defer gone(e)
+	}
+	if len(l.waiting) != 2 {
+		t.Errorf("%d reserved connections waiting after the flood, want 2", len(l.waiting))
 	}
 }
