@@ -290,10 +290,23 @@ func newWatchdog(cancel context.CancelCauseFunc, firstByte, idle time.Duration) 
 // engine that ends the attempt's wait (fleet stall detection), and
 // restarts the idle clock.
 func (w *watchdog) progress(now time.Time) {
+	w.output(now)
+	w.bytes(now)
+}
+
+// output tells the fleet the engine produced output at now: a sign of
+// life that ends the attempt's wait for its first byte.
+func (w *watchdog) output(now time.Time) {
 	if w.ep != nil {
 		w.ep.Heard(now)
 		w.answered()
 	}
+}
+
+// bytes notes that body bytes arrived at now (the first byte ends the
+// first-byte timeout) and restarts the idle clock, without telling the
+// fleet: a Responses stream's opening events come before any output.
+func (w *watchdog) bytes(now time.Time) {
 	w.last.Store(int64(now.Sub(w.base)))
 	if !w.first.Load() {
 		w.first.Store(true)
