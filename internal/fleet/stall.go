@@ -15,9 +15,10 @@ import (
 // packets) accepts connections and answers no byte; and a vLLM engine
 // whose core is hung (a stuck GPU kernel or NCCL collective) keeps its API
 // server answering: /health is 200 until the core process is dead
-// (AsyncLLM.check_health raises only when errored;
-// vllm/entrypoints/serve/instrumentator/health.py, vllm/v1/engine/
-// async_llm.py), /metrics answers with its gauges and counters frozen (they
+// (AsyncLLM.check_health raises only when errored, vllm/v1/engine/
+// async_llm.py; the route is in vllm/entrypoints/openai/api_server.py, in
+// newer versions vllm/entrypoints/serve/instrumentator/health.py),
+// /metrics answers with its gauges and counters frozen (they
 // are set only from the core's outputs: PrometheusStatLogger.record in
 // vllm/v1/metrics/loggers.py, called by AsyncLLM's output_handler), and a
 // streamed request gets its response headers at once (Starlette's
@@ -30,8 +31,10 @@ import (
 // wait for the first byte (Endpoint.Await: the routing model's predicted
 // time to first token), and every sign of life (Endpoint.Heard). Signs of
 // life are:
-//   - body bytes of any request (response headers are not: vLLM's API
-//     server sends them before the core works);
+//   - body bytes of any 2xx answer (response headers are not: vLLM's API
+//     server sends them before the core works; nor are error answers, nor
+//     a Responses stream's opening events, response.created and
+//     response.in_progress, sent before the first output too);
 //   - a /metrics scrape that shows progress: vllm:prompt_tokens_total,
 //     vllm:generation_tokens_total, vllm:prefix_cache_queries_total,
 //     vllm:num_requests_running or vllm:num_requests_waiting changed since

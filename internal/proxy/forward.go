@@ -167,11 +167,12 @@ func (s *Server) try(ctx context.Context, x *exchange, ep *fleet.Endpoint, d gro
 	}
 	status := resp.StatusCode
 	if status/100 != 2 {
-		// An error answer ends the wait, but is no sign that the engine
-		// works: vLLM's API server answers errors, and headers, while its
-		// core is hung. The first body byte of a 2xx answer is one
-		// (watchdog.progress).
+		// An error answer ends the wait, but neither it nor its body is a
+		// sign that the engine works: vLLM's API server answers errors,
+		// and headers, while its core is hung. The first body byte of a
+		// 2xx answer is one (watchdog.progress).
 		wd.answered()
+		wd.ep = nil
 	}
 	legStatus = status
 	s.deps.Fleet.Report(ep, fleet.OutcomeOf(status))
@@ -261,8 +262,8 @@ type watchdog struct {
 	first   atomic.Bool
 	stopped atomic.Bool
 	// ep hears of every chunk, and answered ends the attempt's wait for
-	// its first byte (fleet stall detection); nil in tests that make a
-	// bare watchdog.
+	// its first byte (fleet stall detection); ep is nil in tests that make
+	// a bare watchdog, and once the engine answered an error status.
 	ep       *fleet.Endpoint
 	answered func()
 }
