@@ -95,7 +95,9 @@ func parseEngineSimFlags(args []string, getenv func(string) string, sio stdio) (
 			"continuous-batching timing model, faults. POST /admin/restart or SIGHUP restarts the\n"+
 			"engine (empty cache; the KV event sockets close and reopen on the same endpoints, empty\n"+
 			"replay buffer, event seq from 0); POST /admin/stall-events?duration=5s stalls\n"+
-			"the publisher; POST /reset_prefix_cache clears the cache (AllBlocksCleared).\n"+
+			"the publisher; POST /admin/freeze?duration=30s hangs the engine core (HTTP keeps\n"+
+			"answering /health and /metrics, frozen; 0s thaws); POST /reset_prefix_cache clears\n"+
+			"the cache (AllBlocksCleared).\n"+
 			"PYTHONHASHSEED in the environment seeds the block hashes, as for vLLM.\n\nflags:\n")
 		fs.PrintDefaults()
 	}

@@ -99,11 +99,12 @@ type Health struct {
 	// 30s; negative disables): an engine that does not list its model's
 	// name is not ready.
 	ModelsInterval time.Duration `yaml:"models_interval"`
-	// StallAfter is how long a request may wait for the start of its
-	// answer while its engine shows no sign of life (no byte on any
-	// request, no probe or scrape answered, for at least 1.5
-	// scrape_interval) before the engine takes no new requests, until it
-	// answers again (fleet.Config.StallAfter; default 1s, negative: off).
+	// StallAfter is how long a request may wait for its first body byte
+	// (or 2 x its predicted time to first token, if longer) while its
+	// engine shows no progress (no byte on any request, no scrape whose
+	// vLLM work counters moved, for at least 1.5 scrape_interval) before
+	// the engine takes no new requests, until it shows progress again
+	// (fleet.Config.StallAfter; default 1s, negative: off).
 	StallAfter time.Duration `yaml:"stall_after"`
 }
 

@@ -42,11 +42,13 @@
 // in real time (sleeping each step's duration through a Clock), the HTTP
 // handlers (/v1/completions, /v1/chat/completions with SSE streaming,
 // /v1/models, /health, /tokenize, /metrics with vLLM's metric names,
-// /reset_prefix_cache, /admin/restart, /admin/stall-events) talk to it over a
-// channel, and a ZeroMQ publisher (github.com/go-zeromq/zmq4) sends every
-// step's events as vLLM's [topic, seq, payload] frames with a replay ROUTER.
+// /reset_prefix_cache, /admin/restart, /admin/stall-events, /admin/freeze)
+// talk to it over a channel, and a ZeroMQ publisher
+// (github.com/go-zeromq/zmq4) sends every step's events as vLLM's [topic,
+// seq, payload] frames with a replay ROUTER.
 // Faults inject errors, latency spikes, broken streams, hangs, slow starts,
-// dropped event batches, publisher stalls and engine restarts. A restart
+// dropped event batches, publisher stalls, a hung engine core (/admin/freeze:
+// no step runs while HTTP keeps answering) and engine restarts. A restart
 // (/admin/restart, SIGHUP) looks like a new vLLM process on the wire: the
 // cache and sequence numbers reset, and the PUB and replay sockets are
 // closed (dropping every connection), emptied and reopened on the same

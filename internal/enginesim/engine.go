@@ -106,6 +106,9 @@ type command struct {
 	// received ends the KV transfer of that request, started in epoch.
 	received string
 	epoch    int
+	// freeze, when not nil, freezes the core for that long from now (0:
+	// thaws it now).
+	freeze *time.Duration
 }
 
 // engine owns a Core and the streams of its requests; only its loop
@@ -130,8 +133,13 @@ type engine struct {
 	startedAt time.Time
 	epoch     int
 	outs      []Output
-	pd        *pdState       // nil without a KV connector
-	wg        sync.WaitGroup // transfer timers (pdserver.go)
+	pd        *pdState // nil without a KV connector
+	// frozenUntil: until then the core is hung (POST /admin/freeze): no
+	// step runs, no state is published (the metrics stay as they were),
+	// commands are still taken (as vLLM's core process reads its input
+	// socket on its own thread).
+	frozenUntil time.Time
+	wg          sync.WaitGroup // transfer timers (pdserver.go)
 	// modelled sums the modelled durations of the steps run (ns); late
 	// sums the clock time they took beyond that (ns): the core's own
 	// compute and timers firing late on a busy machine.
@@ -175,6 +183,12 @@ func (e *engine) run(ctx context.Context) error {
 	e.startedAt = e.clock.Now()
 	e.publishState()
 	for {
+		if e.frozen() {
+			if _, ok := e.waitFrozen(ctx); !ok {
+				return nil
+			}
+			continue
+		}
 		if e.core.Idle() {
 			select {
 			case <-ctx.Done():
@@ -185,6 +199,9 @@ func (e *engine) run(ctx context.Context) error {
 		}
 		if !e.drainCommands(ctx) {
 			return nil
+		}
+		if e.frozen() {
+			continue
 		}
 		stepStart := e.clock.Now()
 		res := e.core.Step()
@@ -213,6 +230,7 @@ func (e *engine) run(ctx context.Context) error {
 		e.outs = append(e.outs[:0], res.Outputs...)
 		events, epoch := res.Events, e.epoch
 		deadline := start.Add(d)
+		var frozenFor time.Duration
 		for {
 			rem := deadline.Sub(e.clock.Now())
 			if rem <= 0 {
@@ -223,11 +241,19 @@ func (e *engine) run(ctx context.Context) error {
 				return nil
 			case c := <-e.cmds:
 				e.apply(ctx, c)
+				if e.frozen() { // hung mid-step: the rest of it runs after the thaw
+					f, ok := e.waitFrozen(ctx)
+					if !ok {
+						return nil
+					}
+					frozenFor += f
+					deadline = deadline.Add(f)
+				}
 			case <-e.clock.After(rem):
 			}
 		}
 		e.modelled.Add(int64(d))
-		if over := e.clock.Now().Sub(stepStart) - d; over > 0 {
+		if over := e.clock.Now().Sub(stepStart) - d - frozenFor; over > 0 {
 			e.late.Add(int64(over))
 		}
 		if epoch != e.epoch { // restarted during the step: its results are gone
@@ -237,6 +263,28 @@ func (e *engine) run(ctx context.Context) error {
 		e.deliver(deadline)
 		e.emit(events, deadline)
 	}
+}
+
+// frozen reports whether the core is hung now (POST /admin/freeze).
+func (e *engine) frozen() bool { return e.clock.Now().Before(e.frozenUntil) }
+
+// waitFrozen waits until the core thaws, applying the commands that come
+// meanwhile (requests are admitted and aborted, nothing is stepped or
+// published), then publishes the state. It returns how long it waited,
+// and false when ctx ended.
+func (e *engine) waitFrozen(ctx context.Context) (time.Duration, bool) {
+	from := e.clock.Now()
+	for rem := e.frozenUntil.Sub(from); rem > 0; rem = e.frozenUntil.Sub(e.clock.Now()) {
+		select {
+		case <-ctx.Done():
+			return 0, false
+		case c := <-e.cmds:
+			e.apply(ctx, c)
+		case <-e.clock.After(rem):
+		}
+	}
+	e.publishState()
+	return e.clock.Now().Sub(from), true
 }
 
 // drainCommands applies queued commands without blocking; false when ctx
@@ -280,6 +328,9 @@ func (e *engine) apply(ctx context.Context, c command) {
 	if c.restart {
 		err = e.restart(ctx, c.pubReopened)
 	}
+	if c.freeze != nil {
+		e.frozenUntil = e.clock.Now().Add(*c.freeze)
+	}
 	e.publishState()
 	if c.reply != nil {
 		c.reply <- err
@@ -298,6 +349,7 @@ func (e *engine) restart(ctx context.Context, reopened chan<- error) error {
 	e.failAll(errRestarted)
 	e.core = core
 	e.epoch++
+	e.frozenUntil = time.Time{} // a new process: not hung
 	e.startedAt = e.clock.Now()
 	if e.pub != nil {
 		return e.pub.control(ctx, pubMsg{restart: true, reopened: reopened})
@@ -346,6 +398,9 @@ func (e *engine) emit(events []vllm.Event, ts time.Time) {
 }
 
 func (e *engine) publishState() {
+	if e.frozen() {
+		return // a hung core reports nothing: the metrics keep their values
+	}
 	var rl, wl []string
 	if e.trackLoRA {
 		rl, wl = e.core.ActiveLoRAs()

@@ -269,6 +269,13 @@ func (o *responder) stream(dieAfter int) {
 	h.Set("Connection", "keep-alive")
 	o.w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(o.w)
+	// Headers go out at once, body bytes with the first output: vLLM's
+	// StreamingResponse sends its headers before iterating the generator,
+	// whose first chunk (the chat role) waits for the engine's first
+	// output (serving_chat.py chat_completion_stream_generator).
+	if rc.Flush() != nil {
+		return
+	}
 	created := o.s.cfg.Clock.Now().Unix()
 	opts := o.req.StreamOptions
 	includeUsage := opts != nil && opts.IncludeUsage
@@ -285,16 +292,18 @@ func (o *responder) stream(dieAfter int) {
 		sb.Write(b)
 		sb.WriteString("\n\n")
 	}
-	if o.chat { // the first chunk of each choice carries the role
-		for i := range o.choices {
-			write(chatResponse{ID: o.id, Object: object, Created: created, Model: o.model(),
-				Choices: []chatChoice{{Index: i, Delta: &chatMessage{Role: "assistant"}}}})
-		}
-	}
+	rolesSent := !o.chat
 	for {
 		err := o.collect(func(c *choiceState, i int, tok uint32, last bool) {
 			if dieAfter >= 0 && sent >= dieAfter {
 				return // the engine dies at exactly dieAfter tokens, whatever the batch holds
+			}
+			if !rolesSent { // with the first output, the first chunk of each choice carries the role
+				rolesSent = true
+				for i := range o.choices {
+					write(chatResponse{ID: o.id, Object: object, Created: created, Model: o.model(),
+						Choices: []chatChoice{{Index: i, Delta: &chatMessage{Role: "assistant"}}}})
+				}
 			}
 			var reason *string
 			if last {

@@ -42,6 +42,18 @@ func (s *Server) routes() {
 		}
 		w.WriteHeader(http.StatusOK)
 	})
+	mux.HandleFunc("POST /admin/freeze", func(w http.ResponseWriter, r *http.Request) {
+		d, err := time.ParseDuration(r.URL.Query().Get("duration"))
+		if err != nil || d < 0 {
+			writeError(w, http.StatusBadRequest, "duration must be a Go duration, e.g. ?duration=5s (0s thaws)")
+			return
+		}
+		if err := s.Freeze(r.Context(), d); err != nil {
+			writeError(w, http.StatusInternalServerError, err.Error())
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
 	mux.HandleFunc("POST /admin/stall-events", func(w http.ResponseWriter, r *http.Request) {
 		d, err := time.ParseDuration(r.URL.Query().Get("duration"))
 		if err != nil || d <= 0 {

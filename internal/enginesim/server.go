@@ -429,6 +429,21 @@ func (s *Server) ResetPrefixCache(ctx context.Context) error {
 	return nil
 }
 
+// Freeze hangs the engine core of every rank for d (0: thaws it now), as
+// a vLLM core stuck in a GPU kernel or collective: no step runs, so no
+// token, KV event or metric change comes out, while the HTTP server keeps
+// answering /health (200) and /metrics (the values of the moment the core
+// froze); generation requests are admitted (streams get their headers)
+// and wait. A step in progress finishes after the thaw; a restart thaws.
+func (s *Server) Freeze(ctx context.Context, d time.Duration) error {
+	for _, rs := range s.all() {
+		if err := rs.eng.send(ctx, command{freeze: &d, reply: make(chan error, 1)}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // StallEvents pauses KV-event sending for d; batches queue meanwhile.
 func (s *Server) StallEvents(ctx context.Context, d time.Duration) error {
 	if s.pub == nil {

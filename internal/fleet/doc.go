@@ -15,10 +15,13 @@
 // healthy probe) and, when probes are on, only once a probe succeeds.
 //
 // A stalled endpoint (stall.go) is held out too: one whose request, recorded
-// by Endpoint.Await, has waited Config.StallAfter (default 1s) for the start
-// of its answer while the engine showed no sign of life (Endpoint.Heard: no
-// byte on any request, no probe or scrape answered) for the stall window. It
-// counts as down for timeouts and is back at its next sign of life.
+// by Endpoint.Await, is overdue (it waited Config.StallAfter, default 1s, or
+// twice its predicted time to first token if longer, for its first body
+// byte) while the engine showed no sign of life for the stall window: no
+// body byte on any request, no scrape whose vLLM work counters moved (a
+// hung vLLM core leaves its API server answering /health and /metrics with
+// frozen counters). It counts as down for timeouts and is back at its next
+// sign of life.
 //
 // Panic mode (Envoy's panic threshold): when fewer than
 // Config.PanicThreshold (default 0.5) of a model's endpoints are up,

@@ -86,11 +86,16 @@ type Config struct {
 	// ejection (default 1s); it doubles per ejection without a healthy probe
 	// in between, up to BackoffMax (default 30s).
 	BackoffBase, BackoffMax time.Duration
-	// StallAfter is how long a request may wait for the start of its answer
-	// while the engine shows no sign of life (no byte on any request, no
-	// probe or scrape answered; for at least 1.5 ScrapeInterval) before
-	// the engine is held out of routing as stalled, until its next sign of
-	// life (stall.go). Default 1s; negative: off.
+	// StallAfter is the least time a request waits for its first body byte
+	// before it is overdue; a request predicted to take longer (Await's
+	// ttft) is overdue after 2 x its prediction. An engine with an overdue
+	// request that shows no sign of life since it was sent, for StallAfter
+	// and at least 1.5 ScrapeInterval, is held out of routing as stalled
+	// until its next sign of life. Signs of life are body bytes of any
+	// request, scrapes whose vLLM work counters moved (or, with nothing
+	// waiting, that report no work), and, for an engine without those
+	// counters, any answered scrape, and probes answered while nothing
+	// waits (stall.go). Default 1s; negative: off.
 	StallAfter time.Duration
 	// OnMetrics, if not nil, receives each successful scrape of an
 	// endpoint's /metrics (load gauges, block size, number of GPU blocks).

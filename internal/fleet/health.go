@@ -165,7 +165,7 @@ func (f *Fleet) probe(ctx context.Context, ep *Endpoint) {
 	var changed, reason string
 	switch {
 	case err == nil:
-		ep.Heard(now)
+		ep.probeAnswered(now) // a sign of life only while nothing waits (stall.go)
 		ep.probeTimeouts = 0
 		if ep.down && !now.Before(ep.downUntil) {
 			ep.down, ep.soft, ep.probed = false, false, true

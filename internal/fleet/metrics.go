@@ -66,7 +66,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"endpoint"}),
 		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_fleet_ejections_total",
-			Help: "Endpoints taken down, by reason (conn_error, timeout, server_error, backpressure, probe, probe_timeout, stall: requests waited while it showed no sign of life).",
+			Help: "Endpoints taken down, by reason (conn_error, timeout, server_error, backpressure, probe, probe_timeout, stall: a request overdue while it showed no progress).",
 		}, []string{"endpoint", "reason"}),
 		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_fleet_probes_total",

@@ -8,8 +8,8 @@ import (
 	"kvrouter/internal/vllm/enginemetrics"
 )
 
-// scrape reads ep's /metrics and hands the parsed vllm: figures to
-// Config.OnMetrics. A monotonic counter lower than at the previous scrape
+// scrape reads ep's /metrics, notes for stall detection whether the engine
+// shows progress, and hands the parsed vllm: figures to Config.OnMetrics. A monotonic counter lower than at the previous scrape
 // means the engine process restarted (vLLM's counters start at 0): that is
 // logged, counted and handed to Config.OnRestart before OnMetrics.
 func (f *Fleet) scrape(ctx context.Context, ep *Endpoint) {
@@ -24,7 +24,7 @@ func (f *Fleet) scrape(ctx context.Context, ep *Endpoint) {
 		f.log.Debug("scrape failed", "endpoint", ep.name, "err", err)
 		return
 	}
-	ep.Heard(f.cfg.Now())
+	ep.scraped(f.cfg.Now(), m) // a sign of life if it shows progress (stall.go)
 	f.withMetrics(ep, func(m *metrics) { m.scrapes.WithLabelValues(ep.name, "ok").Inc() })
 	if name, from, to, ok := ep.restarted(m); ok {
 		f.withMetrics(ep, func(m *metrics) { m.restarts.WithLabelValues(ep.name).Inc() })

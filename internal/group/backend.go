@@ -412,6 +412,7 @@ func (b *Backend) Route(in *RouteInput) (Decision, error) {
 		Release:           lease.Release,
 		Failed:            lease.Failed,
 		FirstToken:        lease.FirstToken,
+		PredictedTTFT:     lease.PredictedTTFT(),
 		Shadow:            shadow,
 		Explain:           explanation(d, g, len(in.Tokens)),
 	}

@@ -2,6 +2,7 @@ package group
 
 import (
 	"context"
+	"time"
 
 	"kvrouter/internal/kvindex"
 	"kvrouter/internal/routing"
@@ -89,6 +90,12 @@ type Decision struct {
 	// be stored and are dropped from the index at once. It may be called
 	// more than once.
 	Failed func()
+	// PredictedTTFT is the time from sending the request to its first
+	// token that the routing model predicts on Replica (prefill queued
+	// there, this request's uncached tokens included, at its prefill rate:
+	// routing.Lease.PredictedTTFT); 0 when unknown. The fleet's stall
+	// detector waits a multiple of it.
+	PredictedTTFT time.Duration
 	// FirstToken, when not nil, is called once when the first response
 	// byte from the engine reaches the client (the request moves from
 	// prefill to decode in the load model).

@@ -136,7 +136,7 @@ func (s *Server) try(ctx context.Context, x *exchange, ep *fleet.Endpoint, d gro
 			failed() // before Release: the request's predictions go
 		}
 	}()
-	ctx, wd, end := s.startAttempt(ctx, x, ep)
+	ctx, wd, end := s.startAttempt(ctx, x, ep, d.PredictedTTFT)
 	defer end()
 
 	legCtx, leg := s.startLeg(ctx, x, ep)
@@ -165,8 +165,15 @@ func (s *Server) try(ctx context.Context, x *exchange, ep *fleet.Endpoint, d gro
 	if err != nil {
 		return s.upstreamFailed(ctx, x, ep, err, x.hooks.retry(attempt, 0))
 	}
-	wd.heard(time.Now()) // the answer started: the engine is not stalled
 	status := resp.StatusCode
+	if status/100 != 2 {
+		// An error answer ends the wait, but neither it nor its body is a
+		// sign that the engine works: vLLM's API server answers errors,
+		// and headers, while its core is hung. The first body byte of a
+		// 2xx answer is one (watchdog.progress).
+		wd.answered()
+		wd.ep = nil
+	}
 	legStatus = status
 	s.deps.Fleet.Report(ep, fleet.OutcomeOf(status))
 	if status/100 != 2 {
@@ -191,17 +198,19 @@ func (s *Server) try(ctx context.Context, x *exchange, ep *fleet.Endpoint, d gro
 }
 
 // startAttempt begins one request of x to ep (an attempt, a P/D leg, a
-// pass-through): ep's series are held for x, its in-flight counts (the
-// proxy's gauge and the fleet endpoint's) go up, and the context returned,
+// pass-through), predicted to take ttft to its first token (0: unknown;
+// the fleet's stall detector waits on it, fleet/stall.go): ep's series are
+// held for x, its in-flight counts (the proxy's gauge and the fleet
+// endpoint's) go up, and the context returned,
 // a child of ctx (the client's request context), is cancelled by the first-byte and idle
 // watchdog wd (its cause says which). end stops the watchdog, cancels ctx
 // and takes the in-flight counts down; call it exactly once.
-func (s *Server) startAttempt(ctx context.Context, x *exchange, ep *fleet.Endpoint) (_ context.Context, wd *watchdog, end func()) {
+func (s *Server) startAttempt(ctx context.Context, x *exchange, ep *fleet.Endpoint, ttft time.Duration) (_ context.Context, wd *watchdog, end func()) {
 	s.holds.Hold(&x.held, ep.Name())
 	inflight := s.m.inFlight.WithLabelValues(ep.Name())
 	inflight.Inc()
 	ep.AddInFlight(1)
-	answered := ep.Await(time.Now()) // stall detection (fleet/stall.go)
+	answered := ep.Await(time.Now(), ttft) // stall detection (fleet/stall.go)
 	ctx, cancel := context.WithCancelCause(ctx)
 	wd = newWatchdog(cancel, x.m.Cfg.Timeouts.FirstByte, x.m.Cfg.Timeouts.Idle)
 	wd.ep, wd.answered = ep, answered
@@ -252,9 +261,9 @@ type watchdog struct {
 	last    atomic.Int64 // time of the last progress, ns since base
 	first   atomic.Bool
 	stopped atomic.Bool
-	// ep hears of every chunk, and answered ends the attempt's wait for an
-	// answer (fleet stall detection); nil in tests that make a bare
-	// watchdog.
+	// ep hears of every chunk, and answered ends the attempt's wait for
+	// its first byte (fleet stall detection); ep is nil in tests that make
+	// a bare watchdog, and once the engine answered an error status.
 	ep       *fleet.Endpoint
 	answered func()
 }
@@ -278,24 +287,32 @@ func newWatchdog(cancel context.CancelCauseFunc, firstByte, idle time.Duration) 
 	return w
 }
 
-// progress notes that body bytes arrived at now and restarts the idle
-// clock.
+// progress notes that body bytes arrived at now, a sign of life of the
+// engine that ends the attempt's wait (fleet stall detection), and
+// restarts the idle clock.
 func (w *watchdog) progress(now time.Time) {
-	w.heard(now)
+	w.output(now)
+	w.bytes(now)
+}
+
+// output tells the fleet the engine produced output at now: a sign of
+// life that ends the attempt's wait for its first byte.
+func (w *watchdog) output(now time.Time) {
+	if w.ep != nil {
+		w.ep.Heard(now)
+		w.answered()
+	}
+}
+
+// bytes notes that body bytes arrived at now (the first byte ends the
+// first-byte timeout) and restarts the idle clock, without telling the
+// fleet: a Responses stream's opening events come before any output.
+func (w *watchdog) bytes(now time.Time) {
 	w.last.Store(int64(now.Sub(w.base)))
 	if !w.first.Load() {
 		w.first.Store(true)
 		w.t.Reset(w.idle)
 	}
-}
-
-// heard tells the fleet the engine answered at now (headers or bytes).
-func (w *watchdog) heard(now time.Time) {
-	if w.ep == nil {
-		return
-	}
-	w.ep.Heard(now)
-	w.answered()
 }
 
 func (w *watchdog) stop() {

@@ -105,7 +105,7 @@ func (s *Server) servePassthrough(w http.ResponseWriter, r *http.Request) {
 // passOnce sends body to ep and relays the answer; true when the caller
 // should try another engine (a connection error, canRetry, nothing sent).
 func (s *Server) passOnce(ctx context.Context, x *exchange, ep *fleet.Endpoint, body []byte, canRetry bool) bool {
-	ctx, wd, end := s.startAttempt(ctx, x, ep)
+	ctx, wd, end := s.startAttempt(ctx, x, ep, 0)
 	defer end()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.URL()+x.r.URL.Path, bytes.NewReader(body))
 	if err != nil {

@@ -311,7 +311,7 @@ func (s *Server) prefillTry(ctx context.Context, x *exchange, ep *fleet.Endpoint
 			d.Failed()
 		}
 	}()
-	ctx, wd, end := s.startAttempt(ctx, x, ep)
+	ctx, wd, end := s.startAttempt(ctx, x, ep, d.PredictedTTFT)
 	defer end()
 	model := x.Req.Model
 	failure := func(cause string, e *apiError, outcome string, err error) (json.RawMessage, bool) {

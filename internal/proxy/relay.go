@@ -209,13 +209,21 @@ func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byt
 	var pending []byte
 	var last time.Time
 	ttft, itl := s.m.ttft.WithLabelValues(x.Req.Model), s.m.itl.WithLabelValues(x.Req.Model)
+	// opening: a Responses stream that has sent only its opening events,
+	// which vLLM's API server sends before the engine's first output
+	// (serving_responses.py): no sign of life for stall detection yet.
+	opening := x.Req.Kind == request.Responses
 	for {
 		n, rerr := body.Read(buf)
 		if n > 0 {
 			// One clock read per chunk: the idle clock, and the event's
 			// arrival for TTFT/ITL (the write follows within microseconds).
 			now := time.Now()
-			wd.progress(now)
+			if opening {
+				wd.bytes(now)
+			} else {
+				wd.progress(now)
+			}
 			chunk := buf[:n]
 			if len(pending) > 0 {
 				pending = append(pending, chunk...)
@@ -226,6 +234,10 @@ func (s *Server) copyEvents(x *exchange, wd *watchdog, body io.Reader, buf []byt
 				end = len(chunk)
 			}
 			if end > 0 {
+				if opening && !onlyOpening(chunk[:end]) {
+					opening = false
+					wd.progress(now)
+				}
 				done = endsWithDone(chunk[:end]) || x.Req.Kind == request.Responses && endsResponse(chunk[:end])
 				x.hit.note(chunk[:end], true)
 				if !x.streamErr && hasErrorEvent(chunk[:end]) {

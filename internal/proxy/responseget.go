@@ -90,7 +90,7 @@ func (s *Server) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 // query) and relays the answer; true when ep answered 404 and another
 // engine may be asked (nothing written).
 func (s *Server) askByID(ctx context.Context, x *exchange, ep *fleet.Endpoint, path string, more bool) bool {
-	ctx, wd, end := s.startAttempt(ctx, x, ep)
+	ctx, wd, end := s.startAttempt(ctx, x, ep, 0)
 	defer end()
 	req, err := http.NewRequestWithContext(ctx, x.r.Method, ep.URL()+path, http.NoBody)
 	if err != nil {

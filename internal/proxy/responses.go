@@ -40,6 +40,33 @@ func (s *Server) serveResponses(w http.ResponseWriter, r *http.Request) {
 // response.failed as final.
 var responseEnds = [][]byte{[]byte("event: response.completed"), []byte("event: response.incomplete"), []byte("event: response.failed")}
 
+// openingEvents are the events a Responses stream starts with, sent by
+// vLLM's API server before the engine's first output
+// (serving_responses.py responses_stream_generator).
+var openingEvents = [][]byte{[]byte("response.created"), []byte("response.in_progress")}
+
+// onlyOpening reports whether b, whole events, has event lines and all of
+// them name opening events. Data without an event line counts as output.
+func onlyOpening(b []byte) bool {
+	seen := false
+	for line := range bytes.Lines(b) {
+		typ, ok := bytes.CutPrefix(line, []byte("event:"))
+		if !ok {
+			continue
+		}
+		typ = bytes.TrimSpace(typ)
+		opening := false
+		for _, e := range openingEvents {
+			opening = opening || bytes.Equal(typ, e)
+		}
+		if !opening {
+			return false
+		}
+		seen = true
+	}
+	return seen
+}
+
 // endsResponse reports whether b, whole events, holds a Responses
 // stream's final event (a line starting with one of responseEnds).
 func endsResponse(b []byte) bool {

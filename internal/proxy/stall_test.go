@@ -2,6 +2,9 @@ package proxy
 
 import (
 	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"sync"
 	"testing"
@@ -122,5 +125,91 @@ func TestStalledEngineSkipped(t *testing.T) {
 	}
 	if got := gathered(t, rg.reg, "kvrouter_fleet_ejections_total", "endpoint", "e0", "reason", "stall"); got != 1 {
 		t.Errorf("stall ejections after recovery = %v, want 1", got)
+	}
+}
+
+// newHungCore serves as a vLLM engine whose core hangs (a stuck GPU step)
+// while its API server lives: /health answers 200, /metrics answers with
+// counters that never move, a stream gets its headers (and a Responses
+// stream its opening events) but no output, until the test ends.
+func newHungCore(t *testing.T) string {
+	t.Helper()
+	done := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/health":
+			return
+		case "/metrics":
+			io.WriteString(w, "vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3\n"+
+				"vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 1\n"+
+				"vllm:prompt_tokens_total{engine=\"0\",model_name=\"m\"} 12345\n"+
+				"vllm:generation_tokens_total{engine=\"0\",model_name=\"m\"} 678\n")
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		if r.URL.Path == responsesPath {
+			io.WriteString(w, "event: response.created\ndata: {\"type\":\"response.created\"}\n\n"+
+				"event: response.in_progress\ndata: {\"type\":\"response.in_progress\"}\n\n")
+		}
+		_ = http.NewResponseController(w).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-done:
+		}
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(done) }) // before srv.Close: its handlers return
+	return srv.URL
+}
+
+// TestHungCoreSkipped: e0 is a vLLM engine whose core hangs while its API
+// server answers /health, /metrics (frozen counters) and a stream's
+// headers (and a Responses stream's opening events) at once. None of
+// those is a sign of life: once the request waiting there is overdue
+// (StallAfter, 1s), e0 is held out and new requests go to e1. Before,
+// the headers ended the wait and the probes and scrapes counted as life.
+func TestHungCoreSkipped(t *testing.T) {
+	for _, tc := range []struct{ name, path, body string }{
+		{"completions", "/v1/completions", `{"model":"m","prompt":"hi","stream":true}`},
+		{"responses", responsesPath, `{"model":"m","input":"hi","stream":true}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hung := newHungCore(t)
+			rg := newRig(t, 2, func(c *config.Config, f *fleet.Config) {
+				c.Models[0].Engines[0].URL = hung
+				f.Endpoints[0].URL = hung
+				f.ModelsInterval, f.ProbeInterval, f.ScrapeInterval = -1, 50*time.Millisecond, 100*time.Millisecond
+			})
+			ctx, cancel := context.WithCancel(context.Background())
+			runDone := make(chan error, 1)
+			go func() { runDone <- rg.fleet.Run(ctx) }()
+			defer func() {
+				cancel()
+				<-runDone
+			}()
+			resp := rg.postCtx(ctx, tc.path, tc.body) // to e0, the first candidate: headers only
+			defer resp.Body.Close()
+			if got := resp.Header.Get("X-Kvrouter-Replica"); got != "e0" {
+				t.Fatalf("first request to %q, want e0", got)
+			}
+			sent := time.Now()
+			testwait.Within(t, 10*time.Second, "e0 held out as stalled", func() bool {
+				return !slices.Contains(healthyNames(rg.fleet), "e0")
+			})
+			took := time.Since(sent)
+			t.Logf("e0 held out %v after the request was sent", took)
+			if took < time.Second {
+				t.Errorf("held out after %v, before StallAfter (1s)", took)
+			}
+			if got := gathered(t, rg.reg, "kvrouter_fleet_probes_total", "endpoint", "e0", "result", "ok"); got < 1 {
+				t.Errorf("e0's probes answered %v, want some: they must not keep it in", got)
+			}
+			next := rg.post("/v1/completions", `{"model":"m","prompt":"hi"}`)
+			if body := readAll(t, next); next.StatusCode != 200 || next.Header.Get("X-Kvrouter-Replica") != "e1" {
+				t.Fatalf("new request: %d from %q (%s), want 200 from e1", next.StatusCode, next.Header.Get("X-Kvrouter-Replica"), body)
+			}
+		})
 	}
 }

@@ -59,9 +59,13 @@ func (r *replica) load(now time.Time, maxAge time.Duration) Load {
 // once on every exit path (`defer lease.Release()`), FirstToken when the
 // first output token arrives.
 type Lease struct {
-	r        *replica
-	m        *metrics
-	prefill  int64 // uncached prompt tokens, queued until the first token
+	r       *replica
+	m       *metrics
+	prefill int64 // uncached prompt tokens, queued until the first token
+	// ttft is the predicted time to the first token: the prefill queued
+	// on the replica before this request plus its own, at the replica's
+	// prefill rate.
+	ttft     time.Duration
 	decode   int64 // expected output tokens
 	active   int64 // prompt + output tokens
 	state    atomic.Uint32
@@ -81,14 +85,23 @@ const (
 
 func newLease(r *replica, m *metrics, prefill, decode, active int64) *Lease {
 	l := &Lease{r: r, m: m, prefill: prefill, decode: decode, active: active}
+	ahead := r.queuedPrefill.Add(prefill)
+	if pr := math.Float64frombits(r.prefillRate.Load()); pr > 0 {
+		l.ttft = time.Duration(float64(ahead) / pr * float64(time.Second))
+	}
 	r.inFlight.Add(1)
-	r.queuedPrefill.Add(prefill)
 	r.activeTokens.Add(active)
 	return l
 }
 
 // Replica returns the name of the replica the lease is on.
 func (l *Lease) Replica() string { return l.r.name }
+
+// PredictedTTFT is the time from sending the request to its first token
+// the router predicts: the prefill queued on the replica when it was
+// routed (its own uncached prompt tokens included) at the replica's
+// prefill rate (configured, set or learned). 0 when the rate is unknown.
+func (l *Lease) PredictedTTFT() time.Duration { return l.ttft }
 
 // FirstToken moves the request from queued prefill to running decode. Calls
 // after the first, or after Release, do nothing.
