@@ -453,9 +453,10 @@ func TestNoHealthyReplica(t *testing.T) {
 }
 
 // TestDeadStaticEngine: an engine that dies gets no traffic after the first
-// connection error.
+// connection error (for its ejection's backoff: a minute here, so that a
+// slow machine's 20 requests all fall inside it).
 func TestDeadStaticEngine(t *testing.T) {
-	rg := newRig(t, 2)
+	rg := newRig(t, 2, func(_ *config.Config, f *fleet.Config) { f.BackoffBase, f.BackoffMax = time.Minute, time.Minute })
 	var rr int
 	rg.router.pick = func(in *group.RouteInput) string { rr++; return in.Candidates[rr%len(in.Candidates)] }
 	rg.engines[1].srv.Close()
