@@ -198,14 +198,14 @@ func TestApproxLRUAcrossSlabChunks(t *testing.T) {
 // replica's LRU list (each key in turn, from the last, moved or inserted
 // at the front; the least recent beyond capacity evicted): after every
 // call of a random mix of new prompts, continued prompts, shared prefixes,
-// repeated and duplicate keys over two replicas, each replica's list holds
+// repeated and duplicate keys over six replicas, each replica's list holds
 // the model's keys in the model's order.
 func TestApproxRoutedLRUModel(t *testing.T) {
 	const capacity = 40
 	rng := rand.New(rand.NewPCG(7, 7))
 	c := newClock()
 	a := testApprox(c, nil)
-	names := []string{"r0", "r1"}
+	names := []string{"r0", "r1", "r2", "r3", "r4", "r5"} // more holders of a key than routedWalk
 	model := map[ReplicaID][]Key{}
 	var prompts [][]Key
 	for step := range 3000 {
