@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"math/bits"
 	"sync"
 	"unicode/utf8"
 )
@@ -106,13 +107,28 @@ func (t *Tokenizer) encodeScanned(ids []uint32, s string, sc *scratch, d int) []
 	front := m.cache != nil && !m.ignoreMerges
 	for i := 0; i < len(s); {
 		var j int
+		letters := -1 // where a run of letters that ends the pre-token starts
 		switch b := s[i]; {
-		case byteClass[b] == clsLetter:
-			j = skipLetters(s, i+1)
 		case b == ' ' && i+1 < len(s) && byteClass[s[i+1]] == clsLetter:
-			j = skipLetters(s, i+2)
+			letters = i + 2
+		case byteClass[b] == clsLetter:
+			letters = i + 1
 		default:
 			j = scanCL100KFast(s, i, d)
+		}
+		if letters >= 0 {
+			// skipLetters, its first eight bytes tested here: most words
+			// end within them.
+			if letters+8 > len(s) {
+				j = skipLetters(s, letters)
+			} else if lb := letterBytes(le64(s[letters:])); lb == highBits {
+				j = skipLetters(s, letters+8)
+			} else {
+				j = letters + bits.TrailingZeros64(^lb&highBits)>>3
+				if s[j] >= utf8.RuneSelf {
+					j = -1
+				}
+			}
 		}
 		if j < 0 {
 			j = scanCL100K(s, i, d)
