@@ -99,9 +99,10 @@ func (t *Tokenizer) encodePiece(ids []uint32, s string, sc *scratch) []uint32 {
 // it (pipeline.split's pieces, without the slice of them). The commonest
 // cases are decided here without a call, each as its general path decides
 // it: a pre-token that starts with a letter or with a space then a letter
-// (scanCL100KFast's letter runs), a one-byte pre-token (encodeWord's byte
-// id) and a word of 2 to 16 bytes in the front cache (encodeWord's front
-// cache hit, same key, set and compare).
+// (scanCL100KFast's letter runs), a mark before a space (a run of marks of
+// one), a one-byte pre-token (encodeWord's byte id) and a word of 2 to 16
+// bytes in the front cache (encodeWord's front cache hit, same key, set
+// and compare).
 func (t *Tokenizer) encodeScanned(ids []uint32, s string, sc *scratch, d int) []uint32 {
 	m := t.model
 	front := m.cache != nil && !m.ignoreMerges
@@ -113,6 +114,10 @@ func (t *Tokenizer) encodeScanned(ids []uint32, s string, sc *scratch, d int) []
 			letters = i + 2
 		case byteClass[b] == clsLetter:
 			letters = i + 1
+		case byteClass[b] == clsOther && b != '\'' && i+1 < len(s) && s[i+1] == ' ':
+			// One mark before a space (a comma, a full stop): its run of
+			// marks is itself, and no line break follows it.
+			j = i + 1
 		default:
 			j = scanCL100KFast(s, i, d)
 		}
