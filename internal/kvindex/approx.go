@@ -143,16 +143,37 @@ func (a *Approx) Routed(id ReplicaID, keys []Key) {
 	}
 	src := a.srcOf[id] - 1
 	a.evict(id, now)
+	// Each key in turn, from the last, becomes the most recent. Held
+	// blocks that already follow one another in the list in key order (a
+	// continued conversation's prefix, routed here before) are moved to
+	// the front as one run: the same list, without relinking each.
+	l := a.st.listOf(src)
+	var run, runEnd uint32 // a run of held keys' entries not yet moved (0: none)
+	stored := int64(0)     // counted once: an atomic add per block is not free
 	for i := len(keys) - 1; i >= 0; i-- {
+		// One probe of the replica's table: the key's slot when it holds
+		// the block, else the free slot the insert takes.
 		k := keys[i]
-		if idx := a.st.find(src, uint64(k)); idx != 0 {
+		t := &a.st.srcs[src].tab
+		slot, sm, found := t.probe(&a.st, uint64(k))
+		if found {
+			idx := t.get(slot)
 			a.st.ent(idx).aux = exp
-			a.st.touch(idx)
+			if run != 0 && a.st.lnk(idx).next == run {
+				run = idx
+				continue
+			}
+			a.st.moveFront(l, run, runEnd)
+			run, runEnd = idx, idx
 			continue
 		}
-		a.st.insert(src, k, exp, 0)
-		a.c.stored.Add(1)
+		a.st.moveFront(l, run, runEnd)
+		run = 0
+		a.st.insertAt(src, k, exp, 0, slot, sm)
+		stored++
 	}
+	a.st.moveFront(l, run, runEnd)
+	a.c.stored.Add(stored)
 	a.evict(id, now)
 	for a.st.n > a.cfg.MaxEntries {
 		a.st.remove(a.st.oldest(src))
@@ -175,16 +196,20 @@ func (a *Approx) expiry() (now int64, exp uint64) {
 // beyond capacity. Caller holds a.mu.
 func (a *Approx) evict(id ReplicaID, now int64) {
 	src := a.srcOf[id] - 1
+	n := int64(0)
 	for {
 		idx := a.st.oldest(src)
 		if idx == 0 {
-			return
+			break
 		}
 		if a.st.srcs[src].tab.n <= a.capOf[id] && (now == 0 || a.st.ent(idx).aux >= uint64(now)) {
-			return
+			break
 		}
 		a.st.remove(idx)
-		a.c.evicted.Add(1)
+		n++
+	}
+	if n > 0 {
+		a.c.evicted.Add(n)
 	}
 }
 

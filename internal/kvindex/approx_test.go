@@ -1,6 +1,8 @@
 package kvindex
 
 import (
+	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 )
@@ -189,5 +191,68 @@ func TestApproxLRUAcrossSlabChunks(t *testing.T) {
 	routeTo(a, "r0", seq(30_000_000, 4*2_000))
 	if m := lookupOf(a, "r0", prompt, Extras{}); m.GPU != first-4_000 {
 		t.Fatalf("after reuse r0 matches %+v of the prompt, want %d blocks", m, first-4_000)
+	}
+}
+
+// TestApproxRoutedLRUModel checks Routed against a plain model of each
+// replica's LRU list (each key in turn, from the last, moved or inserted
+// at the front; the least recent beyond capacity evicted): after every
+// call of a random mix of new prompts, continued prompts, shared prefixes,
+// repeated and duplicate keys over six replicas, each replica's list holds
+// the model's keys in the model's order.
+func TestApproxRoutedLRUModel(t *testing.T) {
+	const capacity = 40
+	rng := rand.New(rand.NewPCG(7, 7))
+	c := newClock()
+	a := testApprox(c, nil)
+	names := []string{"r0", "r1", "r2", "r3", "r4", "r5"} // more holders of a key than routedWalk
+	model := map[ReplicaID][]Key{}
+	var prompts [][]Key
+	for step := range 3000 {
+		var keys []Key
+		switch r := rng.IntN(6); {
+		case r == 0 || len(prompts) == 0: // new
+			for range 1 + rng.IntN(12) {
+				keys = append(keys, Key(rng.Uint64()))
+			}
+		case r <= 2: // a prompt again, continued by a few new keys
+			keys = append(keys, prompts[rng.IntN(len(prompts))]...)
+			for range rng.IntN(4) {
+				keys = append(keys, Key(rng.Uint64()))
+			}
+		case r == 3: // a prefix of a prompt
+			p := prompts[rng.IntN(len(prompts))]
+			keys = append(keys, p[:1+rng.IntN(len(p))]...)
+		case r == 4: // two prompts' keys joined, some repeated
+			keys = append(keys, prompts[rng.IntN(len(prompts))]...)
+			keys = append(keys, prompts[rng.IntN(len(prompts))]...)
+		default: // keys picked from prompts in any order
+			for range 1 + rng.IntN(20) {
+				p := prompts[rng.IntN(len(prompts))]
+				keys = append(keys, p[rng.IntN(len(p))])
+			}
+		}
+		prompts = append(prompts, keys)
+		if len(prompts) > 30 {
+			prompts = prompts[1:]
+		}
+		id := a.AddReplica(names[rng.IntN(len(names))])
+		a.SetCapacity(names[id], capacity)
+		a.Routed(id, keys)
+		l := model[id]
+		for i := len(keys) - 1; i >= 0; i-- {
+			l = slices.DeleteFunc(l, func(k Key) bool { return k == keys[i] })
+			l = append([]Key{keys[i]}, l...)
+		}
+		model[id] = l[:min(len(l), capacity)]
+		for r, want := range model {
+			var got []Key
+			for idx := a.st.listOf(a.srcOf[r] - 1).head; idx != 0; idx = a.st.lnk(idx).next {
+				got = append(got, a.st.ent(idx).key)
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("step %d, replica %d: list %v, model %v", step, r, got, want)
+			}
+		}
 	}
 }

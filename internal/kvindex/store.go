@@ -255,6 +255,27 @@ func (s *store) touch(idx uint32) {
 	s.pushFront(l, idx)
 }
 
+// moveFront makes the entries from first to last, which follow one
+// another in l in that order, the most recent of l, in that order: the
+// list touching last, then each one before it up to first, would leave.
+// first 0 moves nothing. A store without clock only.
+func (s *store) moveFront(l *lru, first, last uint32) {
+	if first == 0 || l.head == first {
+		return
+	}
+	f, z := s.lnk(first), s.lnk(last)
+	p, n := f.prev, z.next // p != 0: first is not the head
+	s.lnk(p).next = n
+	if n != 0 {
+		s.lnk(n).prev = p
+	} else {
+		l.tail = p
+	}
+	f.prev, z.next = 0, l.head
+	s.lnk(l.head).prev = last
+	l.head = first
+}
+
 // unlinkKey removes idx from its key's holder chain.
 func (s *store) unlinkKey(idx uint32, e *entry) {
 	i, v := s.keys.lookupHolder(s, uint64(e.key), idx)

@@ -168,7 +168,7 @@ func (b *bpe) encodeWord(dst []uint32, w string, sc *scratch) []uint32 {
 	k := keyOf(w)
 	set := frontSet(k, len(w))
 	if ids, ok := sc.front.get(set, k, w); ok {
-		return append(dst, ids...)
+		return appendIDs(dst, ids)
 	}
 	ids, ok := b.cache.get(w)
 	if !ok {
@@ -178,5 +178,5 @@ func (b *bpe) encodeWord(dst []uint32, w string, sc *scratch) []uint32 {
 		return dst
 	}
 	sc.front.set(set, k, w, ids)
-	return append(dst, ids...)
+	return appendIDs(dst, ids)
 }

@@ -21,6 +21,7 @@ type scratch struct {
 	sym    []symbol
 	heap   []uint64
 	pieces []string
+	segs   []segment  // encodeCached's segments of its text
 	front  frontCache // reset before the scratch is pooled again
 }
 

@@ -559,3 +559,26 @@ func FuzzDecodeJSONValue(f *testing.F) {
 		}
 	})
 }
+
+// TestDecodeLongStrings checks strings longer than ownStringMin (decoded
+// into a buffer of their own) against encoding/json: escapes that shrink
+// them, invalid UTF-8 that grows them past their raw length, an escaped
+// quote before the end, and several in one array (each its own buffer).
+func TestDecodeLongStrings(t *testing.T) {
+	long := strings.Repeat("word ", ownStringMin/4)
+	cases := []string{
+		`"` + long + `\n\n` + long + `"`,
+		`"` + long + `\"` + long + `\"` + long + `"`,
+		"\"" + long + strings.Repeat("\xff", 2*ownStringMin) + "\\n\"",
+		`"` + long + `\ud83d\ude00\u00e9\t` + long + `"`,
+		`["` + long + `\n", "` + long + `\\", "short\n", "` + long + `\/"]`,
+		`{"content": "` + long + `\n` + long + `", "role": "user"}`,
+	}
+	for _, c := range cases {
+		got, err := decodeJSONValue([]byte(c), "x", &bigInts{})
+		want, wantErr := refDecodeJSONValue([]byte(c), "x", &bigInts{})
+		if err != nil || wantErr != nil || dumpValue(got) != dumpValue(want) {
+			t.Errorf("%.40q...: scanner %.80s (%v), encoding/json %.80s (%v)", c, dumpValue(got), err, dumpValue(want), wantErr)
+		}
+	}
+}

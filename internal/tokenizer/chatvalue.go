@@ -13,6 +13,7 @@ import (
 	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/ardanlabs/jinja"
 )
@@ -365,17 +366,33 @@ func (s *jsonScanner) str() (string, error) {
 		s.pos++
 		return string(s.data[start:quote]), nil
 	}
+	// A long string is decoded into a buffer of its own, sized to its
+	// raw bytes (an upper bound unless it holds invalid UTF-8 or a quote
+	// escaped before its end), which then becomes the string: one copy of
+	// its bytes instead of two. A short one goes through the scratch.
+	scratch := s.buf
+	own := quote-start > ownStringMin
+	if own {
+		s.buf = make([]byte, 0, quote-start)
+	}
 	s.buf = append(s.buf[:0], s.data[start:s.pos]...)
 	for s.pos < len(s.data) {
 		c := s.data[s.pos]
 		switch {
 		case c == '"':
 			s.pos++
+			if own {
+				b := s.buf
+				s.buf = scratch
+				return unsafe.String(unsafe.SliceData(b), len(b)), nil // b is not written again
+			}
 			return string(s.buf), nil
 		case c < 0x20:
+			s.buf = scratch
 			return "", s.fail("control character in string")
 		case c == '\\':
 			if err := s.escape(); err != nil {
+				s.buf = scratch
 				return "", err
 			}
 		case c < utf8.RuneSelf:
@@ -397,8 +414,13 @@ func (s *jsonScanner) str() (string, error) {
 			s.pos += size
 		}
 	}
+	s.buf = scratch
 	return "", s.fail("unterminated string")
 }
+
+// ownStringMin is the length above which str decodes a string with
+// escapes into a buffer of its own.
+const ownStringMin = 256
 
 // nextByte returns the index of the first c in b at or after from, or
 // len(b).

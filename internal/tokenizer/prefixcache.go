@@ -261,14 +261,19 @@ func (t *Tokenizer) encodeCached(text string, cache *PrefixCache) ([]uint32, *Pr
 		return t.Encode(text, false), nil
 	}
 	text = validUTF8(text)
-	segs := t.added.raw.split(nil, text)
+	sc, _ := t.pool.Get().(*scratch)
+	if sc == nil {
+		sc = &scratch{}
+	}
+	sc.segs = t.added.raw.split(sc.segs[:0], text)
+	segs := sc.segs
 	type cut struct {
 		seg  int // index of the added-token segment the cut is before
 		key  prefixKey
 		held bool // the cache holds a prefix of this length (key hashed)
 	}
-	var cuts []cut
-	var lens []int
+	cuts := make([]cut, 0, len(segs)/2+1) // at most one per added token
+	lens := make([]int, 0, len(segs)/2+1)
 	for i, s := range segs {
 		if s.id >= 0 && s.start > 0 {
 			cuts = append(cuts, cut{seg: i, key: prefixKey{n: s.start}})
@@ -313,10 +318,6 @@ func (t *Tokenizer) encodeCached(text string, cache *PrefixCache) ([]uint32, *Pr
 		cache.m.misses.Inc()
 	}
 	store := -1 // ids length at the last cut, to store
-	sc, _ := t.pool.Get().(*scratch)
-	if sc == nil {
-		sc = &scratch{}
-	}
 	last := len(cuts) - 1
 	for i := from; i < len(segs); i++ {
 		if last >= 0 && last != hit && i == cuts[last].seg {
@@ -325,6 +326,9 @@ func (t *Tokenizer) encodeCached(text string, cache *PrefixCache) ([]uint32, *Pr
 		ids = t.encodeSegment(ids, text, segs[i], sc)
 	}
 	sc.front.reset()
+	if cap(sc.segs) > maxPooledSegs {
+		sc.segs = nil
+	}
 	t.pool.Put(sc)
 	if store >= 0 {
 		// The prefix shares ids' array when little of it lies beyond
@@ -340,6 +344,9 @@ func (t *Tokenizer) encodeCached(text string, cache *PrefixCache) ([]uint32, *Pr
 	}
 	return ids, memo
 }
+
+// maxPooledSegs bounds the segment slice a pooled scratch keeps.
+const maxPooledSegs = 1 << 14
 
 // PrefixMemo links one encoded chat prompt to the prefix cache beyond its
 // ids, for a router to keep the block keys of cached ids there: the

@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"math/bits"
 	"sync"
 	"unicode/utf8"
 )
@@ -83,18 +84,7 @@ func (t *Tokenizer) encodeSegment(ids []uint32, text string, seg segment, sc *sc
 // appends the BPE ids of every pre-token.
 func (t *Tokenizer) encodePiece(ids []uint32, s string, sc *scratch) []uint32 {
 	if d := t.scanDigits; d != 0 {
-		// The pre-tokenizer is one Qwen or Llama-3 Split: encode each
-		// pre-token as the scan finds it (pipeline.split's pieces, without
-		// the slice of them).
-		for i := 0; i < len(s); {
-			j := scanCL100KFast(s, i, d)
-			if j < 0 {
-				j = scanCL100K(s, i, d)
-			}
-			ids = t.model.encodeWord(ids, s[i:j], sc)
-			i = j
-		}
-		return ids
+		return t.encodeScanned(ids, s, sc, d)
 	}
 	sc.pieces = t.pre.split(sc.pieces[:0], s)
 	for _, w := range sc.pieces {
@@ -102,6 +92,91 @@ func (t *Tokenizer) encodePiece(ids []uint32, s string, sc *scratch) []uint32 {
 	}
 	clear(sc.pieces) // drop references into the caller's text
 	return ids
+}
+
+// encodeScanned is encodePiece for a pre-tokenizer that is one Qwen or
+// Llama-3 Split (maxDigits d): each pre-token is encoded as the scan finds
+// it (pipeline.split's pieces, without the slice of them). The commonest
+// cases are decided here without a call, each as its general path decides
+// it: a pre-token that starts with a letter or with a space then a letter
+// (scanCL100KFast's letter runs), a mark before a space (a run of marks of
+// one), a one-byte pre-token (encodeWord's byte id) and a word of 2 to 16
+// bytes in the front cache (encodeWord's front cache hit, same key, set
+// and compare).
+func (t *Tokenizer) encodeScanned(ids []uint32, s string, sc *scratch, d int) []uint32 {
+	m := t.model
+	front := m.cache != nil && !m.ignoreMerges
+	for i := 0; i < len(s); {
+		var j int
+		letters := -1 // where a run of letters that ends the pre-token starts
+		switch b := s[i]; {
+		case b == ' ' && i+1 < len(s) && byteClass[s[i+1]] == clsLetter:
+			letters = i + 2
+		case byteClass[b] == clsLetter:
+			letters = i + 1
+		case byteClass[b] == clsOther && b != '\'' && i+1 < len(s) && s[i+1] == ' ':
+			// One mark before a space (a comma, a full stop): its run of
+			// marks is itself, and no line break follows it.
+			j = i + 1
+		default:
+			j = scanCL100KFast(s, i, d)
+		}
+		if letters >= 0 {
+			// skipLetters, its first eight bytes tested here: most words
+			// end within them.
+			if letters+8 > len(s) {
+				j = skipLetters(s, letters)
+			} else if lb := letterBytes(le64(s[letters:])); lb == highBits {
+				j = skipLetters(s, letters+8)
+			} else {
+				j = letters + bits.TrailingZeros64(^lb&highBits)>>3
+				if s[j] >= utf8.RuneSelf {
+					j = -1
+				}
+			}
+		}
+		if j < 0 {
+			j = scanCL100K(s, i, d)
+		}
+		w := s[i:j]
+		i = j
+		n := len(w)
+		if n == 1 {
+			ids = append(ids, m.byteID[w[0]])
+			continue
+		}
+		if front && n <= 16 {
+			var k wordKey // keyOf(w)
+			switch {
+			case n >= 8:
+				k.a, k.b = le64(w), le64(w[n-8:])
+			case n >= 4:
+				k.a = uint64(le32(w)) | uint64(le32(w[n-4:]))<<32
+			default:
+				k.a = uint64(w[0]) | uint64(w[n>>1])<<8 | uint64(w[n-1])<<16
+			}
+			set := frontSet(k, n)
+			e := &sc.front.e[set]
+			if len(e.w) != n || e.k != k {
+				e = &sc.front.e[set+1]
+			}
+			if len(e.w) == n && e.k == k {
+				ids = appendIDs(ids, e.ids)
+				continue
+			}
+		}
+		ids = m.encodeWord(ids, w, sc)
+	}
+	return ids
+}
+
+// appendIDs is append(dst, ids...), without a copy call for the one id
+// most words are.
+func appendIDs(dst, ids []uint32) []uint32 {
+	if len(ids) == 1 {
+		return append(dst, ids[0])
+	}
+	return append(dst, ids...)
 }
 
 // validUTF8 replaces each byte of an invalid UTF-8 sequence with U+FFFD.
