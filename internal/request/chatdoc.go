@@ -42,6 +42,10 @@ func caseVariant(d *jinja.Dict) bool {
 // false when the body must be read the encoding/json way (see above).
 func parseChatDoc(body, trimmed []byte) (_ *Parsed, _ *Error, ok bool) {
 	doc, err := tokenizer.DecodeDocument(trimmed)
+	if errors.Is(err, tokenizer.ErrTooManyValues) {
+		// Answered here: the encoding/json way would decode it all again.
+		return nil, Invalid("", fmt.Sprintf("request body holds more than %d JSON values", tokenizer.MaxJSONValues)), true
+	}
 	if err != nil || doc.Duplicate {
 		return nil, nil, false
 	}

@@ -7,8 +7,12 @@ import (
 	"fmt"
 	"os"
 	"reflect"
+	"runtime"
+	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"kvrouter/internal/tokenizer"
 )
 
 // chatDocSeeds are chat bodies for the one-pass parse: the golden chats
@@ -161,4 +165,33 @@ func FuzzChatDoc(f *testing.F) {
 			t.Fatalf("%s: %s", body, d)
 		}
 	})
+}
+
+// TestChatValueBound: a chat body of many small JSON values, anywhere in
+// it, is refused once it passes tokenizer.MaxJSONValues, before its
+// decoding costs more than a bounded amount (unbounded, 1.4M numbers took
+// about 200 MB to decode), and without a second decode.
+func TestChatValueBound(t *testing.T) {
+	many := "[" + strings.Repeat("1,", 1400000) + "1]"
+	for name, body := range map[string]string{
+		"unknown field":        `{"model":"m","messages":[{"role":"user","content":"hi"}],"x":` + many + `}`,
+		"chat_template_kwargs": `{"model":"m","messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"x":` + many + `}}`,
+		"message":              `{"model":"m","messages":[{"role":"user","content":"hi","x":` + many + `}]}`,
+	} {
+		var m0, m1 runtime.MemStats
+		runtime.ReadMemStats(&m0)
+		_, e := Parse(Chat, []byte(body))
+		runtime.ReadMemStats(&m1)
+		if e == nil || e.Type != InvalidRequest || !strings.Contains(e.Message, "JSON values") {
+			t.Errorf("%s: %v, want an InvalidRequest naming the JSON values", name, e)
+		}
+		if mb := (m1.TotalAlloc - m0.TotalAlloc) >> 20; mb > 64 {
+			t.Errorf("%s: decoding a %d KB body allocated %d MB, want at most 64", name, len(body)>>10, mb)
+		}
+	}
+	// Just under the bound: decoded and routed as usual.
+	under := `{"model":"m","messages":[{"role":"user","content":"hi"}],"x":[` + strings.Repeat("1,", tokenizer.MaxJSONValues-20) + `1]}`
+	if _, e := Parse(Chat, []byte(under)); e != nil {
+		t.Errorf("a body of %d values: %v", tokenizer.MaxJSONValues-10, e)
+	}
 }

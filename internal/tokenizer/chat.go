@@ -28,7 +28,19 @@ var (
 	// ErrBadChat: the chat request is malformed (bad JSON, wrong types,
 	// unparsable tool-call arguments); vLLM answers such requests with 400.
 	ErrBadChat = errors.New("malformed chat request")
+	// ErrTooManyValues: the chat body holds more than MaxJSONValues JSON
+	// values. Each decoded value costs about 150 bytes against one or two
+	// bytes of input, so the bound keeps a body within body_limit from
+	// taking gigabytes to decode; the router answers 400 without decoding
+	// the body another way.
+	ErrTooManyValues = fmt.Errorf("more than %d JSON values", MaxJSONValues)
 )
+
+// MaxJSONValues bounds the JSON values (objects, arrays, strings, numbers,
+// literals) one chat body may hold: far above any chat (a 100K-token
+// conversation with tools holds a few thousand), far below a body of
+// numbers at body_limit.
+const MaxJSONValues = 1 << 18
 
 // ChatRequest holds the fields of an OpenAI chat completion request that
 // decide the prompt. Messages, Tools and ChatTemplateKwargs stay raw JSON so

@@ -225,6 +225,8 @@ type jsonScanner struct {
 	buf  []byte // scratch for strings with escapes
 	ints *bigInts
 	dup  bool // an object had a key twice
+	// values counts the values read, up to MaxJSONValues.
+	values int
 }
 
 func (s *jsonScanner) fail(what string) error {
@@ -254,6 +256,9 @@ func (s *jsonScanner) literal(word string) bool {
 func (s *jsonScanner) value(depth int) (jinja.Value, error) {
 	if depth > maxJSONDepth {
 		return jinja.Undefined(), s.fail(fmt.Sprintf("nested deeper than %d", maxJSONDepth))
+	}
+	if s.values++; s.values > MaxJSONValues {
+		return jinja.Undefined(), fmt.Errorf("%w at offset %d", ErrTooManyValues, s.pos)
 	}
 	if s.pos >= len(s.data) {
 		return jinja.Undefined(), s.fail("unexpected end")
