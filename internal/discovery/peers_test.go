@@ -14,6 +14,7 @@ import (
 
 	"kvrouter/internal/config"
 	"kvrouter/internal/k8stest"
+	"kvrouter/internal/testwait"
 )
 
 // peerRun is a Peers whose Run goroutine the test owns, recording every
@@ -64,8 +65,10 @@ func (r *peerRun) last() [2]int {
 	return r.got[len(r.got)-1]
 }
 
-// waitPlaces checks that every replica's place reaches want within 1 s
-// (polled every 5 ms) and stays there 200 ms, and reports the time taken.
+// waitPlaces checks that every replica's place reaches want within
+// testwait.Default (polled every 5 ms) and stays there 200 ms, and logs
+// the time taken (about 1 s or less on a quiet machine: a deadline, not
+// the goal, which a loaded machine's API server can miss).
 func waitPlaces(t *testing.T, what string, rs []*peerRun, want [][2]int) {
 	t.Helper()
 	waitPlacesSince(t, time.Now(), what, rs, want)
@@ -74,7 +77,7 @@ func waitPlaces(t *testing.T, what string, rs []*peerRun, want [][2]int) {
 // waitPlacesSince is waitPlaces timed from start (before the change).
 func waitPlacesSince(t *testing.T, start time.Time, what string, rs []*peerRun, want [][2]int) {
 	t.Helper()
-	for time.Since(start) < time.Second {
+	for time.Since(start) < testwait.Default {
 		ok := true
 		for k, r := range rs {
 			ok = ok && r.last() == want[k]
@@ -99,14 +102,14 @@ func waitPlacesSince(t *testing.T, start time.Time, what string, rs []*peerRun, 
 	for _, r := range rs {
 		got = append(got, r.last())
 	}
-	t.Fatalf("%s: places %v after 1 s, want %v", what, got, want)
+	t.Fatalf("%s: places %v after %v, want %v", what, got, testwait.Default, want)
 }
 
 // TestPeers runs three router replicas' Peers against a real kube-apiserver
 // while the test plays the kubelet: the router Pods (kvrouter-c,
 // kvrouter-a, kvrouter-b, created in that order) are created not Ready,
 // made Ready one by one, deleted (graceful: terminating) and removed.
-// Each replica's (routers, index) follows within 1 s: (1, 0) until its own
+// Each replica's (routers, index) follows (logged with the time it took):
 // Pod is Ready, then its place in name order among the Ready ones, all
 // indices distinct; a Pod outside the selector or not Ready counts for
 // nothing; a terminating one drops out and the others close up.
