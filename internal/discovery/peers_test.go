@@ -109,7 +109,8 @@ func waitPlacesSince(t *testing.T, start time.Time, what string, rs []*peerRun, 
 // while the test plays the kubelet: the router Pods (kvrouter-c,
 // kvrouter-a, kvrouter-b, created in that order) are created not Ready,
 // made Ready one by one, deleted (graceful: terminating) and removed.
-// Each replica's (routers, index) follows (logged with the time it took):
+// Each replica's (routers, index) follows (each change logged with the
+// time it took): (1, 0) until its own
 // Pod is Ready, then its place in name order among the Ready ones, all
 // indices distinct; a Pod outside the selector or not Ready counts for
 // nothing; a terminating one drops out and the others close up.
