@@ -62,7 +62,9 @@ func startRouterProc(t *testing.T, bin, yaml string) *lbRouterProc {
 }
 
 // startHAProxy runs Debian's haproxy in the foreground with one round-robin
-// frontend per backend list, checking /ready every 200ms, retrying (on
+// frontend per backend list, checking /ready every 200ms (a refused
+// connection marks a router down at once; an answer may take 2 s, as a
+// loaded machine's can), retrying (on
 // another server) only requests whose connection could not be made. Each
 // request gets its own server connection (http-server-close, no reuse), so
 // the connections open to a router are the requests in flight on it.
@@ -82,7 +84,7 @@ func startHAProxy(t *testing.T, fronts ...[]*lbRouterProc) []string {
 		t.Skip("haproxy not found (tools/setup/setup.sh test installs Debian's haproxy)")
 	}
 	var b strings.Builder
-	b.WriteString("global\n  maxconn 4096\ndefaults\n  mode http\n  timeout connect 1s\n  timeout client 120s\n  timeout server 120s\n  retries 3\n  option redispatch 1\n  retry-on conn-failure\n  option http-no-delay\n  option http-server-close\n  http-reuse never\n")
+	b.WriteString("global\n  maxconn 4096\ndefaults\n  mode http\n  timeout connect 1s\n  timeout client 120s\n  timeout server 120s\n  timeout check 2s\n  retries 3\n  option redispatch 1\n  retry-on conn-failure\n  option http-no-delay\n  option http-server-close\n  http-reuse never\n")
 	var urls []string
 	for i, backends := range fronts {
 		port := e2eFreePort(t)
@@ -241,7 +243,15 @@ func TestE2EReplicasBehindHAProxy(t *testing.T) {
 		return n
 	}
 	if errs(single) != 0 || errs(two) != 0 {
-		t.Fatalf("failed requests: %d with one router, %d with two", errs(single), errs(two))
+		var first []string
+		for _, r := range []*report.Run{single, two} {
+			for _, x := range r.Samples {
+				if x.Err != "" && len(first) < 3 {
+					first = append(first, x.Err)
+				}
+			}
+		}
+		t.Fatalf("failed requests: %d with one router, %d with two; first errors: %q", errs(single), errs(two), first)
 	}
 	// Only requests that reached the killed router before HAProxy's next
 	// health check (inter 200ms, fall 1) may fail: those in flight on it
