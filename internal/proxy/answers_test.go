@@ -14,7 +14,7 @@ import (
 
 // TestMethodNotAllowed: a known path asked with another method is a 405
 // naming the allowed methods in Allow, in OpenAI's error shape; an unknown
-// path stays a 404.
+// path, or a known one with a slash percent-encoded, stays a 404.
 func TestMethodNotAllowed(t *testing.T) {
 	rg := newRig(t, 1)
 	tests := []struct {
@@ -29,6 +29,8 @@ func TestMethodNotAllowed(t *testing.T) {
 		{http.MethodDelete, "/ready", 405, "GET, HEAD"},
 		{http.MethodGet, "/v1/embeddings", 405, "POST"}, // passed through (POST) since issue 16
 		{http.MethodGet, "/v1/no-such-endpoint", 404, ""},
+		{http.MethodPost, "/v1/chat%2Fcompletions", 404, ""}, // an encoded slash names no known path
+		{http.MethodGet, "/v1%2Fmodels", 404, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.method+" "+tt.path, func(t *testing.T) {

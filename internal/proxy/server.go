@@ -238,7 +238,9 @@ func (s *Server) routes(introspection bool) http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		// "/" matches every method, so ServeMux's own 405 never happens:
 		// a known path with another method is answered here.
-		if methods, ok := allow[r.URL.Path]; ok {
+		// The path as sent: "/v1/chat%2Fcompletions" is not a known path
+		// (ServeMux did not match it), so it is a 404, not a 405.
+		if methods, ok := allow[r.URL.EscapedPath()]; ok {
 			w.Header().Set("Allow", strings.Join(methods, ", "))
 			(&apiError{status: http.StatusMethodNotAllowed, typ: typeInvalidRequest,
 				message: fmt.Sprintf("method %s not allowed on %s (allowed: %s)", r.Method, r.URL.Path, strings.Join(methods, ", "))}).write(w)
