@@ -68,7 +68,42 @@ func outHeaders(dst, client http.Header, id, apiKey string) {
 	}
 }
 
-var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+// Read buffer sizes of the relay: an event stream's events are a few
+// hundred bytes each and the engine's connection is read through a 4 KiB
+// bufio.Reader, so a larger buffer would only hold memory per stream (an
+// event longer than the buffer is gathered across reads); other bodies are
+// copied in larger pieces.
+const (
+	eventBufSize = 4 << 10
+	bodyBufSize  = 32 << 10
+)
+
+// relayBuffers pools the relay's read buffers, one pool per size. The zero
+// value is ready; safe for concurrent use.
+type relayBuffers struct{ events, bodies sync.Pool }
+
+// get returns a buffer for an event stream (sse) or another body; give it
+// back with put.
+func (p *relayBuffers) get(sse bool) *[]byte {
+	pool, size := &p.bodies, bodyBufSize
+	if sse {
+		pool, size = &p.events, eventBufSize
+	}
+	if b, ok := pool.Get().(*[]byte); ok {
+		return b
+	}
+	b := make([]byte, size)
+	return &b
+}
+
+// put returns a buffer from get(sse).
+func (p *relayBuffers) put(sse bool, b *[]byte) {
+	if sse {
+		p.events.Put(b)
+	} else {
+		p.bodies.Put(b)
+	}
+}
 
 // relay writes the engine's response to the client as it arrives; failed
 // is called as soon as an event stream carries an engine error event.
@@ -101,8 +136,8 @@ func (s *Server) relay(ctx context.Context, x *exchange, ep *fleet.Endpoint, wd 
 		_ = http.NewResponseController(x.w).Flush()
 	}
 
-	bp := bufPool.Get().(*[]byte)
-	defer bufPool.Put(bp)
+	bp := s.bufs.get(sse)
+	defer s.bufs.put(sse, bp)
 	var err error
 	var body io.Reader = resp.Body
 	var kept *capBuffer // a non-streaming answer, for its usage (trust.go)
