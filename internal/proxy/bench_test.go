@@ -44,6 +44,18 @@ import (
 // proxied percentile - direct percentile, in ms. Each stream: 100 events
 // 20 ms apart (50 events/s, 2 s); stream starts are spread evenly over 20 ms.
 //
+// Both measured phases run warm: first the same streams with 5 events
+// each go directly, then through the proxy, as in a serving process, whose
+// connections are open, whose goroutine stacks and heap pages were
+// touched before and whose heap goal follows its working set. A cold
+// process instead faults in a fresh page for much of what its first
+// streams allocate (about 5 µs each on the 2-core VM, some 2,000 for 100
+// streams) and collects its 4 MB minimum heap twice while they start, a
+// burst that lands on the first events of every stream (1% of the events,
+// so on the p99). Cold, the two proxies' figures also depended on their
+// order: the second to run in this process inherits the first one's
+// pages and heap (docs/results/2026-12-05-proxy-hop.md).
+//
 // Where the proxy's CPU goes, per relayed event, over the same window:
 // proxy-reads/event and proxy-writes/event are its read(2) and write(2)
 // calls (/proc/self/io syscr, syscw: EAGAIN reads included), which fall
@@ -73,6 +85,10 @@ func BenchmarkAddedLatency(b *testing.B) {
 // loadEnv names the environment variable that makes TestLoadGenerator run
 // (its value: the number of streams).
 const loadEnv = "KVROUTER_BENCH_LOAD_STREAMS"
+
+// warmHeader marks a warm-up request: the engine sends it warmEvents
+// events, not the measured 100.
+const warmHeader = "X-Bench-Warm-Up"
 
 // loadResult is TestLoadGenerator's report, one JSON line on stdout.
 type loadResult struct {
@@ -207,10 +223,11 @@ func runLoad(b *testing.B, streams int, noop bool) (loadResult, procUse) {
 	}
 	front := httptest.NewServer(h)
 	defer front.Close()
-	u0 := procSample()
 	if _, err := fmt.Fprintf(stdin, "proxy %s\n", front.URL); err != nil {
 		b.Fatal(err)
 	}
+	line("warmed")
+	u0 := procSample()
 	line("proxied")
 	idle := cpuTime() - u0.cpu
 	out := line("result ")
@@ -225,8 +242,9 @@ func runLoad(b *testing.B, streams int, noop bool) (loadResult, procUse) {
 
 // TestLoadGenerator is BenchmarkAddedLatency's child process (it runs only
 // when loadEnv is set): it serves the engine, prints "engine URL", reads
-// "proxy URL" from stdin, drives the streams directly then through the
-// proxy, and prints "result {json}".
+// "proxy URL" from stdin, warms up (short streams directly, then through
+// the proxy), prints "warmed", drives the streams directly, prints
+// "proxied", drives them through the proxy, and prints "result {json}".
 func TestLoadGenerator(t *testing.T) {
 	v := os.Getenv(loadEnv)
 	if v == "" {
@@ -236,9 +254,13 @@ func TestLoadGenerator(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const events, gap = 100, 20 * time.Millisecond
+	const events, warmEvents, gap = 100, 5, 20 * time.Millisecond
 	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
+		events := events
+		if r.Header.Get(warmHeader) != "" {
+			events = warmEvents
+		}
 		w.Header().Set("Content-Type", "text/event-stream")
 		rc := http.NewResponseController(w)
 		w.WriteHeader(200)
@@ -283,7 +305,11 @@ func TestLoadGenerator(t *testing.T) {
 
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: streams, DisableCompression: true}}
 	defer client.CloseIdleConnections()
-	run := func(base string) []time.Duration {
+	run := func(base string, warm bool) []time.Duration {
+		events := events
+		if warm {
+			events = warmEvents
+		}
 		var mu sync.Mutex
 		lat := make([]time.Duration, 0, streams*events)
 		var wg sync.WaitGroup
@@ -296,6 +322,9 @@ func TestLoadGenerator(t *testing.T) {
 				time.Sleep(gap * time.Duration(i) / time.Duration(streams))
 				own := make([]time.Duration, 0, events)
 				req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, base+"/v1/completions", bytes.NewReader(body))
+				if warm {
+					req.Header.Set(warmHeader, "1")
+				}
 				resp, err := client.Do(req)
 				if err != nil {
 					t.Error(err)
@@ -334,12 +363,19 @@ func TestLoadGenerator(t *testing.T) {
 		}
 		return d[min(len(d)-1, int(p*float64(len(d))))]
 	}
+	// Warm-up, directly then through the proxy, so that each measured
+	// phase starts as a serving process does, not as a new one: with
+	// connections open, goroutine stacks and heap pages from earlier
+	// streams, and a heap goal set by its working set.
+	run(eng.URL, true)
+	run(proxyURL, true)
+	fmt.Println("warmed")
 	c0 := cpuTime()
-	direct := run(eng.URL)
+	direct := run(eng.URL, false)
 	c1 := cpuTime()
 	fmt.Println("proxied")
 	t0 := time.Now()
-	proxied := run(proxyURL)
+	proxied := run(proxyURL, false)
 	res := loadResult{
 		Events: len(proxied), ProxiedElapsed: time.Since(t0),
 		DirectP50: pct(direct, 0.5), DirectP99: pct(direct, 0.99),
