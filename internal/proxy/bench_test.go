@@ -73,7 +73,8 @@ import (
 // when streams start late (proxied-s).
 //
 // proxy=noop runs the same load through net/http/httputil's ReverseProxy
-// (flushing every write, no parsing or routing) instead of kvrouter: the
+// (flushing every write, no parsing or routing; the request body read
+// before forwarding, as kvrouter reads it) instead of kvrouter: the
 // added latency of any Go reverse proxy on this machine, so what kvrouter
 // adds beyond it is its own (on a CPU-starved machine both tails are the
 // scheduler's).
@@ -229,7 +230,22 @@ func runLoad(b *testing.B, streams int, noop bool) (loadResult, procUse) {
 		}
 		tr := &http.Transport{MaxIdleConnsPerHost: streams, DisableCompression: true}
 		defer tr.CloseIdleConnections()
-		h = &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) { r.SetURL(u) }, Transport: tr, FlushInterval: -1}
+		rp := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) { r.SetURL(u) }, Transport: tr, FlushInterval: -1}
+		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			// Read the body here, as kvrouter does (it routes on it):
+			// passed through, it is read by the Transport's goroutine
+			// while this one writes the answer, and net/http's server
+			// then sometimes cancels the request's context (Go 1.27:
+			// "use of closed network connection" on the engine side, the
+			// client cut after its first event).
+			body, err := io.ReadAll(r.Body)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			rp.ServeHTTP(w, r)
+		})
 	} else {
 		srv := newBenchServer(b, engineURL, nil)
 		defer srv.closeIdle()
