@@ -68,42 +68,30 @@ func outHeaders(dst, client http.Header, id, apiKey string) {
 	}
 }
 
-// Read buffer sizes of the relay: an event stream's events are a few
-// hundred bytes each and the engine's connection is read through a 4 KiB
-// bufio.Reader, so a larger buffer would only hold memory per stream (an
-// event longer than the buffer is gathered across reads); other bodies are
-// copied in larger pieces.
-const (
-	eventBufSize = 4 << 10
-	bodyBufSize  = 32 << 10
-)
+// relayBufSize is the relay's read buffer, pooled per Server. An event
+// stream would fit in far less (an event is a few hundred bytes), but the
+// pooled buffers are also most of a small router's live heap, which sets
+// how often it collects: with 4 KiB buffers for event streams the
+// 100-stream benchmark's router collected during every measured phase and
+// read a higher added p99, 0.37 against 0.22 ms
+// (docs/results/2026-12-05-proxy-hop.md).
+const relayBufSize = 32 << 10
 
-// relayBuffers pools the relay's read buffers, one pool per size. The zero
-// value is ready; safe for concurrent use.
-type relayBuffers struct{ events, bodies sync.Pool }
+// relayBuffers pools the relay's read buffers. The zero value is ready;
+// safe for concurrent use.
+type relayBuffers struct{ pool sync.Pool }
 
-// get returns a buffer for an event stream (sse) or another body; give it
-// back with put.
-func (p *relayBuffers) get(sse bool) *[]byte {
-	pool, size := &p.bodies, bodyBufSize
-	if sse {
-		pool, size = &p.events, eventBufSize
-	}
-	if b, ok := pool.Get().(*[]byte); ok {
+// get returns a buffer of relayBufSize bytes; give it back with put.
+func (p *relayBuffers) get() *[]byte {
+	if b, ok := p.pool.Get().(*[]byte); ok {
 		return b
 	}
-	b := make([]byte, size)
+	b := make([]byte, relayBufSize)
 	return &b
 }
 
-// put returns a buffer from get(sse).
-func (p *relayBuffers) put(sse bool, b *[]byte) {
-	if sse {
-		p.events.Put(b)
-	} else {
-		p.bodies.Put(b)
-	}
-}
+// put returns a buffer from get.
+func (p *relayBuffers) put(b *[]byte) { p.pool.Put(b) }
 
 // relay writes the engine's response to the client as it arrives; failed
 // is called as soon as an event stream carries an engine error event.
@@ -136,8 +124,8 @@ func (s *Server) relay(ctx context.Context, x *exchange, ep *fleet.Endpoint, wd 
 		_ = http.NewResponseController(x.w).Flush()
 	}
 
-	bp := s.bufs.get(sse)
-	defer s.bufs.put(sse, bp)
+	bp := s.bufs.get()
+	defer s.bufs.put(bp)
 	var err error
 	var body io.Reader = resp.Body
 	var kept *capBuffer // a non-streaming answer, for its usage (trust.go)
