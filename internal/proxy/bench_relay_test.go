@@ -89,7 +89,7 @@ func newBenchServer(tb testing.TB, url string, tok group.Tokenizer) *Server {
 func BenchmarkRelayEvent(b *testing.B) {
 	const perStream = 1000
 	srv := newBenchServer(b, "http://127.0.0.1:1", nil)
-	buf := make([]byte, relayBufSize)
+	buf := make([]byte, 32<<10)
 	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
 	w := &flushDiscard{h: http.Header{}}
 	x := &exchange{w: w, r: r, Flow: admission.Flow{Ctx: r.Context(), Start: time.Now(), Req: &request.Parsed{Model: "m"}}}

@@ -68,30 +68,7 @@ func outHeaders(dst, client http.Header, id, apiKey string) {
 	}
 }
 
-// relayBufSize is the relay's read buffer, pooled per Server. An event
-// stream would fit in far less (an event is a few hundred bytes), but the
-// pooled buffers are also most of a small router's live heap, which sets
-// how often it collects: with 4 KiB buffers for event streams the
-// 100-stream benchmark's router collected during every measured phase and
-// read a higher added p99, 0.37 against 0.22 ms
-// (docs/results/2026-12-05-proxy-hop.md).
-const relayBufSize = 32 << 10
-
-// relayBuffers pools the relay's read buffers. The zero value is ready;
-// safe for concurrent use.
-type relayBuffers struct{ pool sync.Pool }
-
-// get returns a buffer of relayBufSize bytes; give it back with put.
-func (p *relayBuffers) get() *[]byte {
-	if b, ok := p.pool.Get().(*[]byte); ok {
-		return b
-	}
-	b := make([]byte, relayBufSize)
-	return &b
-}
-
-// put returns a buffer from get.
-func (p *relayBuffers) put(b *[]byte) { p.pool.Put(b) }
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 // relay writes the engine's response to the client as it arrives; failed
 // is called as soon as an event stream carries an engine error event.
@@ -124,8 +101,8 @@ func (s *Server) relay(ctx context.Context, x *exchange, ep *fleet.Endpoint, wd 
 		_ = http.NewResponseController(x.w).Flush()
 	}
 
-	bp := s.bufs.get()
-	defer s.bufs.put(bp)
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
 	var err error
 	var body io.Reader = resp.Body
 	var kept *capBuffer // a non-streaming answer, for its usage (trust.go)

@@ -160,26 +160,29 @@ func (w *flushRecorder) FlushError() error {
 }
 
 // TestCopyEventsLongEvents: events longer than the relay's read buffer
-// (relayBufSize), arriving in pieces of any size, are relayed byte for
+// (bufPool's), arriving in pieces of any size, are relayed byte for
 // byte and flushed only whole; an error event and a usage report split
 // across reads are still found.
 func TestCopyEventsLongEvents(t *testing.T) {
+	b := bufPool.Get().(*[]byte)
+	bufSize := len(*b)
+	bufPool.Put(b)
 	long := func(n int) string { return `data: {"choices":[{"text":"` + strings.Repeat("x", n) + `"}]}` + "\n\n" }
 	usage := `data: {"choices":[],"usage":{"prompt_tokens":9000,"prompt_tokens_details":{"cached_tokens":8192},"pad":"` +
-		strings.Repeat("p", 2*relayBufSize) + `"}}` + "\n\n"
-	failure := `data: {"error":{"message":"` + strings.Repeat("e", relayBufSize) + `","code":500}}` + "\n\n"
+		strings.Repeat("p", 2*bufSize) + `"}}` + "\n\n"
+	failure := `data: {"error":{"message":"` + strings.Repeat("e", bufSize) + `","code":500}}` + "\n\n"
 	for _, tc := range []struct {
 		name      string
 		events    []string
 		done, err bool
 		cached    int
 	}{
-		{"small and long", []string{long(10), long(3 * relayBufSize), long(10), "data: [DONE]\n\n"}, true, false, -1},
-		{"long usage", []string{long(relayBufSize), usage, "data: [DONE]\n\n"}, true, false, 8192},
+		{"small and long", []string{long(10), long(3 * bufSize), long(10), "data: [DONE]\n\n"}, true, false, -1},
+		{"long usage", []string{long(bufSize), usage, "data: [DONE]\n\n"}, true, false, 8192},
 		{"long error event", []string{long(10), failure, "data: [DONE]\n\n"}, true, true, -1},
-		{"long last event without blank line", []string{long(10), strings.TrimSuffix(long(2*relayBufSize), "\n\n")}, false, false, -1},
+		{"long last event without blank line", []string{long(10), strings.TrimSuffix(long(2*bufSize), "\n\n")}, false, false, -1},
 	} {
-		for _, piece := range []int{1 << 20, relayBufSize, 1000, 7} {
+		for _, piece := range []int{1 << 20, bufSize, 1000, 7} {
 			t.Run(fmt.Sprintf("%s/piece=%d", tc.name, piece), func(t *testing.T) {
 				srv := newBenchServer(t, "http://127.0.0.1:1", nil)
 				r := httptest.NewRequest(http.MethodPost, "/v1/completions", nil)
@@ -190,8 +193,8 @@ func TestCopyEventsLongEvents(t *testing.T) {
 				defer wd.stop()
 				in := strings.Join(tc.events, "")
 				failed := 0
-				bp := srv.bufs.get()
-				defer srv.bufs.put(bp)
+				bp := bufPool.Get().(*[]byte)
+				defer bufPool.Put(bp)
 				done, err := srv.copyEvents(x, wd, &pieceReader{b: []byte(in), n: piece}, *bp, func() {}, func() { failed++ })
 				if err != nil || done != tc.done {
 					t.Fatalf("copyEvents = %v, %v; want %v, nil", done, err, tc.done)

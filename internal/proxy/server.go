@@ -82,7 +82,6 @@ type Server struct {
 	removedMu sync.Mutex
 	removed   []func(replica string)
 	trust     *trust       // index trust per engine (trust.go)
-	bufs      relayBuffers // the relay's read buffers (relay.go)
 	loads     adapterLoads // LoRA adapter loads under way
 
 	// learned are client-chosen response ids (responsepin.go).
