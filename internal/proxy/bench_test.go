@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"runtime/debug"
 	rtmetrics "runtime/metrics"
 	"slices"
 	"strconv"
@@ -43,6 +44,21 @@ import (
 // is the child's (engine + clients) on the proxied phase. Added latency =
 // proxied percentile - direct percentile, in ms. Each stream: 100 events
 // 20 ms apart (50 events/s, 2 s); stream starts are spread evenly over 20 ms.
+// Each stream's first event is 1 % of the events and follows its request
+// within the 20 ms when all 100 requests arrive, so it alone can make the
+// p99: added-p99-later-ms is the added p99 without it.
+//
+// Both measured phases run warm: first the same streams with 5 events
+// each go directly, then through the proxy, as in a serving process, whose
+// connections are open, whose goroutine stacks and heap pages were
+// touched before and whose heap goal follows its working set. A cold
+// process instead faults in a fresh page for much of what its first
+// streams allocate (about 5 µs each on the 2-core VM, some 2,000 for 100
+// streams) and collects its 4 MB minimum heap twice while they start, a
+// burst that lands on the first events of every stream (1% of the events,
+// so on the p99). Cold, the two proxies' figures also depended on their
+// order: the second to run in this process inherits the first one's
+// pages and heap (docs/results/2026-12-05-proxy-hop.md).
 //
 // Where the proxy's CPU goes, per relayed event, over the same window:
 // proxy-reads/event and proxy-writes/event are its read(2) and write(2)
@@ -57,7 +73,8 @@ import (
 // when streams start late (proxied-s).
 //
 // proxy=noop runs the same load through net/http/httputil's ReverseProxy
-// (flushing every write, no parsing or routing) instead of kvrouter: the
+// (flushing every write, no parsing or routing; the request body read
+// before forwarding, as kvrouter reads it) instead of kvrouter: the
 // added latency of any Go reverse proxy on this machine, so what kvrouter
 // adds beyond it is its own (on a CPU-starved machine both tails are the
 // scheduler's).
@@ -74,16 +91,23 @@ func BenchmarkAddedLatency(b *testing.B) {
 // (its value: the number of streams).
 const loadEnv = "KVROUTER_BENCH_LOAD_STREAMS"
 
+// warmHeader marks a warm-up request: the engine sends it warmEvents
+// events, not the measured 100.
+const warmHeader = "X-Bench-Warm-Up"
+
 // loadResult is TestLoadGenerator's report, one JSON line on stdout.
 type loadResult struct {
-	Events         int           `json:"events"` // per phase
-	DirectP50      time.Duration `json:"direct_p50"`
-	DirectP99      time.Duration `json:"direct_p99"`
-	ProxiedP50     time.Duration `json:"proxied_p50"`
-	ProxiedP99     time.Duration `json:"proxied_p99"`
-	DirectCPU      time.Duration `json:"direct_cpu"`  // the child's, direct phase
-	ProxiedCPU     time.Duration `json:"proxied_cpu"` // the child's, proxied phase
-	ProxiedElapsed time.Duration `json:"proxied_elapsed"`
+	Events     int           `json:"events"` // per phase
+	DirectP50  time.Duration `json:"direct_p50"`
+	DirectP99  time.Duration `json:"direct_p99"`
+	ProxiedP50 time.Duration `json:"proxied_p50"`
+	ProxiedP99 time.Duration `json:"proxied_p99"`
+	// The p99s without each stream's first event.
+	DirectP99Later  time.Duration `json:"direct_p99_later"`
+	ProxiedP99Later time.Duration `json:"proxied_p99_later"`
+	DirectCPU       time.Duration `json:"direct_cpu"`  // the child's, direct phase
+	ProxiedCPU      time.Duration `json:"proxied_cpu"` // the child's, proxied phase
+	ProxiedElapsed  time.Duration `json:"proxied_elapsed"`
 }
 
 func benchAddedLatency(b *testing.B, streams int, noop bool) {
@@ -111,6 +135,7 @@ func benchAddedLatency(b *testing.B, streams int, noop bool) {
 	b.ReportMetric(ms(res.ProxiedP99), "proxy-p99-ms")
 	b.ReportMetric(ms(res.ProxiedP50-res.DirectP50), "added-p50-ms")
 	b.ReportMetric(ms(res.ProxiedP99-res.DirectP99), "added-p99-ms")
+	b.ReportMetric(ms(res.ProxiedP99Later-res.DirectP99Later), "added-p99-later-ms")
 }
 
 // procUse is this process's resource use over a load run.
@@ -151,6 +176,12 @@ func (u procUse) sub(v procUse) procUse {
 // httputil.ReverseProxy) in front of its engine, and returns its report and
 // this process's use meanwhile.
 func runLoad(b *testing.B, streams int, noop bool) (loadResult, procUse) {
+	// Start from the same process state whichever proxy ran before: its
+	// pooled buffers would otherwise stay live (raising this run's heap
+	// goal) and its freed pages stay mapped (sparing this run's faults).
+	// Two collections empty the sync.Pools; the memory goes back to the OS.
+	debug.FreeOSMemory()
+	debug.FreeOSMemory()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestLoadGenerator$", "-test.count=1")
 	cmd.Env = append(os.Environ(), loadEnv+"="+strconv.Itoa(streams))
 	cmd.Stderr = os.Stderr
@@ -199,7 +230,22 @@ func runLoad(b *testing.B, streams int, noop bool) (loadResult, procUse) {
 		}
 		tr := &http.Transport{MaxIdleConnsPerHost: streams, DisableCompression: true}
 		defer tr.CloseIdleConnections()
-		h = &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) { r.SetURL(u) }, Transport: tr, FlushInterval: -1}
+		rp := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) { r.SetURL(u) }, Transport: tr, FlushInterval: -1}
+		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			// Read the body here, as kvrouter does (it routes on it):
+			// passed through, it is read by the Transport's goroutine
+			// while this one writes the answer, and net/http's server
+			// then sometimes cancels the request's context (Go 1.27:
+			// "use of closed network connection" on the engine side, the
+			// client cut after its first event).
+			body, err := io.ReadAll(r.Body)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			rp.ServeHTTP(w, r)
+		})
 	} else {
 		srv := newBenchServer(b, engineURL, nil)
 		defer srv.closeIdle()
@@ -207,10 +253,11 @@ func runLoad(b *testing.B, streams int, noop bool) (loadResult, procUse) {
 	}
 	front := httptest.NewServer(h)
 	defer front.Close()
-	u0 := procSample()
 	if _, err := fmt.Fprintf(stdin, "proxy %s\n", front.URL); err != nil {
 		b.Fatal(err)
 	}
+	line("warmed")
+	u0 := procSample()
 	line("proxied")
 	idle := cpuTime() - u0.cpu
 	out := line("result ")
@@ -225,8 +272,9 @@ func runLoad(b *testing.B, streams int, noop bool) (loadResult, procUse) {
 
 // TestLoadGenerator is BenchmarkAddedLatency's child process (it runs only
 // when loadEnv is set): it serves the engine, prints "engine URL", reads
-// "proxy URL" from stdin, drives the streams directly then through the
-// proxy, and prints "result {json}".
+// "proxy URL" from stdin, warms up (short streams directly, then through
+// the proxy), prints "warmed", drives the streams directly, prints
+// "proxied", drives them through the proxy, and prints "result {json}".
 func TestLoadGenerator(t *testing.T) {
 	v := os.Getenv(loadEnv)
 	if v == "" {
@@ -236,9 +284,13 @@ func TestLoadGenerator(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const events, gap = 100, 20 * time.Millisecond
+	const events, warmEvents, gap = 100, 5, 20 * time.Millisecond
 	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
+		events := events
+		if r.Header.Get(warmHeader) != "" {
+			events = warmEvents
+		}
 		w.Header().Set("Content-Type", "text/event-stream")
 		rc := http.NewResponseController(w)
 		w.WriteHeader(200)
@@ -283,9 +335,16 @@ func TestLoadGenerator(t *testing.T) {
 
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: streams, DisableCompression: true}}
 	defer client.CloseIdleConnections()
-	run := func(base string) []time.Duration {
+	// run returns the latencies of every event and of every event but
+	// each stream's first, sorted.
+	run := func(base string, warm bool) (all, later []time.Duration) {
+		events := events
+		if warm {
+			events = warmEvents
+		}
 		var mu sync.Mutex
-		lat := make([]time.Duration, 0, streams*events)
+		all = make([]time.Duration, 0, streams*events)
+		later = make([]time.Duration, 0, streams*events)
 		var wg sync.WaitGroup
 		start := make(chan struct{})
 		for i := range streams {
@@ -296,6 +355,9 @@ func TestLoadGenerator(t *testing.T) {
 				time.Sleep(gap * time.Duration(i) / time.Duration(streams))
 				own := make([]time.Duration, 0, events)
 				req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, base+"/v1/completions", bytes.NewReader(body))
+				if warm {
+					req.Header.Set(warmHeader, "1")
+				}
 				resp, err := client.Do(req)
 				if err != nil {
 					t.Error(err)
@@ -319,14 +381,18 @@ func TestLoadGenerator(t *testing.T) {
 					t.Errorf("stream got %d events, want %d", len(own), events)
 				}
 				mu.Lock()
-				lat = append(lat, own...)
+				all = append(all, own...)
+				if len(own) > 0 {
+					later = append(later, own[1:]...)
+				}
 				mu.Unlock()
 			})
 		}
 		close(start)
 		wg.Wait()
-		slices.Sort(lat)
-		return lat
+		slices.Sort(all)
+		slices.Sort(later)
+		return all, later
 	}
 	pct := func(d []time.Duration, p float64) time.Duration {
 		if len(d) == 0 {
@@ -334,16 +400,24 @@ func TestLoadGenerator(t *testing.T) {
 		}
 		return d[min(len(d)-1, int(p*float64(len(d))))]
 	}
+	// Warm-up, directly then through the proxy, so that each measured
+	// phase starts as a serving process does, not as a new one: with
+	// connections open, goroutine stacks and heap pages from earlier
+	// streams, and a heap goal set by its working set.
+	_, _ = run(eng.URL, true)
+	_, _ = run(proxyURL, true)
+	fmt.Println("warmed")
 	c0 := cpuTime()
-	direct := run(eng.URL)
+	direct, directLater := run(eng.URL, false)
 	c1 := cpuTime()
 	fmt.Println("proxied")
 	t0 := time.Now()
-	proxied := run(proxyURL)
+	proxied, proxiedLater := run(proxyURL, false)
 	res := loadResult{
 		Events: len(proxied), ProxiedElapsed: time.Since(t0),
 		DirectP50: pct(direct, 0.5), DirectP99: pct(direct, 0.99),
 		ProxiedP50: pct(proxied, 0.5), ProxiedP99: pct(proxied, 0.99),
+		DirectP99Later: pct(directLater, 0.99), ProxiedP99Later: pct(proxiedLater, 0.99),
 		DirectCPU: c1 - c0, ProxiedCPU: cpuTime() - c1,
 	}
 	out, err := json.Marshal(res)
