@@ -189,12 +189,14 @@ func TestHungCoreSkipped(t *testing.T) {
 				cancel()
 				<-runDone
 			}()
+			// Before the request: the router's wait starts after this, so
+			// a hold-out sooner than StallAfter after it is too early.
+			sent := time.Now()
 			resp := rg.postCtx(ctx, tc.path, tc.body) // to e0, the first candidate: headers only
 			defer resp.Body.Close()
 			if got := resp.Header.Get("X-Kvrouter-Replica"); got != "e0" {
 				t.Fatalf("first request to %q, want e0", got)
 			}
-			sent := time.Now()
 			testwait.Within(t, 10*time.Second, "e0 held out as stalled", func() bool {
 				return !slices.Contains(healthyNames(rg.fleet), "e0")
 			})
