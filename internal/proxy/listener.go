@@ -73,7 +73,7 @@ type connSlotKey struct{}
 // is closed at once (the server then reports it closed, which uncounts it).
 func (l *connLimit) connContext(ctx context.Context, c net.Conn) context.Context {
 	n := l.open.Add(1)
-	l.gauge.Set(float64(n))
+	l.gauge.Set(float64(l.open.Load())) // read again: see connState
 	if n <= l.max {
 		return ctx
 	}
@@ -123,7 +123,10 @@ func (l *connLimit) displaceOldest() bool {
 func (l *connLimit) connState(c net.Conn, st http.ConnState) {
 	if st == http.StateClosed || st == http.StateHijacked {
 		l.arrived(c)
-		l.gauge.Set(float64(l.open.Add(-1)))
+		l.open.Add(-1)
+		// The count read at Set, not Add's result: two closes racing could
+		// otherwise leave the gauge at the older count for good.
+		l.gauge.Set(float64(l.open.Load()))
 	}
 }
 
