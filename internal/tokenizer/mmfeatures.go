@@ -90,7 +90,7 @@ func decodeMMFeatures(raw json.RawMessage, nTokens int) ([]MMItem, error) {
 				return nil, fmt.Errorf("features: mm_hashes[%q][%d] is empty", mod, i)
 			case p.Offset == nil || p.Length == nil:
 				return nil, fmt.Errorf("features: mm_placeholders[%q][%d]: offset and length are required", mod, i)
-			case *p.Offset < 0 || *p.Length < 1 || *p.Offset > nTokens-*p.Length:
+			case *p.Offset < 0 || *p.Length < 1 || *p.Length > nTokens || *p.Offset > nTokens-*p.Length:
 				return nil, fmt.Errorf("features: mm_placeholders[%q][%d]: offset %d length %d outside the prompt's %d tokens", mod, i, *p.Offset, *p.Length, nTokens)
 			}
 			items = append(items, MMItem{Modality: mod, Identifier: h, Offset: *p.Offset, Length: *p.Length})
