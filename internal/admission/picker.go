@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"kvrouter/internal/bodybudget"
 	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/frontmetrics"
@@ -41,6 +42,9 @@ type PickerDeps struct {
 	// CountClientControl counts a client control dropped or refused
 	// (kvrouter_proxy_client_controls_total, by control). Nil: not counted.
 	CountClientControl func(control string)
+	// Bodies is the process's body budget (config.Config.BodyBudget),
+	// shared with the HTTP front. Required.
+	Bodies *bodybudget.Budget
 }
 
 // Picker returns s for another front: the endpoint picker, whose
@@ -342,8 +346,9 @@ func (p *Picker) tooLarge() *answer {
 // BodyLimit is config.Config.BodyLimit, in bytes.
 func (p *Picker) BodyLimit() int64 { return p.s.cfg.BodyLimit }
 
-// BodyBudget is config.Config.BodyBudget, in bytes (<= 0: no bound).
-func (p *Picker) BodyBudget() int64 { return p.s.cfg.BodyBudget }
+// Bodies is the budget of request bodies the process holds at once
+// (config.Config.BodyBudget), shared with the HTTP front.
+func (p *Picker) Bodies() *bodybudget.Budget { return p.pd.Bodies }
 
 // AllowDPRank is config.Clients.AllowDPRank: whether a client's
 // X-Data-Parallel-Rank header reaches the engine.

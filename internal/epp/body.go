@@ -2,9 +2,10 @@ package epp
 
 import (
 	"errors"
-	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"kvrouter/internal/bodybudget"
 )
 
 // Body assembly errors.
@@ -17,45 +18,14 @@ var (
 	errBodyBudget = errors.New("request bodies held past the budget")
 )
 
-// budget bounds the bytes of request bodies the streams of one Server
-// hold at once (config.Config.BodyBudget, as on the HTTP front). Safe for
-// concurrent use.
-type budget struct {
-	max  int64 // <= 0: no bound
-	used atomic.Int64
-	held prometheus.Gauge // used, exported (nil: none)
-}
-
-// take reserves n bytes; false when they do not fit.
-func (b *budget) take(n int64) bool {
-	for {
-		u := b.used.Load()
-		if b.max > 0 && u+n > b.max {
-			return false
-		}
-		if b.used.CompareAndSwap(u, u+n) {
-			if b.held != nil {
-				b.held.Add(float64(n))
-			}
-			return true
-		}
-	}
-}
-
-// give returns n bytes taken.
-func (b *budget) give(n int64) {
-	b.used.Add(-n)
-	if b.held != nil {
-		b.held.Sub(float64(n))
-	}
-}
-
 // assembler joins a request body's chunks, at most limit bytes, each
-// byte taken from budget (when not nil) until release. Not safe for
+// byte taken from budget (when not nil) and counted in held (when not
+// nil) until release. Not safe for
 // concurrent use (one stream owns it).
 type assembler struct {
 	limit  int64
-	budget *budget
+	budget *bodybudget.Budget
+	gauge  prometheus.Gauge
 	held   int64 // taken from budget
 	buf    []byte
 	done   bool
@@ -74,12 +44,15 @@ func (a *assembler) add(chunk []byte, end bool) error {
 		return errBodyTooLarge
 	}
 	if a.budget != nil && len(chunk) > 0 {
-		if !a.budget.take(int64(len(chunk))) {
+		if !a.budget.Take(int64(len(chunk))) {
 			a.buf, a.done = nil, true
 			a.release()
 			return errBodyBudget
 		}
 		a.held += int64(len(chunk))
+		if a.gauge != nil {
+			a.gauge.Add(float64(len(chunk)))
+		}
 	}
 	a.buf = append(a.buf, chunk...)
 	a.done = end
@@ -90,7 +63,10 @@ func (a *assembler) add(chunk []byte, end bool) error {
 // calls it when it ends (the pick may keep the body until then).
 func (a *assembler) release() {
 	if a.budget != nil && a.held != 0 {
-		a.budget.give(a.held)
+		a.budget.Give(a.held)
+		if a.gauge != nil {
+			a.gauge.Sub(float64(a.held))
+		}
 	}
 	a.held = 0
 }

@@ -4,6 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"kvrouter/internal/bodybudget"
 )
 
 // FuzzAssemble: any body cut into any chunks assembles to itself when it
@@ -139,9 +144,10 @@ func TestTrackerBounded(t *testing.T) {
 // refused and drops what its stream held, and release gives every byte
 // back.
 func TestAssemblerBudget(t *testing.T) {
-	b := &budget{max: 100}
-	a1 := assembler{limit: 1000, budget: b}
-	a2 := assembler{limit: 1000, budget: b}
+	b := bodybudget.New(100)
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "held"})
+	a1 := assembler{limit: 1000, budget: b, gauge: g}
+	a2 := assembler{limit: 1000, budget: b, gauge: g}
 	if err := a1.add(make([]byte, 60), false); err != nil {
 		t.Fatal(err)
 	}
@@ -151,14 +157,14 @@ func TestAssemblerBudget(t *testing.T) {
 	if err := a2.add(make([]byte, 20), false); !errors.Is(err, errBodyBudget) || a2.buf != nil {
 		t.Fatalf("past the budget: err %v, holds %d bytes", err, len(a2.buf))
 	}
-	if u := b.used.Load(); u != 60 {
-		t.Fatalf("budget holds %d after the refusal, want 60 (a1's)", u)
+	if u, h := b.Held(), testutil.ToFloat64(g); u != 60 || h != 60 {
+		t.Fatalf("budget holds %d (gauge %v) after the refusal, want 60 (a1's)", u, h)
 	}
 	a2.release() // as the stream's end does: nothing left to give
 	a1.release()
 	a1.release()
-	if u := b.used.Load(); u != 0 {
-		t.Fatalf("budget holds %d after both released, want 0", u)
+	if u, h := b.Held(), testutil.ToFloat64(g); u != 0 || h != 0 {
+		t.Fatalf("budget holds %d (gauge %v) after both released, want 0", u, h)
 	}
 	a3 := assembler{limit: 1000, budget: b}
 	if err := a3.add(make([]byte, 100), true); err != nil {
@@ -172,7 +178,7 @@ func TestAssemblerBudget(t *testing.T) {
 	if err := a4.add(make([]byte, 60), true); !errors.Is(err, errBodyAfterEnd) {
 		t.Fatalf("a refused stream takes no more chunks: %v", err)
 	}
-	if u := b.used.Load(); u != 0 {
+	if u := b.Held(); u != 0 {
 		t.Fatalf("budget holds %d at the end, want 0", u)
 	}
 }

@@ -69,7 +69,7 @@ func newMetrics(reg prometheus.Registerer, fs *frontmetrics.Set) (*metrics, erro
 		}),
 		bodyHeld: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvrouter_epp_body_held_bytes",
-			Help: "Bytes of request bodies the streams hold, counted against body_budget.",
+			Help: "Bytes of request bodies the streams hold, counted against body_budget (shared with the HTTP front).",
 		}),
 	}
 	if reg == nil {

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
+	"kvrouter/internal/bodybudget"
 	"kvrouter/internal/frontmetrics"
 	"kvrouter/internal/pick"
 )
@@ -32,10 +33,10 @@ type picker interface {
 	EndpointNamed(allow func(addr string) bool) (name, addr string, ok bool)
 	// TooLarge is the answer to a body over BodyLimit bytes.
 	TooLarge() *pick.Error
-	// BodyLimit is the most bytes of one request body; BodyBudget the
-	// most of all bodies held at once (<= 0: no bound).
+	// BodyLimit is the most bytes of one request body; Bodies bounds
+	// all bodies the process holds at once (shared with the HTTP front).
 	BodyLimit() int64
-	BodyBudget() int64
+	Bodies() *bodybudget.Budget
 	// AllowDPRank reports router.yaml's clients.allow_dp_rank;
 	// CountClientControl counts a client control dropped or refused
 	// (kvrouter_proxy_client_controls_total).
@@ -82,8 +83,8 @@ type Server struct {
 	log   *slog.Logger
 	m     *metrics
 	holds *frontmetrics.Holds // streams writing each engine's series (replicas.go)
-	// bodies bounds the request bodies held by all streams (body.go).
-	bodies budget
+	// bodies bounds the request bodies the process holds (body.go).
+	bodies *bodybudget.Budget
 }
 
 // New builds a Server from cfg (defaults filled here). It starts nothing.
@@ -131,7 +132,7 @@ func newServer(cfg Config, p picker, fs *frontmetrics.Set, deps Deps, log *slog.
 	m.Requests.WithLabelValues("unknown", "", outcomeBadRequest)
 	m.Requests.WithLabelValues("", "", outcomePassthrough)
 	return &Server{cfg: cfg, pick: p, ready: ready, log: log, m: m, holds: frontmetrics.NewHolds(m.Front, p.HasReplica),
-		bodies: budget{max: p.BodyBudget(), held: m.bodyHeld}}, nil
+		bodies: p.Bodies()}, nil
 }
 
 // Register adds the ext_proc and health services to g.
@@ -144,7 +145,7 @@ func (s *Server) Register(g *grpc.Server) {
 // gateway. A panic in it ends the stream with an Internal status (and the
 // request's lease) instead of the process.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) (err error) {
-	st := &exchange{s: s, stream: stream, body: assembler{limit: s.pick.BodyLimit(), budget: &s.bodies}}
+	st := &exchange{s: s, stream: stream, body: assembler{limit: s.pick.BodyLimit(), budget: s.bodies, gauge: s.m.bodyHeld}}
 	s.m.streams.Inc()
 	defer s.m.streams.Dec()
 	defer func() {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"kvrouter/internal/bodybudget"
 	"kvrouter/internal/frontmetrics"
 	"kvrouter/internal/pick"
 )
@@ -23,7 +24,7 @@ func (noPicker) Pick(context.Context, pick.Input) (*pick.Pick, *pick.Error) {
 func (noPicker) EndpointNamed(func(string) bool) (string, string, bool) { return "", "", false }
 func (noPicker) TooLarge() *pick.Error                                  { return &pick.Error{Status: 413} }
 func (noPicker) BodyLimit() int64                                       { return 1 << 20 }
-func (noPicker) BodyBudget() int64                                      { return 1 << 20 }
+func (noPicker) Bodies() *bodybudget.Budget                             { return bodybudget.New(1 << 20) }
 func (noPicker) AllowDPRank() bool                                      { return false }
 func (noPicker) CountClientControl(string)                              {}
 func (noPicker) HasReplica(string) bool                                 { return false }

@@ -126,7 +126,7 @@ func (x *exchange) handle(req *extprocv3.ProcessingRequest) error {
 				return x.fail(x.s.pick.TooLarge())
 			}
 			if errors.Is(err, errBodyBudget) {
-				msg := fmt.Sprintf("the endpoint picker holds too many request bodies (body_budget %d bytes): retry later", x.s.bodies.max)
+				msg := fmt.Sprintf("the endpoint picker holds too many request bodies (body_budget %d bytes): retry later", x.s.bodies.Max())
 				return x.fail(&pick.Error{Status: http.StatusServiceUnavailable, RetryAfter: 1, Outcome: frontmetrics.OutcomeBadRequest,
 					Body: pick.ErrorBody(http.StatusServiceUnavailable, "", "", msg), Err: err})
 			}

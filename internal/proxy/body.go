@@ -6,11 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"runtime/debug"
-	"sync/atomic"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"kvrouter/internal/config"
 	"kvrouter/internal/request"
@@ -20,74 +16,6 @@ import (
 // declares fewer bytes): the most of the body budget a request holds
 // before its body's bytes arrive.
 const bodyChunk = 4 << 10
-
-// Returning memory after a burst of bodies. The runtime's background
-// scavenger hands freed pages back to the OS slowly: measured on this
-// router, 34 bodies of 15 MiB freed at once left 561 of 572 MB resident
-// four minutes later (docs/results/2026-12-04-body-budget.md). So when the
-// bodies held fall from a peak of at least releaseAbove to an eighth of
-// it, the budget calls release (debug.FreeOSMemory: a forced GC, then the
-// free pages returned) in a goroutine of its own, at most once per
-// releaseEvery: a cost of one GC cycle per burst, never per request.
-const (
-	releaseAbove = 64 << 20
-	releaseEvery = 10 * time.Second
-)
-
-// bodyBudget bounds the bytes of request bodies held at once
-// (config.Config.BodyBudget): a request takes the buffer it reads into before
-// reading, and finish gives it back. Safe for concurrent use.
-type bodyBudget struct {
-	max  int64 // <= 0: no bound
-	used atomic.Int64
-	held prometheus.Gauge
-	// release returns free memory to the OS (nil: debug.FreeOSMemory);
-	// peak is the most held since the last release, last its time in
-	// unix nanoseconds, releasing set while a release runs.
-	release   func()
-	peak      atomic.Int64
-	last      atomic.Int64
-	releasing atomic.Bool
-}
-
-// take reserves n bytes; false when they do not fit.
-func (b *bodyBudget) take(n int64) bool {
-	for {
-		u := b.used.Load()
-		if b.max > 0 && u+n > b.max {
-			return false
-		}
-		if b.used.CompareAndSwap(u, u+n) {
-			b.held.Set(float64(u + n))
-			for p := b.peak.Load(); u+n > p && !b.peak.CompareAndSwap(p, u+n); p = b.peak.Load() {
-			}
-			return true
-		}
-	}
-}
-
-// give returns n bytes taken, and starts a release after a burst.
-func (b *bodyBudget) give(n int64) {
-	if n == 0 {
-		return
-	}
-	u := b.used.Add(-n)
-	b.held.Set(float64(u))
-	p := b.peak.Load()
-	if p < releaseAbove || u > p/8 || time.Now().UnixNano()-b.last.Load() < int64(releaseEvery) || !b.releasing.CompareAndSwap(false, true) {
-		return
-	}
-	b.peak.Store(u)
-	b.last.Store(time.Now().UnixNano())
-	release := b.release
-	if release == nil {
-		release = debug.FreeOSMemory
-	}
-	go func() {
-		defer b.releasing.Store(false)
-		release()
-	}()
-}
 
 // readBody reads the request body whole within config.Config.BodyLimit, holding
 // config.Config.BodyBudget for its buffer (x.bodyHeld, given back by finish),
@@ -200,7 +128,7 @@ func (s *Server) readBody(x *exchange) ([]byte, bool) {
 	for _, p := range append(parts, cur) {
 		body = append(body, p...)
 	}
-	s.bodies.give(held - total)
+	s.giveBody(held - total)
 	x.bodyHeld -= held - total
 	return body, true
 }
@@ -208,13 +136,20 @@ func (s *Server) readBody(x *exchange) ([]byte, bool) {
 // holdBody takes n more bytes of the body budget for x; when they do not
 // fit it answers 503 with Retry-After and returns false.
 func (s *Server) holdBody(x *exchange, n int64) bool {
-	if s.bodies.take(n) {
+	if s.bodies.Take(n) {
+		s.lm.bodies.Add(float64(n))
 		x.bodyHeld += n
 		return true
 	}
 	s.lm.bodyRej.WithLabelValues("budget").Inc()
 	x.w.Header().Set("Connection", "close") // the body is not read
 	s.fail(x, &apiError{status: http.StatusServiceUnavailable, typ: typeServiceUnavailable, retryAfter: time.Second,
-		message: fmt.Sprintf("the router holds too many request bodies (body_budget %d bytes): retry later", s.bodies.max)}, outcomeBadRequest)
+		message: fmt.Sprintf("the router holds too many request bodies (body_budget %d bytes): retry later", s.bodies.Max())}, outcomeBadRequest)
 	return false
+}
+
+// giveBody returns n bytes of the body budget the HTTP front held.
+func (s *Server) giveBody(n int64) {
+	s.bodies.Give(n)
+	s.lm.bodies.Sub(float64(n))
 }

@@ -232,7 +232,7 @@ func (s *Server) finish(x *exchange) {
 		x.outcome = outcomeOK
 	}
 	extra := x.hooks.end(x, nil)
-	s.bodies.give(x.bodyHeld)
+	s.giveBody(x.bodyHeld)
 	s.m.requests.WithLabelValues(label, x.replica, x.outcome).Inc()
 	s.holds.Release(&x.held)
 	lvl := slog.LevelInfo

@@ -54,6 +54,7 @@ func (s *Server) Picker() *admission.Picker {
 	return s.core.Picker(admission.PickerDeps{
 		Ready:            func() bool { return s.readiness(false).Ready },
 		OnReplicaRemoved: s.onReplicaRemoved,
+		Bodies:           s.bodies,
 		CountClientControl: func(control string) {
 			s.lm.clients.WithLabelValues(control).Inc()
 		},

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"kvrouter/internal/admission"
+	"kvrouter/internal/bodybudget"
 	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/frontmetrics"
@@ -54,6 +55,11 @@ type Deps struct {
 	// Tracing traces requests (OpenTelemetry); nil records nothing but
 	// still passes a client's traceparent on to the engine.
 	Tracing *tracing.Tracing
+	// Bodies bounds the request bodies held at once by this front and
+	// every other front of the process that shares it (the endpoint
+	// picker takes it through Picker); nil: a Budget of
+	// config.Config.BodyBudget of the Server's own.
+	Bodies *bodybudget.Budget
 }
 
 // Server is the HTTP front. Safe for concurrent use.
@@ -74,7 +80,7 @@ type Server struct {
 	// the listeners' metrics, bodies the body_budget (listener.go,
 	// body.go).
 	admin  http.Handler
-	bodies *bodyBudget
+	bodies *bodybudget.Budget
 	// holds counts the exchanges writing each replica's series
 	// (replicas.go); removed are the other fronts' hooks
 	// (Picker.OnReplicaRemoved), under removedMu.
@@ -158,7 +164,9 @@ func New(cfg config.Config, deps Deps, log *slog.Logger, reg prometheus.Register
 	if s.lm, err = newListenerMetrics(reg); err != nil {
 		return nil, err
 	}
-	s.bodies = &bodyBudget{max: cfg.BodyBudget, held: s.lm.bodies}
+	if s.bodies = deps.Bodies; s.bodies == nil {
+		s.bodies = bodybudget.New(cfg.BodyBudget)
+	}
 	// Every series of a known label set exists from the start (0), not
 	// from its first event: alerts see 0, not "no data".
 	m.requests.WithLabelValues(modelUnknown, "", outcomeBadRequest)

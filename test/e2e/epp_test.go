@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -550,6 +551,19 @@ func TestEPPBodyBudget(t *testing.T) {
 	openAIError(t, r.immediate, http.StatusServiceUnavailable, "service_unavailable_error")
 	if ra := setHeaderMap(r.immediate.GetHeaders().GetSetHeaders())["retry-after"]; ra != "1" {
 		t.Errorf("retry-after %q on the budget's 503, want 1", ra)
+	}
+	// The HTTP front of the same process takes from the same budget.
+	hr, err := http.Post(s.url+"/v1/completions", "application/json", bytes.NewReader(big))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hb, _ := io.ReadAll(hr.Body)
+	hr.Body.Close()
+	if hr.StatusCode != http.StatusServiceUnavailable || hr.Header.Get("Retry-After") != "1" {
+		t.Errorf("HTTP front with the EPP holding the budget: %d (retry-after %q) %s, want 503 with retry-after 1", hr.StatusCode, hr.Header.Get("Retry-After"), hb)
+	}
+	if n := e2eMetric(t, s.url, "kvrouter_proxy_body_held_bytes"); n != 0 {
+		t.Errorf("kvrouter_proxy_body_held_bytes %v after the HTTP front's refusal, want 0", n)
 	}
 	cancel() // the holder's stream ends: its bytes come back
 	e2eEventually(t, 10*time.Second, "kvrouter_epp_body_held_bytes back to 0", func() bool {
