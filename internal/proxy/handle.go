@@ -215,7 +215,8 @@ const modelUnknown = "unknown"
 func truncate(s string, n int) string { return admission.Truncate(s, n) }
 
 // finish records the request's metrics and its one log line, then aborts
-// the connection if the response broke after its first byte.
+// the connection if the response broke after its first byte or the
+// client left.
 func (s *Server) finish(x *exchange) {
 	// The label is a configured model or "unknown" (bounded cardinality:
 	// a client cannot create series); the log line names what was asked.
@@ -254,7 +255,10 @@ func (s *Server) finish(x *exchange) {
 		s.log.LogAttrs(x.r.Context(), lvl, "request", attrs...)
 	}
 	s.endSpan(x)
-	if x.abort {
+	// A client that left gets no answer: net/http would otherwise write
+	// an empty 200 (nothing written yet) or end a stream as if complete,
+	// which a client that only shut its side for writing would read.
+	if x.abort || x.outcome == outcomeClientClosed {
 		panic(http.ErrAbortHandler) // net/http's documented way to cut a response short
 	}
 }

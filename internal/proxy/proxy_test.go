@@ -3,14 +3,21 @@ package proxy
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"kvrouter/internal/config"
 	"kvrouter/internal/fleet"
 	"kvrouter/internal/group"
+	"kvrouter/internal/testwait"
 )
 
 func TestNonStreamingRelay(t *testing.T) {
@@ -410,6 +417,40 @@ func TestClientCancel(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestHalfClosedClientGetsNoAnswer: a client that shuts its side for
+// writing after the request makes net/http cancel the request; the router
+// then closes the connection without an answer, instead of the empty 200
+// net/http writes for a handler that wrote nothing.
+func TestHalfClosedClientGetsNoAnswer(t *testing.T) {
+	rg := newRig(t, 1)
+	rg.engines[0].set(func(e *engine) { e.block = true })
+	conn, err := net.Dial("tcp", strings.TrimPrefix(rg.front.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(chatBody), chatBody)
+	if err := conn.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	// Whether the engine saw the request depends on when net/http read
+	// the end of the connection (during the body or after it); either
+	// way the request ends as client_closed.
+	testwait.For(t, "client_closed outcome counted", func() bool {
+		return rg.outcome("e0", outcomeClientClosed)+testutil.ToFloat64(rg.srv.m.requests.WithLabelValues(modelUnknown, "", outcomeClientClosed)) == 1
+	})
+	_ = conn.SetReadDeadline(time.Now().Add(testwait.Default))
+	got, err := io.ReadAll(conn)
+	if len(got) != 0 {
+		t.Fatalf("half-closed client got %q, want the connection closed without an answer", got)
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("connection still open %v after the request was cancelled", testwait.Default)
+	}
+	rg.checkDrained()
 }
 
 func TestTimeouts(t *testing.T) {

@@ -45,7 +45,7 @@ func (s *Server) adminRoutes() http.Handler {
 	}
 	if s.deps.UI != nil {
 		mux.Handle("GET /ui", s.deps.UI)
-		mux.Handle("GET /ui/", s.deps.UI)
+		mux.Handle("GET /ui/state", s.deps.UI)
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		(&apiError{status: http.StatusNotFound, typ: typeNotFound, message: fmt.Sprintf("no route for %s %s on the admin listener", truncate(r.Method, maxEcho), truncate(r.URL.Path, maxEcho))}).write(w)
@@ -89,11 +89,17 @@ func (s *Server) refuseClientControls(body []byte) *request.Error {
 // "." or ".." segment, a repeated or missing "/") with an OpenAI-shaped
 // 404 instead of ServeMux's redirect to the cleaned path, which would
 // answer in HTML and invite the client to a path it did not ask for. The
-// path is compared as sent (percent-encoded), as ServeMux compares it;
-// CONNECT requests are left to h, as ServeMux does not clean them.
+// path is compared as sent (percent-encoded), as ServeMux compares it.
+// A CONNECT request (the router is no forward proxy) gets the same 404,
+// instead of ServeMux's plain-text one.
 func canonical(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if p := r.URL.EscapedPath(); r.Method != http.MethodConnect && p != canonicalPath(p) {
+		if r.Method == http.MethodConnect {
+			(&apiError{status: http.StatusNotFound, typ: typeNotFound,
+				message: fmt.Sprintf("no route for CONNECT %s: the router is not a forward proxy", truncate(r.RequestURI, maxEcho))}).write(w)
+			return
+		}
+		if p := r.URL.EscapedPath(); p != canonicalPath(p) {
 			(&apiError{status: http.StatusNotFound, typ: typeNotFound,
 				message: fmt.Sprintf("no route for %s %s: the path is not in canonical form", truncate(r.Method, maxEcho), truncate(p, maxEcho))}).write(w)
 			return

@@ -43,8 +43,8 @@ type Deps struct {
 	EngineTLS *tls.Config
 	// Gatherer serves GET /metrics; nil: 404.
 	Gatherer prometheus.Gatherer
-	// UI, when not nil, serves GET /ui and GET /ui/... (the fleet page; it
-	// does its own authentication).
+	// UI, when not nil, serves GET /ui and GET /ui/state (the fleet page
+	// and its JSON; it does its own authentication).
 	UI http.Handler
 	// OnDecision, when not nil, is called with every routing decision
 	// (forwarded attempts and dry runs) after the router answered; it must
@@ -241,7 +241,7 @@ func (s *Server) routes(introspection bool) http.Handler {
 	}
 	if s.deps.UI != nil && introspection {
 		handle("GET", "/ui", s.deps.UI)
-		mux.Handle("GET /ui/", s.deps.UI)
+		handle("GET", "/ui/state", s.deps.UI)
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		// "/" matches every method, so ServeMux's own 405 never happens:
