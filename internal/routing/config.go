@@ -118,10 +118,11 @@ type KVConfig struct {
 	// means off.
 	EvictWeight float64 `yaml:"evict_weight"`
 	// AffinityLoadCap bounds the slack's winner by load: it must have at
-	// most AffinityLoadCap times the candidates' mean in-flight requests,
-	// plus one. A prefix only one replica holds, wanted by every client,
-	// then spreads once that replica carries twice its share. Default 2;
-	// negative means no cap.
+	// most AffinityLoadCap times the other candidates' mean in-flight
+	// requests, plus one. A prefix only one replica holds, wanted by every
+	// client, then spreads once that replica carries twice what the others
+	// do on average (with two replicas: two thirds of the requests).
+	// Default 2; negative means no cap.
 	AffinityLoadCap float64 `yaml:"affinity_load_cap"`
 	// StripeSlack, with Config.Routers > 1, sends a request to the
 	// candidate of the lowest stripe rank (this router's own stripe first)

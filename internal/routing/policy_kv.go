@@ -20,7 +20,7 @@ import "math"
 // Then the affinity slack (KVConfig.AffinitySlack) lets the candidate
 // holding at least half the prompt more than every other candidate win when
 // it costs at most the slack more and carries at most AffinityLoadCap times
-// the mean in-flight requests (plus one): the cost is myopic (this request's
+// the other candidates' mean in-flight requests (plus one): the cost is myopic (this request's
 // time to first token), while splitting a conversation also spends the
 // other replica's prefill on a second copy of its prefix and leaves the next
 // turn two places to miss (measured against the pooled-cache bound in
@@ -209,11 +209,11 @@ func (p *KV) affinity(d *Decision, req *Request, cands []Candidate, prompt float
 	if slack <= 0 || len(cands) < 2 {
 		return -1
 	}
-	minCost, meanInFlight := math.Inf(1), 0.0
+	minCost, inFlight := math.Inf(1), 0.0
 	best, others := -1, 0.0 // the largest overlap; the largest among the rest
 	for i, t := range d.Terms {
 		minCost = math.Min(minCost, t.Cost)
-		meanInFlight += float64(cands[i].Load.InFlight)
+		inFlight += float64(cands[i].Load.InFlight)
 		switch {
 		case best < 0 || t.Overlap > d.Terms[best].Overlap:
 			if best >= 0 {
@@ -224,7 +224,6 @@ func (p *KV) affinity(d *Decision, req *Request, cands []Candidate, prompt float
 			others = math.Max(others, t.Overlap)
 		}
 	}
-	meanInFlight /= float64(len(cands))
 	if home := p.sessions.replica(req.SessionKey); home != "" {
 		return p.home(d, cands, home, minCost, slack)
 	}
@@ -236,7 +235,10 @@ func (p *KV) affinity(d *Decision, req *Request, cands []Candidate, prompt float
 	if gain <= 0 || gain < 0.5*prompt || t.Cost > minCost+slack {
 		return -1
 	}
-	if lc := p.cfg.AffinityLoadCap; lc > 0 && float64(cands[best].Load.InFlight) > lc*meanInFlight+1 {
+	// The others' mean, not all candidates': with two replicas the
+	// holder's own load would lift the cap past anything it can carry.
+	held := float64(cands[best].Load.InFlight)
+	if lc := p.cfg.AffinityLoadCap; lc > 0 && held > lc*(inFlight-held)/float64(len(cands)-1)+1 {
 		return -1
 	}
 	return best

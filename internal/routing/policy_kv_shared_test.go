@@ -20,9 +20,10 @@ import (
 // more than the idle ones: it wins (affinity). With a second replica holding
 // the same 190 blocks at the same queue, the holder's gain over every other
 // candidate is 0: the idle one wins by cost, as without the slack (before
-// this rule the holder won: it held more than the cheapest). With 8 of the
-// 10 in-flight requests on the holder (mean 3.33, cap 2*3.33+1 = 7.67) the
-// cheapest wins; with 6 of 8 (mean 2.67, cap 6.33), the holder.
+// this rule the holder won: it held more than the cheapest). With 8
+// in-flight requests on the holder and 1 on each other (their mean 1, cap
+// 2*1+1 = 3) the cheapest wins; with 3, the holder. With two replicas the
+// cap still binds: 8 against 3 spreads (cap 7), 7 against 3 stays.
 func TestKVAffinityOwnPrefixOnly(t *testing.T) {
 	load := func(inFlight, queued int64) Load {
 		return Load{InFlight: inFlight, QueuedPrefill: queued, PrefillRate: 10000, DecodeRate: 2000}
@@ -49,7 +50,7 @@ func TestKVAffinityOwnPrefixOnly(t *testing.T) {
 			{Name: "idle2", Match: kvindex.Match{GPU: 1}, Load: load(1, 0)},
 		}, "idle2", "min_cost"},
 		{"a holder within twice its share stays", []Candidate{
-			{Name: "holder", Match: kvindex.Match{GPU: 190}, Load: load(6, 8000)},
+			{Name: "holder", Match: kvindex.Match{GPU: 190}, Load: load(3, 8000)},
 			{Name: "idle", Load: load(1, 0)},
 			{Name: "idle2", Match: kvindex.Match{GPU: 1}, Load: load(1, 0)},
 		}, "holder", "affinity"},
@@ -65,6 +66,19 @@ func TestKVAffinityOwnPrefixOnly(t *testing.T) {
 					t.Errorf("%s, order %v: %s (%s), want %s (%s); terms %+v", c.name, o, d.Name, d.Reason, c.want, c.reason, d.Terms)
 				}
 			}
+		}
+	}
+	for _, c := range []struct {
+		holder int64
+		want   string
+	}{{8, "other"}, {7, "holder"}} {
+		p, _ := NewPolicy("kv", seeded(1))
+		d := p.Pick(&Request{PromptTokens: 3200}, []Candidate{
+			{Name: "holder", Match: kvindex.Match{GPU: 190}, Load: load(c.holder, 8000)},
+			{Name: "other", Match: kvindex.Match{GPU: 1}, Load: load(3, 0)},
+		})
+		if d.Name != c.want {
+			t.Errorf("two replicas, holder %d in flight, other 3: %s (%s), want %s", c.holder, d.Name, d.Reason, c.want)
 		}
 	}
 	// A negative cap turns the load limit off: the busy holder stays.
