@@ -87,13 +87,15 @@ type KVConfig struct {
 	// AffinitySessions is how many conversations (Request.SessionKey) kv
 	// remembers the last replica of (the conversation's home), oldest
 	// forgotten first. A request of a remembered conversation stays home
-	// while no other candidate holds more of its prompt (what home holds
-	// beyond the others is its own history, however short beside a shared
-	// system prompt), within AffinitySlack, without AffinityLoadCap, and
-	// beyond the slack when every cheaper candidate would have to evict to
-	// take it (Terms.Evict > 0). For a conversation kv has not seen, what
-	// any replica holds is shared (a system prompt) and buys no
-	// stickiness; SessionSpread places it. Requests without a session key
+	// while home holds more of its prompt than every other candidate (what
+	// home holds beyond the others is its own history, however short beside
+	// a shared system prompt; a home that has kept no more than another
+	// candidate holds none of it, and the cost decides), within
+	// AffinitySlack, without AffinityLoadCap, and beyond the slack when
+	// every cheaper candidate would have to evict to take it (Terms.Evict
+	// > 0). For a conversation kv has not seen, what any replica holds is
+	// shared (a system prompt) and buys no stickiness; SessionSpread
+	// places it. Requests without a session key
 	// keep the half-prompt rule and the load cap. Default 65,536; negative
 	// means off (the half-prompt rule for every request).
 	AffinitySessions int `yaml:"affinity_sessions"`

@@ -34,9 +34,9 @@ import "math"
 //
 // Conversations (Request.SessionKey; docs/routing.md "Conversations and
 // cache pressure"): kv remembers each conversation's replica, its home,
-// where it stays while no other replica holds more of its prompt (affinity,
-// without the load cap, and past the slack when no cheaper replica has
-// room); a conversation's first
+// where it stays while home holds more of its prompt than any other
+// replica (affinity, without the load cap, and past the slack when no
+// cheaper replica has room); a conversation's first
 // request goes to the replica with the fewest conversations within
 // KVConfig.SessionSpread of the cheapest; and the cost adds the cache
 // pressure (Terms.Evict): the blocks a placement writes beyond the
@@ -243,13 +243,17 @@ func (p *KV) affinity(d *Decision, req *Request, cands []Candidate, prompt float
 }
 
 // home returns the index of the remembered conversation's replica home when
-// the affinity keeps it there, else -1: home must hold some of the prompt,
-// and no less than any other candidate (what it holds beyond the others is the
-// conversation's own history; when its cache has lost that history too,
-// no other replica has it either, and moving would only add a conversation
-// to another replica's cache) and cost at most slack more than the
+// the affinity keeps it there, else -1: home must hold more of the prompt
+// than every other candidate (what it holds beyond the others is the
+// conversation's own history) and cost at most slack more than the
 // cheapest, or more when every cheaper candidate would have to evict to
-// take it (noRoom).
+// take it (noRoom). A home that holds no more than another candidate (its
+// cache has kept only a prefix others hold too, such as a shared system
+// prompt, or nothing) has none of the conversation's history left to
+// save: wherever the turn goes it writes the same blocks, and the cost
+// decides. Keeping it there anyway queued it behind home's load, past the
+// slack whenever every cache was full, for no hit
+// (docs/results/2026-12-06-routing-sweep-3.md).
 func (p *KV) home(d *Decision, cands []Candidate, home string, minCost, slack float64) int {
 	h := -1
 	for i := range cands {
@@ -265,8 +269,8 @@ func (p *KV) home(d *Decision, cands []Candidate, home string, minCost, slack fl
 		return -1 // home holds nothing of it (restarted, or the index is blind)
 	}
 	for i, o := range d.Terms {
-		if i != h && o.Overlap > t.Overlap {
-			return -1
+		if i != h && o.Overlap >= t.Overlap {
+			return -1 // no history of its own at home
 		}
 	}
 	if t.Cost > minCost+slack && !noRoom(d, t.Cost) {

@@ -170,3 +170,51 @@ func TestKVSpreadsNewConversations(t *testing.T) {
 		}
 	}
 }
+
+// TestKVHomeWithoutHistoryDoesNotHold: every replica's cache is full
+// (capacity 400 blocks, all held) and holds the shared 1,024-token system
+// prompt (64 blocks). A conversation's first turn went to some replica,
+// its home; by its second turn (1,728 tokens) home's cache has evicted the
+// conversation's history and kept only the system prompt, as every other
+// replica has, and home has requests queued. Wherever the turn goes it
+// writes the same blocks, so staying home saves nothing: the cost decides
+// and the turn goes to an idle replica. Before, a home holding no less
+// than the others kept the turn within the affinity slack (home queued
+// 0.5 s, reason affinity) and, the caches being full, past it too (home
+// queued 5 s: every cheaper replica would evict, so the no-room rule held
+// the turn behind the queue). With its own history still at home (80
+// blocks against 64) the turn stays in both cases.
+func TestKVHomeWithoutHistoryDoesNotHold(t *testing.T) {
+	const capacity, system = 400, 64
+	names := []string{"a", "b", "c", "d"}
+	for _, c := range []struct {
+		queued  int64 // prefill tokens queued at home
+		history int32 // blocks home holds beyond the system prompt
+		stay    bool
+	}{
+		{5000, 0, false}, {50000, 0, false},
+		{5000, 16, true}, {50000, 16, true},
+	} {
+		p, err := NewPolicy("kv", seeded(4))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cands := make([]Candidate, len(names))
+		for i, n := range names {
+			cands[i] = Candidate{Name: n, Held: capacity, Capacity: capacity, Match: kvindex.Match{GPU: system},
+				Load: Load{PrefillRate: 10000, DecodeRate: 2000}}
+		}
+		first := p.Pick(&Request{PromptTokens: 1280, MaxTokens: 192, SessionKey: "conv-1"}, cands)
+		if first.Index < 0 {
+			t.Fatal("first turn: no pick")
+		}
+		h := &cands[first.Index]
+		h.Match.GPU += c.history
+		h.Load.InFlight, h.Load.QueuedPrefill = 4, c.queued
+		d := p.Pick(&Request{PromptTokens: 1728, MaxTokens: 192, SessionKey: "conv-1"}, cands)
+		if stayed := d.Name == first.Name; stayed != c.stay {
+			t.Errorf("home %s with %d blocks of history and %d tokens queued: second turn went to %s (%s), want stay %v; terms %+v",
+				first.Name, c.history, c.queued, d.Name, d.Reason, c.stay, d.Terms)
+		}
+	}
+}
