@@ -125,6 +125,23 @@ type KVConfig struct {
 	// then spreads once that replica carries twice its share. Default 2;
 	// negative means no cap.
 	AffinityLoadCap float64 `yaml:"affinity_load_cap"`
+	// EmptyHomeSlack keeps a remembered conversation none of whose prompt
+	// any candidate holds (its home has evicted all of it, as when the
+	// fleet's caches cannot hold every live conversation) on its home
+	// while home costs at most this much more (seconds) than the cheapest
+	// and every cheaper candidate would have to evict to take it
+	// (Terms.Evict > 0). Every candidate would compute the whole prompt,
+	// so only load tells them apart, and moving the conversation from one
+	// full cache to another on a small difference of load, or at random
+	// among equal costs, reshuffles which conversations share each cache:
+	// on shared_prefix with 4 replicas of 2,000 blocks that cost kv
+	// 0.15-0.22 point of hit rate against session affinity
+	// (docs/results/2026-12-06-routing-sweep-3.md). A cheaper candidate
+	// with room (a replica just added, or an index that has lost its
+	// events) still takes it, and a home that holds some of the prompt
+	// but no more than another candidate is not kept: the cost decides.
+	// Default 100ms; negative means off.
+	EmptyHomeSlack time.Duration `yaml:"empty_home_slack"`
 	// StripeSlack, with Config.Routers > 1, sends a request to the
 	// candidate of the lowest stripe rank (this router's own stripe first)
 	// among those costing at most this much more than the cheapest, unless
@@ -207,6 +224,9 @@ func DefaultConfig(cfg Config) Config {
 	}
 	def(&cfg.KV.AffinityLoadCap, 2)
 	def(&cfg.KV.EvictWeight, 1)
+	if cfg.KV.EmptyHomeSlack == 0 {
+		cfg.KV.EmptyHomeSlack = 100 * time.Millisecond
+	}
 	if cfg.KV.SessionSpread == 0 {
 		cfg.KV.SessionSpread = 500 * time.Millisecond
 	}

@@ -218,3 +218,64 @@ func TestKVHomeWithoutHistoryDoesNotHold(t *testing.T) {
 		}
 	}
 }
+
+// TestKVEmptyHomeKeepsConversation: four replicas with full caches, none
+// holding any of a conversation's prompt (its group's 2,048-token prefix
+// and question; home has evicted all of it, as on shared_prefix with
+// caches too small for every group). Every candidate would compute the
+// whole prompt, so the costs differ only by load. Twenty such
+// conversations, each remembered on a home, come back: while home costs
+// no more than the cheapest (all idle) or at most EmptyHomeSlack (100 ms)
+// more (500 queued tokens, 50 ms at 10,000 tokens/s), each stays home.
+// Before, the cost decided: equal costs went at random, so about three in
+// four moved, and any queue at home moved it. With 0.5 s queued at home,
+// or the slack off, the cost decides; so it does when another replica has
+// room (just added, say): for a 320-token prompt that replica is cheaper
+// only by the eviction it avoids, 77 ms (its prompt twice and 128 output
+// tokens, 48 blocks, at 10,000 tokens/s), within the slack, yet the
+// conversation moves there.
+func TestKVEmptyHomeKeepsConversation(t *testing.T) {
+	const capacity = 400
+	names := []string{"a", "b", "c", "d"}
+	for _, c := range []struct {
+		queued int64
+		slack  time.Duration
+		room   bool // another replica's cache has room
+		prompt int
+		stay   bool
+	}{
+		{0, 0, false, 2304, true}, {500, 0, false, 2304, true}, {5000, 0, false, 2304, false},
+		{500, -1, false, 2304, false}, {0, 0, true, 320, false},
+	} {
+		cfg := seeded(6)
+		cfg.KV.EmptyHomeSlack = c.slack
+		p, err := NewPolicy("kv", cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stayed := 0
+		for i := range 20 {
+			session := fmt.Sprintf("group-%d", i)
+			cands := make([]Candidate, len(names))
+			for j, n := range names {
+				cands[j] = Candidate{Name: n, Held: capacity, Capacity: capacity,
+					Load: Load{PrefillRate: 10000, DecodeRate: 2000}}
+			}
+			first := p.Pick(&Request{PromptTokens: c.prompt, MaxTokens: 128, SessionKey: session}, cands)
+			if first.Index < 0 {
+				t.Fatal("first request: no pick")
+			}
+			cands[first.Index].Load.QueuedPrefill = c.queued
+			if c.room {
+				cands[(first.Index+1)%len(cands)].Held = 0
+			}
+			if d := p.Pick(&Request{PromptTokens: c.prompt, MaxTokens: 128, SessionKey: session}, cands); d.Name == first.Name {
+				stayed++
+			}
+		}
+		if want := map[bool]int{true: 20, false: 0}[c.stay]; stayed != want {
+			t.Errorf("%d tokens queued at home, slack %v, room elsewhere %v: %d of 20 conversations stayed home, want %d",
+				c.queued, c.slack, c.room, stayed, want)
+		}
+	}
+}
