@@ -87,13 +87,15 @@ type KVConfig struct {
 	// AffinitySessions is how many conversations (Request.SessionKey) kv
 	// remembers the last replica of (the conversation's home), oldest
 	// forgotten first. A request of a remembered conversation stays home
-	// while no other candidate holds more of its prompt (what home holds
-	// beyond the others is its own history, however short beside a shared
-	// system prompt), within AffinitySlack, without AffinityLoadCap, and
-	// beyond the slack when every cheaper candidate would have to evict to
-	// take it (Terms.Evict > 0). For a conversation kv has not seen, what
-	// any replica holds is shared (a system prompt) and buys no
-	// stickiness; SessionSpread places it. Requests without a session key
+	// while home holds more of its prompt than every other candidate (what
+	// home holds beyond the others is its own history, however short beside
+	// a shared system prompt; a home that has kept no more than another
+	// candidate holds none of it, and the cost decides), within
+	// AffinitySlack, without AffinityLoadCap, and beyond the slack when
+	// every cheaper candidate would have to evict to take it (Terms.Evict
+	// > 0). For a conversation kv has not seen, what any replica holds is
+	// shared (a system prompt) and buys no stickiness; SessionSpread
+	// places it. Requests without a session key
 	// keep the half-prompt rule and the load cap. Default 65,536; negative
 	// means off (the half-prompt rule for every request).
 	AffinitySessions int `yaml:"affinity_sessions"`
@@ -124,6 +126,23 @@ type KVConfig struct {
 	// do on average (with two replicas: two thirds of the requests).
 	// Default 2; negative means no cap.
 	AffinityLoadCap float64 `yaml:"affinity_load_cap"`
+	// EmptyHomeSlack keeps a remembered conversation none of whose prompt
+	// any candidate holds (its home has evicted all of it, as when the
+	// fleet's caches cannot hold every live conversation) on its home
+	// while home costs at most this much more (seconds) than the cheapest
+	// and every cheaper candidate would have to evict to take it
+	// (Terms.Evict > 0). Every candidate would compute the whole prompt,
+	// so only load tells them apart, and moving the conversation from one
+	// full cache to another on a small difference of load, or at random
+	// among equal costs, reshuffles which conversations share each cache:
+	// on shared_prefix with 4 replicas of 2,000 blocks that cost kv
+	// 0.15-0.22 point of hit rate against session affinity
+	// (docs/results/2026-12-06-routing-sweep-3.md). A cheaper candidate
+	// with room (a replica just added, or an index that has lost its
+	// events) still takes it, and a home that holds some of the prompt
+	// but no more than another candidate is not kept: the cost decides.
+	// Default 100ms; negative means off.
+	EmptyHomeSlack time.Duration `yaml:"empty_home_slack"`
 	// StripeSlack, with Config.Routers > 1, sends a request to the
 	// candidate of the lowest stripe rank (this router's own stripe first)
 	// among those costing at most this much more than the cheapest, unless
@@ -206,6 +225,9 @@ func DefaultConfig(cfg Config) Config {
 	}
 	def(&cfg.KV.AffinityLoadCap, 2)
 	def(&cfg.KV.EvictWeight, 1)
+	if cfg.KV.EmptyHomeSlack == 0 {
+		cfg.KV.EmptyHomeSlack = 100 * time.Millisecond
+	}
 	if cfg.KV.SessionSpread == 0 {
 		cfg.KV.SessionSpread = 500 * time.Millisecond
 	}

@@ -34,9 +34,11 @@ import "math"
 //
 // Conversations (Request.SessionKey; docs/routing.md "Conversations and
 // cache pressure"): kv remembers each conversation's replica, its home,
-// where it stays while no other replica holds more of its prompt (affinity,
-// without the load cap, and past the slack when no cheaper replica has
-// room); a conversation's first
+// where it stays while home holds more of its prompt than any other
+// replica (affinity, without the load cap, and past the slack when no
+// cheaper replica has room), or while no replica holds any of it, home
+// costs at most KVConfig.EmptyHomeSlack more than the cheapest and no
+// cheaper replica has room; a conversation's first
 // request goes to the replica with the fewest conversations within
 // KVConfig.SessionSpread of the cheapest; and the cost adds the cache
 // pressure (Terms.Evict): the blocks a placement writes beyond the
@@ -245,13 +247,19 @@ func (p *KV) affinity(d *Decision, req *Request, cands []Candidate, prompt float
 }
 
 // home returns the index of the remembered conversation's replica home when
-// the affinity keeps it there, else -1: home must hold some of the prompt,
-// and no less than any other candidate (what it holds beyond the others is the
-// conversation's own history; when its cache has lost that history too,
-// no other replica has it either, and moving would only add a conversation
-// to another replica's cache) and cost at most slack more than the
+// the affinity keeps it there, else -1: home must hold more of the prompt
+// than every other candidate (what it holds beyond the others is the
+// conversation's own history) and cost at most slack more than the
 // cheapest, or more when every cheaper candidate would have to evict to
-// take it (noRoom).
+// take it (noRoom). A home that holds some of the prompt but no more than
+// another candidate (its cache has kept only a prefix others hold too,
+// such as a shared system prompt) has none of the conversation's history
+// left to save: wherever the turn goes it writes the same blocks, and the
+// cost decides. Keeping it there anyway queued it behind home's load, past
+// the slack whenever every cache was full, for no hit. When no candidate
+// holds any of the prompt, home is kept within KVConfig.EmptyHomeSlack of
+// the cheapest while every cheaper candidate would evict to take it
+// (noRoom; docs/results/2026-12-06-routing-sweep-3.md).
 func (p *KV) home(d *Decision, cands []Candidate, home string, minCost, slack float64) int {
 	h := -1
 	for i := range cands {
@@ -263,13 +271,18 @@ func (p *KV) home(d *Decision, cands []Candidate, home string, minCost, slack fl
 		return -1
 	}
 	t := d.Terms[h]
-	if t.Overlap <= 0 {
-		return -1 // home holds nothing of it (restarted, or the index is blind)
-	}
+	own, held := t.Overlap > 0, t.Overlap > 0
 	for i, o := range d.Terms {
-		if i != h && o.Overlap > t.Overlap {
+		if i != h && o.Overlap >= t.Overlap {
+			own = false // no history of its own at home
+		}
+		held = held || o.Overlap > 0
+	}
+	if !own {
+		if w := p.cfg.EmptyHomeSlack.Seconds(); held || w < 0 || t.Cost > minCost+w || !noRoom(d, t.Cost) {
 			return -1
 		}
+		return h // no candidate holds any of it, none cheaper has room: stay put
 	}
 	if t.Cost > minCost+slack && !noRoom(d, t.Cost) {
 		return -1

@@ -170,3 +170,112 @@ func TestKVSpreadsNewConversations(t *testing.T) {
 		}
 	}
 }
+
+// TestKVHomeWithoutHistoryDoesNotHold: every replica's cache is full
+// (capacity 400 blocks, all held) and holds the shared 1,024-token system
+// prompt (64 blocks). A conversation's first turn went to some replica,
+// its home; by its second turn (1,728 tokens) home's cache has evicted the
+// conversation's history and kept only the system prompt, as every other
+// replica has, and home has requests queued. Wherever the turn goes it
+// writes the same blocks, so staying home saves nothing: the cost decides
+// and the turn goes to an idle replica. Before, a home holding no less
+// than the others kept the turn within the affinity slack (home queued
+// 0.5 s, reason affinity) and, the caches being full, past it too (home
+// queued 5 s: every cheaper replica would evict, so the no-room rule held
+// the turn behind the queue). With its own history still at home (80
+// blocks against 64) the turn stays in both cases.
+func TestKVHomeWithoutHistoryDoesNotHold(t *testing.T) {
+	const capacity, system = 400, 64
+	names := []string{"a", "b", "c", "d"}
+	for _, c := range []struct {
+		queued  int64 // prefill tokens queued at home
+		history int32 // blocks home holds beyond the system prompt
+		stay    bool
+	}{
+		{5000, 0, false}, {50000, 0, false},
+		{5000, 16, true}, {50000, 16, true},
+	} {
+		p, err := NewPolicy("kv", seeded(4))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cands := make([]Candidate, len(names))
+		for i, n := range names {
+			cands[i] = Candidate{Name: n, Held: capacity, Capacity: capacity, Match: kvindex.Match{GPU: system},
+				Load: Load{PrefillRate: 10000, DecodeRate: 2000}}
+		}
+		first := p.Pick(&Request{PromptTokens: 1280, MaxTokens: 192, SessionKey: "conv-1"}, cands)
+		if first.Index < 0 {
+			t.Fatal("first turn: no pick")
+		}
+		h := &cands[first.Index]
+		h.Match.GPU += c.history
+		h.Load.InFlight, h.Load.QueuedPrefill = 4, c.queued
+		d := p.Pick(&Request{PromptTokens: 1728, MaxTokens: 192, SessionKey: "conv-1"}, cands)
+		if stayed := d.Name == first.Name; stayed != c.stay {
+			t.Errorf("home %s with %d blocks of history and %d tokens queued: second turn went to %s (%s), want stay %v; terms %+v",
+				first.Name, c.history, c.queued, d.Name, d.Reason, c.stay, d.Terms)
+		}
+	}
+}
+
+// TestKVEmptyHomeKeepsConversation: four replicas with full caches, none
+// holding any of a conversation's prompt (its group's 2,048-token prefix
+// and question; home has evicted all of it, as on shared_prefix with
+// caches too small for every group). Every candidate would compute the
+// whole prompt, so the costs differ only by load. Twenty such
+// conversations, each remembered on a home, come back: while home costs
+// no more than the cheapest (all idle) or at most EmptyHomeSlack (100 ms)
+// more (500 queued tokens, 50 ms at 10,000 tokens/s), each stays home.
+// Before, the cost decided: equal costs went at random, so about three in
+// four moved, and any queue at home moved it. With 0.5 s queued at home,
+// or the slack off, the cost decides; so it does when another replica has
+// room (just added, say): for a 320-token prompt that replica is cheaper
+// only by the eviction it avoids, 77 ms (its prompt twice and 128 output
+// tokens, 48 blocks, at 10,000 tokens/s), within the slack, yet the
+// conversation moves there.
+func TestKVEmptyHomeKeepsConversation(t *testing.T) {
+	const capacity = 400
+	names := []string{"a", "b", "c", "d"}
+	for _, c := range []struct {
+		queued int64
+		slack  time.Duration
+		room   bool // another replica's cache has room
+		prompt int
+		stay   bool
+	}{
+		{0, 0, false, 2304, true}, {500, 0, false, 2304, true}, {5000, 0, false, 2304, false},
+		{500, -1, false, 2304, false}, {0, 0, true, 320, false},
+	} {
+		cfg := seeded(6)
+		cfg.KV.EmptyHomeSlack = c.slack
+		p, err := NewPolicy("kv", cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stayed := 0
+		for i := range 20 {
+			session := fmt.Sprintf("group-%d", i)
+			cands := make([]Candidate, len(names))
+			for j, n := range names {
+				cands[j] = Candidate{Name: n, Held: capacity, Capacity: capacity,
+					Load: Load{PrefillRate: 10000, DecodeRate: 2000}}
+			}
+			first := p.Pick(&Request{PromptTokens: c.prompt, MaxTokens: 128, SessionKey: session}, cands)
+			if first.Index < 0 {
+				t.Fatal("first request: no pick")
+			}
+			cands[first.Index].Load.QueuedPrefill = c.queued
+			if c.room {
+				cands[(first.Index+1)%len(cands)].Held = 0
+			}
+			if d := p.Pick(&Request{PromptTokens: c.prompt, MaxTokens: 128, SessionKey: session}, cands); d.Name == first.Name {
+				stayed++
+			}
+		}
+		if want := map[bool]int{true: 20, false: 0}[c.stay]; stayed != want {
+			t.Errorf("%d tokens queued at home, slack %v, room elsewhere %v: %d of 20 conversations stayed home, want %d",
+				c.queued, c.slack, c.room, stayed, want)
+		}
+	}
+}
