@@ -225,6 +225,9 @@ type jsonScanner struct {
 	buf  []byte // scratch for strings with escapes
 	ints *bigInts
 	dup  bool // an object had a key twice
+	// nonASCII is set when a string held a byte 0x80 or above (the
+	// only place such a byte can be in valid JSON).
+	nonASCII bool
 	// values counts the values read, up to MaxJSONValues.
 	values int
 }
@@ -414,6 +417,7 @@ func (s *jsonScanner) str() (string, error) {
 			s.pos += 1 + plainPrefix(s.data[s.pos+1:min(quote, bslash)])
 			s.buf = append(s.buf, s.data[run:s.pos]...)
 		default:
+			s.nonASCII = true
 			r, size := utf8.DecodeRune(s.data[s.pos:])
 			s.buf = utf8.AppendRune(s.buf, r) // invalid byte: U+FFFD
 			s.pos += size

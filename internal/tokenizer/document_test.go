@@ -33,6 +33,7 @@ func documentSeeds(tb testing.TB) [][]byte {
 		`{"messages":[{"role":"user","content":"x"}],"seed":123456789012345678901234567890}`,
 		`{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":null}]}],"chat_template_kwargs":{"enable_thinking":false}}`,
 		`[]`, `{"a" 1}`, `{"a":1,}`, `{"a":1} x`, "{\"a\":\"\xff\"}",
+		"{\"a\":\"caf\xc3\xa9\"}", "{\"caf\xc3\xa9\":1}", "{\"a\":\"x\\n\xe2\x82\xac\"}",
 	} {
 		seeds = append(seeds, []byte(s))
 	}
@@ -54,6 +55,17 @@ func FuzzDecodeDocument(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		if doc, err := DecodeDocument(data); err == nil {
+			// ASCII, which spares the router its UTF-8 check, holds
+			// exactly when no byte is 0x80 or above.
+			ascii := true
+			for _, c := range data {
+				ascii = ascii && c < utf8.RuneSelf
+			}
+			if doc.ASCII != ascii {
+				t.Fatalf("%q: ASCII %v, want %v", data, doc.ASCII, ascii)
+			}
+		}
 		if !utf8.Valid(data) {
 			return // the router refuses invalid UTF-8 before decoding
 		}
