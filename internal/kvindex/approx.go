@@ -151,9 +151,23 @@ func (a *Approx) Routed(id ReplicaID, keys []Key) {
 	var run, runEnd uint32 // a run of held keys' entries not yet moved (0: none)
 	stored := int64(0)     // counted once: an atomic add per block is not free
 	for i := len(keys) - 1; i >= 0; i-- {
+		k := keys[i]
+		// Most often the key's entry is the one just before the run in
+		// the list, where the last Routed of the same prefix left it:
+		// an entry of this replica's list (one per key), so the one the
+		// probe would find, and the run grows by it. Two loads the
+		// probe makes anyway (the entry and its links), no table group.
+		if run != 0 {
+			if p := a.st.lnk(run).prev; p != 0 {
+				if e := a.st.ent(p); e.key == k {
+					e.aux = exp
+					run = p
+					continue
+				}
+			}
+		}
 		// One probe of the replica's table: the key's slot when it holds
 		// the block, else the free slot the insert takes.
-		k := keys[i]
 		t := &a.st.srcs[src].tab
 		slot, sm, found := t.probe(&a.st, uint64(k))
 		if found {
