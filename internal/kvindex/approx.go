@@ -244,12 +244,79 @@ func (a *Approx) Lookup(keys []Key, out []Match) []Match {
 		return out
 	}
 	now, _ := a.expiry()
+	// The replicas whose runs reach the current key, each with its entry
+	// for the key before: while each holds the key in the entry after
+	// that one in its list (where Routed leaves a prompt's keys), the
+	// key's holders need not be looked up.
+	var liveBuf [8]liveRun
+	live := liveBuf[:0]
 	for i, k := range keys {
-		if walk(&a.st, k, int32(i), out, tierGPU, uint64(now)) == 0 {
+		if len(live) > 0 && a.follow(k, out, live, uint64(now)) {
+			continue
+		}
+		if live = walkLive(&a.st, k, int32(i), out, uint64(now), live[:0]); len(live) == 0 {
 			break
 		}
 	}
 	return finish(out)
+}
+
+// liveRun is a replica whose run reaches the key Lookup is at, and its
+// entry for the key before.
+type liveRun struct {
+	r  ReplicaID
+	at uint32
+}
+
+// follow credits key k to the replicas of live when each of them holds k
+// in the entry right after its entry for the key before, moving live on
+// to those entries; it reports false, crediting nothing, when some does
+// not. An entry in a replica's list is the replica's one entry for its
+// key, so the credits are those walk gives: replicas not in live have
+// runs that ended before k, which k cannot extend. Caller holds a.mu.
+func (a *Approx) follow(k Key, out []Match, live []liveRun, expired uint64) bool {
+	for _, l := range live {
+		next := a.st.lnk(l.at).next
+		if next == 0 {
+			return false
+		}
+		if e := a.st.ent(next); e.key != k || expired != 0 && e.aux < expired || bestTier(&e.refs) == tierNone {
+			return false
+		}
+	}
+	for j := range live {
+		l := &live[j]
+		l.at = a.st.lnk(l.at).next
+		t := bestTier(&a.st.ent(l.at).refs)
+		m := &out[l.r]
+		m.add(t, 1) // its run reached k: the visit that grows it
+		m.last = t
+	}
+	return true
+}
+
+// walkLive is walk (tier GPU) returning, appended to live, the replicas
+// whose runs grew and the entries they grew by.
+func walkLive(st *store, k Key, i int32, out []Match, expired uint64, live []liveRun) []liveRun {
+	for idx := st.head(k); idx != 0; {
+		cur, e := idx, st.ent(idx)
+		idx = e.next
+		if expired != 0 && e.aux < expired {
+			continue
+		}
+		r := st.srcs[e.src].replica
+		if int(r) >= len(out) {
+			continue
+		}
+		t := bestTier(&e.refs)
+		if t == tierNone {
+			continue
+		}
+		if out[r].visit(i, t) {
+			live = append(live, liveRun{r, cur})
+		}
+	}
+	return live
 }
 
 // Stats returns the index's counters; it takes no lock.
