@@ -432,8 +432,16 @@ func nextByte(b []byte, from int, c byte) int {
 func plainPrefix(b []byte) int {
 	const lo, hi = 0x0101010101010101, 0x8080808080808080
 	n := len(b)
-	for len(b) >= 16 { // two words a round; the word loop below finds the byte
-		w, v := binary.LittleEndian.Uint64(b), binary.LittleEndian.Uint64(b[8:])
+	for len(b) >= 32 { // four words a round; the loops below find the byte
+		w, v := binary.LittleEndian.Uint64(b), binary.LittleEndian.Uint64(b[8:16])
+		x, y := binary.LittleEndian.Uint64(b[16:24]), binary.LittleEndian.Uint64(b[24:32])
+		if ((w-lo*0x20)|w|(v-lo*0x20)|v|(x-lo*0x20)|x|(y-lo*0x20)|y)&hi != 0 {
+			break
+		}
+		b = b[32:]
+	}
+	for len(b) >= 16 {
+		w, v := binary.LittleEndian.Uint64(b), binary.LittleEndian.Uint64(b[8:16])
 		if ((w-lo*0x20)|w|(v-lo*0x20)|v)&hi != 0 {
 			break
 		}

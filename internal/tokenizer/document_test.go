@@ -112,9 +112,10 @@ func FuzzDecodeDocument(f *testing.F) {
 	})
 }
 
-// TestPlainPrefix checks the eight-byte scan of the string scanner's
+// TestPlainPrefix checks the word-at-a-time scan of the string scanner's
 // fast path against a byte loop: every byte value at every position of
-// strings of 1-20 bytes, behind plain bytes and behind a control byte.
+// strings of 1-70 bytes (through its 32-, 16- and 8-byte rounds and the
+// tail), behind plain bytes and behind a control byte.
 func TestPlainPrefix(t *testing.T) {
 	want := func(b []byte) int {
 		for i, c := range b {
@@ -124,7 +125,7 @@ func TestPlainPrefix(t *testing.T) {
 		}
 		return len(b)
 	}
-	for n := 1; n <= 20; n++ {
+	for n := 1; n <= 70; n++ {
 		for pos := range n {
 			for c := range 256 {
 				for _, fill := range []byte{'a', ' ', '"', 0x7f} {
