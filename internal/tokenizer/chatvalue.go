@@ -112,6 +112,9 @@ func normalizeToolCall(call jinja.Value, ints *bigInts) (jinja.Value, error) {
 
 // normalizeContent returns a message's content as the template sees it.
 func normalizeContent(v jinja.Value, format ContentFormat) (jinja.Value, error) {
+	if v.IsString() && format == ContentString {
+		return v, nil // as joining its one text gives: the same string
+	}
 	var texts []string
 	switch {
 	case v.IsUndefined() || v.IsNone():
