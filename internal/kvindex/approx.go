@@ -250,15 +250,49 @@ func (a *Approx) Lookup(keys []Key, out []Match) []Match {
 	// key's holders need not be looked up.
 	var liveBuf [8]liveRun
 	live := liveBuf[:0]
-	for i, k := range keys {
-		if len(live) > 0 && a.follow(k, out, live, uint64(now)) {
-			continue
+	for i := 0; i < len(keys); i++ {
+		switch {
+		case len(live) == 1: // one replica's run, the usual case: follow it
+			if i = a.followOne(keys, i, out, &live[0], uint64(now)); i == len(keys) {
+				return finish(out)
+			}
+		case len(live) > 1:
+			if a.follow(keys[i], out, live, uint64(now)) {
+				continue
+			}
 		}
-		if live = walkLive(&a.st, k, int32(i), out, uint64(now), live[:0]); len(live) == 0 {
+		if live = walkLive(&a.st, keys[i], int32(i), out, uint64(now), live[:0]); len(live) == 0 {
 			break
 		}
 	}
 	return finish(out)
+}
+
+// followOne is follow for one replica's run, l, over keys from i on: it
+// credits each key its list holds in the entry after the one before, and
+// returns the index of the first it does not (len(keys) when none).
+func (a *Approx) followOne(keys []Key, i int, out []Match, l *liveRun, expired uint64) int {
+	m := &out[l.r]
+	at := l.at
+	for ; i < len(keys); i++ {
+		next := a.st.lnk(at).next
+		if next == 0 {
+			break
+		}
+		e := a.st.ent(next)
+		if e.key != keys[i] || expired != 0 && e.aux < expired {
+			break
+		}
+		t := bestTier(&e.refs)
+		if t == tierNone {
+			break
+		}
+		m.add(t, 1) // its run reached key i: the visit that grows it
+		m.last = t
+		at = next
+	}
+	l.at = at
+	return i
 }
 
 // liveRun is a replica whose run reaches the key Lookup is at, and its

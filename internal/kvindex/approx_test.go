@@ -345,3 +345,33 @@ func TestApproxLookupFollowsLists(t *testing.T) {
 		}
 	}
 }
+
+// TestApproxLookupExpiredTail: a prompt's tail that expired while its
+// prefix, routed again since, did not stays out of the replica's match,
+// though it follows the prefix in the replica's list (one replica's run
+// and two replicas' runs).
+func TestApproxLookupExpiredTail(t *testing.T) {
+	for _, names := range [][]string{{"r0"}, {"r0", "r1"}} {
+		c := newClock()
+		a := testApprox(c, func(cfg *Config) { cfg.ApproxTTL = 50 * time.Second })
+		keys := []Key{1, 2, 3, 4}
+		for _, n := range names {
+			a.Routed(a.AddReplica(n), keys)
+		}
+		c.Add(40 * time.Second)
+		for _, n := range names {
+			id, _ := a.ReplicaID(n)
+			a.Routed(id, keys[:2]) // refreshes 1 and 2; 3 and 4 stay after them
+		}
+		c.Add(20 * time.Second) // 3 and 4 expired, not evicted: no Routed since
+		got := a.Lookup(keys, nil)
+		for i, n := range names {
+			if got[i].Blocks() != 2 {
+				t.Errorf("replicas %v: %s matches %+v, want 2 blocks", names, n, got[i])
+			}
+		}
+		if want := lookupByWalk(a, keys); !slices.Equal(got, want) {
+			t.Errorf("replicas %v: Lookup %v, walking %v", names, got, want)
+		}
+	}
+}
