@@ -35,10 +35,11 @@ type Deps struct {
 	// Tracing traces the tokenize and route steps. Required (a disabled
 	// one records nothing).
 	Tracing *tracing.Tracing
-	// Refuse, when not nil, is the front's check of a request body before
-	// its features run (a client-set control field); its error answers
-	// the request.
-	Refuse func(body []byte) *request.Error
+	// Refuse, when not nil, is the front's check of a request before its
+	// features run (a client-set control field), given the request as
+	// parsed from the client's body (before any Rewriter); its error
+	// answers the request.
+	Refuse func(req *request.Parsed) *request.Error
 	// OnDecision, when not nil, is called with every routing decision of
 	// Decide; it must not block.
 	OnDecision func(model, requestID string, promptTokens int, d group.Decision)
@@ -136,6 +137,7 @@ func noHeader(string) string { return "" }
 func (s *Core) Admit(ctx context.Context, x *Flow, k request.Kind, body []byte) *request.Error {
 	x.route, x.memo, x.memoIDs = nil, nil, nil
 	req, e := request.Parse(k, body)
+	sent := req // as the client sent it, for Refuse
 	if req != nil {
 		x.Asked = req.Model
 	}
@@ -158,7 +160,7 @@ func (s *Core) Admit(ctx context.Context, x *Flow, k request.Kind, body []byte) 
 		}
 	}
 	if e == nil && s.deps.Refuse != nil {
-		e = s.deps.Refuse(body)
+		e = s.deps.Refuse(sent)
 	}
 	if e != nil {
 		return e

@@ -151,9 +151,23 @@ func (a *Approx) Routed(id ReplicaID, keys []Key) {
 	var run, runEnd uint32 // a run of held keys' entries not yet moved (0: none)
 	stored := int64(0)     // counted once: an atomic add per block is not free
 	for i := len(keys) - 1; i >= 0; i-- {
+		k := keys[i]
+		// Most often the key's entry is the one just before the run in
+		// the list, where the last Routed of the same prefix left it:
+		// an entry of this replica's list (one per key), so the one the
+		// probe would find, and the run grows by it. Two loads the
+		// probe makes anyway (the entry and its links), no table group.
+		if run != 0 {
+			if p := a.st.lnk(run).prev; p != 0 {
+				if e := a.st.ent(p); e.key == k {
+					e.aux = exp
+					run = p
+					continue
+				}
+			}
+		}
 		// One probe of the replica's table: the key's slot when it holds
 		// the block, else the free slot the insert takes.
-		k := keys[i]
 		t := &a.st.srcs[src].tab
 		slot, sm, found := t.probe(&a.st, uint64(k))
 		if found {
@@ -230,12 +244,113 @@ func (a *Approx) Lookup(keys []Key, out []Match) []Match {
 		return out
 	}
 	now, _ := a.expiry()
-	for i, k := range keys {
-		if walk(&a.st, k, int32(i), out, tierGPU, uint64(now)) == 0 {
+	// The replicas whose runs reach the current key, each with its entry
+	// for the key before: while each holds the key in the entry after
+	// that one in its list (where Routed leaves a prompt's keys), the
+	// key's holders need not be looked up.
+	var liveBuf [8]liveRun
+	live := liveBuf[:0]
+	for i := 0; i < len(keys); i++ {
+		switch {
+		case len(live) == 1: // one replica's run, the usual case: follow it
+			if i = a.followOne(keys, i, out, &live[0], uint64(now)); i == len(keys) {
+				return finish(out)
+			}
+		case len(live) > 1:
+			if a.follow(keys[i], out, live, uint64(now)) {
+				continue
+			}
+		}
+		if live = walkLive(&a.st, keys[i], int32(i), out, uint64(now), live[:0]); len(live) == 0 {
 			break
 		}
 	}
 	return finish(out)
+}
+
+// followOne is follow for one replica's run, l, over keys from i on: it
+// credits each key its list holds in the entry after the one before, and
+// returns the index of the first it does not (len(keys) when none).
+func (a *Approx) followOne(keys []Key, i int, out []Match, l *liveRun, expired uint64) int {
+	m := &out[l.r]
+	at := l.at
+	for ; i < len(keys); i++ {
+		next := a.st.lnk(at).next
+		if next == 0 {
+			break
+		}
+		e := a.st.ent(next)
+		if e.key != keys[i] || expired != 0 && e.aux < expired {
+			break
+		}
+		t := bestTier(&e.refs)
+		if t == tierNone {
+			break
+		}
+		m.add(t, 1) // its run reached key i: the visit that grows it
+		m.last = t
+		at = next
+	}
+	l.at = at
+	return i
+}
+
+// liveRun is a replica whose run reaches the key Lookup is at, and its
+// entry for the key before.
+type liveRun struct {
+	r  ReplicaID
+	at uint32
+}
+
+// follow credits key k to the replicas of live when each of them holds k
+// in the entry right after its entry for the key before, moving live on
+// to those entries; it reports false, crediting nothing, when some does
+// not. An entry in a replica's list is the replica's one entry for its
+// key, so the credits are those walk gives: replicas not in live have
+// runs that ended before k, which k cannot extend. Caller holds a.mu.
+func (a *Approx) follow(k Key, out []Match, live []liveRun, expired uint64) bool {
+	for _, l := range live {
+		next := a.st.lnk(l.at).next
+		if next == 0 {
+			return false
+		}
+		if e := a.st.ent(next); e.key != k || expired != 0 && e.aux < expired || bestTier(&e.refs) == tierNone {
+			return false
+		}
+	}
+	for j := range live {
+		l := &live[j]
+		l.at = a.st.lnk(l.at).next
+		t := bestTier(&a.st.ent(l.at).refs)
+		m := &out[l.r]
+		m.add(t, 1) // its run reached k: the visit that grows it
+		m.last = t
+	}
+	return true
+}
+
+// walkLive is walk (tier GPU) returning, appended to live, the replicas
+// whose runs grew and the entries they grew by.
+func walkLive(st *store, k Key, i int32, out []Match, expired uint64, live []liveRun) []liveRun {
+	for idx := st.head(k); idx != 0; {
+		cur, e := idx, st.ent(idx)
+		idx = e.next
+		if expired != 0 && e.aux < expired {
+			continue
+		}
+		r := st.srcs[e.src].replica
+		if int(r) >= len(out) {
+			continue
+		}
+		t := bestTier(&e.refs)
+		if t == tierNone {
+			continue
+		}
+		if out[r].visit(i, t) {
+			live = append(live, liveRun{r, cur})
+		}
+	}
+	return live
 }
 
 // Stats returns the index's counters; it takes no lock.

@@ -1,6 +1,7 @@
 package kvindex
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -253,6 +254,124 @@ func TestApproxRoutedLRUModel(t *testing.T) {
 			if !slices.Equal(got, want) {
 				t.Fatalf("step %d, replica %d: list %v, model %v", step, r, got, want)
 			}
+		}
+	}
+}
+
+// lookupByWalk is Approx.Lookup walking every key's holders, as it did
+// before following the replicas' lists.
+func lookupByWalk(a *Approx, keys []Key) []Match {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	out := resize(nil, len(a.reps.names))
+	now, _ := a.expiry()
+	for i, k := range keys {
+		if walk(&a.st, k, int32(i), out, tierGPU, uint64(now)) == 0 {
+			break
+		}
+	}
+	return finish(out)
+}
+
+// TestApproxLookupFollowsLists holds Lookup, which follows each replica's
+// list from one key's entry to the next while it can, to walking every
+// key's holders: random new, continued, shared, truncated, joined and
+// shuffled prompts routed to 6 or 20 replicas (more than Lookup tracks),
+// with and without a TTL whose clock moves on (expired entries count for
+// nothing), each followed by Lookups of random prompts.
+func TestApproxLookupFollowsLists(t *testing.T) {
+	for _, tc := range []struct {
+		replicas int
+		ttl      time.Duration
+	}{{6, 0}, {6, 50 * time.Second}, {20, 0}} {
+		rng := rand.New(rand.NewPCG(11, uint64(tc.replicas)))
+		c := newClock()
+		a := testApprox(c, func(cfg *Config) { cfg.ApproxTTL = tc.ttl })
+		var prompts [][]Key
+		checked, followed := 0, 0
+		for step := range 2000 {
+			var keys []Key
+			switch r := rng.IntN(6); {
+			case r == 0 || len(prompts) == 0:
+				for range 1 + rng.IntN(24) {
+					keys = append(keys, Key(rng.Uint64()))
+				}
+			case r <= 2:
+				keys = append(keys, prompts[rng.IntN(len(prompts))]...)
+				for range rng.IntN(4) {
+					keys = append(keys, Key(rng.Uint64()))
+				}
+			case r == 3:
+				p := prompts[rng.IntN(len(prompts))]
+				keys = append(keys, p[:1+rng.IntN(len(p))]...)
+			case r == 4:
+				keys = append(keys, prompts[rng.IntN(len(prompts))]...)
+				keys = append(keys, prompts[rng.IntN(len(prompts))]...)
+			default:
+				for range 1 + rng.IntN(20) {
+					p := prompts[rng.IntN(len(prompts))]
+					keys = append(keys, p[rng.IntN(len(p))])
+				}
+			}
+			prompts = append(prompts, keys)
+			if len(prompts) > 40 {
+				prompts = prompts[1:]
+			}
+			name := fmt.Sprintf("r%d", rng.IntN(tc.replicas))
+			id := a.AddReplica(name)
+			a.SetCapacity(name, 60)
+			a.Routed(id, keys)
+			c.Add(time.Duration(rng.IntN(3)) * time.Second)
+			for range 3 {
+				q := slices.Clone(prompts[rng.IntN(len(prompts))])
+				if rng.IntN(3) == 0 {
+					q = append(q, Key(rng.Uint64()))
+				}
+				got, want := a.Lookup(q, nil), lookupByWalk(a, q)
+				if !slices.Equal(got, want) {
+					t.Fatalf("%d replicas, ttl %v, step %d: Lookup %v, walking %v", tc.replicas, tc.ttl, step, got, want)
+				}
+				checked++
+				for _, m := range want {
+					if m.Blocks() > 1 {
+						followed++
+						break
+					}
+				}
+			}
+		}
+		if followed < checked/4 {
+			t.Errorf("%d replicas: %d of %d lookups matched more than one block, want a quarter or more", tc.replicas, followed, checked)
+		}
+	}
+}
+
+// TestApproxLookupExpiredTail: a prompt's tail that expired while its
+// prefix, routed again since, did not stays out of the replica's match,
+// though it follows the prefix in the replica's list (one replica's run
+// and two replicas' runs).
+func TestApproxLookupExpiredTail(t *testing.T) {
+	for _, names := range [][]string{{"r0"}, {"r0", "r1"}} {
+		c := newClock()
+		a := testApprox(c, func(cfg *Config) { cfg.ApproxTTL = 50 * time.Second })
+		keys := []Key{1, 2, 3, 4}
+		for _, n := range names {
+			a.Routed(a.AddReplica(n), keys)
+		}
+		c.Add(40 * time.Second)
+		for _, n := range names {
+			id, _ := a.ReplicaID(n)
+			a.Routed(id, keys[:2]) // refreshes 1 and 2; 3 and 4 stay after them
+		}
+		c.Add(20 * time.Second) // 3 and 4 expired, not evicted: no Routed since
+		got := a.Lookup(keys, nil)
+		for i, n := range names {
+			if got[i].Blocks() != 2 {
+				t.Errorf("replicas %v: %s matches %+v, want 2 blocks", names, n, got[i])
+			}
+		}
+		if want := lookupByWalk(a, keys); !slices.Equal(got, want) {
+			t.Errorf("replicas %v: Lookup %v, walking %v", names, got, want)
 		}
 	}
 }

@@ -75,10 +75,10 @@ func (s *Server) dropClientControls(h http.Handler) http.Handler {
 	})
 }
 
-// refuseClientControls returns the 400 for a body with kv_transfer_params
-// unless config.Clients allows it, else nil.
-func (s *Server) refuseClientControls(body []byte) *request.Error {
-	if s.cfg.Clients.AllowKVTransferParams || !request.HasTransferParams(body) {
+// refuseClientControls returns the 400 for a request whose body has
+// kv_transfer_params unless config.Clients allows it, else nil.
+func (s *Server) refuseClientControls(req *request.Parsed) *request.Error {
+	if s.cfg.Clients.AllowKVTransferParams || !req.HasTransferParams() {
 		return nil
 	}
 	s.lm.clients.WithLabelValues("kv_transfer_params").Inc()

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/ardanlabs/jinja"
 
@@ -39,9 +40,15 @@ func caseVariant(d *jinja.Dict) bool {
 }
 
 // parseChatDoc is Parse for a chat body through one decode. ok is
-// false when the body must be read the encoding/json way (see above).
+// false when the body must be read the encoding/json way (see above); it
+// is then valid UTF-8. The decode tells whether the body is all ASCII;
+// UTF-8 is checked only when it is not, or the decode failed, before
+// any other answer.
 func parseChatDoc(body, trimmed []byte) (_ *Parsed, _ *Error, ok bool) {
 	doc, err := tokenizer.DecodeDocument(trimmed)
+	if (err != nil || !doc.ASCII) && !utf8.Valid(trimmed) {
+		return nil, notUTF8(), true
+	}
 	if errors.Is(err, tokenizer.ErrTooManyValues) {
 		// Answered here: the encoding/json way would decode it all again.
 		return nil, Invalid("", fmt.Sprintf("request body holds more than %d JSON values", tokenizer.MaxJSONValues)), true

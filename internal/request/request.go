@@ -154,18 +154,21 @@ func Parse(k Kind, body []byte) (*Parsed, *Error) {
 	if len(trimmed) == 0 || trimmed[0] != '{' {
 		return nil, Invalid("", "request body must be a JSON object")
 	}
-	if !utf8.Valid(trimmed) {
-		// encoding/json would replace the bytes with U+FFFD and route a
-		// prompt that is not the one sent; Python's json (vLLM) refuses it.
-		return nil, Invalid("", "request body is not valid UTF-8")
-	}
 	if k == Chat {
+		// The one-pass decoder checks the body's UTF-8 itself (below).
 		if r, e, ok := parseChatDoc(body, trimmed); ok {
 			return r, e
 		}
+	} else if !utf8.Valid(trimmed) {
+		return nil, notUTF8()
 	}
 	return parseRequestJSON(k, body, trimmed)
 }
+
+// notUTF8 answers a body that is not valid UTF-8: encoding/json would
+// replace its bytes with U+FFFD and route a prompt that is not the one
+// sent; Python's json (vLLM) refuses it.
+func notUTF8() *Error { return Invalid("", "request body is not valid UTF-8") }
 
 // parseRequestJSON is Parse the encoding/json way, for bodies the
 // one-pass chat decoder leaves to it (chatdoc.go) and every other kind.
@@ -522,10 +525,9 @@ func (r *Parsed) ForwardBody(inject bool) ([]byte, error) {
 		if len(b) == 0 || b[len(b)-1] != '}' {
 			return nil, fmt.Errorf("body does not end with '}'")
 		}
-		out := make([]byte, 0, len(b)+64)
-		out = append(out, b[:len(b)-1]...)
-		out = append(out, `,"vllm_xargs":{"`+hitReportKey+`":"full"}}`...)
-		return out, nil
+		// bytes.Join allocates exactly and does not clear what it copies
+		// over (a make and append would clear the 100s of KB first).
+		return bytes.Join([][]byte{b[:len(b)-1], []byte(`,"vllm_xargs":{"` + hitReportKey + `":"full"}}`)}, nil), nil
 	}
 	var xargs map[string]json.RawMessage
 	if err := json.Unmarshal(r.xargs, &xargs); err != nil {

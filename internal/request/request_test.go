@@ -262,3 +262,28 @@ func TestByteOrderMark(t *testing.T) {
 		}
 	}
 }
+
+// TestInvalidUTF8: a body with a byte sequence that is not UTF-8 is
+// refused, whether the one-pass chat decoder takes it (inside a string),
+// fails on it (outside one) or leaves it to encoding/json (a repeated
+// key), and for a completion; valid non-ASCII text parses.
+func TestInvalidUTF8(t *testing.T) {
+	for _, c := range []struct {
+		k    Kind
+		body string
+	}{
+		{Chat, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"h\xffi\"}]}"},
+		{Chat, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"x\":\xff}"},
+		{Chat, "{\"model\":\"m\",\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"h\xc3i\"}]}"},
+		{Completion, "{\"model\":\"m\",\"prompt\":\"h\xffi\"}"},
+	} {
+		_, e := Parse(c.k, []byte(c.body))
+		if e == nil || e.Type != InvalidRequest || !strings.Contains(e.Message, "not valid UTF-8") {
+			t.Errorf("kind %v %q: %v, want the UTF-8 refusal", c.k, c.body, e)
+		}
+	}
+	r, e := Parse(Chat, []byte("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"caf\xc3\xa9\"}]}"))
+	if e != nil || r.RoutingText() != "caf\u00e9" {
+		t.Errorf("valid UTF-8: %v, routing text %q", e, r.RoutingText())
+	}
+}

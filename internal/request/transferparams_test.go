@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"kvrouter/internal/tokenizer"
 )
 
 // FuzzHasTransferParams: on every valid JSON object, the top-level scan
@@ -24,12 +26,21 @@ func FuzzHasTransferParams(f *testing.F) {
 		`{"vllm_xargs":{"kv_transfer_params":null},"kv_transfer_params":1}`,
 		`{"vllm_xarg\u0073":{"a":1,"kv_transfer_param\u0073":[1]}}`,
 		`{"vllm_xargs":"kv_transfer_params"}`,
+		`{"kv_transfer_params":null,"vllm_xargs":{"kv_transfer_params":1}}`,
+		`{"vllm_xargs":{"vllm_xargs":{"kv_transfer_params":true}}}`,
 		`[1,2]`, `{`, `{"a":}`,
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		got := HasTransferParams(b)
+		// A chat body's Parsed reads its decoded document instead; the
+		// decoder keeps one only without repeated keys.
+		if doc, err := tokenizer.DecodeDocument(b); err == nil && !doc.Duplicate {
+			if fromDoc := (&Parsed{Body: b, doc: doc}).HasTransferParams(); fromDoc != got {
+				t.Fatalf("%q: Parsed.HasTransferParams %v, HasTransferParams %v", b, fromDoc, got)
+			}
+		}
 		if !json.Valid(b) {
 			return
 		}

@@ -560,11 +560,13 @@ func FuzzDecodeJSONValue(f *testing.F) {
 	})
 }
 
-// TestDecodeLongStrings checks strings longer than ownStringMin (decoded
-// into a buffer of their own) against encoding/json: escapes that shrink
-// them, invalid UTF-8 that grows them past their raw length, an escaped
-// quote before the end, and several in one array (each its own buffer).
+// TestDecodeLongStrings checks strings with escapes (each decoded into a
+// builder sized to its raw bytes up to the first quote) against
+// encoding/json: escapes that shrink them, invalid UTF-8 that grows them
+// past their raw length, an escaped quote before the end (a builder sized
+// short), and several in one array (each its own buffer).
 func TestDecodeLongStrings(t *testing.T) {
+	const ownStringMin = 256 // once the length above which a string had a buffer of its own
 	long := strings.Repeat("word ", ownStringMin/4)
 	cases := []string{
 		`"` + long + `\n\n` + long + `"`,
@@ -573,6 +575,7 @@ func TestDecodeLongStrings(t *testing.T) {
 		`"` + long + `\ud83d\ude00\u00e9\t` + long + `"`,
 		`["` + long + `\n", "` + long + `\\", "short\n", "` + long + `\/"]`,
 		`{"content": "` + long + `\n` + long + `", "role": "user"}`,
+		`["a\"b", "\"\"\"\"", "x\u00e9\n\"", "\ud83d\ude00", "` + "\xff\xfe" + `\t"]`,
 	}
 	for _, c := range cases {
 		got, err := decodeJSONValue([]byte(c), "x", &bigInts{})

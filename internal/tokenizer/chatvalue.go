@@ -13,7 +13,6 @@ import (
 	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
-	"unsafe"
 
 	"github.com/ardanlabs/jinja"
 )
@@ -113,6 +112,9 @@ func normalizeToolCall(call jinja.Value, ints *bigInts) (jinja.Value, error) {
 
 // normalizeContent returns a message's content as the template sees it.
 func normalizeContent(v jinja.Value, format ContentFormat) (jinja.Value, error) {
+	if v.IsString() && format == ContentString {
+		return v, nil // as joining its one text gives: the same string
+	}
 	var texts []string
 	switch {
 	case v.IsUndefined() || v.IsNone():
@@ -222,9 +224,11 @@ func decodeJSONValue(data []byte, field string, ints *bigInts) (jinja.Value, err
 type jsonScanner struct {
 	data []byte
 	pos  int
-	buf  []byte // scratch for strings with escapes
 	ints *bigInts
 	dup  bool // an object had a key twice
+	// nonASCII is set when a string held a byte 0x80 or above (the
+	// only place such a byte can be in valid JSON).
+	nonASCII bool
 	// values counts the values read, up to MaxJSONValues.
 	values int
 }
@@ -371,33 +375,24 @@ func (s *jsonScanner) str() (string, error) {
 		s.pos++
 		return string(s.data[start:quote]), nil
 	}
-	// A long string is decoded into a buffer of its own, sized to its
-	// raw bytes (an upper bound unless it holds invalid UTF-8 or a quote
-	// escaped before its end), which then becomes the string: one copy of
-	// its bytes instead of two. A short one goes through the scratch.
-	scratch := s.buf
-	own := quote-start > ownStringMin
-	if own {
-		s.buf = make([]byte, 0, quote-start)
-	}
-	s.buf = append(s.buf[:0], s.data[start:s.pos]...)
+	// The string is decoded into a builder sized to its raw bytes up to
+	// the first quote (its length or more, unless that quote is escaped
+	// or it holds invalid UTF-8, when the builder grows), whose buffer
+	// becomes the string: one copy of its bytes, into memory that is not
+	// cleared first.
+	var b strings.Builder
+	b.Grow(quote - start)
+	b.Write(s.data[start:s.pos])
 	for s.pos < len(s.data) {
 		c := s.data[s.pos]
 		switch {
 		case c == '"':
 			s.pos++
-			if own {
-				b := s.buf
-				s.buf = scratch
-				return unsafe.String(unsafe.SliceData(b), len(b)), nil // b is not written again
-			}
-			return string(s.buf), nil
+			return b.String(), nil
 		case c < 0x20:
-			s.buf = scratch
 			return "", s.fail("control character in string")
 		case c == '\\':
-			if err := s.escape(); err != nil {
-				s.buf = scratch
+			if err := s.escape(&b); err != nil {
 				return "", err
 			}
 		case c < utf8.RuneSelf:
@@ -412,20 +407,16 @@ func (s *jsonScanner) str() (string, error) {
 			}
 			run := s.pos
 			s.pos += 1 + plainPrefix(s.data[s.pos+1:min(quote, bslash)])
-			s.buf = append(s.buf, s.data[run:s.pos]...)
+			b.Write(s.data[run:s.pos])
 		default:
+			s.nonASCII = true
 			r, size := utf8.DecodeRune(s.data[s.pos:])
-			s.buf = utf8.AppendRune(s.buf, r) // invalid byte: U+FFFD
+			b.WriteRune(r) // invalid byte: U+FFFD
 			s.pos += size
 		}
 	}
-	s.buf = scratch
 	return "", s.fail("unterminated string")
 }
-
-// ownStringMin is the length above which str decodes a string with
-// escapes into a buffer of its own.
-const ownStringMin = 256
 
 // nextByte returns the index of the first c in b at or after from, or
 // len(b).
@@ -444,8 +435,16 @@ func nextByte(b []byte, from int, c byte) int {
 func plainPrefix(b []byte) int {
 	const lo, hi = 0x0101010101010101, 0x8080808080808080
 	n := len(b)
-	for len(b) >= 16 { // two words a round; the word loop below finds the byte
-		w, v := binary.LittleEndian.Uint64(b), binary.LittleEndian.Uint64(b[8:])
+	for len(b) >= 32 { // four words a round; the loops below find the byte
+		w, v := binary.LittleEndian.Uint64(b), binary.LittleEndian.Uint64(b[8:16])
+		x, y := binary.LittleEndian.Uint64(b[16:24]), binary.LittleEndian.Uint64(b[24:32])
+		if ((w-lo*0x20)|w|(v-lo*0x20)|v|(x-lo*0x20)|x|(y-lo*0x20)|y)&hi != 0 {
+			break
+		}
+		b = b[32:]
+	}
+	for len(b) >= 16 {
+		w, v := binary.LittleEndian.Uint64(b), binary.LittleEndian.Uint64(b[8:16])
 		if ((w-lo*0x20)|w|(v-lo*0x20)|v)&hi != 0 {
 			break
 		}
@@ -466,8 +465,8 @@ func plainPrefix(b []byte) int {
 	return n
 }
 
-// escape decodes one backslash escape into s.buf.
-func (s *jsonScanner) escape() error {
+// escape decodes one backslash escape into b.
+func (s *jsonScanner) escape(b *strings.Builder) error {
 	if s.pos+1 >= len(s.data) {
 		return s.fail("unterminated escape")
 	}
@@ -475,17 +474,17 @@ func (s *jsonScanner) escape() error {
 	s.pos += 2
 	switch c {
 	case '"', '\\', '/':
-		s.buf = append(s.buf, c)
+		b.WriteByte(c)
 	case 'b':
-		s.buf = append(s.buf, '\b')
+		b.WriteByte('\b')
 	case 'f':
-		s.buf = append(s.buf, '\f')
+		b.WriteByte('\f')
 	case 'n':
-		s.buf = append(s.buf, '\n')
+		b.WriteByte('\n')
 	case 'r':
-		s.buf = append(s.buf, '\r')
+		b.WriteByte('\r')
 	case 't':
-		s.buf = append(s.buf, '\t')
+		b.WriteByte('\t')
 	case 'u':
 		r, ok := s.hex4()
 		if !ok {
@@ -506,7 +505,7 @@ func (s *jsonScanner) escape() error {
 			}
 			r = r2
 		}
-		s.buf = utf8.AppendRune(s.buf, r)
+		b.WriteRune(r)
 	default:
 		return s.fail("bad escape")
 	}

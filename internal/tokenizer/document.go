@@ -21,6 +21,11 @@ type Document struct {
 	// Duplicate is set when some object of the body, at any depth, has a
 	// key twice (the value then holds the later one, as Python's json).
 	Duplicate bool
+	// ASCII is set when every byte of the body is ASCII (below 0x80), so
+	// that it is valid UTF-8 without another pass over it. A body with
+	// other bytes decodes too (invalid UTF-8 becomes U+FFFD), with ASCII
+	// false.
+	ASCII bool
 	// ints collects the integers beyond int64 of the fields the chat
 	// template reads (messages, tools, chat_template_kwargs).
 	ints *bigInts
@@ -110,6 +115,7 @@ func DecodeDocument(body []byte) (*Document, error) {
 		return nil, s.fail("trailing data")
 	}
 	doc.Duplicate = doc.Duplicate || s.dup
+	doc.ASCII = !s.nonASCII
 	return doc, nil
 }
 

@@ -33,6 +33,7 @@ func documentSeeds(tb testing.TB) [][]byte {
 		`{"messages":[{"role":"user","content":"x"}],"seed":123456789012345678901234567890}`,
 		`{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":null}]}],"chat_template_kwargs":{"enable_thinking":false}}`,
 		`[]`, `{"a" 1}`, `{"a":1,}`, `{"a":1} x`, "{\"a\":\"\xff\"}",
+		"{\"a\":\"caf\xc3\xa9\"}", "{\"caf\xc3\xa9\":1}", "{\"a\":\"x\\n\xe2\x82\xac\"}",
 	} {
 		seeds = append(seeds, []byte(s))
 	}
@@ -54,6 +55,17 @@ func FuzzDecodeDocument(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		if doc, err := DecodeDocument(data); err == nil {
+			// ASCII, which spares the router its UTF-8 check, holds
+			// exactly when no byte is 0x80 or above.
+			ascii := true
+			for _, c := range data {
+				ascii = ascii && c < utf8.RuneSelf
+			}
+			if doc.ASCII != ascii {
+				t.Fatalf("%q: ASCII %v, want %v", data, doc.ASCII, ascii)
+			}
+		}
 		if !utf8.Valid(data) {
 			return // the router refuses invalid UTF-8 before decoding
 		}
@@ -100,9 +112,10 @@ func FuzzDecodeDocument(f *testing.F) {
 	})
 }
 
-// TestPlainPrefix checks the eight-byte scan of the string scanner's
+// TestPlainPrefix checks the word-at-a-time scan of the string scanner's
 // fast path against a byte loop: every byte value at every position of
-// strings of 1-20 bytes, behind plain bytes and behind a control byte.
+// strings of 1-70 bytes (through its 32-, 16- and 8-byte rounds and the
+// tail), behind plain bytes and behind a control byte.
 func TestPlainPrefix(t *testing.T) {
 	want := func(b []byte) int {
 		for i, c := range b {
@@ -112,7 +125,7 @@ func TestPlainPrefix(t *testing.T) {
 		}
 		return len(b)
 	}
-	for n := 1; n <= 20; n++ {
+	for n := 1; n <= 70; n++ {
 		for pos := range n {
 			for c := range 256 {
 				for _, fill := range []byte{'a', ' ', '"', 0x7f} {
