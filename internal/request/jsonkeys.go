@@ -109,10 +109,16 @@ func (s *keyScanner) value() string {
 	return ""
 }
 
+// smallObject is the most keys an object's duplicate check compares
+// one by one; past it they go in a map, so that a body of many keys costs
+// time in proportion to its keys, not their square.
+const smallObject = 16
+
 func (s *keyScanner) object() string {
 	s.i++
 	s.ws()
-	var keys [][]byte // small objects: a linear search beats a map
+	var keys [][]byte       // small objects: a linear search beats a map
+	var set map[string]bool // past smallObject keys: the keys, for a bounded cost per key
 	for s.i < len(s.b) && s.b[s.i] != '}' {
 		raw, escaped := s.str()
 		key := raw
@@ -121,10 +127,12 @@ func (s *keyScanner) object() string {
 			_ = json.Unmarshal(s.b[s.i-len(raw)-2:s.i], &k) // a valid JSON string: cannot fail
 			key = []byte(k)
 		}
+		dup := set[string(key)]
 		for _, k := range keys {
-			if bytes.Equal(k, key) {
-				return fmt.Sprintf("duplicate key %q in %s", key, s.objectName())
-			}
+			dup = dup || bytes.Equal(k, key)
+		}
+		if dup {
+			return fmt.Sprintf("duplicate key %q in %s", key, s.objectName())
 		}
 		if len(s.path) == 0 {
 			for _, rk := range routerKeys {
@@ -133,7 +141,18 @@ func (s *keyScanner) object() string {
 				}
 			}
 		}
-		keys = append(keys, key)
+		switch {
+		case set != nil:
+			set[string(key)] = true
+		case len(keys) == smallObject:
+			set = make(map[string]bool, 2*smallObject)
+			for _, k := range append(keys, key) {
+				set[string(k)] = true
+			}
+			keys = nil
+		default:
+			keys = append(keys, key)
+		}
 		s.ws()
 		s.i++ // ':'
 		s.ws()

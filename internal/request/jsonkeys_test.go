@@ -3,8 +3,11 @@ package request
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
+
+	"kvrouter/internal/testwait"
 )
 
 func TestAmbiguousKey(t *testing.T) {
@@ -85,7 +88,8 @@ func FuzzAmbiguousKey(f *testing.F) {
 	// large ones (the testdata JSON files) stall a 10 s run in minimization.
 	for _, s := range []string{`{"model":"a","model":"b"}`, `{"a":[{"b":1,"c":{"b":2}}],"\u0061":3}`, `{"x":"\\"}`, `[1,{"k":[]}]`,
 		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"vllm_xargs":{"kv_cache_report_mode":"full"}}`,
-		`{"model":"m","prompt":[[1,2],[3]],"Stream":true}`} {
+		`{"model":"m","prompt":[[1,2],[3]],"Stream":true}`,
+		`{"a":0,"b":1,"c":2,"d":3,"e":4,"f":5,"g":6,"h":7,"i":8,"j":9,"k":10,"l":11,"m":12,"n":13,"o":14,"p":15,"q":16,"r":17,"c":18}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -101,4 +105,46 @@ func FuzzAmbiguousKey(f *testing.F) {
 			t.Fatalf("ambiguousKey(%q) = %q, reference duplicate = %v", b, got, ref)
 		}
 	})
+}
+
+// TestAmbiguousKeyManyKeys: an object of many keys is checked in time
+// proportional to its keys (a body of 200,000 top-level keys took minutes
+// when each key was compared with every earlier one), and a duplicate
+// found in the map past smallObject keys is still found, at any depth.
+func TestAmbiguousKeyManyKeys(t *testing.T) {
+	many := func(n int, last string) []byte {
+		var b bytes.Buffer
+		b.WriteString(`{"model":"m"`)
+		for i := range n {
+			fmt.Fprintf(&b, `,"k%d":1`, i)
+		}
+		b.WriteString(last + "}")
+		return b.Bytes()
+	}
+	for _, tt := range []struct {
+		name string
+		body []byte
+		want string
+	}{
+		{"distinct", many(200000, ""), ""},
+		{"duplicate of an early key", many(200000, `,"k3":2`), `duplicate key "k3" in the request body`},
+		{"duplicate of a late key", many(200000, `,"k199999":2`), `duplicate key "k199999" in the request body`},
+		{"duplicate just past the small count", many(smallObject, `,"k0":2`), `duplicate key "k0" in the request body`},
+		{"nested", append([]byte(`{"vllm_xargs":`), append(many(50000, `,"model":2`), '}')...), `duplicate key "model" in vllm_xargs`},
+	} {
+		done := make(chan string, 1)
+		go func() { done <- ambiguousKey(tt.body) }()
+		var got string
+		testwait.Within(t, testwait.Default, tt.name+": the check of "+fmt.Sprint(len(tt.body))+" bytes to end", func() bool {
+			select {
+			case got = <-done:
+				return true
+			default:
+				return false
+			}
+		})
+		if got != tt.want {
+			t.Errorf("%s: %q, want %q", tt.name, got, tt.want)
+		}
+	}
 }

@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/ardanlabs/jinja"
@@ -64,6 +65,12 @@ func DecodeDocument(body []byte) (*Document, error) {
 	}
 	s.pos++
 	s.space()
+	// A later duplicate of a key replaces the earlier field, which is
+	// marked (Raw nil) and dropped at the end; past smallObject fields
+	// index finds earlier keys, so that many keys cost time in proportion
+	// to their number, not its square.
+	var index map[string]int
+	dup := false
 	if s.pos < len(s.data) && s.data[s.pos] == '}' {
 		s.pos++
 	} else {
@@ -90,14 +97,33 @@ func DecodeDocument(body []byte) (*Document, error) {
 			if err != nil {
 				return nil, err
 			}
-			for i := range doc.Fields {
-				if doc.Fields[i].Key == key {
-					doc.Duplicate = true
-					doc.Fields = append(doc.Fields[:i], doc.Fields[i+1:]...)
-					break
+			earlier, found := -1, false
+			if index != nil {
+				earlier, found = index[key]
+			} else {
+				for i := range doc.Fields {
+					if doc.Fields[i].Raw != nil && doc.Fields[i].Key == key {
+						earlier, found = i, true
+						break
+					}
 				}
 			}
+			if found {
+				dup = true
+				doc.Fields[earlier].Raw = nil
+			}
 			doc.Fields = append(doc.Fields, Field{Key: key, Raw: body[start:s.pos], Value: v})
+			switch {
+			case index != nil:
+				index[key] = len(doc.Fields) - 1
+			case len(doc.Fields) > smallObject:
+				index = make(map[string]int, 2*len(doc.Fields))
+				for i, f := range doc.Fields {
+					if f.Raw != nil {
+						index[f.Key] = i
+					}
+				}
+			}
 			s.space()
 			if s.pos < len(s.data) && s.data[s.pos] == ',' {
 				s.pos++
@@ -114,10 +140,17 @@ func DecodeDocument(body []byte) (*Document, error) {
 	if s.space(); s.pos < len(s.data) {
 		return nil, s.fail("trailing data")
 	}
-	doc.Duplicate = doc.Duplicate || s.dup
+	if dup {
+		doc.Fields = slices.DeleteFunc(doc.Fields, func(f Field) bool { return f.Raw == nil })
+	}
+	doc.Duplicate = dup || s.dup
 	doc.ASCII = !s.nonASCII
 	return doc, nil
 }
+
+// smallObject is the most top-level fields DecodeDocument searches one by
+// one for an earlier field of the same key.
+const smallObject = 16
 
 // Get returns the top-level field key (matched exactly).
 func (d *Document) Get(key string) (Field, bool) {

@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"kvrouter/internal/testwait"
 )
 
 // documentSeeds are the golden chats as request bodies and the shapes
@@ -34,6 +37,8 @@ func documentSeeds(tb testing.TB) [][]byte {
 		`{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":null}]}],"chat_template_kwargs":{"enable_thinking":false}}`,
 		`[]`, `{"a" 1}`, `{"a":1,}`, `{"a":1} x`, "{\"a\":\"\xff\"}",
 		"{\"a\":\"caf\xc3\xa9\"}", "{\"caf\xc3\xa9\":1}", "{\"a\":\"x\\n\xe2\x82\xac\"}",
+		// past smallObject fields, with a duplicate found in the index
+		`{"a":0,"b":1,"c":2,"d":3,"e":4,"f":5,"g":6,"h":7,"i":8,"j":9,"k":10,"l":11,"m":12,"n":13,"o":14,"p":15,"q":16,"r":17,"c":18,"messages":[]}`,
 	} {
 		seeds = append(seeds, []byte(s))
 	}
@@ -138,6 +143,75 @@ func TestPlainPrefix(t *testing.T) {
 						t.Fatalf("%q: plainPrefix %d, want %d", b, got, w)
 					}
 				}
+			}
+		}
+	}
+}
+
+// TestDecodeDocumentManyKeys: a body of many top-level keys decodes in
+// time proportional to its keys (200,000 keys took minutes when each was
+// compared with every earlier field), and a later duplicate, found in
+// the index past smallObject fields or by the scan below it, replaces
+// the earlier field: the fields keep their order, the duplicate's at the
+// later position, and Duplicate is set.
+func TestDecodeDocumentManyKeys(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		n    int
+		dup  int // index of the key repeated at the end; -1: none
+	}{{"distinct", 200000, -1}, {"early duplicate", 200000, 3}, {"late duplicate", 200000, 199998}, {"below the index", smallObject - 2, 0}, {"at the index", smallObject, 5}} {
+		var b bytes.Buffer
+		b.WriteString("{")
+		for i := range tt.n {
+			fmt.Fprintf(&b, `"k%d":%d,`, i, i)
+		}
+		if tt.dup >= 0 {
+			fmt.Fprintf(&b, `"k%d":"again",`, tt.dup)
+		}
+		b.WriteString(`"model":"m"}`)
+		type result struct {
+			doc *Document
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			doc, err := DecodeDocument(b.Bytes())
+			done <- result{doc, err}
+		}()
+		var r result
+		testwait.Within(t, testwait.Default, tt.name+": the decode to end", func() bool {
+			select {
+			case r = <-done:
+				return true
+			default:
+				return false
+			}
+		})
+		if r.err != nil {
+			t.Fatalf("%s: %v", tt.name, r.err)
+		}
+		doc := r.doc
+		if doc.Duplicate != (tt.dup >= 0) || len(doc.Fields) != tt.n+1 {
+			t.Fatalf("%s: Duplicate %v, %d fields, want %v and %d", tt.name, doc.Duplicate, len(doc.Fields), tt.dup >= 0, tt.n+1)
+		}
+		var want []string
+		for i := range tt.n {
+			if i != tt.dup {
+				want = append(want, fmt.Sprintf("k%d", i))
+			}
+		}
+		if tt.dup >= 0 {
+			want = append(want, fmt.Sprintf("k%d", tt.dup))
+		}
+		want = append(want, "model")
+		for i, f := range doc.Fields {
+			if f.Key != want[i] {
+				t.Fatalf("%s: field %d is %q, want %q", tt.name, i, f.Key, want[i])
+			}
+		}
+		if tt.dup >= 0 {
+			if f, _ := doc.Get(fmt.Sprintf("k%d", tt.dup)); string(f.Raw) != `"again"` {
+				t.Errorf("%s: the duplicate key reads %s, want the later value", tt.name, f.Raw)
 			}
 		}
 	}
