@@ -342,6 +342,15 @@ func keyMemo(x *Flow) routing.KeyMemo {
 	return x.memo
 }
 
+// bytesPerToken estimates a prompt's length in tokens from its body when
+// its tokens are unknown (no tokenizer, or a prompt the tokenizer could
+// not encode): about four bytes a token, the usual figure for English
+// text. The estimate is the prefill the router counts on the replica and
+// the basis of the predicted time to first token, which sets how long
+// the fleet's stall detector waits for a first byte (fleet.Endpoint.Await):
+// counted as no tokens, a long prompt's prefill looked like a stall.
+const bytesPerToken = 4
+
 // RouteInput builds the router's input for x among the engines named
 // cands (dry: a decision that takes no lease).
 func (s *Core) RouteInput(_ context.Context, x *Flow, cands []string, dry bool) *group.RouteInput {
@@ -359,6 +368,9 @@ func (s *Core) RouteInput(_ context.Context, x *Flow, cands []string, dry bool) 
 		x.route(in)
 	}
 	mediaRouteInput(x, in)
+	if in.Tokens == nil && in.PromptTokens == 0 {
+		in.PromptTokens = len(x.Fwd) / bytesPerToken
+	}
 	if tr, ok := x.Group.Router.(textRouter); ok && tr.UsesText() {
 		in.Text = x.Req.RoutingText()
 	}

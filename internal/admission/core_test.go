@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -120,6 +121,25 @@ func TestAdmitUnknownModel(t *testing.T) {
 	}
 	if len(log) != 0 || x.Group != nil || x.Asked != "other" {
 		t.Fatalf("stages %q, group %v, asked %q; want none, nil, other", log, x.Group, x.Asked)
+	}
+}
+
+// TestRouteInputEstimatesUnknownTokens: a prompt whose tokens are unknown
+// counts as its body's size over four bytes a token, so its prefill is
+// load and its first token has a predicted time.
+func TestRouteInputEstimatesUnknownTokens(t *testing.T) {
+	c := newTestCore(t)
+	x := &Flow{Ctx: context.Background(), ID: "r1", Header: noHeader}
+	body := []byte(`{"model":"m","prompt":"` + strings.Repeat("word ", 8000) + `"}`)
+	if e := c.Admit(context.Background(), x, request.Completion, body); e != nil {
+		t.Fatal(e)
+	}
+	if x.Tokens != nil {
+		t.Fatalf("tokens %d, want unknown (no tokenizer)", len(x.Tokens))
+	}
+	in := c.RouteInput(context.Background(), x, []string{"e0"}, false)
+	if want := len(x.Fwd) / 4; in.Tokens != nil || in.PromptTokens != want || want < 10000 {
+		t.Fatalf("route input: %d tokens, prompt tokens %d; want none and %d", len(in.Tokens), in.PromptTokens, want)
 	}
 }
 

@@ -53,7 +53,8 @@ type RouteInput struct {
 	KeyMemo routing.KeyMemo
 	// PromptTokens is the prompt length in tokens for the prefill cost
 	// when Tokens is nil or shorter than the prompt (a media prompt whose
-	// items are unknown, routed by load; 0: len(Tokens)).
+	// items are unknown, routed by load; a prompt whose tokens are
+	// unknown, estimated from its body's size; 0: len(Tokens)).
 	PromptTokens int
 	// Candidates are the names of the replicas that may serve the request,
 	// in configuration order; never empty.

@@ -97,10 +97,7 @@ func benchEncodeCold(b *testing.B, tok *Tokenizer, text string) {
 	if got, want := cold.Encode(text, false), tok.Encode(text, false); !slices.Equal(got, want) {
 		b.Fatal("a cold cache changes the ids")
 	}
-	words := 0
-	for i := range m.cache.shards {
-		words += len(m.cache.shards[i].m)
-	}
+	words := m.cache.len()
 	b.ReportAllocs()
 	b.SetBytes(int64(len(text)))
 	tokens := 0

@@ -11,8 +11,8 @@ import (
 // raw bytes (the GPT-2 byte-to-char mapping undone), so words are merged
 // directly on the UTF-8 bytes of the pre-token.
 type bpe struct {
-	vocab  map[string]uint32 // raw bytes of each byte-level vocab entry -> id
-	tokens []string          // id -> vocab key as written in tokenizer.json ("" if unused)
+	vocab  *vocabIndex       // raw bytes of each byte-level vocab entry -> id
+	tokens byteTable         // id -> vocab key as written in tokenizer.json ("" if unused)
 	odd    map[string]uint32 // vocab keys outside the byte-level alphabet
 	size   uint32            // number of vocab entries (Hugging Face's get_vocab_size)
 	byteID [256]uint32       // id of each single byte
@@ -73,13 +73,16 @@ func parseModel(raw json.RawMessage) (*bpe, error) {
 	case m.ByteFallback:
 		return nil, errors.New("BPE byte_fallback not supported")
 	}
-	b := &bpe{vocab: make(map[string]uint32, len(m.Vocab)), odd: map[string]uint32{},
+	b := &bpe{odd: map[string]uint32{},
 		size: uint32(len(m.Vocab)), ignoreMerges: m.IgnoreMerges, cache: newWordCache()}
 	var maxID uint32
+	raws := make([]string, 0, len(m.Vocab))
+	rawIDs := make([]uint32, 0, len(m.Vocab))
 	for tok, id := range m.Vocab {
 		maxID = max(maxID, id)
 		if raw, ok := byteLevelDecode(tok); ok {
-			b.vocab[raw] = id
+			raws = append(raws, raw)
+			rawIDs = append(rawIDs, id)
 		} else {
 			b.odd[tok] = id
 		}
@@ -87,12 +90,17 @@ func parseModel(raw json.RawMessage) (*bpe, error) {
 	if limit := 2*len(m.Vocab) + sparseVocabSlack; int(maxID) >= limit {
 		return nil, fmt.Errorf("vocab id %d too large for %d entries (ids must be below %d)", maxID, len(m.Vocab), limit)
 	}
-	b.tokens = make([]string, int(maxID)+1)
+	b.vocab = newVocabIndex(raws, rawIDs)
+	toks := make([]string, int(maxID)+1)
 	for tok, id := range m.Vocab {
-		b.tokens[id] = tok
+		toks[id] = tok
 	}
+	for _, tok := range toks {
+		b.tokens.add(tok)
+	}
+	b.tokens = b.tokens.clip()
 	for c := range 256 {
-		id, ok := b.vocab[string([]byte{byte(c)})]
+		id, ok := b.vocab.get(string([]byte{byte(c)}))
 		if !ok {
 			return nil, fmt.Errorf("vocab lacks the byte-level symbol %q for byte 0x%02x; not a byte-level BPE", byteToChar[c], c)
 		}
@@ -144,7 +152,7 @@ func parseMerges(raw json.RawMessage) ([][2]string, error) {
 // tokenID looks up a vocab entry by its key as written in tokenizer.json.
 func (b *bpe) tokenID(tok string) (uint32, bool) {
 	if raw, ok := byteLevelDecode(tok); ok {
-		id, ok := b.vocab[raw]
+		id, ok := b.vocab.get(raw)
 		return id, ok
 	}
 	id, ok := b.odd[tok]
@@ -157,7 +165,7 @@ func (b *bpe) encodeWord(dst []uint32, w string, sc *scratch) []uint32 {
 		return append(dst, b.byteID[w[0]])
 	}
 	if b.ignoreMerges {
-		if id, ok := b.vocab[w]; ok {
+		if id, ok := b.vocab.get(w); ok {
 			return append(dst, id)
 		}
 	}

@@ -14,49 +14,82 @@ const (
 	maxCachedWord      = 64   // bytes; longer pre-tokens are not cached
 )
 
+// wordCache holds no pointer per word: the garbage collector marks each
+// shard's three arrays, not 128K words and their ids (see vocab.go).
 type wordCache struct {
 	seed   maphash.Seed
 	shards [cacheShards]cacheShard
 }
 
+// cacheShard keeps its words' bytes in words and their entries in data:
+// [start of the word in words, its length, the number of ids, the ids...].
+// at maps a word's 64-bit hash to its entry's index in data; a word whose
+// hash another word has replaces it (get compares the bytes). Entries are
+// never modified once written, and a full shard starts new arrays rather
+// than reusing its old ones, so ids that get returned stay valid.
 type cacheShard struct {
-	mu sync.RWMutex
-	m  map[string][]uint32
-	_  [32]byte // keep shards on separate cache lines
+	mu    sync.RWMutex
+	at    map[uint64]uint32
+	words []byte
+	data  []uint32
+	_     [32]byte // keep shards on separate cache lines
 }
 
 func newWordCache() *wordCache {
 	c := &wordCache{seed: maphash.MakeSeed()}
 	for i := range c.shards {
-		c.shards[i].m = make(map[string][]uint32)
+		c.shards[i].at = make(map[uint64]uint32)
 	}
 	return c
 }
 
-func (c *wordCache) shard(w string) *cacheShard {
-	return &c.shards[maphash.String(c.seed, w)%cacheShards]
+// len is the number of words cached.
+func (c *wordCache) len() int {
+	n := 0
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.RLock()
+		n += len(s.at)
+		s.mu.RUnlock()
+	}
+	return n
 }
 
+// get returns w's ids (not to be modified), or false when w is not cached.
 func (c *wordCache) get(w string) ([]uint32, bool) {
-	s := c.shard(w)
+	h := maphash.String(c.seed, w)
+	s := &c.shards[h%cacheShards]
 	s.mu.RLock()
-	ids, ok := s.m[w]
-	s.mu.RUnlock()
-	return ids, ok
+	defer s.mu.RUnlock()
+	i, ok := s.at[h]
+	if !ok {
+		return nil, false
+	}
+	start, n, m := s.data[i], s.data[i+1], s.data[i+2]
+	if int(n) != len(w) || string(s.words[start:start+n]) != w {
+		return nil, false
+	}
+	ids := s.data[i+3 : i+3+m]
+	return ids[:m:m], true
 }
 
 // put stores a copy of ids for w and returns it (never modified after).
 func (c *wordCache) put(w string, ids []uint32) []uint32 {
-	v := append([]uint32(nil), ids...)
-	k := string([]byte(w)) // own the key: w may alias a large input
-	s := c.shard(w)
+	h := maphash.String(c.seed, w)
+	s := &c.shards[h%cacheShards]
 	s.mu.Lock()
-	if len(s.m) >= cacheEntriesPerShd {
-		clear(s.m)
+	defer s.mu.Unlock()
+	if len(s.at) >= cacheEntriesPerShd {
+		clear(s.at)
+		s.words, s.data = nil, nil // new arrays: returned ids alias the old
 	}
-	s.m[k] = v
-	s.mu.Unlock()
-	return v
+	i := uint32(len(s.data))
+	s.data = append(s.data, uint32(len(s.words)), uint32(len(w)), uint32(len(ids)))
+	s.data = append(s.data, ids...)
+	s.words = append(s.words, w...)
+	s.at[h] = i
+	v := s.data[i+3:]
+	return v[:len(ids):len(ids)]
 }
 
 // frontCache is a scratch's own two-way set-associative cache in front

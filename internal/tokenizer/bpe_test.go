@@ -2,6 +2,8 @@ package tokenizer
 
 import (
 	"encoding/json"
+	"fmt"
+	"hash/maphash"
 	"slices"
 	"strings"
 	"testing"
@@ -92,13 +94,69 @@ func TestWordCacheBounded(t *testing.T) {
 	}
 	total := 0
 	for i := range c.shards {
-		if n := len(c.shards[i].m); n > cacheEntriesPerShd {
+		if n := len(c.shards[i].at); n > cacheEntriesPerShd {
 			t.Errorf("shard %d holds %d > %d", i, n, cacheEntriesPerShd)
 		}
-		total += len(c.shards[i].m)
+		total += len(c.shards[i].at)
 	}
 	if total == 0 {
 		t.Error("cache empty")
+	}
+}
+
+// TestWordCacheExact: get finds each word put with its own ids, never a
+// word of the same hash, and ids it returned earlier stay intact while
+// later puts fill, clear and refill their shard (and while callers append
+// to them).
+func TestWordCacheExact(t *testing.T) {
+	c := newWordCache()
+	const n = cacheShards * cacheEntriesPerShd * 3
+	word := func(i int) string { return fmt.Sprintf("w%d", i) }
+	idsOf := func(i int) []uint32 { return []uint32{uint32(i), uint32(i * 7), uint32(len(word(i)))}[:1+i%3] }
+	kept := map[int][]uint32{}
+	for i := range n {
+		got := c.put(word(i), idsOf(i))
+		if i%997 == 0 {
+			kept[i] = got
+			_ = append(got, 0xdead) // a caller's append must not reach the cache
+		}
+		if g, ok := c.get(word(i)); !ok || !slices.Equal(g, idsOf(i)) {
+			t.Fatalf("get(%q) right after put = %v, %v; want %v", word(i), g, ok, idsOf(i))
+		}
+	}
+	for i, ids := range kept {
+		if !slices.Equal(ids, idsOf(i)) {
+			t.Errorf("ids returned for %q became %v, want %v", word(i), ids, idsOf(i))
+		}
+	}
+	found := 0
+	for i := range n {
+		if g, ok := c.get(word(i)); ok {
+			found++
+			if !slices.Equal(g, idsOf(i)) {
+				t.Fatalf("get(%q) = %v, want %v", word(i), g, idsOf(i))
+			}
+		}
+	}
+	if found == 0 || found > cacheShards*cacheEntriesPerShd {
+		t.Errorf("%d words found, want 1..%d", found, cacheShards*cacheEntriesPerShd)
+	}
+	// A hash slot naming another word's entry (two words of one hash):
+	// get compares the bytes and misses.
+	c = newWordCache()
+	c.put("alpha", []uint32{1})
+	h := maphash.String(c.seed, "alpha")
+	sh := &c.shards[h%cacheShards]
+	own := sh.at[h]
+	sh.at[h] = uint32(len(sh.data))
+	sh.data = append(sh.data, uint32(len(sh.words)), 5, 1, 2)
+	sh.words = append(sh.words, "alphb"...)
+	if g, ok := c.get("alpha"); ok {
+		t.Errorf("get(alpha) through alphb's entry = %v, want a miss", g)
+	}
+	sh.at[h] = own
+	if g, ok := c.get("alpha"); !ok || !slices.Equal(g, []uint32{1}) {
+		t.Errorf("get(alpha) = %v, %v; want [1]", g, ok)
 	}
 }
 

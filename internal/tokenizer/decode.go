@@ -85,13 +85,13 @@ func parseDecoder(raw json.RawMessage) error {
 // token's own UTF-8 bytes when a character is outside the byte-level
 // alphabet.
 func (t *Tokenizer) buildDecodeTable() {
-	n := len(t.model.tokens)
+	n := t.model.tokens.len()
 	for id := range t.added.byID {
 		n = max(n, int(id)+1)
 	}
-	t.dec = make([][]byte, n)
-	for id, tok := range t.model.tokens {
-		t.dec[id] = decodeToken(tok)
+	toks := make([]string, n)
+	for id := range t.model.tokens.len() {
+		toks[id] = string(t.model.tokens.at(uint32(id)))
 	}
 	for id, a := range t.added.byID {
 		content := a.Content
@@ -100,15 +100,25 @@ func (t *Tokenizer) buildDecodeTable() {
 			// token's content normalized.
 			content = t.norm.normalize(content)
 		}
-		t.dec[id] = decodeToken(content)
+		toks[id] = content
 	}
+	t.dec = newDecodeTable(toks)
 }
 
-func decodeToken(tok string) []byte {
-	if raw, ok := byteLevelDecode(tok); ok {
-		return []byte(raw)
+// newDecodeTable builds the decode table of toks (indexed by id; "" for
+// an unused id): each token's byte-level string mapped back to raw bytes,
+// or its own UTF-8 bytes when a character is outside the byte-level
+// alphabet.
+func newDecodeTable(toks []string) byteTable {
+	var d byteTable
+	for _, tok := range toks {
+		if raw, ok := byteLevelDecode(tok); ok {
+			d.add(raw)
+		} else {
+			d.add(tok)
+		}
 	}
-	return []byte(tok)
+	return d.clip()
 }
 
 // Decode returns the text of ids, skipping nothing (special tokens are
@@ -121,8 +131,8 @@ func decodeToken(tok string) []byte {
 func (t *Tokenizer) Decode(ids []uint32) string {
 	var b []byte
 	for _, id := range ids {
-		if int(id) < len(t.dec) {
-			b = append(b, t.dec[id]...)
+		if int(id) < t.dec.len() {
+			b = append(b, t.dec.at(id)...)
 		}
 	}
 	return lossyUTF8(b)

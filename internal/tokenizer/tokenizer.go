@@ -18,8 +18,8 @@ type Tokenizer struct {
 	model      *bpe
 	added      *addedVocab
 	post       post
-	// dec[id] is what Decode emits for id (see buildDecodeTable).
-	dec  [][]byte
+	// dec.at(id) is what Decode emits for id (see buildDecodeTable).
+	dec  byteTable
 	pool sync.Pool // *scratch
 }
 
