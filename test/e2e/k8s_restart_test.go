@@ -64,6 +64,7 @@ type result struct {
 	start   time.Time
 	ok      bool
 	replica string
+	failure string // what a failed request got: an error or a status and body
 }
 
 // testRouterRestart: clients send steadily (each request 100 ms at the
@@ -111,10 +112,15 @@ func testRouterRestart(t *testing.T, s *k8sScenario) {
 				req.Header.Set("Content-Type", "application/json")
 				req.Header.Set("X-Test-Delay", "100ms")
 				if resp, err := client.Do(req); err == nil {
-					_, err = io.Copy(io.Discard, resp.Body)
+					body, err := io.ReadAll(io.LimitReader(resp.Body, 512))
 					resp.Body.Close()
 					res.ok = err == nil && resp.StatusCode == 200
 					res.replica = resp.Header.Get("X-Kvrouter-Replica")
+					if !res.ok {
+						res.failure = fmt.Sprintf("%d %q (%v)", resp.StatusCode, body, err)
+					}
+				} else {
+					res.failure = err.Error()
 				}
 				mu.Lock()
 				results = append(results, res)
@@ -151,6 +157,7 @@ func testRouterRestart(t *testing.T, s *k8sScenario) {
 	wg.Wait()
 
 	var failed1, ok1, ok2 int
+	var failures1 []string
 	served2 := map[string]int{}
 	for _, r := range results {
 		switch {
@@ -158,11 +165,12 @@ func testRouterRestart(t *testing.T, s *k8sScenario) {
 			ok1++
 		case r.router == 1:
 			failed1++
+			failures1 = append(failures1, fmt.Sprintf("sent %v before the kill: %s", killed.Sub(r.start).Round(time.Millisecond), r.failure))
 			if r.start.After(killed) {
-				t.Errorf("a request sent %v after router 1 was killed failed", r.start.Sub(killed))
+				t.Errorf("a request sent %v after router 1 was killed failed: %s", r.start.Sub(killed), r.failure)
 			}
 		case !r.ok:
-			t.Errorf("a request to router 2 failed (sent %v after the kill)", r.start.Sub(killed))
+			t.Errorf("a request to router 2 failed (sent %v after the kill): %s", r.start.Sub(killed), r.failure)
 		default:
 			ok2++
 			served2[r.replica]++
@@ -171,7 +179,7 @@ func testRouterRestart(t *testing.T, s *k8sScenario) {
 	t.Logf("router 1: %d ok, %d failed (in flight when killed, at most 4); router 2 ready %v after its start, then %d ok by %v",
 		ok1, failed1, ready.Round(time.Millisecond), ok2, served2)
 	if failed1 > 4 || ok1 == 0 || ok2 == 0 {
-		t.Errorf("router 1: %d ok, %d failed; router 2: %d ok", ok1, failed1, ok2)
+		t.Errorf("router 1: %d ok, %d failed; router 2: %d ok; router 1's failures:\n%s", ok1, failed1, ok2, strings.Join(failures1, "\n"))
 	}
 	if served2["e0"] == 0 || served2["e1"] == 0 {
 		t.Errorf("router 2 did not pick up both engines: %v", served2)
