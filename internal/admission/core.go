@@ -342,14 +342,19 @@ func keyMemo(x *Flow) routing.KeyMemo {
 	return x.memo
 }
 
-// bytesPerToken estimates a prompt's length in tokens from its body when
-// its tokens are unknown (no tokenizer, or a prompt the tokenizer could
-// not encode): about four bytes a token, the usual figure for English
-// text. The estimate is the prefill the router counts on the replica and
-// the basis of the predicted time to first token, which sets how long
-// the fleet's stall detector waits for a first byte (fleet.Endpoint.Await):
-// counted as no tokens, a long prompt's prefill looked like a stall.
-const bytesPerToken = 4
+// bytesPerToken bounds a prompt's length in tokens from its body when its
+// tokens are unknown (no tokenizer, or a prompt the tokenizer could not
+// encode): a byte-level BPE token covers at least one byte of text, and
+// the body's JSON framing outweighs the few tokens a chat template adds,
+// so the body's size in bytes is an upper bound (about 4x for English
+// text on a real tokenizer; exact for engine-sim, which counts a byte as
+// a token). It is the prefill the router counts on the replica and the
+// basis of the predicted time to first token, which sets how long the
+// fleet's stall detector waits for a first byte (fleet.Endpoint.Await):
+// an estimate below the engine's count makes a live engine that is busy
+// prefilling look stalled, one above it only delays declaring a real
+// stall.
+const bytesPerToken = 1
 
 // RouteInput builds the router's input for x among the engines named
 // cands (dry: a decision that takes no lease).
