@@ -50,6 +50,7 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 	sloTTFT := fs.Duration("slo-ttft", sim.DefaultSLOTTFT, "goodput SLO on time to first token")
 	sloITL := fs.Duration("slo-itl", sim.DefaultSLOITL, "goodput SLO on mean time per output token after the first")
 	seed := fs.Uint64("seed", 1, "random seed (generators, arrivals, tie-breaks, event loss)")
+	draw := fs.Uint64("draw", 0, "rerun the seed's arrivals with other tie-breaks, event loss and conversation ids (0: the seed's own run)")
 	parallel := fs.Int("parallel", 0, "policies simulated at once (0: GOMAXPROCS)")
 	pipeline := fs.String("pipeline", string(sim.PipelineAuto), "apply a policy's KV events to its index on a second goroutine (same results, less wall time when a core is free): auto (once fewer policies remain than GOMAXPROCS), on, off")
 	prefillScale := fs.String("prefill-scale", "", "heterogeneous fleet: comma-separated factors on the profile's prefill rate, replica i taking factor i mod n (e.g. 1,0.4: half the replicas at 0.4x); --load counts the mean")
@@ -100,6 +101,7 @@ func runSim(ctx context.Context, args []string, sio stdio) error {
 		GaugeInterval: *gaugeInterval,
 		SLO:           report.SLO{TTFT: *sloTTFT, ITL: *sloITL},
 		Seed:          *seed,
+		Draw:          *draw,
 		Parallel:      *parallel,
 		Pipeline:      sim.PipelineMode(*pipeline),
 		Routers:       *routers,

@@ -54,7 +54,7 @@ func TestSimHelpDocumentsEveryFlag(t *testing.T) {
 	}
 	for _, f := range []string{"scenario", "trace", "replicas", "policies", "load", "speed", "requests", "repeat", "profile",
 		"block-size", "num-gpu-blocks", "max-model-len", "max-num-seqs", "max-num-batched-tokens", "event-delay", "event-loss",
-		"gauge-interval", "scale", "routing", "stripes", "slo-ttft", "slo-itl", "seed", "parallel", "pipeline", "pooled-bound", "attribute", "json", "html"} {
+		"gauge-interval", "scale", "routing", "stripes", "slo-ttft", "slo-itl", "seed", "draw", "parallel", "pipeline", "pooled-bound", "attribute", "json", "html"} {
 		if !strings.Contains(help, "  -"+f+" ") && !strings.Contains(help, "  -"+f+"\n") {
 			t.Errorf("help does not document -%s", f)
 		}

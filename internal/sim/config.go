@@ -98,6 +98,14 @@ type Config struct {
 	// policy's randomness derives from Seed and the policy's name, so a
 	// policy's run does not depend on the other policies listed.
 	Seed uint64
+	// Draw reruns Seed's workload and arrivals with other random choices
+	// (0: Seed's own run). Draw d != 0 changes every policy's random
+	// draws (routing tie-breaks, event loss) and renames every
+	// conversation (Request.SessionKey gets the suffix "#d"), which moves
+	// session's rendezvous placement as other conversation ids would. Runs
+	// at several draws measure a policy's expected result on one set of
+	// arrivals rather than one draw of it.
+	Draw uint64
 	// Parallel is how many policies run at once (default GOMAXPROCS).
 	Parallel int
 	// Routers is the number of router replicas (default 1): each has its

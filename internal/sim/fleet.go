@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"time"
 
 	"kvrouter/internal/bench/report"
@@ -331,6 +332,9 @@ func (f *fleet) arrive(i int) error {
 	} else {
 		req := routing.Request{ID: r.ID, Tokens: f.toks, MaxTokens: out, SessionKey: r.Session,
 			Extras: kvindex.Extras{LoRA: r.LoRA}, Exclude: f.lacking(r.LoRA)}
+		if f.cfg.Draw != 0 && r.Session != "" {
+			req.SessionKey = r.Session + "#" + strconv.FormatUint(f.cfg.Draw, 10)
+		}
 		if f.policy == "prefix_chars" {
 			req.Text = f.tokenText()
 		}

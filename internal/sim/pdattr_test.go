@@ -35,7 +35,7 @@ func pdOne(t *testing.T, cfg Config, w *workload.Workload, arrangement string, d
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := newFleet(cfg, arrangement, w, policySeed(cfg.Seed, arrangement))
+	f, err := newFleet(cfg, arrangement, w, policySeed(cfg.Seed, cfg.Draw, arrangement))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -66,7 +67,7 @@ func run(ctx context.Context, cfg Config, w *workload.Workload, record bool) ([]
 					errs[i] = fmt.Errorf("sim %s: panic: %v", p, v)
 				}
 			}()
-			f, err := newFleet(cfg, p, w, policySeed(cfg.Seed, p))
+			f, err := newFleet(cfg, p, w, policySeed(cfg.Seed, cfg.Draw, p))
 			if err != nil {
 				errs[i] = fmt.Errorf("sim %s: %w", p, err)
 				return
@@ -104,11 +105,14 @@ func startOrder(policies []string) []int {
 	return order
 }
 
-// policySeed is policy's seed in a run seeded with seed: from its name, not
-// its place in Config.Policies, so that a policy's run is the same whichever
-// other policies run with it.
-func policySeed(seed uint64, policy string) uint64 {
+// policySeed is policy's seed in a run seeded with seed at draw
+// (Config.Draw): from its name, not its place in Config.Policies, so that a
+// policy's run is the same whichever other policies run with it.
+func policySeed(seed, draw uint64, policy string) uint64 {
 	h := fnv.New64a()
 	h.Write([]byte(policy))
+	if draw != 0 {
+		h.Write(binary.LittleEndian.AppendUint64(nil, draw))
+	}
 	return seed ^ h.Sum64()
 }

@@ -309,3 +309,49 @@ func TestScenarios(t *testing.T) {
 		t.Error("mooncake without a trace accepted")
 	}
 }
+
+// TestRunDraw: a draw reruns the seed's arrivals with other random choices.
+// Draw 0 is the seed's own run; another draw keeps every request's arrival
+// and prompt, is itself reproducible, and moves the choices that were
+// random: random's picks and session's placement of the renamed
+// conversations.
+func TestRunDraw(t *testing.T) {
+	w := small(t, 60)
+	cfg := Config{Replicas: 4, Engine: smallEngine, Policies: []string{"random", "session", "round_robin"}, Seed: 5}
+	byDraw := map[uint64][]*report.Run{}
+	for _, d := range []uint64{0, 1, 1} {
+		cfg.Draw = d
+		rs, err := Run(t.Context(), cfg, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if prev, ok := byDraw[d]; ok {
+			for i := range rs {
+				if !slices.Equal(rs[i].Samples, prev[i].Samples) {
+					t.Errorf("draw %d, %s: two runs differ", d, rs[i].Policy)
+				}
+			}
+		}
+		byDraw[d] = rs
+	}
+	a, b := byDraw[0], byDraw[1]
+	for i := range a {
+		moved := 0
+		for j := range a[i].Samples {
+			sa, sb := a[i].Samples[j], b[i].Samples[j]
+			if sa.ID != sb.ID || sa.Arrival != sb.Arrival || sa.PromptTokens != sb.PromptTokens {
+				t.Fatalf("%s: request %d is %s at %v (%d tokens) in draw 0, %s at %v (%d) in draw 1",
+					a[i].Policy, j, sa.ID, sa.Arrival, sa.PromptTokens, sb.ID, sb.Arrival, sb.PromptTokens)
+			}
+			if sa.Replica != sb.Replica {
+				moved++
+			}
+		}
+		switch p := a[i].Policy; {
+		case p == "round_robin" && moved != 0:
+			t.Errorf("round_robin has no random choice, but %d of %d requests moved between draws", moved, len(w.Requests))
+		case p != "round_robin" && moved < len(w.Requests)/4:
+			t.Errorf("%s: %d of %d requests moved between draws 0 and 1, want at least a quarter", p, moved, len(w.Requests))
+		}
+	}
+}
