@@ -17,11 +17,12 @@
 # takes round_robin, least_load and session from BASE_OUTDIR's file of the
 # same cell and seed (an earlier full sweep): the simulator runs each policy
 # on its own fleet from the same arrivals, so kv's numbers do not depend on
-# which other policies ran. With -d, every cell and seed also runs at each
-# draw D (kvrouter sim --draw D: the same arrivals with other tie-breaks and
-# conversation ids; files S-N-B-L-K-D.json, no -k) and the report judges
-# each cell on its runs' mean (report.sh). Without -b it builds
-# ./cmd/kvrouter into OUTDIR.
+# which other policies ran. With -d, every cell and seed runs at each draw
+# D listed (kvrouter sim --draw D: the same arrivals with other tie-breaks
+# and conversation ids; draw 0 is the seed's own run; files
+# S-N-B-L-K-D.json; not with -k) and the report is expect.sh's, which
+# judges each cell on expected values. Without -b it builds ./cmd/kvrouter
+# into OUTDIR.
 set -eu
 bin= routing= seeds="1 2 3" jobs=2 base= draws=
 while getopts b:r:k:s:d:j: o; do
