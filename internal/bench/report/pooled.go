@@ -44,7 +44,7 @@ func (r *Report) pooledMarkdown(b *strings.Builder) {
 	if pb.CPUBlocks > 0 {
 		fmt.Fprintf(b, " + %d CPU", pb.CPUBlocks)
 	}
-	fmt.Fprintf(b, " blocks as one LRU, requests in arrival order): %s", pct(pb.HitRate))
+	fmt.Fprintf(b, " blocks as one LRU, requests in arrival order; a reference, not a ceiling): %s", pct(pb.HitRate))
 	var parts []string
 	for _, p := range r.Policies {
 		if p.ShareOfPooledBound != nil {

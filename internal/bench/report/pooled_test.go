@@ -25,7 +25,7 @@ func TestPooledBound(t *testing.T) {
 	if err := r.Markdown(&md); err != nil {
 		t.Fatal(err)
 	}
-	want := " Pooled-cache bound (the fleet's 81000 GPU + 100 CPU blocks as one LRU, requests in arrival order): 90.0%; share of its cached tokens: round_robin 0.50, kv 0.90.\n"
+	want := " Pooled-cache bound (the fleet's 81000 GPU + 100 CPU blocks as one LRU, requests in arrival order; a reference, not a ceiling): 90.0%; share of its cached tokens: round_robin 0.50, kv 0.90."
 	if !strings.Contains(md.String(), want) {
 		t.Errorf("markdown lacks %q:\n%s", want, md.String())
 	}

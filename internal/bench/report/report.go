@@ -83,6 +83,12 @@ func (r *Report) Markdown(w io.Writer) error {
 		fmt.Fprintf(&b, " Hit-rate bound (every earlier block cached everywhere): %s.", pct(r.HitRateBound))
 	}
 	r.pooledMarkdown(&b)
+	for _, p := range r.Policies {
+		if p.EngineHitRate != nil {
+			b.WriteString(" Engine hit rates (in parentheses) are the engines' own prefix-cache counters, which count every prefill, a preempted request's again.")
+			break
+		}
+	}
 	fmt.Fprintf(&b, "\nWorkload: %s, %d requests, %d input / %d output tokens over %.1f s.\n",
 		r.Workload.Name, r.Workload.Requests, r.Workload.InputTokens, r.Workload.OutputTokens, r.Workload.DurationS)
 	r.sweepMarkdown(&b)
