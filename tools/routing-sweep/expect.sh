@@ -18,6 +18,7 @@
 # With one seed the se is 0. Needs jq.
 set -eu
 [ $# -eq 1 ] || { echo "usage: $0 OUTDIR" >&2; exit 2; }
+ls "$1"/*-*-*-*-*-*.json >/dev/null 2>&1 || { echo "$0: no runs with draws (S-N-B-L-K-D.json) in $1" >&2; exit 2; }
 jq -rn '
 def cell: input_filename | split("/") | last | rtrimstr(".json") | split("-");
 def pol($n): .policies[] | select(.name == $n);
